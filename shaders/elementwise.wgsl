@@ -1,0 +1,91 @@
+// Element-wise kernels: binary ops with bias-style broadcasting, scaling, fills, activations.
+//
+// Entry points (all @workgroup_size(256), 1-D over `n` elements; dispatch
+// grid_1d(n, 256): x = min(groups, 65535), y = ceil(groups / 65535); flat index
+// i = gid.x + gid.y * num_workgroups.x * 256):
+//   binary              out[i] = a[i] (op) b[i % m]           bindings a, b, out
+//   scale               out[i] = alpha * a[i]                  bindings a, out
+//   activation          out[i] = act(a[i])                     bindings a, out
+//   activation_backward out[i] = dact(b[i] = dy, a[i] = y)     bindings a (y), b (dy), out
+//
+// Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 out: storage read_write array<f32>, flat.
+// All storage is read_write: two tensors of one dispatch may be ranges of one arena buffer.
+// Params: n elements, m = length of b (broadcast period, m divides n), op (0 add, 1 sub,
+// 2 mul), act (0 linear, 1 relu, 2 selu), alpha.
+// Limits: three storage buffers per stage.
+
+struct Params {
+    n: u32,
+    m: u32,
+    op: u32,
+    act: u32,
+    alpha: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+const SELU_ALPHA: f32 = 1.6732632423543772;
+const SELU_SCALE: f32 = 1.0507009873554805;
+
+fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * 256u;
+}
+
+fn act(x: f32, kind: u32) -> f32 {
+    switch kind {
+        case 1u: { return max(x, 0.0); }
+        case 2u: {
+            if (x > 0.0) { return SELU_SCALE * x; }
+            return SELU_SCALE * SELU_ALPHA * (exp(x) - 1.0);
+        }
+        default: { return x; }
+    }
+}
+
+// The derivative expressed through the activation's output y (what the forward pass kept).
+fn act_grad(dy: f32, y: f32, kind: u32) -> f32 {
+    switch kind {
+        case 1u: { return select(0.0, dy, y > 0.0); }
+        case 2u: { return select(dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE, y > 0.0); }
+        default: { return dy; }
+    }
+}
+
+@compute @workgroup_size(256)
+fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let x = a[i];
+    let y = b[i % p.m];
+    var r: f32;
+    switch p.op {
+        case 0u: { r = x + y; }
+        case 1u: { r = x - y; }
+        default: { r = x * y; }
+    }
+    out[i] = r;
+}
+
+@compute @workgroup_size(256)
+fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    out[i] = p.alpha * a[i];
+}
+
+@compute @workgroup_size(256)
+fn activation(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    out[i] = act(a[i], p.act);
+}
+
+@compute @workgroup_size(256)
+fn activation_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    out[i] = act_grad(b[i], a[i], p.act);
+}

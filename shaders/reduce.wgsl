@@ -1,0 +1,85 @@
+// Reductions.
+//
+// Entry points:
+//   sum_all     @workgroup_size(256), dispatch (1, 1, 1): out[0] = alpha * Σ x[i], i < n.
+//               Each invocation sums a strided slice, then a tree in workgroup memory.
+//   sum_rows    @workgroup_size(64), dispatch (ceil(cols / 64), ceil(rows / chunk), 1):
+//               out[g * cols + c] = Σ_{r in chunk g} x[r * cols + c]  (column sums in chunks;
+//               the caller applies it again to the [chunks, cols] partials until one row is left).
+//   argmax_rows @workgroup_size(64), dispatch grid_1d(rows, 64): idx[r] = first arg max of row r.
+//   add_into    @workgroup_size(256), dispatch grid_1d(n, 256): out[i] += x[i] (AddN's steps).
+//
+// Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>.
+// Params: n, rows, cols, chunk, alpha.
+// Limits: 1 KiB of workgroup memory.
+
+struct Params {
+    n: u32,
+    rows: u32,
+    cols: u32,
+    chunk: u32,
+    alpha: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> idx: array<i32>;
+
+var<workgroup> partial: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn sum_all(@builtin(local_invocation_index) li: u32) {
+    var s = 0.0;
+    for (var i = li; i < p.n; i += 256u) {
+        s += x[i];
+    }
+    partial[li] = s;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (li < stride) {
+            partial[li] += partial[li + stride];
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) {
+        out[0] = p.alpha * partial[0];
+    }
+}
+
+@compute @workgroup_size(64)
+fn sum_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    if (c >= p.cols) { return; }
+    let start = gid.y * p.chunk;
+    let end = min(start + p.chunk, p.rows);
+    var s = 0.0;
+    for (var r = start; r < end; r++) {
+        s += x[r * p.cols + c];
+    }
+    out[gid.y * p.cols + c] = s;
+}
+
+@compute @workgroup_size(64)
+fn argmax_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = gid.x + gid.y * nwg.x * 64u;
+    if (r >= p.rows) { return; }
+    let base = r * p.cols;
+    var best = x[base];
+    var at = 0u;
+    for (var c = 1u; c < p.cols; c++) {
+        let v = x[base + c];
+        if (v > best) {
+            best = v;
+            at = c;
+        }
+    }
+    idx[r] = i32(at);
+}
+
+@compute @workgroup_size(256)
+fn add_into(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= p.n) { return; }
+    out[i] += x[i];
+}

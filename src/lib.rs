@@ -1,0 +1,82 @@
+//! # anygpu
+//!
+//! TensorFlow's `tf.config` device control — list the GPUs, hide some, let memory grow instead
+//! of reserving it all, cut one GPU into several capped logical GPUs, see and steer where each op
+//! runs, fall back to the CPU — on any GPU wgpu reaches (Vulkan, Metal, DX12, GL, and software
+//! adapters such as Mesa's lavapipe and llvmpipe), with compute shaders written in WGSL. On top,
+//! a Keras-like `Sequential` trains convolutional networks layer by layer on the devices you pick.
+//!
+//! ## Devices and placement
+//!
+//! ```
+//! use anygpu::{Runtime, Tensor};
+//!
+//! // An explicit runtime: no global state (the `config` module is the process-wide one).
+//! let rt = Runtime::builder().memory_growth(true).build()?;
+//! for device in rt.list_logical_devices("GPU")? {
+//!     println!("{} on {}", device.name(), device.adapter_name());
+//! }
+//!
+//! // `with tf.device("/device:GPU:0")`: soft placement runs it on the CPU if there is no GPU.
+//! let product = rt.device_scope("/device:GPU:0", || {
+//!     let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+//!     let b = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
+//!     a.matmul(&b)
+//! })??;
+//! assert_eq!(product.to_vec::<f32>()?, [22.0, 28.0, 49.0, 64.0]);
+//! # Ok::<(), anygpu::Error>(())
+//! ```
+//!
+//! ## Memory
+//!
+//! ```
+//! use anygpu::Runtime;
+//! // Two virtual GPUs of 64 MiB cut from the first GPU, if there is one.
+//! let builder = Runtime::builder();
+//! let has_gpu = !Runtime::new().list_physical_devices("GPU").is_empty();
+//! let rt = if has_gpu { builder.virtual_gpus(0, &[64, 64]) } else { builder }.build()?;
+//! if has_gpu {
+//!     let info = rt.get_memory_info("GPU:1")?;
+//!     assert_eq!(info.current, 0);
+//! }
+//! # Ok::<(), anygpu::Error>(())
+//! ```
+//!
+//! ## Environment variables
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `WGPU_BACKEND` | backends searched for adapters (`vulkan,gl`, `metal`, `dx12`, ...), as in wgpu |
+//! | `ANYGPU_VISIBLE_DEVICES` | `2,0`: only these physical GPUs, in this order (like `CUDA_VISIBLE_DEVICES`; empty = none). `set_visible_devices` then picks among what is left. Bad entries are skipped with a warning |
+//! | `ANYGPU_FORCE_GPU_ALLOW_GROWTH` | `true`/`false` overrides `set_memory_growth` (like `TF_FORCE_GPU_ALLOW_GROWTH`) |
+//! | `ANYGPU_GPU_MEMORY_LIMIT_MB` | budget of a whole physical GPU, instead of its reported memory less a reserve |
+//! | `ANYGPU_MEMORY_LOG` | `1`: log each arena region reserved or released |
+//! | `ANYGPU_REQUIRE_ADAPTER` | `1`: initialization fails when no GPU adapter is found (CI) |
+//!
+//! ## Differences from TensorFlow
+//!
+//! * Without a device scope an op runs on the device of its first input (TensorFlow eager
+//!   would copy it to `GPU:0`); with no inputs, on `GPU:0`, else `CPU:0`.
+//! * Device memory is known only where the backend reports it (Vulkan); elsewhere the budget is
+//!   [`runtime::DEFAULT_GPU_MEMORY_LIMIT_MB`] unless `ANYGPU_GPU_MEMORY_LIMIT_MB` sets it.
+#![deny(missing_docs)]
+#![warn(rust_2018_idioms)]
+
+pub mod config;
+pub mod data;
+mod device;
+mod error;
+pub(crate) mod memory;
+pub mod ops;
+mod placement;
+pub mod runtime;
+mod tensor;
+
+pub use device::{DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice};
+pub use error::{Error, Result};
+pub use memory::{format_bytes, MemoryInfo, MemoryStats};
+pub use placement::{current_device_spec, device, with_device, DeviceScope, IntoDeviceScope};
+pub use runtime::{
+    KindFilter, LogicalDeviceConfiguration, PlacementRecord, Runtime, RuntimeBuilder,
+};
+pub use tensor::{DType, Element, Tensor};

@@ -1,0 +1,263 @@
+//! The general-purpose ops as `Tensor` methods: matmul, element-wise arithmetic with bias-style
+//! broadcasting, add_n, reductions and argmax.
+
+use crate::error::{Error, Result};
+use crate::ops::gpu::kernels as gk;
+use crate::ops::spec::{Activation, BinaryOp};
+use crate::ops::{run, with_kernels, MatmulDims};
+use crate::placement::OpInfo;
+use crate::tensor::{DType, Tensor};
+
+const MATMUL: OpInfo = OpInfo {
+    name: "MatMul",
+    gpu: Some(&[gk::MATMUL]),
+};
+const BINARY: [OpInfo; 3] = [
+    OpInfo {
+        name: "AddV2",
+        gpu: Some(&[gk::BINARY]),
+    },
+    OpInfo {
+        name: "Sub",
+        gpu: Some(&[gk::BINARY]),
+    },
+    OpInfo {
+        name: "Mul",
+        gpu: Some(&[gk::BINARY]),
+    },
+];
+const ADD_N: OpInfo = OpInfo {
+    name: "AddN",
+    gpu: Some(&[gk::SCALE, gk::ADD_INTO]),
+};
+const SCALE: OpInfo = OpInfo {
+    name: "Mul",
+    gpu: Some(&[gk::SCALE]),
+};
+const SUM: OpInfo = OpInfo {
+    name: "Sum",
+    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS]),
+};
+const MEAN: OpInfo = OpInfo {
+    name: "Mean",
+    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SCALE]),
+};
+const ARGMAX: OpInfo = OpInfo {
+    name: "ArgMax",
+    gpu: Some(&[gk::ARGMAX_ROWS]),
+};
+
+fn binary_info(op: BinaryOp) -> &'static OpInfo {
+    match op {
+        BinaryOp::Add => &BINARY[0],
+        BinaryOp::Sub => &BINARY[1],
+        BinaryOp::Mul => &BINARY[2],
+    }
+}
+
+impl Tensor {
+    /// Matrix product of two 2-D tensors, `[m, k] · [k, n] → [m, n]` (`tf.linalg.matmul`).
+    ///
+    /// # Errors
+    /// A shape mismatch naming both shapes when they are not 2-D or the inner dimensions differ.
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        matmul_ex(self, other, false, false, None, Activation::Linear)
+    }
+
+    /// `self + other`, where `other`'s shape equals `self`'s or is a suffix of it (a bias).
+    pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryOp::Add)
+    }
+
+    /// `self - other`, broadcasting as [`Tensor::add`].
+    pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryOp::Sub)
+    }
+
+    /// `self * other` element-wise, broadcasting as [`Tensor::add`].
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryOp::Mul)
+    }
+
+    /// `alpha * self`.
+    pub fn scale(&self, alpha: f32) -> Result<Tensor> {
+        self.expect_dtype("Mul", DType::F32)?;
+        run(&SCALE, &[self], |device, inputs| {
+            let out = Tensor::uninit(self.shape(), DType::F32, device)?;
+            with_kernels(device, |k, _| k.scale(&inputs[0], alpha, &out))?;
+            Ok(out)
+        })
+    }
+
+    /// Sum of tensors of one shape (`tf.math.add_n`).
+    ///
+    /// # Errors
+    /// An empty list, or shapes that differ (naming the first two that do).
+    pub fn add_n(tensors: &[&Tensor]) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| {
+            Error::InvalidArgument("add_n needs at least one tensor".into())
+        })?;
+        for t in tensors {
+            t.expect_dtype("AddN", DType::F32)?;
+            if t.shape() != first.shape() {
+                return Err(Error::ShapeMismatch {
+                    op: "AddN",
+                    lhs: first.shape().to_vec(),
+                    rhs: t.shape().to_vec(),
+                    hint: ": every input must have the same shape".into(),
+                });
+            }
+        }
+        run(&ADD_N, tensors, |device, inputs| {
+            let out = Tensor::uninit(first.shape(), DType::F32, device)?;
+            let refs: Vec<&Tensor> = inputs.iter().collect();
+            with_kernels(device, |k, _| k.add_n(&refs, &out))?;
+            Ok(out)
+        })
+    }
+
+    /// Sum of all elements (`axis = None`, a scalar of shape `[]`) or over the first axis
+    /// (`axis = Some(0)`, e.g. the bias gradient of a `[batch, units]` tensor).
+    ///
+    /// # Errors
+    /// Any other axis.
+    pub fn reduce_sum(&self, axis: Option<usize>) -> Result<Tensor> {
+        self.reduce(axis, &SUM, false)
+    }
+
+    /// Mean of all elements or over the first axis, as [`Tensor::reduce_sum`].
+    pub fn reduce_mean(&self, axis: Option<usize>) -> Result<Tensor> {
+        self.reduce(axis, &MEAN, true)
+    }
+
+    fn reduce(&self, axis: Option<usize>, info: &'static OpInfo, mean: bool) -> Result<Tensor> {
+        self.expect_dtype(info.name, DType::F32)?;
+        match axis {
+            None => run(info, &[self], |device, inputs| {
+                let out = Tensor::uninit(&[], DType::F32, device)?;
+                let alpha = if mean { 1.0 / self.len().max(1) as f32 } else { 1.0 };
+                with_kernels(device, |k, _| k.sum_all(&inputs[0], alpha, &out))?;
+                Ok(out)
+            }),
+            Some(0) if self.rank() >= 1 => run(info, &[self], |device, inputs| {
+                let rows = self.shape()[0];
+                let cols = self.len() / rows.max(1);
+                let shape = &self.shape()[1..];
+                let out = Tensor::uninit(shape, DType::F32, device)?;
+                with_kernels(device, |k, _| {
+                    k.sum_rows(&inputs[0], rows, cols, &out)?;
+                    if mean {
+                        k.scale(&out, 1.0 / rows.max(1) as f32, &out)?;
+                    }
+                    Ok(())
+                })?;
+                Ok(out)
+            }),
+            Some(axis) => Err(Error::InvalidArgument(format!(
+                "{}: axis {axis} of a tensor of shape {:?} is not supported; reduce over all \
+                 elements (None) or the first axis (Some(0))",
+                info.name,
+                self.shape()
+            ))),
+        }
+    }
+
+    /// Index of the largest element along the last axis, as an i32 tensor without that axis
+    /// (`tf.math.argmax(x, axis=-1)`); ties go to the first.
+    pub fn argmax(&self) -> Result<Tensor> {
+        self.expect_dtype("ArgMax", DType::F32)?;
+        let cols = *self.shape().last().ok_or_else(|| {
+            Error::InvalidArgument("ArgMax of a scalar: there is no axis to reduce".into())
+        })?;
+        if cols == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "ArgMax over an empty last axis (shape {:?})",
+                self.shape()
+            )));
+        }
+        run(&ARGMAX, &[self], |device, inputs| {
+            let rows = self.len() / cols;
+            let out = Tensor::uninit(&self.shape()[..self.rank() - 1], DType::I32, device)?;
+            with_kernels(device, |k, _| k.argmax_rows(&inputs[0], rows, cols, &out))?;
+            Ok(out)
+        })
+    }
+}
+
+/// Element-wise op with bias-style broadcasting.
+fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
+    let info = binary_info(op);
+    a.expect_dtype(info.name, DType::F32)?;
+    b.expect_dtype(info.name, DType::F32)?;
+    let suffix = b.rank() <= a.rank() && a.shape()[a.rank() - b.rank()..] == *b.shape();
+    let scalar = b.len() == 1 && b.rank() <= 1;
+    if !(suffix || scalar) || (b.is_empty() && !a.is_empty()) {
+        return Err(Error::ShapeMismatch {
+            op: info.name,
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+            hint: ": the right operand's shape must equal the left's or be a suffix of it".into(),
+        });
+    }
+    run(info, &[a, b], |device, inputs| {
+        let out = Tensor::uninit(a.shape(), DType::F32, device)?;
+        with_kernels(device, |k, _| k.binary(&inputs[0], &inputs[1], &out, op))?;
+        Ok(out)
+    })
+}
+
+/// `act(op(a) · op(b) + bias)` for 2-D tensors; the transposes serve the gradients of dense
+/// layers (`dX = dZ · Wᵀ`, `dW = Xᵀ · dZ`).
+pub(crate) fn matmul_ex(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<Tensor> {
+    let mismatch = |hint: &str| Error::ShapeMismatch {
+        op: "MatMul",
+        lhs: a.shape().to_vec(),
+        rhs: b.shape().to_vec(),
+        hint: hint.to_string(),
+    };
+    a.expect_dtype("MatMul", DType::F32)?;
+    b.expect_dtype("MatMul", DType::F32)?;
+    let (&[ar, ac], &[br, bc]) = (a.shape(), b.shape()) else {
+        return Err(mismatch(": both operands must be 2-D"));
+    };
+    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
+    let (k2, n) = if trans_b { (bc, br) } else { (br, bc) };
+    if k != k2 {
+        return Err(mismatch(&format!(
+            ": inner dimensions differ ({k} vs {k2})"
+        )));
+    }
+    if let Some(bias) = bias {
+        if bias.shape() != [n] {
+            return Err(Error::ShapeMismatch {
+                op: "BiasAdd",
+                lhs: vec![m, n],
+                rhs: bias.shape().to_vec(),
+                hint: format!(": the bias must have shape [{n}]"),
+            });
+        }
+    }
+    let dims = MatmulDims {
+        m,
+        k,
+        n,
+        trans_a,
+        trans_b,
+    };
+    let mut inputs = vec![a, b];
+    inputs.extend(bias);
+    run(&MATMUL, &inputs, |device, moved| {
+        let out = Tensor::uninit(&[m, n], DType::F32, device)?;
+        with_kernels(device, |kern, _| {
+            kern.matmul(&moved[0], &moved[1], moved.get(2), &out, dims, act)
+        })?;
+        Ok(out)
+    })
+}

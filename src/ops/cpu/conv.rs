@@ -1,0 +1,641 @@
+//! Stride-1 2-D convolution (Keras' `Conv2D`, and the pointwise half of `SeparableConv2D`),
+//! NHWC with HWIO kernels, as matrix products.
+//!
+//! The output rows of the whole batch are cut into blocks of a few image rows, one rayon task
+//! each. A task multiplies its block's input patches by the kernel seen as the
+//! `[kh*kw*c_in, c_out]` matrix and applies bias and activation while the block is in cache:
+//!
+//! * 1×1 kernels: the input block is the patch matrix;
+//! * small patches (`kh*kw*c_in <= SMALL_K`, e.g. 3×3 on one channel): each output row's
+//!   patches are read in place from a zero-padded copy of the `kh` input rows it needs, by the
+//!   register-blocked `small_k_bias_act` (an implicit im2col);
+//! * otherwise the patches are gathered into a per-thread scratch matrix (im2col) for the gemm
+//!   crate.
+//!
+//! Backward-input runs the same machinery on `dz` with the kernel flipped spatially and
+//! transposed in its channels and the complementary padding (`kh - 1 - pad_top`, ...), except
+//! when the input has fewer channels than the output (the first layer), where `dz · kernelᵀ` is
+//! computed per image and summed back (col2im). Backward-kernel accumulates `patchesᵀ · dz` per
+//! task and sums the tasks' partials.
+
+use rayon::prelude::*;
+
+use crate::ops::spec::{Activation, Conv2dShape};
+
+use super::elementwise::bias_act_rows;
+use super::gemm::{gemm_strided, small_k_bias_act, SmallK, Strided, SMALL_K};
+use super::with_scratch;
+
+/// Patch-matrix bytes a task aims for (fits in L2 next to the kernel and the output block).
+const COL_BYTES: usize = 192 * 1024;
+
+/// Output pixels a task aims for when no patch matrix is built (1×1 kernels).
+const DIRECT_PIXELS: usize = 2048;
+
+/// One stride-1 correlation `out[i, j, :] = Σ_{a,b} in[i + a - pt, j + b - pl, :] · K[a, b]`
+/// between an `[h, w, c_in]` input and an `[oh, ow, c_out]` output (per image), out-of-range
+/// inputs reading as zero.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    /// Batch.
+    n: usize,
+    /// Input height.
+    h: usize,
+    /// Input width.
+    w: usize,
+    /// Input channels.
+    c_in: usize,
+    /// Output height.
+    oh: usize,
+    /// Output width.
+    ow: usize,
+    /// Output channels.
+    c_out: usize,
+    /// Kernel height.
+    kh: usize,
+    /// Kernel width.
+    kw: usize,
+    /// Zero rows above the input.
+    pt: usize,
+    /// Zero columns left of the input.
+    pl: usize,
+}
+
+impl Geometry {
+    /// The forward correlation of a `Conv2D` shape.
+    fn forward(s: &Conv2dShape) -> Self {
+        let (oh, ow) = s.out_hw();
+        let (pt, pl) = s.pad_top_left();
+        Self {
+            n: s.n,
+            h: s.h,
+            w: s.w,
+            c_in: s.c_in,
+            oh,
+            ow,
+            c_out: s.c_out,
+            kh: s.kh,
+            kw: s.kw,
+            pt,
+            pl,
+        }
+    }
+
+    /// The correlation computing the input gradient from the output gradient: `dz` is the
+    /// input, `dx` the output, the kernel flipped, padding complementary.
+    fn backward_input(s: &Conv2dShape) -> Self {
+        let f = Self::forward(s);
+        Self {
+            n: s.n,
+            h: f.oh,
+            w: f.ow,
+            c_in: s.c_out,
+            oh: s.h,
+            ow: s.w,
+            c_out: s.c_in,
+            kh: s.kh,
+            kw: s.kw,
+            pt: s.kh - 1 - f.pt,
+            pl: s.kw - 1 - f.pl,
+        }
+    }
+
+    /// Rows of the patch matrix / of the kernel matrix.
+    fn patch_len(&self) -> usize {
+        self.kh * self.kw * self.c_in
+    }
+
+    /// Whether the patch matrix is the input itself (1×1 kernel, no padding, same size).
+    fn is_pointwise(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.pt == 0
+            && self.pl == 0
+            && self.oh == self.h
+            && self.ow == self.w
+    }
+
+    /// Whether some patch element falls outside the input.
+    fn is_padded(&self) -> bool {
+        self.pt > 0
+            || self.pl > 0
+            || self.oh + self.kh - 1 > self.h
+            || self.ow + self.kw - 1 > self.w
+    }
+
+    /// Output rows (over the whole batch) per task.
+    fn rows_per_task(&self) -> usize {
+        let total_rows = self.n * self.oh;
+        let pixels = if self.is_pointwise() {
+            DIRECT_PIXELS
+        } else {
+            (COL_BYTES / (4 * self.patch_len().max(1))).max(1)
+        };
+        let rows = (pixels / self.ow.max(1)).max(1);
+        // At least two tasks per thread when the batch allows it.
+        let balanced = total_rows.div_ceil(2 * rayon::current_num_threads()).max(1);
+        rows.min(balanced)
+    }
+
+    /// Copies the `kh` input rows that output row `r` (batch-flattened) reads into `pad`
+    /// (`[kh, ow + kw - 1, c_in]`), shifted by the left padding, zeros outside the input.
+    fn pad_rows(&self, x: &[f32], r: usize, pad: &mut [f32]) {
+        let (img, oi) = (r / self.oh, r % self.oh);
+        let (w, c) = (self.w, self.c_in);
+        let row_len = (self.ow + self.kw - 1) * c;
+        // Input columns [0, w) land at padded columns [pl, pl + w), clipped to the row.
+        let (dst0, src_len) = (
+            self.pl * c,
+            (w * c).min(row_len.saturating_sub(self.pl * c)),
+        );
+        for (a, prow) in pad.chunks_exact_mut(row_len).enumerate() {
+            match (oi + a).checked_sub(self.pt).filter(|&ii| ii < self.h) {
+                None => prow.fill(0.0),
+                Some(ii) => {
+                    let src = &x[((img * self.h) + ii) * w * c..][..src_len];
+                    prow[..dst0].fill(0.0);
+                    prow[dst0..dst0 + src_len].copy_from_slice(src);
+                    prow[dst0 + src_len..].fill(0.0);
+                }
+            }
+        }
+    }
+
+    /// Gathers the patches of output rows `[r0, r0 + rows)` (batch-flattened) into `col`
+    /// (`[rows * ow, patch_len]`, row-major).
+    fn im2col(&self, x: &[f32], r0: usize, rows: usize, col: &mut [f32]) {
+        let (w, c, kw, ow) = (self.w, self.c_in, self.kw, self.ow);
+        let k = self.patch_len();
+        if self.is_padded() {
+            col.fill(0.0);
+        }
+        for r in r0..r0 + rows {
+            let (img, oi) = (r / self.oh, r % self.oh);
+            let block = &mut col[(r - r0) * ow * k..(r - r0 + 1) * ow * k];
+            for a in 0..self.kh {
+                let Some(ii) = (oi + a).checked_sub(self.pt).filter(|&ii| ii < self.h) else {
+                    continue;
+                };
+                let in_row = &x[((img * self.h) + ii) * w * c..((img * self.h) + ii + 1) * w * c];
+                if c == 1 {
+                    // One float per tap: a strided gather per kernel column beats tiny copies.
+                    for b in 0..kw {
+                        let (j0, j1) = valid_cols(ow, w, self.pl, b);
+                        let tap = a * kw + b;
+                        let src = &in_row[j0 + b - self.pl..j1 + b - self.pl];
+                        for (dst, &v) in block[j0 * k..].chunks_mut(k).zip(src) {
+                            dst[tap] = v;
+                        }
+                    }
+                } else {
+                    for oj in 0..ow {
+                        // Kernel columns b whose input column oj + b - pl is inside the row.
+                        let b0 = self.pl.saturating_sub(oj).min(kw);
+                        let b1 = (w + self.pl).saturating_sub(oj).min(kw).max(b0);
+                        if b0 == b1 {
+                            continue;
+                        }
+                        let dst =
+                            &mut block[oj * k + (a * kw + b0) * c..oj * k + (a * kw + b1) * c];
+                        let start = (oj + b0 - self.pl) * c;
+                        dst.copy_from_slice(&in_row[start..start + (b1 - b0) * c]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sums one image's patch-gradient matrix `dcol` (`[oh * ow, patch_len]`) back onto the
+    /// input positions each patch element came from: `dx[i, j, c] = Σ_{a,b} dcol[i + pt - a,
+    /// j + pl - b, (a, b, c)]` over the output positions inside the output. Tap by tap, so that
+    /// the innermost loop runs along an input row.
+    fn col2im(&self, dcol: &[f32], dx: &mut [f32]) {
+        let (c, w, ow, k) = (self.c_in, self.w, self.ow, self.patch_len());
+        dx.fill(0.0);
+        for a in 0..self.kh {
+            for b in 0..self.kw {
+                let tap = (a * self.kw + b) * c;
+                // Input columns j with output column oj = j + pl - b in [0, ow).
+                let j0 = b.saturating_sub(self.pl).min(w);
+                let j1 = (ow + b).saturating_sub(self.pl).min(w).max(j0);
+                if j0 == j1 {
+                    continue;
+                }
+                for i in 0..self.h {
+                    let Some(oi) = (i + self.pt).checked_sub(a).filter(|&oi| oi < self.oh) else {
+                        continue;
+                    };
+                    let dst = &mut dx[(i * w + j0) * c..(i * w + j1) * c];
+                    let first = (oi * ow + j0 + self.pl - b) * k + tap;
+                    let src = &dcol[first..first + (j1 - j0 - 1) * k + c];
+                    if c == 1 {
+                        for (d, &s) in dst.iter_mut().zip(src.iter().step_by(k)) {
+                            *d += s;
+                        }
+                    } else {
+                        for (d, s) in dst.chunks_exact_mut(c).zip(src.chunks(k)) {
+                            for (d, &s) in d.iter_mut().zip(&s[..c]) {
+                                *d += s;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Output columns `[j0, j1)` (of `ow`) whose input column `j + b - pl` lies in `[0, w)`.
+#[inline]
+fn valid_cols(ow: usize, w: usize, pl: usize, b: usize) -> (usize, usize) {
+    let j0 = pl.saturating_sub(b).min(ow);
+    let j1 = (w + pl).saturating_sub(b).min(ow).max(j0);
+    (j0, j1)
+}
+
+/// `out = act(correlate(x, kmat) + bias)` over the whole batch (`kmat` is the
+/// `[patch_len, c_out]` kernel matrix).
+///
+/// Three strategies: a 1×1 kernel multiplies the input block directly; a small patch
+/// (`patch_len <= SMALL_K`, e.g. the 3×3 first layer on one channel) reads each output row's
+/// patches in place from a zero-padded copy of the `kh` input rows it needs (an implicit
+/// im2col) with the register-blocked [`small_k_bias_act`]; anything larger builds the patch
+/// matrix and calls the gemm crate.
+fn correlate(
+    x: &[f32],
+    kmat: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    g: &Geometry,
+    act: Activation,
+) {
+    let out_row = g.ow * g.c_out;
+    if out.is_empty() || out_row == 0 {
+        return;
+    }
+    let k = g.patch_len();
+    let rows_per_task = g.rows_per_task();
+    let rhs = Strided::row_major(kmat, g.c_out);
+    let small = k <= SMALL_K;
+    // Patch offsets: within the input block (pointwise) or within the padded rows.
+    let padded_w = g.ow + g.kw - 1;
+    let offs: Vec<usize> = if g.is_pointwise() {
+        (0..k).collect()
+    } else {
+        (0..k)
+            .map(|t| {
+                (t / (g.kw * g.c_in) * padded_w + t % (g.kw * g.c_in) / g.c_in) * g.c_in
+                    + t % g.c_in
+            })
+            .collect()
+    };
+    out.par_chunks_mut(rows_per_task * out_row)
+        .enumerate()
+        .for_each(|(t, out)| {
+            let r0 = t * rows_per_task;
+            let rows = out.len() / out_row;
+            let pixels = rows * g.ow;
+            if g.is_pointwise() {
+                let lhs = &x[r0 * g.ow * k..(r0 * g.ow + pixels) * k];
+                if small {
+                    let p = SmallK {
+                        lhs,
+                        ps: k,
+                        offs: &offs,
+                        rhs: kmat,
+                        bias,
+                        n: g.c_out,
+                        act,
+                    };
+                    small_k_bias_act(&p, out);
+                } else {
+                    gemm_strided(
+                        out,
+                        pixels,
+                        g.c_out,
+                        k,
+                        Strided::row_major(lhs, k),
+                        rhs,
+                        false,
+                        false,
+                    );
+                    bias_act_rows(out, bias, g.c_out, act);
+                }
+            } else if small {
+                with_scratch(g.kh * padded_w * g.c_in, |pad| {
+                    for (r, out) in (r0..).zip(out.chunks_exact_mut(out_row)) {
+                        g.pad_rows(x, r, pad);
+                        let p = SmallK {
+                            lhs: pad,
+                            ps: g.c_in,
+                            offs: &offs,
+                            rhs: kmat,
+                            bias,
+                            n: g.c_out,
+                            act,
+                        };
+                        small_k_bias_act(&p, out);
+                    }
+                });
+            } else {
+                with_scratch(pixels * k, |col| {
+                    g.im2col(x, r0, rows, col);
+                    gemm_strided(
+                        out,
+                        pixels,
+                        g.c_out,
+                        k,
+                        Strided::row_major(col, k),
+                        rhs,
+                        false,
+                        false,
+                    );
+                    bias_act_rows(out, bias, g.c_out, act);
+                });
+            }
+        });
+}
+
+/// Panics unless the slices match the shape.
+fn check(s: &Conv2dShape, x: usize, k: usize, y: usize, what: &str) {
+    assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
+    assert_eq!(
+        x,
+        s.input_len(),
+        "{what}: input length does not match the shape"
+    );
+    assert_eq!(
+        k,
+        s.kernel_len(),
+        "{what}: kernel length does not match the shape"
+    );
+    assert_eq!(
+        y,
+        s.output_len(),
+        "{what}: output length does not match the shape"
+    );
+}
+
+/// `y = act(conv2d(x, kernel) + bias)`: `x` `[n, h, w, c_in]`, `kernel` `[kh, kw, c_in, c_out]`,
+/// `bias` `[c_out]` (none: zero), `y` `[n, out_h, out_w, c_out]`.
+pub(crate) fn conv2d_forward(
+    x: &[f32],
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    s: &Conv2dShape,
+    act: Activation,
+) {
+    check(s, x.len(), kernel.len(), y.len(), "conv2d_forward");
+    if let Some(bias) = bias {
+        assert_eq!(
+            bias.len(),
+            s.c_out,
+            "conv2d_forward: bias must have c_out elements"
+        );
+    }
+    correlate(x, kernel, bias, y, &Geometry::forward(s), act);
+}
+
+/// Gradient w.r.t. the input, `dx` `[n, h, w, c_in]`, from `dz`, the gradient w.r.t. the
+/// pre-activation output `[n, out_h, out_w, c_out]`.
+///
+/// With fewer input than output channels (the first layer), per image `dcol = dz · kernelᵀ`
+/// (`[pixels, kh*kw*c_in]`, the smaller matrix) is gathered back into `dx` (col2im); otherwise
+/// `dz` is correlated with the flipped kernel through the forward machinery.
+pub(crate) fn conv2d_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dShape) {
+    check(s, dx.len(), kernel.len(), dz.len(), "conv2d_backward_input");
+    let (kh, kw, ci, co) = (s.kh, s.kw, s.c_in, s.c_out);
+    if ci < co {
+        col2im_backward_input(dz, kernel, dx, s);
+        return;
+    }
+    // flipped[a, b, o, i] = kernel[kh-1-a, kw-1-b, i, o]: a [kh*kw*c_out, c_in] matrix.
+    let mut flipped = vec![0.0f32; kernel.len()];
+    for a in 0..kh {
+        for b in 0..kw {
+            let src = &kernel[((kh - 1 - a) * kw + (kw - 1 - b)) * ci * co..][..ci * co];
+            let dst = &mut flipped[(a * kw + b) * co * ci..][..co * ci];
+            for i in 0..ci {
+                for o in 0..co {
+                    dst[o * ci + i] = src[i * co + o];
+                }
+            }
+        }
+    }
+    correlate(
+        dz,
+        &flipped,
+        None,
+        dx,
+        &Geometry::backward_input(s),
+        Activation::Linear,
+    );
+}
+
+/// `dx` via `dcol = dz · kernelᵀ` and a gather, one image per task.
+fn col2im_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dShape) {
+    let g = Geometry::forward(s);
+    let k = g.patch_len();
+    let (ci, co) = (s.c_in, s.c_out);
+    let image_in = s.h * s.w * ci;
+    let image_out = g.oh * g.ow * co;
+    if image_in == 0 {
+        return;
+    }
+    if image_out == 0 {
+        dx.fill(0.0);
+        return;
+    }
+    // kernelᵀ, row-major [c_out, kh*kw*c_in].
+    let mut kt = vec![0.0f32; kernel.len()];
+    for q in 0..k {
+        for o in 0..co {
+            kt[o * k + q] = kernel[q * co + o];
+        }
+    }
+    let pixels = g.oh * g.ow;
+    let identity: Vec<usize> = (0..co).collect();
+    dx.par_chunks_mut(image_in)
+        .zip(dz.par_chunks(image_out))
+        .for_each(|(dx, dz)| {
+            with_scratch(pixels * k, |dcol| {
+                if co <= SMALL_K {
+                    let p = SmallK {
+                        lhs: dz,
+                        ps: co,
+                        offs: &identity,
+                        rhs: &kt,
+                        bias: None,
+                        n: k,
+                        act: Activation::Linear,
+                    };
+                    small_k_bias_act(&p, dcol);
+                } else {
+                    let (lhs, rhs) = (Strided::row_major(dz, co), Strided::row_major(&kt, k));
+                    gemm_strided(dcol, pixels, k, co, lhs, rhs, false, false);
+                }
+                g.col2im(dcol, dx);
+            });
+        });
+}
+
+/// Gradient w.r.t. the kernel, `dk` `[kh, kw, c_in, c_out]` = `patches(x)ᵀ · dz` summed over
+/// the batch (`dz` is the gradient w.r.t. the pre-activation output).
+pub(crate) fn conv2d_backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], s: &Conv2dShape) {
+    check(s, x.len(), dk.len(), dz.len(), "conv2d_backward_kernel");
+    let g = Geometry::forward(s);
+    let out_row = g.ow * g.c_out;
+    if dz.is_empty() || out_row == 0 || dk.is_empty() {
+        dk.fill(0.0);
+        return;
+    }
+    let k = g.patch_len();
+    let rows_per_task = g.rows_per_task();
+    let partial = dz
+        .par_chunks(rows_per_task * out_row)
+        .enumerate()
+        .fold(
+            || vec![0.0f32; dk.len()],
+            |mut acc, (t, dz)| {
+                let r0 = t * rows_per_task;
+                let rows = dz.len() / out_row;
+                let pixels = rows * g.ow;
+                let mut multiply = |col: &[f32]| {
+                    let (lhs, rhs) = (Strided::transposed(col, k), Strided::row_major(dz, g.c_out));
+                    gemm_strided(&mut acc, k, g.c_out, pixels, lhs, rhs, true, false);
+                };
+                if g.is_pointwise() {
+                    multiply(&x[r0 * g.ow * k..(r0 * g.ow + pixels) * k]);
+                } else {
+                    with_scratch(pixels * k, |col| {
+                        g.im2col(x, r0, rows, col);
+                        multiply(col);
+                    });
+                }
+                acc
+            },
+        )
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        });
+    match partial {
+        Some(total) => dk.copy_from_slice(&total),
+        None => dk.fill(0.0),
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
+    use crate::ops::spec::Padding;
+
+    /// Shapes covering batch 1/3, sizes 1..28, channels 1/3/32, kernels 1/3/5, both paddings.
+    fn shapes() -> Vec<Conv2dShape> {
+        let mut v = Vec::new();
+        for (n, h, w, c_in, c_out, kh, kw, padding) in [
+            (1, 1, 1, 1, 1, 1, 1, Padding::Same),
+            (3, 7, 7, 1, 32, 3, 3, Padding::Same),
+            (1, 13, 7, 3, 3, 5, 5, Padding::Same),
+            (3, 28, 28, 1, 3, 3, 3, Padding::Same),
+            (1, 28, 28, 32, 32, 3, 3, Padding::Same),
+            (3, 13, 13, 32, 3, 1, 1, Padding::Same),
+            (1, 7, 13, 3, 32, 1, 1, Padding::Valid),
+            (3, 13, 13, 3, 7, 3, 3, Padding::Valid),
+            (1, 28, 7, 32, 1, 5, 3, Padding::Valid),
+            (1, 3, 7, 1, 3, 5, 5, Padding::Same),
+            (1, 3, 3, 3, 1, 5, 5, Padding::Valid),
+            (3, 1, 13, 3, 3, 1, 5, Padding::Same),
+            (1, 6, 8, 3, 2, 2, 4, Padding::Same),
+            // Output channels that are not multiples of 32 / 8 (remainder tiles and columns).
+            (1, 7, 7, 1, 13, 3, 3, Padding::Same),
+            (1, 5, 6, 1, 40, 3, 3, Padding::Valid),
+            (3, 5, 5, 3, 40, 1, 1, Padding::Same),
+            (1, 7, 5, 13, 9, 3, 3, Padding::Same),
+        ] {
+            v.push(Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out,
+                kh,
+                kw,
+                padding,
+            });
+        }
+        v
+    }
+
+    #[test]
+    pub(in crate::ops::cpu) fn forward_matches_reference() {
+        for (t, s) in shapes().into_iter().enumerate() {
+            let x = random_vec(s.input_len(), 1000 + t as u64);
+            let k = random_vec(s.kernel_len(), 2000 + t as u64);
+            let b = random_vec(s.c_out, 3000 + t as u64);
+            for (act, bias) in [
+                (Activation::Linear, None),
+                (Activation::Selu, Some(&b[..])),
+                (Activation::Relu, Some(&b[..])),
+            ] {
+                let mut y = vec![f32::NAN; s.output_len()];
+                conv2d_forward(&x, &k, bias, &mut y, &s, act);
+                let bias64 = bias.map(to_f64);
+                let expected =
+                    r::conv2d_forward(&to_f64(&x), &to_f64(&k), bias64.as_deref(), &s, act);
+                assert_close(&y, &expected, 1e-4, &format!("conv forward {s:?} {act:?}"));
+            }
+        }
+    }
+
+    #[test]
+    pub(in crate::ops::cpu) fn backward_matches_reference() {
+        for (t, s) in shapes().into_iter().enumerate() {
+            let x = random_vec(s.input_len(), 4000 + t as u64);
+            let k = random_vec(s.kernel_len(), 5000 + t as u64);
+            let dz = random_vec(s.output_len(), 6000 + t as u64);
+            let mut dx = vec![f32::NAN; s.input_len()];
+            conv2d_backward_input(&dz, &k, &mut dx, &s);
+            assert_close(
+                &dx,
+                &r::conv2d_backward_input(&to_f64(&dz), &to_f64(&k), &s),
+                1e-4,
+                &format!("conv dx {s:?}"),
+            );
+            let mut dk = vec![f32::NAN; s.kernel_len()];
+            conv2d_backward_kernel(&x, &dz, &mut dk, &s);
+            assert_close(
+                &dk,
+                &r::conv2d_backward_kernel(&to_f64(&x), &to_f64(&dz), &s),
+                1e-4,
+                &format!("conv dk {s:?}"),
+            );
+        }
+    }
+
+    #[test]
+    fn kernel_larger_than_input_with_valid_padding() {
+        let s = Conv2dShape {
+            n: 2,
+            h: 2,
+            w: 3,
+            c_in: 2,
+            c_out: 3,
+            kh: 3,
+            kw: 3,
+            padding: Padding::Valid,
+        };
+        assert_eq!(s.output_len(), 0);
+        let (x, k) = (random_vec(s.input_len(), 1), random_vec(s.kernel_len(), 2));
+        let mut y = vec![];
+        conv2d_forward(&x, &k, None, &mut y, &s, Activation::Linear);
+        let mut dx = vec![f32::NAN; s.input_len()];
+        conv2d_backward_input(&[], &k, &mut dx, &s);
+        assert_eq!(dx, vec![0.0; s.input_len()]);
+        let mut dk = vec![f32::NAN; s.kernel_len()];
+        conv2d_backward_kernel(&x, &[], &mut dk, &s);
+        assert_eq!(dk, vec![0.0; s.kernel_len()]);
+    }
+}

@@ -1,0 +1,478 @@
+//! Matrix products on the [`gemm`](https://docs.rs/gemm) crate's micro-kernels, plus the
+//! fused bias + activation epilogue that `Dense` and the convolutions share.
+
+use rayon::prelude::*;
+
+use crate::ops::spec::Activation;
+
+use super::elementwise::{act_in_place, bias_act_rows};
+use super::{madd, V8};
+
+/// Multiply-adds (`m * n * k`) from which a product is worth splitting over rayon's pool.
+const PAR_MIN_MACS: usize = 1 << 17;
+
+/// A read-only strided matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<'a> {
+    /// The backing slice.
+    pub data: &'a [f32],
+    /// Row stride, in elements.
+    pub rs: usize,
+    /// Column stride, in elements.
+    pub cs: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// A row-major `[rows, cols]` matrix.
+    pub fn row_major(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major `[cols, rows]` matrix, seen as `[rows, cols]`.
+    pub fn transposed(data: &'a [f32], rows: usize) -> Self {
+        Self {
+            data,
+            rs: 1,
+            cs: rows,
+        }
+    }
+
+    /// Panics unless every element of a `rows × cols` view lies inside `data`.
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let last = (rows - 1) * self.rs + (cols - 1) * self.cs;
+        assert!(
+            last < self.data.len(),
+            "gemm: {what} is {rows}x{cols} (strides {}, {}) but has only {} elements",
+            self.rs,
+            self.cs,
+            self.data.len()
+        );
+        assert!(
+            self.rs <= isize::MAX as usize && self.cs <= isize::MAX as usize,
+            "gemm: {what} strides overflow isize"
+        );
+    }
+}
+
+/// `dst = lhs · rhs` (or `dst += lhs · rhs` when `accumulate`), `dst` row-major `[m, n]`,
+/// `lhs` `m × k`, `rhs` `k × n`. `parallel` lets the gemm crate use rayon's pool (pass `false`
+/// from inside a rayon task).
+#[allow(clippy::too_many_arguments)] // m, n, k and the flags are the product; a struct adds nothing
+pub(crate) fn gemm_strided(
+    dst: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Strided<'_>,
+    rhs: Strided<'_>,
+    accumulate: bool,
+    parallel: bool,
+) {
+    assert_eq!(dst.len(), m * n, "gemm: dst must be m x n");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        return;
+    }
+    lhs.check(m, k, "lhs");
+    rhs.check(k, n, "rhs");
+    let parallelism = if parallel && m * n * k >= PAR_MIN_MACS && rayon::current_num_threads() > 1 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: `dst` is exactly m*n elements, written row-major (row stride n, column stride 1);
+    // `check` proved every element the views address, (m-1)*rs + (k-1)*cs for lhs and likewise
+    // for rhs, lies inside its slice, with strides representable as isize. The three slices are
+    // distinct borrows (dst is `&mut`), so nothing aliases. With `read_dst == false` the crate
+    // never reads `dst` (alpha is ignored) and writes all of it.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// `out[m, n] = op(a) · op(b)`: `a` is `[m, k]` row-major (`[k, m]` when `trans_a`), `b` is
+/// `[k, n]` (`[n, k]` when `trans_b`). `k == 0` gives zeros.
+#[allow(clippy::too_many_arguments)] // the integrator's fixed signature
+pub(crate) fn matmul(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    trans_a: bool,
+    trans_b: bool,
+) {
+    assert_eq!(a.len(), m * k, "matmul: a must have m*k elements");
+    assert_eq!(b.len(), k * n, "matmul: b must have k*n elements");
+    assert_eq!(out.len(), m * n, "matmul: out must have m*n elements");
+    let lhs = if trans_a {
+        Strided::transposed(a, m)
+    } else {
+        Strided::row_major(a, k)
+    };
+    let rhs = if trans_b {
+        Strided::transposed(b, k)
+    } else {
+        Strided::row_major(b, n)
+    };
+    gemm_strided(out, m, n, k, lhs, rhs, false, true);
+}
+
+/// `out = act(a · b + bias)`: `a` `[m, k]`, `b` `[k, n]`, `bias` `[n]` (none: zero), all
+/// row-major.
+#[allow(clippy::too_many_arguments)] // the integrator's fixed signature
+pub(crate) fn matmul_bias_act(
+    a: &[f32],
+    b: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    act: Activation,
+) {
+    assert_eq!(a.len(), m * k, "matmul_bias_act: a must have m*k elements");
+    assert_eq!(b.len(), k * n, "matmul_bias_act: b must have k*n elements");
+    assert_eq!(
+        out.len(),
+        m * n,
+        "matmul_bias_act: out must have m*n elements"
+    );
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), n, "matmul_bias_act: bias must have n elements");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let rhs = Strided::row_major(b, n);
+    if m * n * k < PAR_MIN_MACS || rayon::current_num_threads() == 1 {
+        gemm_strided(out, m, n, k, Strided::row_major(a, k), rhs, false, false);
+        bias_act_rows(out, bias, n, act);
+        return;
+    }
+    // Row blocks in parallel, each product followed by its epilogue while still in cache.
+    let threads = rayon::current_num_threads();
+    let rows_per_task = m.div_ceil(threads * 2).max(16);
+    out.par_chunks_mut(rows_per_task * n)
+        .zip(a.par_chunks(rows_per_task * k))
+        .for_each(|(out, a)| {
+            let rows = out.len() / n;
+            gemm_strided(out, rows, n, k, Strided::row_major(a, k), rhs, false, false);
+            bias_act_rows(out, bias, n, act);
+        });
+}
+
+/// Inner dimension up to which [`small_k_bias_act`] beats the gemm crate (whose packing does
+/// not pay off for a handful of multiply-adds per output).
+pub(crate) const SMALL_K: usize = 16;
+
+/// Operands of [`small_k_bias_act`]: `out[p, c] = act(bias[c] + Σ_t lhs(p, t) * rhs[t, c])`
+/// with `lhs(p, t) = lhs[p * ps + offs[t]]`, which covers a row-major `[m, k]` matrix
+/// (`ps = k`, `offs = 0..k`) as well as patches read in place from a padded image (`ps` the
+/// pixel stride, `offs` the taps' offsets): an implicit im2col.
+pub(crate) struct SmallK<'a> {
+    /// Left operand storage.
+    pub lhs: &'a [f32],
+    /// Distance between consecutive output rows' operands in `lhs`.
+    pub ps: usize,
+    /// Offset of each of the `k` operands of a row.
+    pub offs: &'a [usize],
+    /// Row-major `[k, n]`.
+    pub rhs: &'a [f32],
+    /// Optional `[n]` bias.
+    pub bias: Option<&'a [f32]>,
+    /// Output columns.
+    pub n: usize,
+    /// Activation applied to the result.
+    pub act: Activation,
+}
+
+/// Columns `[c0, c0 + 8 * NV)` of `out = lhs · rhs + bias`, two rows at a time so that every
+/// `rhs` load feeds two independent accumulator chains.
+///
+/// Panics unless `c0 + 8 * NV <= n`, `out` is `m × n`, `rhs` holds `k × n` and every
+/// `lhs(p, t)` of the `m` rows is inside `lhs` (the bounds the unchecked reads rely on).
+#[inline(always)]
+fn small_k_tile<const NV: usize, const FMA: bool>(p: &SmallK<'_>, c0: usize, out: &mut [f32]) {
+    let (n, ps, k) = (p.n, p.ps, p.offs.len());
+    let m = out.len() / n.max(1);
+    let max_off = p.offs.iter().copied().max().unwrap_or(0);
+    assert!(
+        c0 + 8 * NV <= n
+            && out.len() == m * n
+            && p.rhs.len() >= k * n
+            && (k == 0 || m == 0 || (m - 1) * ps + max_off < p.lhs.len()),
+        "small_k: operands too short"
+    );
+    let init: [V8; NV] = match p.bias {
+        Some(b) => V8::load_n::<NV>(b, c0),
+        None => [V8::splat(0.0); NV],
+    };
+    // SAFETY (every unchecked read below): by the assert, `t * n + c0 + 8 * v + 8 <= k * n <=
+    // rhs.len()` for t < k and v < NV, and `r * ps + o <= (m - 1) * ps + max_off < lhs.len()`
+    // for rows r < m and offsets o in `offs`.
+    let mut i = 0;
+    while i + 2 <= m {
+        let (mut acc0, mut acc1) = (init, init);
+        let (r0, r1) = (i * ps, (i + 1) * ps);
+        for (t, &o) in p.offs.iter().enumerate() {
+            let (a, b) = unsafe { (*p.lhs.get_unchecked(r0 + o), *p.lhs.get_unchecked(r1 + o)) };
+            for v in 0..NV {
+                let at = t * n + c0 + 8 * v;
+                let wv = V8::load(unsafe { p.rhs.get_unchecked(at..at + 8) }, 0);
+                acc0[v] = acc0[v].madd::<FMA>(a, wv);
+                acc1[v] = acc1[v].madd::<FMA>(b, wv);
+            }
+        }
+        for v in 0..NV {
+            acc0[v].store(out, i * n + c0 + 8 * v);
+            acc1[v].store(out, (i + 1) * n + c0 + 8 * v);
+        }
+        i += 2;
+    }
+    if i < m {
+        let mut acc = init;
+        for (t, &o) in p.offs.iter().enumerate() {
+            let a = unsafe { *p.lhs.get_unchecked(i * ps + o) };
+            for (v, acc) in acc.iter_mut().enumerate() {
+                let at = t * n + c0 + 8 * v;
+                *acc = acc.madd::<FMA>(a, V8::load(unsafe { p.rhs.get_unchecked(at..at + 8) }, 0));
+            }
+        }
+        for (v, acc) in acc.iter().enumerate() {
+            acc.store(out, i * n + c0 + 8 * v);
+        }
+    }
+}
+
+/// Column `c` of `out = lhs · rhs + bias` (the columns left over after the 8-wide tiles).
+#[inline(always)]
+fn small_k_column<const FMA: bool>(p: &SmallK<'_>, c: usize, out: &mut [f32]) {
+    let n = p.n;
+    let init = p.bias.map_or(0.0, |b| b[c]);
+    for i in 0..out.len() / n {
+        let mut acc = init;
+        for (t, &o) in p.offs.iter().enumerate() {
+            acc = madd::<FMA>(p.lhs[i * p.ps + o], p.rhs[t * n + c], acc);
+        }
+        out[i * n + c] = acc;
+    }
+}
+
+multiversion! {
+    /// `out[m, n] = act(lhs · rhs + bias)` (see [`SmallK`]) for a small inner dimension:
+    /// accumulates in registers starting from the bias, then applies the activation over the
+    /// block while it is still in cache. `m = out.len() / n`.
+    pub(crate) fn small_k_bias_act<const FMA: bool>(p: &SmallK<'_>, out: &mut [f32]) {
+        let n = p.n;
+        if n == 0 || out.is_empty() {
+            return;
+        }
+        assert_eq!(out.len() % n, 0, "small_k_bias_act: out must be m x n");
+        if let Some(b) = p.bias {
+            assert!(b.len() >= n, "small_k_bias_act: bias too short");
+        }
+        let mut c0 = 0;
+        while c0 + 32 <= n {
+            small_k_tile::<4, FMA>(p, c0, out);
+            c0 += 32;
+        }
+        while c0 + 8 <= n {
+            small_k_tile::<1, FMA>(p, c0, out);
+            c0 += 8;
+        }
+        for c in c0..n {
+            small_k_column::<FMA>(p, c, out);
+        }
+        act_in_place::<FMA>(out, p.act);
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
+
+    /// Row-major `[rows, cols]` data stored transposed (`[cols, rows]`).
+    fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| x[(i % rows) * cols + i / rows])
+            .collect()
+    }
+
+    #[test]
+    fn matmul_matches_reference_all_transposes() {
+        let shapes = [
+            (1, 1, 1),
+            (3, 7, 13),
+            (13, 1, 7),
+            (28, 13, 3),
+            (7, 28, 1),
+            (64, 130, 33),
+            (130, 64, 96),
+        ];
+        for (t, &(m, k, n)) in shapes.iter().enumerate() {
+            let a = random_vec(m * k, 10 + t as u64);
+            let b = random_vec(k * n, 20 + t as u64);
+            let expected = r::matmul(&to_f64(&a), &to_f64(&b), m, k, n, false, false);
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let a_in = if ta { transpose(&a, m, k) } else { a.clone() };
+                let b_in = if tb { transpose(&b, k, n) } else { b.clone() };
+                let mut out = vec![f32::NAN; m * n];
+                matmul(&a_in, &b_in, &mut out, m, k, n, ta, tb);
+                assert_close(
+                    &out,
+                    &expected,
+                    1e-4,
+                    &format!("matmul {m}x{k}x{n} ta={ta} tb={tb}"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    pub(in crate::ops::cpu) fn small_k_handles_every_column_split() {
+        // n = 32 + 8 + 3 exercises the 32-wide tiles, the 8-wide tile and the scalar columns,
+        // and an odd m the single-row tail; offsets read a padded layout in place.
+        let (m, k, n, ps) = (7, 5, 43, 3);
+        let offs = [0, 2, 4, 9, 11];
+        let lhs = random_vec((m - 1) * ps + 12, 1);
+        let rhs = random_vec(k * n, 2);
+        let bias = random_vec(n, 3);
+        let dense: Vec<f32> = (0..m * k)
+            .map(|i| lhs[(i / k) * ps + offs[i % k]])
+            .collect();
+        for act in [Activation::Linear, Activation::Selu] {
+            let mut out = vec![f32::NAN; m * n];
+            let p = SmallK {
+                lhs: &lhs,
+                ps,
+                offs: &offs,
+                rhs: &rhs,
+                bias: Some(&bias),
+                n,
+                act,
+            };
+            small_k_bias_act(&p, &mut out);
+            let expected = r::matmul_bias_act(
+                &to_f64(&dense),
+                &to_f64(&rhs),
+                Some(&to_f64(&bias)),
+                m,
+                k,
+                n,
+                act,
+            );
+            assert_close(&out, &expected, 1e-5, &format!("small_k {act:?}"));
+        }
+    }
+
+    #[test]
+    fn matmul_with_empty_inner_dimension_is_zero() {
+        let mut out = vec![f32::NAN; 6];
+        matmul(&[], &[], &mut out, 2, 0, 3, false, false);
+        assert_eq!(out, vec![0.0; 6]);
+        let mut out = vec![f32::NAN; 6];
+        matmul_bias_act(
+            &[],
+            &[],
+            Some(&[1.0, -2.0, 0.5]),
+            &mut out,
+            2,
+            0,
+            3,
+            Activation::Relu,
+        );
+        assert_eq!(out, vec![1.0, 0.0, 0.5, 1.0, 0.0, 0.5]);
+    }
+
+    #[test]
+    fn matmul_bias_act_matches_reference() {
+        // The last shape is the tutorial's Dense(128) on 1152 features, batch 128 (parallel path).
+        for (t, &(m, k, n)) in [(1, 3, 1), (7, 13, 3), (28, 7, 13), (128, 1152, 128)]
+            .iter()
+            .enumerate()
+        {
+            let a = random_vec(m * k, 30 + t as u64);
+            let b = random_vec(k * n, 40 + t as u64);
+            let bias = random_vec(n, 50 + t as u64);
+            for act in [Activation::Linear, Activation::Relu, Activation::Selu] {
+                for with_bias in [true, false] {
+                    let bias = with_bias.then_some(&bias[..]);
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul_bias_act(&a, &b, bias, &mut out, m, k, n, act);
+                    let bias64 = bias.map(to_f64);
+                    let expected = r::matmul_bias_act(
+                        &to_f64(&a),
+                        &to_f64(&b),
+                        bias64.as_deref(),
+                        m,
+                        k,
+                        n,
+                        act,
+                    );
+                    assert_close(
+                        &out,
+                        &expected,
+                        1e-4,
+                        &format!("dense {m}x{k}x{n} {act:?} bias={with_bias}"),
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_strided_accumulates() {
+        let (a, b) = (random_vec(12, 1), random_vec(20, 2));
+        let mut out = vec![1.0f32; 15];
+        gemm_strided(
+            &mut out,
+            3,
+            5,
+            4,
+            Strided::row_major(&a, 4),
+            Strided::row_major(&b, 5),
+            true,
+            false,
+        );
+        let expected: Vec<f64> = r::matmul(&to_f64(&a), &to_f64(&b), 3, 4, 5, false, false)
+            .iter()
+            .map(|v| v + 1.0)
+            .collect();
+        assert_close(&out, &expected, 1e-5, "accumulate");
+    }
+}

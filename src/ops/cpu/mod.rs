@@ -1,0 +1,283 @@
+//! The CPU:0 device's kernels: plain functions on `f32` slices.
+//!
+//! One module per family (`gemm`, `conv`, `depthwise`, `pool`, `elementwise`, `softmax`,
+//! `reduce`, `optim`), every kernel re-exported here (`cpu::matmul`, `cpu::conv2d_forward`, ...).
+//! Conventions shared by every kernel:
+//!
+//! * Tensors are NHWC and row-major; convolution kernels are Keras' HWIO
+//!   (`[kh, kw, c_in, c_out]`), which is exactly the `[kh * kw * c_in, c_out]` matrix an
+//!   im2col GEMM wants.
+//! * Outputs are fully overwritten (never accumulated into) unless a function says otherwise;
+//!   the optimizer steps update their state slices in place.
+//! * Lengths are checked with `assert!` up front: a mismatch is a bug in the caller and panics
+//!   with a message naming the argument.
+//! * Large matrix products go through the [`gemm`](https://docs.rs/gemm) crate; products with a
+//!   tiny inner dimension (a 3×3 kernel on one channel, a pointwise layer with few inputs) and
+//!   everything else are loops whose innermost dimension is the contiguous channel one. Hot
+//!   leaf loops are compiled twice (portable and AVX2 + FMA, see `multiversion!`) and picked at
+//!   run time, since the crate is built for the baseline x86-64 target.
+//! * Work is split over rayon's global pool in independent output slices (images, rows, chunks);
+//!   small inputs stay on the calling thread. The kernels may be called from inside a rayon
+//!   task as well.
+//! * `unsafe` is limited to the gemm crate's raw-pointer API, the calls into the AVX2 versions
+//!   (after checking the CPU) and a few unchecked loads in the innermost loops, each preceded by
+//!   the assert that makes it sound and a `SAFETY` comment.
+
+/// Defines a function whose body is compiled twice, once for the build target and once with
+/// AVX2 + FMA enabled, and picks the latter at run time when the CPU has both.
+///
+/// Written `fn name<const FMA: bool>(...)`, the body gets a const parameter (any name) that is
+/// `true` in the AVX2 + FMA version (and on targets that always have FMA), for [`madd`] and
+/// the helpers built on it.
+///
+/// Use it for leaf loops only, and write them without closures (plain `for` loops): a closure
+/// or any other function that is not inlined does not inherit the target features of the
+/// function it was written in (with `FMA = true`, its `mul_add` would become a libm call).
+macro_rules! multiversion {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident<const $fma:ident: bool>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            /// The body, inlined into both versions.
+            #[inline(always)]
+            fn portable<const $fma: bool>($($arg: $ty),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// The body compiled with AVX2 and FMA.
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    portable::<true>($($arg),*)
+                }
+                if $crate::ops::cpu::has_avx2_fma() {
+                    // SAFETY: `avx2` is `portable` compiled with AVX2 and FMA enabled; it has no
+                    // other precondition, and the running CPU was just checked to support both.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable::<{ $crate::ops::cpu::NATIVE_FMA }>($($arg),*)
+        }
+    };
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            /// The body, inlined into both versions.
+            #[inline(always)]
+            fn portable($($arg: $ty),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// The body compiled with AVX2 and FMA.
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    portable($($arg),*)
+                }
+                if $crate::ops::cpu::has_avx2_fma() {
+                    // SAFETY: `avx2` is `portable` compiled with AVX2 and FMA enabled; it has no
+                    // other precondition, and the running CPU was just checked to support both.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable($($arg),*)
+        }
+    };
+}
+
+pub(crate) mod conv;
+pub(crate) mod depthwise;
+pub(crate) mod elementwise;
+pub(crate) mod gemm;
+pub(crate) mod optim;
+pub(crate) mod pool;
+pub(crate) mod reduce;
+pub(crate) mod softmax;
+
+pub(crate) use conv::{conv2d_backward_input, conv2d_backward_kernel, conv2d_forward};
+pub(crate) use depthwise::{
+    depthwise_backward_input, depthwise_backward_kernel, depthwise_forward,
+};
+pub(crate) use elementwise::{activation_backward, activation_forward, add_n, binary, scale};
+pub(crate) use gemm::{matmul, matmul_bias_act};
+pub(crate) use optim::{adam, sgd, sgd_momentum};
+pub(crate) use pool::{maxpool_backward, maxpool_forward};
+pub(crate) use reduce::{argmax_rows, sum_all, sum_rows};
+pub(crate) use softmax::{accuracy_count, softmax, softmax_cross_entropy};
+
+use std::cell::Cell;
+
+/// Element count below which an element-wise kernel stays on the calling thread (a rayon
+/// fork/join costs a few microseconds, about what 64 Ki elements take).
+pub(crate) const PAR_MIN_ELEMS: usize = 1 << 16;
+
+/// Elements per rayon task in element-wise kernels.
+pub(crate) const PAR_CHUNK: usize = 1 << 15;
+
+/// Whether the build target itself guarantees a fused multiply-add instruction (so that
+/// `f32::mul_add` is one instruction rather than a library call).
+pub(crate) const NATIVE_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
+
+/// `a * b + c`, fused (one rounding) when `FMA`, else as two operations. Only pass `FMA = true`
+/// where the instruction exists (see `multiversion!`): otherwise `mul_add` is a slow libm call.
+#[inline(always)]
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Eight `f32` lanes, operated on lane by lane with constant indices and no loops, so that the
+/// compiler keeps a `V8` in one AVX register (loops over arrays in registers get vectorized
+/// only after the arrays were already committed to the stack).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct V8(pub [f32; 8]);
+
+/// Builds `[e(0), ..., e(7)]`: the expression `e` evaluated with `$i` bound to each literal
+/// lane index (no closure, so nothing can stay un-inlined outside a target-feature function).
+macro_rules! lanes {
+    ($i:ident => $e:expr) => {
+        [
+            {
+                let $i = 0;
+                $e
+            },
+            {
+                let $i = 1;
+                $e
+            },
+            {
+                let $i = 2;
+                $e
+            },
+            {
+                let $i = 3;
+                $e
+            },
+            {
+                let $i = 4;
+                $e
+            },
+            {
+                let $i = 5;
+                $e
+            },
+            {
+                let $i = 6;
+                $e
+            },
+            {
+                let $i = 7;
+                $e
+            },
+        ]
+    };
+}
+
+impl V8 {
+    /// All lanes `v`.
+    #[inline(always)]
+    pub(crate) fn splat(v: f32) -> Self {
+        Self([v; 8])
+    }
+
+    /// `s[at..at + 8]`.
+    #[inline(always)]
+    pub(crate) fn load(s: &[f32], at: usize) -> Self {
+        let c = &s[at..at + 8];
+        Self(lanes!(i => c[i]))
+    }
+
+    /// `NV` consecutive vectors `s[at..at + 8 * NV]` (one bounds check for the group).
+    #[inline(always)]
+    pub(crate) fn load_n<const NV: usize>(s: &[f32], at: usize) -> [Self; NV] {
+        let s = &s[at..at + 8 * NV];
+        let mut out = [Self::splat(0.0); NV];
+        for (v, o) in out.iter_mut().enumerate() {
+            *o = Self::load(s, 8 * v);
+        }
+        out
+    }
+
+    /// Writes the lanes to `s[at..at + 8]`.
+    #[inline(always)]
+    pub(crate) fn store(self, s: &mut [f32], at: usize) {
+        s[at..at + 8].copy_from_slice(&self.0);
+    }
+
+    /// `self + a * w`, lane-wise.
+    #[inline(always)]
+    pub(crate) fn madd<const FMA: bool>(self, a: f32, w: Self) -> Self {
+        Self(lanes!(i => madd::<FMA>(a, w.0[i], self.0[i])))
+    }
+
+    /// `self + a * w`, lane-wise, with a vector `a`.
+    #[inline(always)]
+    pub(crate) fn madd_v<const FMA: bool>(self, a: Self, w: Self) -> Self {
+        Self(lanes!(i => madd::<FMA>(a.0[i], w.0[i], self.0[i])))
+    }
+
+    /// `self + o`, lane-wise.
+    #[inline(always)]
+    pub(crate) fn add(self, o: Self) -> Self {
+        Self(lanes!(i => self.0[i] + o.0[i]))
+    }
+}
+
+/// Whether the running CPU has AVX2 and FMA (cached by `std` after the first query).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(test)]
+    if tests::FORCE_PORTABLE.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+thread_local! {
+    /// Per-thread scratch memory (im2col buffers and the like), kept between calls so that hot
+    /// loops do not allocate.
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Runs `f` on a scratch slice of `len` elements (contents unspecified) borrowed from the
+/// calling thread's pool. Nested calls get a fresh allocation instead of panicking.
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buf = SCRATCH.with(Cell::take);
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    let result = f(&mut buf[..len]);
+    SCRATCH.with(|cell| {
+        let other = cell.take();
+        // Keep the larger of the two buffers (a nested call may have stored one meanwhile).
+        cell.set(if other.len() > buf.len() { other } else { buf });
+    });
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    //! The portable (non-AVX2) versions of the multiversioned loops, which the dispatch never
+    //! picks on a machine that has AVX2: the kernels' own tests re-run with it forced.
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Makes `has_avx2_fma` answer false (tests only).
+    pub(super) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+    #[test]
+    fn portable_paths_match_the_reference() {
+        FORCE_PORTABLE.store(true, Ordering::Relaxed);
+        super::conv::tests::forward_matches_reference();
+        super::conv::tests::backward_matches_reference();
+        super::depthwise::tests::matches_reference();
+        super::elementwise::tests::activations_match_reference();
+        super::gemm::tests::small_k_handles_every_column_split();
+        super::pool::tests::matches_reference();
+        super::softmax::tests::matches_reference();
+        super::optim::tests::steps_match_reference();
+        super::reduce::tests::sums_match_reference();
+        FORCE_PORTABLE.store(false, Ordering::Relaxed);
+    }
+}

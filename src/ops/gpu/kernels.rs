@@ -1,0 +1,293 @@
+//! [`Kernels`] on a GPU: each method packs its params, fetches the cached pipeline and records
+//! one dispatch (or a few) into the adapter's pending command stream. Nothing waits here.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::device::logical::{GpuDevice, GpuRange};
+use crate::error::Result;
+use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
+use crate::ops::spec::{Activation, BinaryOp};
+use crate::ops::{Kernels, MatmulDims};
+use crate::tensor::{DType, Tensor};
+
+pub(crate) const BINARY: Kernel = Kernel::new(ShaderFamily::Elementwise, "binary");
+pub(crate) const SCALE: Kernel = Kernel::new(ShaderFamily::Elementwise, "scale");
+pub(crate) const ACTIVATION: Kernel = Kernel::new(ShaderFamily::Elementwise, "activation");
+pub(crate) const ACTIVATION_BACKWARD: Kernel =
+    Kernel::new(ShaderFamily::Elementwise, "activation_backward");
+pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
+pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
+pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
+pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
+pub(crate) const ADD_INTO: Kernel = Kernel::new(ShaderFamily::Reduce, "add_into");
+
+/// Rows of one `sum_rows` chunk: long enough to amortize the launch, short enough that the
+/// chunks spread over the device.
+const SUM_ROWS_CHUNK: usize = 256;
+
+/// The kernels of one GPU logical device.
+pub(crate) struct GpuKernels<'a> {
+    pub(crate) dev: &'a GpuDevice,
+    pub(crate) name: &'a str,
+}
+
+impl<'a> GpuKernels<'a> {
+    pub(crate) fn new(dev: &'a GpuDevice, name: &'a str) -> Self {
+        GpuKernels { dev, name }
+    }
+
+    /// Records `kernel` over `tensors` (in the kernel's binding order) with `params`. Empty
+    /// tensors have no buffer: an op over them has nothing to do, so nothing is recorded.
+    pub(crate) fn launch<P: Pod>(
+        &self,
+        kernel: Kernel,
+        params: &P,
+        tensors: &[&Tensor],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let ranges: Option<Vec<GpuRange<'_>>> = tensors.iter().map(|t| t.gpu_range()).collect();
+        let Some(ranges) = ranges else {
+            return Ok(());
+        };
+        let pipeline = self.dev.ctx.pipelines.get(kernel, self.name)?;
+        self.dev
+            .ctx
+            .dispatch(&pipeline, bytemuck::bytes_of(params), &ranges, workgroups);
+        Ok(())
+    }
+
+    /// A scratch tensor on this device (freed when dropped; the stream keeps the memory valid
+    /// for commands already recorded, since later users of it are recorded after them).
+    pub(crate) fn scratch(&self, shape: &[usize], like: &Tensor) -> Result<Tensor> {
+        Tensor::uninit(shape, DType::F32, like.device_handle())
+    }
+}
+
+fn u(x: usize) -> u32 {
+    // Shapes on a GPU are bounded by max_storage_buffer_binding_size (< 4 GiB), so every
+    // element count and index fits in u32.
+    x as u32
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ElementwiseParams {
+    n: u32,
+    m: u32,
+    op: u32,
+    act: u32,
+    alpha: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MatmulParams {
+    m: u32,
+    k: u32,
+    n: u32,
+    has_bias: u32,
+    a_rs: u32,
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+    act: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ReduceParams {
+    n: u32,
+    rows: u32,
+    cols: u32,
+    chunk: u32,
+    alpha: f32,
+}
+
+impl GpuKernels<'_> {
+    /// Elementwise `act` (forward) over `x` into `y`.
+    pub(crate) fn activation_impl(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> {
+        let n = x.len();
+        let p = ElementwiseParams {
+            n: u(n),
+            m: 1,
+            op: 0,
+            act: act.code(),
+            alpha: 0.0,
+        };
+        self.launch(ACTIVATION, &p, &[x, y], grid_1d(n, 256))
+    }
+
+    /// `dz = dy * act'(y)`.
+    pub(crate) fn activation_backward_impl(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        act: Activation,
+    ) -> Result<()> {
+        let n = y.len();
+        let p = ElementwiseParams {
+            n: u(n),
+            m: u(n),
+            op: 0,
+            act: act.code(),
+            alpha: 0.0,
+        };
+        self.launch(ACTIVATION_BACKWARD, &p, &[y, dy, dz], grid_1d(n, 256))
+    }
+}
+
+impl Kernels for GpuKernels<'_> {
+    fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()> {
+        let n = a.len();
+        let p = ElementwiseParams {
+            n: u(n),
+            m: u(b.len().max(1)),
+            op: op.code(),
+            act: 0,
+            alpha: 0.0,
+        };
+        self.launch(BINARY, &p, &[a, b, out], grid_1d(n, 256))
+    }
+
+    fn add_n(&self, inputs: &[&Tensor], out: &Tensor) -> Result<()> {
+        let n = out.len();
+        let (first, rest) = inputs.split_first().expect("add_n front-end passes inputs");
+        self.scale(first, 1.0, out)?;
+        for x in rest {
+            let p = ReduceParams {
+                n: u(n),
+                rows: 0,
+                cols: 0,
+                chunk: 0,
+                alpha: 0.0,
+            };
+            self.launch(ADD_INTO, &p, &[x, out], grid_1d(n, 256))?;
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
+        let n = x.len();
+        let p = ElementwiseParams {
+            n: u(n),
+            m: 1,
+            op: 0,
+            act: 0,
+            alpha,
+        };
+        self.launch(SCALE, &p, &[x, out], grid_1d(n, 256))
+    }
+
+    fn matmul(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        act: Activation,
+    ) -> Result<()> {
+        if d.m == 0 || d.n == 0 {
+            return Ok(());
+        }
+        let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
+        let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
+        let p = MatmulParams {
+            m: u(d.m),
+            k: u(d.k),
+            n: u(d.n),
+            has_bias: u32::from(bias.is_some()),
+            a_rs: u(a_rs),
+            a_cs: u(a_cs),
+            b_rs: u(b_rs),
+            b_cs: u(b_cs),
+            act: act.code(),
+        };
+        if d.k == 0 {
+            // No terms: the product is zero; the kernel's loop simply does not run, but a and b
+            // have no buffers to bind. Bind the output in their place.
+            return self.launch(
+                MATMUL,
+                &p,
+                &[out, out, bias.unwrap_or(out), out],
+                [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1],
+            );
+        }
+        self.launch(
+            MATMUL,
+            &p,
+            &[a, b, bias.unwrap_or(out), out],
+            [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1],
+        )
+    }
+
+    fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
+        let p = ReduceParams {
+            n: u(x.len()),
+            rows: 0,
+            cols: 0,
+            chunk: 0,
+            alpha,
+        };
+        if x.is_empty() {
+            return self.scale_fill_zero(out);
+        }
+        self.launch(SUM_ALL, &p, &[x, out], [1, 1, 1])
+    }
+
+    fn sum_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        if rows == 0 {
+            return self.scale_fill_zero(out);
+        }
+        // Chunked partial sums until one row is left; the partials live in scratch tensors.
+        let mut current = x.clone();
+        let mut rows = rows;
+        loop {
+            let chunks = rows.div_ceil(SUM_ROWS_CHUNK);
+            let target = if chunks == 1 {
+                out.clone()
+            } else {
+                self.scratch(&[chunks, cols], x)?
+            };
+            let p = ReduceParams {
+                n: 0,
+                rows: u(rows),
+                cols: u(cols),
+                chunk: u(SUM_ROWS_CHUNK),
+                alpha: 0.0,
+            };
+            self.launch(
+                SUM_ROWS,
+                &p,
+                &[&current, &target],
+                [u(cols.div_ceil(64)), u(chunks), 1],
+            )?;
+            if chunks == 1 {
+                return Ok(());
+            }
+            current = target;
+            rows = chunks;
+        }
+    }
+
+    fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        let p = ReduceParams {
+            n: 0,
+            rows: u(rows),
+            cols: u(cols),
+            chunk: 0,
+            alpha: 0.0,
+        };
+        self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
+    }
+}
+
+impl GpuKernels<'_> {
+    fn scale_fill_zero(&self, out: &Tensor) -> Result<()> {
+        if let Some(range) = out.gpu_range() {
+            self.dev.ctx.clear(range, range.size);
+        }
+        Ok(())
+    }
+}

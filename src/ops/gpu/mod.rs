@@ -1,0 +1,396 @@
+//! The GPU side of every op: WGSL kernels from `shaders/`, compiled once per adapter into a
+//! pipeline cache, and the thin functions that bind tensors and dispatch them.
+//!
+//! Binding convention shared by every shader: `@group(0) @binding(0)` is a uniform `Params`
+//! struct (at most 256 bytes), `@binding(1..)` are tensors as `var<storage, read_write>` arrays.
+//! Everything is read-write because two tensors of one dispatch may be ranges of one arena
+//! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
+
+pub(crate) mod kernels;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::device::physical::AdapterEntry;
+use crate::error::{Error, Result};
+
+/// One WGSL file: a family of kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ShaderFamily {
+    /// Element-wise maps, binary ops with broadcasting, fills, activations.
+    Elementwise,
+    /// Matrix products with fused bias and activation.
+    Matmul,
+    /// Sums, column sums, argmax.
+    Reduce,
+    /// Direct 2-D convolution and its gradients.
+    Conv2d,
+    /// Depthwise convolution and its gradients.
+    Depthwise,
+    /// 2×2 max-pool and its gradient.
+    Pool,
+    /// Softmax, fused softmax cross-entropy, accuracy.
+    Softmax,
+    /// SGD, momentum, Adam updates in place.
+    Optim,
+}
+
+impl ShaderFamily {
+    /// Every family, for validation tests.
+    pub(crate) const ALL: [ShaderFamily; 8] = [
+        ShaderFamily::Elementwise,
+        ShaderFamily::Matmul,
+        ShaderFamily::Reduce,
+        ShaderFamily::Conv2d,
+        ShaderFamily::Depthwise,
+        ShaderFamily::Pool,
+        ShaderFamily::Softmax,
+        ShaderFamily::Optim,
+    ];
+
+    /// The file under `shaders/`.
+    pub(crate) fn file(self) -> &'static str {
+        match self {
+            ShaderFamily::Elementwise => "elementwise.wgsl",
+            ShaderFamily::Matmul => "matmul.wgsl",
+            ShaderFamily::Reduce => "reduce.wgsl",
+            ShaderFamily::Conv2d => "conv2d.wgsl",
+            ShaderFamily::Depthwise => "depthwise.wgsl",
+            ShaderFamily::Pool => "pool.wgsl",
+            ShaderFamily::Softmax => "softmax.wgsl",
+            ShaderFamily::Optim => "optim.wgsl",
+        }
+    }
+
+    /// The WGSL source, compiled into the crate.
+    pub(crate) fn source(self) -> &'static str {
+        match self {
+            ShaderFamily::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
+            ShaderFamily::Matmul => include_str!("../../../shaders/matmul.wgsl"),
+            ShaderFamily::Reduce => include_str!("../../../shaders/reduce.wgsl"),
+            ShaderFamily::Conv2d => include_str!("../../../shaders/conv2d.wgsl"),
+            ShaderFamily::Depthwise => include_str!("../../../shaders/depthwise.wgsl"),
+            ShaderFamily::Pool => include_str!("../../../shaders/pool.wgsl"),
+            ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
+            ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
+        }
+    }
+}
+
+/// A kernel: an entry point of a family. Which tensor bindings it takes is read from the shader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Kernel {
+    pub(crate) family: ShaderFamily,
+    pub(crate) entry: &'static str,
+}
+
+impl Kernel {
+    pub(crate) const fn new(family: ShaderFamily, entry: &'static str) -> Kernel {
+        Kernel { family, entry }
+    }
+}
+
+/// A compiled kernel and the bind group layout its bindings follow.
+pub(crate) struct Pipeline {
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) layout: wgpu::BindGroupLayout,
+    /// The storage bindings the entry point uses, ascending: the i-th tensor passed to a
+    /// dispatch goes to `bindings[i]`.
+    pub(crate) bindings: Vec<u32>,
+}
+
+/// Per-adapter cache of shader modules, layouts and pipelines, compiled on first use.
+pub(crate) struct PipelineCache {
+    device: wgpu::Device,
+    capabilities: naga::valid::Capabilities,
+    limits: wgpu::Limits,
+    modules: Mutex<HashMap<ShaderFamily, std::result::Result<ModuleInfo, String>>>,
+    layouts: Mutex<HashMap<Vec<u32>, wgpu::BindGroupLayout>>,
+    pipelines: Mutex<HashMap<(ShaderFamily, &'static str), Arc<Pipeline>>>,
+}
+
+struct ModuleInfo {
+    module: wgpu::ShaderModule,
+    /// Each entry point's workgroup size and storage bindings.
+    entries: HashMap<String, EntryInfo>,
+    /// Bytes of workgroup memory the module declares.
+    workgroup_bytes: u64,
+}
+
+impl PipelineCache {
+    pub(crate) fn new(device: &wgpu::Device, adapter: &AdapterEntry) -> PipelineCache {
+        PipelineCache {
+            device: device.clone(),
+            capabilities: capabilities_of(adapter.features),
+            limits: adapter.limits.clone(),
+            modules: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the adapter can run `kernel`, decided from the shader itself: naga validates the
+    /// family against the adapter's capabilities (f16, subgroups, ...), and the entry point's
+    /// workgroup size and the module's workgroup memory are checked against its limits.
+    /// `Err` holds what is missing, for `Error::Unsupported` and soft placement.
+    pub(crate) fn check(&self, kernel: Kernel) -> std::result::Result<(), String> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let info = modules
+            .entry(kernel.family)
+            .or_insert_with(|| self.load(kernel.family))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let entry = info
+            .entries
+            .get(kernel.entry)
+            .ok_or_else(|| format!("{} has no entry point {}", kernel.family.file(), kernel.entry))?;
+        let size = &entry.workgroup_size;
+        let invocations: u32 = size.iter().product();
+        let l = &self.limits;
+        if invocations > l.max_compute_invocations_per_workgroup
+            || size[0] > l.max_compute_workgroup_size_x
+            || size[1] > l.max_compute_workgroup_size_y
+            || size[2] > l.max_compute_workgroup_size_z
+        {
+            return Err(format!(
+                "workgroup size {size:?} exceeds max_compute_invocations_per_workgroup ({})",
+                l.max_compute_invocations_per_workgroup
+            ));
+        }
+        if info.workgroup_bytes > u64::from(l.max_compute_workgroup_storage_size) {
+            return Err(format!(
+                "{} bytes of workgroup memory exceed max_compute_workgroup_storage_size ({})",
+                info.workgroup_bytes, l.max_compute_workgroup_storage_size
+            ));
+        }
+        if entry.bindings.len() as u32 > l.max_storage_buffers_per_shader_stage {
+            return Err(format!(
+                "{} storage buffers exceed max_storage_buffers_per_shader_stage ({})",
+                entry.bindings.len(),
+                l.max_storage_buffers_per_shader_stage
+            ));
+        }
+        Ok(())
+    }
+
+    fn load(&self, family: ShaderFamily) -> std::result::Result<ModuleInfo, String> {
+        let Validated {
+            entries,
+            workgroup_bytes,
+            ..
+        } = validate(family, self.capabilities)?;
+        log::debug!("compiling {} for {:?}", family.file(), self.device);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(family.file()),
+                source: wgpu::ShaderSource::Wgsl(family.source().into()),
+            });
+        Ok(ModuleInfo {
+            module,
+            entries,
+            workgroup_bytes,
+        })
+    }
+
+    /// The pipeline for `kernel`, compiled on first use.
+    pub(crate) fn get(&self, kernel: Kernel, device_name: &str) -> Result<Arc<Pipeline>> {
+        let key = (kernel.family, kernel.entry);
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(Arc::clone(p));
+        }
+        self.check(kernel).map_err(|missing| Error::Unsupported {
+            op: kernel.entry,
+            device: device_name.to_string(),
+            missing,
+        })?;
+        let bindings = {
+            let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            modules
+                .get(&kernel.family)
+                .and_then(|m| m.as_ref().ok())
+                .and_then(|m| m.entries.get(kernel.entry))
+                .map(|e| e.bindings.clone())
+                .unwrap_or_default()
+        };
+        let layout = self.layout(&bindings);
+        let pipeline_layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(kernel.entry),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let info = modules
+            .get(&kernel.family)
+            .and_then(|m| m.as_ref().ok())
+            .ok_or_else(|| Error::Gpu {
+                device: device_name.to_string(),
+                message: format!("{} failed to load", kernel.family.file()),
+            })?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.entry),
+                layout: Some(&pipeline_layout),
+                module: &info.module,
+                entry_point: Some(kernel.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[],
+                    // Our kernels write workgroup memory before reading it; zeroing it first
+                    // would cost a pass over it per workgroup.
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        drop(modules);
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(Error::Gpu {
+                device: device_name.to_string(),
+                message: format!("compiling {}::{} failed: {err}", kernel.family.file(), kernel.entry),
+            });
+        }
+        let pipeline = Arc::new(Pipeline {
+            pipeline,
+            layout,
+            bindings,
+        });
+        self.pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, Arc::clone(&pipeline));
+        Ok(pipeline)
+    }
+
+    fn layout(&self, bindings: &[u32]) -> wgpu::BindGroupLayout {
+        let mut layouts = self.layouts.lock().unwrap_or_else(|e| e.into_inner());
+        layouts
+            .entry(bindings.to_vec())
+            .or_insert_with(|| {
+                let mut entries = vec![wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                }];
+                entries.extend(bindings.iter().map(|&binding| wgpu::BindGroupLayoutEntry {
+                    binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                }));
+                self.device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some("anygpu tensors"),
+                        entries: &entries,
+                    })
+            })
+            .clone()
+    }
+}
+
+/// The naga capabilities an adapter's features give.
+pub(crate) fn capabilities_of(features: wgpu::Features) -> naga::valid::Capabilities {
+    use naga::valid::Capabilities as C;
+    let mut caps = C::empty();
+    if features.contains(wgpu::Features::SHADER_F16) {
+        caps |= C::SHADER_FLOAT16;
+    }
+    if features.contains(wgpu::Features::SUBGROUP) {
+        caps |= C::SUBGROUP;
+    }
+    caps
+}
+
+/// What validation learns about an entry point.
+#[derive(Clone, Debug)]
+pub(crate) struct EntryInfo {
+    pub(crate) workgroup_size: [u32; 3],
+    /// Storage bindings (group 0) the entry point uses, ascending.
+    pub(crate) bindings: Vec<u32>,
+}
+
+/// A family's shader after validation.
+pub(crate) struct Validated {
+    pub(crate) entries: HashMap<String, EntryInfo>,
+    /// Bytes of workgroup memory the module declares.
+    pub(crate) workgroup_bytes: u64,
+}
+
+/// Parses and validates a family's WGSL with `capabilities`, and reads each entry point's
+/// workgroup size and bindings. `Err` says what the shader needs that is missing.
+pub(crate) fn validate(
+    family: ShaderFamily,
+    capabilities: naga::valid::Capabilities,
+) -> std::result::Result<Validated, String> {
+    let module = naga::front::wgsl::parse_str(family.source())
+        .map_err(|e| format!("{}: {}", family.file(), e.emit_to_string(family.source())))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+        .validate(&module)
+        .map_err(|e| format!("{} needs what the adapter lacks: {}", family.file(), e.as_inner()))?;
+    let entries = module
+        .entry_points
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| {
+            let uses = info.get_entry_point(i);
+            let mut bindings: Vec<u32> = module
+                .global_variables
+                .iter()
+                .filter(|(h, g)| {
+                    matches!(g.space, naga::AddressSpace::Storage { .. }) && !uses[*h].is_empty()
+                })
+                .filter_map(|(_, g)| g.binding.as_ref().map(|b| b.binding))
+                .collect();
+            bindings.sort_unstable();
+            let entry = EntryInfo {
+                workgroup_size: ep.workgroup_size,
+                bindings,
+            };
+            (ep.name.clone(), entry)
+        })
+        .collect();
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .map_err(|e| format!("{}: {e}", family.file()))?;
+    let workgroup_bytes = module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, g)| u64::from(layouter[g.ty].size))
+        .sum();
+    Ok(Validated {
+        entries,
+        workgroup_bytes,
+    })
+}
+
+/// Workgroups for `n` invocations of a 1-D kernel with `workgroup` invocations each, folded into
+/// two dimensions past the 65,535 per-dimension limit. Shaders recover the flat index as
+/// `gid.x + gid.y * num_workgroups.x * workgroup`.
+pub(crate) fn grid_1d(n: usize, workgroup: u32) -> [u32; 3] {
+    let groups = n.div_ceil(workgroup as usize).max(1) as u64;
+    const MAX: u64 = 65_535;
+    if groups <= MAX {
+        [groups as u32, 1, 1]
+    } else {
+        [MAX as u32, groups.div_ceil(MAX) as u32, 1]
+    }
+}
+pub(crate) mod nn;

@@ -1,0 +1,924 @@
+//! The f64 oracle: every kernel of the crate written as the plainest loops over its definition,
+//! in double precision, for tests to compare the CPU and GPU kernels against.
+//!
+//! Nothing here is fast or clever on purpose: each function is a direct transcription of the
+//! formula in its doc comment, so that it can be checked by reading (and its gradients are
+//! checked by central finite differences in this module's tests). Layouts are the crate's: NHWC
+//! activations, HWIO kernels, row-major matrices. Slices must have the lengths the shapes imply
+//! (indexing panics otherwise).
+
+use crate::ops::spec::{
+    Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams, SELU_ALPHA,
+    SELU_SCALE,
+};
+
+/// Widens an f32 slice to f64.
+pub fn to_f64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(v)).collect()
+}
+
+/// `len` deterministic pseudo-random values, uniform in `[-1, 1)` and never exactly 0
+/// (SplitMix64 seeded with `seed`; 24-bit mantissas, so every value is exact in f32).
+pub fn random_vec(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let k = (next() >> 40) as u32; // 24 random bits
+        let v = (k as f32) / 8_388_608.0 - 1.0; // k / 2^23 - 1, in [-1, 1)
+        if v != 0.0 {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Panics unless `actual` matches `expected` element-wise within `rel_tol`.
+///
+/// The criterion is `|a - e| <= rel_tol * max(1, |e|)`: relative for values of magnitude above
+/// 1, absolute (with the same tolerance) below, so results that should be near zero are not
+/// held to an impossible relative precision. NaN or infinite actual values always fail, as do
+/// differing lengths. The panic message names `what`, the worst index (largest error relative to
+/// its allowance), both values and the error.
+pub fn assert_close(actual: &[f32], expected: &[f64], rel_tol: f64, what: &str) {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{what}: length {} but expected {}",
+        actual.len(),
+        expected.len()
+    );
+    // The worst element is the one exceeding its allowance by the most.
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+        let a = f64::from(a);
+        let allowance = rel_tol * e.abs().max(1.0);
+        let err = (a - e).abs();
+        let ok = a.is_finite() && err <= allowance;
+        let excess = if a.is_finite() {
+            err - allowance
+        } else {
+            f64::INFINITY
+        };
+        if !ok && worst.is_none_or(|(_, w)| excess > w) {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, _)) = worst {
+        let (a, e) = (f64::from(actual[i]), expected[i]);
+        panic!(
+            "{what}: element {i} of {} is {a:e}, expected {e:e} (error {:e}, tolerance {rel_tol:e} * max(1, |expected|))",
+            actual.len(),
+            (a - e).abs()
+        );
+    }
+}
+
+/// `op(a) · op(b)`, `[m, n]`: `a` is `[m, k]` (`[k, m]` when `trans_a`), `b` is `[k, n]`
+/// (`[n, k]` when `trans_b`), all row-major.
+pub fn matmul(
+    a: &[f64],
+    b: &[f64],
+    m: usize,
+    k: usize,
+    n: usize,
+    trans_a: bool,
+    trans_b: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0;
+            for p in 0..k {
+                let av = if trans_a { a[p * m + i] } else { a[i * k + p] };
+                let bv = if trans_b { b[j * k + p] } else { b[p * n + j] };
+                s += av * bv;
+            }
+            out[i * n + j] = s;
+        }
+    }
+    out
+}
+
+/// `act(x)` for one value: linear `x`, relu `max(x, 0)`, selu
+/// `SCALE * (x > 0 ? x : ALPHA * (e^x - 1))`.
+pub fn activate(x: f64, act: Activation) -> f64 {
+    match act {
+        Activation::Linear => x,
+        Activation::Relu => x.max(0.0),
+        Activation::Selu => {
+            if x > 0.0 {
+                SELU_SCALE * x
+            } else {
+                SELU_SCALE * SELU_ALPHA * x.exp_m1()
+            }
+        }
+    }
+}
+
+/// `act(x)` element-wise.
+pub fn activation(x: &[f64], act: Activation) -> Vec<f64> {
+    x.iter().map(|&v| activate(v, act)).collect()
+}
+
+/// `dy * act'(x)` from the activation's INPUT `x` (relu: `x > 0 ? dy : 0`; selu:
+/// `x > 0 ? dy * SCALE : dy * SCALE * ALPHA * e^x`).
+pub fn activation_backward_from_input(dy: &[f64], x: &[f64], act: Activation) -> Vec<f64> {
+    dy.iter()
+        .zip(x)
+        .map(|(&dy, &x)| match act {
+            Activation::Linear => dy,
+            Activation::Relu => {
+                if x > 0.0 {
+                    dy
+                } else {
+                    0.0
+                }
+            }
+            Activation::Selu => {
+                if x > 0.0 {
+                    dy * SELU_SCALE
+                } else {
+                    dy * SELU_SCALE * SELU_ALPHA * x.exp()
+                }
+            }
+        })
+        .collect()
+}
+
+/// `dy * act'(.)` from the activation's OUTPUT `y`, the form the kernels use: relu
+/// `y > 0 ? dy : 0`; selu `y > 0 ? dy * SCALE : dy * (y + SCALE * ALPHA)` (since for `x <= 0`,
+/// `y + SCALE * ALPHA = SCALE * ALPHA * e^x`); linear `dy`.
+pub fn activation_backward(dy: &[f64], y: &[f64], act: Activation) -> Vec<f64> {
+    dy.iter()
+        .zip(y)
+        .map(|(&dy, &y)| match act {
+            Activation::Linear => dy,
+            Activation::Relu => {
+                if y > 0.0 {
+                    dy
+                } else {
+                    0.0
+                }
+            }
+            Activation::Selu => {
+                if y > 0.0 {
+                    dy * SELU_SCALE
+                } else {
+                    dy * (y + SELU_SCALE * SELU_ALPHA)
+                }
+            }
+        })
+        .collect()
+}
+
+/// `act(z[r, c] + bias[c])` over a row-major `[rows, cols]` matrix (`cols = bias.len()`;
+/// no bias: `act(z)`).
+pub fn bias_act(z: &[f64], bias: Option<&[f64]>, act: Activation) -> Vec<f64> {
+    z.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let b = bias.map_or(0.0, |b| b[i % b.len()]);
+            activate(v + b, act)
+        })
+        .collect()
+}
+
+/// `act(a · b + bias)`, `a` `[m, k]`, `b` `[k, n]`, `bias` `[n]` (a `Dense` layer).
+pub fn matmul_bias_act(
+    a: &[f64],
+    b: &[f64],
+    bias: Option<&[f64]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    act: Activation,
+) -> Vec<f64> {
+    bias_act(&matmul(a, b, m, k, n, false, false), bias, act)
+}
+
+/// Input index `o + a - pad` if it lies in `[0, len)`.
+fn tap(o: usize, a: usize, pad: usize, len: usize) -> Option<usize> {
+    (o + a).checked_sub(pad).filter(|&i| i < len)
+}
+
+/// `y[n, i, j, o] = act(bias[o] + Σ_{a, b, c} x[n, i + a - pt, j + b - pl, c] *
+/// k[a, b, c, o])`, out-of-range `x` reading as zero (stride 1, `s.padding`).
+pub fn conv2d_forward(
+    x: &[f64],
+    kernel: &[f64],
+    bias: Option<&[f64]>,
+    s: &Conv2dShape,
+    act: Activation,
+) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let (pt, pl) = s.pad_top_left();
+    let mut y = vec![0.0; s.output_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                for o in 0..s.c_out {
+                    let mut acc = bias.map_or(0.0, |b| b[o]);
+                    for a in 0..s.kh {
+                        for b in 0..s.kw {
+                            let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w))
+                            else {
+                                continue;
+                            };
+                            for c in 0..s.c_in {
+                                acc += x[((n * s.h + ii) * s.w + jj) * s.c_in + c]
+                                    * kernel[((a * s.kw + b) * s.c_in + c) * s.c_out + o];
+                            }
+                        }
+                    }
+                    y[((n * oh + i) * ow + j) * s.c_out + o] = activate(acc, act);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// `dx[n, i + a - pt, j + b - pl, c] += dz[n, i, j, o] * k[a, b, c, o]`: the gradient of
+/// `Σ dz * z` w.r.t. `x`, where `z` is the convolution's pre-activation output.
+pub fn conv2d_backward_input(dz: &[f64], kernel: &[f64], s: &Conv2dShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let (pt, pl) = s.pad_top_left();
+    let mut dx = vec![0.0; s.input_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                for o in 0..s.c_out {
+                    let g = dz[((n * oh + i) * ow + j) * s.c_out + o];
+                    for a in 0..s.kh {
+                        for b in 0..s.kw {
+                            let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w))
+                            else {
+                                continue;
+                            };
+                            for c in 0..s.c_in {
+                                dx[((n * s.h + ii) * s.w + jj) * s.c_in + c] +=
+                                    g * kernel[((a * s.kw + b) * s.c_in + c) * s.c_out + o];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// `dk[a, b, c, o] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] * dz[n, i, j, o]`.
+pub fn conv2d_backward_kernel(x: &[f64], dz: &[f64], s: &Conv2dShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let (pt, pl) = s.pad_top_left();
+    let mut dk = vec![0.0; s.kernel_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                for o in 0..s.c_out {
+                    let g = dz[((n * oh + i) * ow + j) * s.c_out + o];
+                    for a in 0..s.kh {
+                        for b in 0..s.kw {
+                            let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w))
+                            else {
+                                continue;
+                            };
+                            for c in 0..s.c_in {
+                                dk[((a * s.kw + b) * s.c_in + c) * s.c_out + o] +=
+                                    x[((n * s.h + ii) * s.w + jj) * s.c_in + c] * g;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dk
+}
+
+/// Bias gradient of a layer whose pre-activation gradient is `dz` (`[rows, cols]`, channels
+/// last): `db[c] = Σ_r dz[r, c]`.
+pub fn bias_grad(dz: &[f64], cols: usize) -> Vec<f64> {
+    sum_rows(dz, dz.len() / cols.max(1), cols)
+}
+
+/// `y[n, i, j, c] = Σ_{a, b} x[n, i + a - pt, j + b - pl, c] * k[a, b, c, 0]` ('same').
+pub fn depthwise_forward(x: &[f64], kernel: &[f64], s: &DepthwiseShape) -> Vec<f64> {
+    let (pt, pl) = s.pad_top_left();
+    let mut y = vec![0.0; s.input_len()];
+    for n in 0..s.n {
+        for i in 0..s.h {
+            for j in 0..s.w {
+                for c in 0..s.c {
+                    let mut acc = 0.0;
+                    for a in 0..s.kh {
+                        for b in 0..s.kw {
+                            if let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w)) {
+                                acc += x[((n * s.h + ii) * s.w + jj) * s.c + c]
+                                    * kernel[(a * s.kw + b) * s.c + c];
+                            }
+                        }
+                    }
+                    y[((n * s.h + i) * s.w + j) * s.c + c] = acc;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// `dx[n, i + a - pt, j + b - pl, c] += dy[n, i, j, c] * k[a, b, c, 0]`.
+pub fn depthwise_backward_input(dy: &[f64], kernel: &[f64], s: &DepthwiseShape) -> Vec<f64> {
+    let (pt, pl) = s.pad_top_left();
+    let mut dx = vec![0.0; s.input_len()];
+    for n in 0..s.n {
+        for i in 0..s.h {
+            for j in 0..s.w {
+                for c in 0..s.c {
+                    let g = dy[((n * s.h + i) * s.w + j) * s.c + c];
+                    for a in 0..s.kh {
+                        for b in 0..s.kw {
+                            if let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w)) {
+                                dx[((n * s.h + ii) * s.w + jj) * s.c + c] +=
+                                    g * kernel[(a * s.kw + b) * s.c + c];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// `dk[a, b, c, 0] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] * dy[n, i, j, c]`.
+pub fn depthwise_backward_kernel(x: &[f64], dy: &[f64], s: &DepthwiseShape) -> Vec<f64> {
+    let (pt, pl) = s.pad_top_left();
+    let mut dk = vec![0.0; s.kernel_len()];
+    for n in 0..s.n {
+        for i in 0..s.h {
+            for j in 0..s.w {
+                for c in 0..s.c {
+                    let g = dy[((n * s.h + i) * s.w + j) * s.c + c];
+                    for a in 0..s.kh {
+                        for b in 0..s.kw {
+                            if let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w)) {
+                                dk[(a * s.kw + b) * s.c + c] +=
+                                    x[((n * s.h + ii) * s.w + jj) * s.c + c] * g;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dk
+}
+
+/// The input positions of the 2×2 window of output `(n, i, j, c)`, in window order
+/// (0,0), (0,1), (1,0), (1,1).
+fn pool_window(s: &PoolShape, n: usize, i: usize, j: usize, c: usize) -> [usize; 4] {
+    let at = |r: usize, q: usize| ((n * s.h + r) * s.w + q) * s.c + c;
+    [
+        at(2 * i, 2 * j),
+        at(2 * i, 2 * j + 1),
+        at(2 * i + 1, 2 * j),
+        at(2 * i + 1, 2 * j + 1),
+    ]
+}
+
+/// The position of the first maximum of the window (a later element must be strictly larger
+/// to win).
+fn pool_argmax(x: &[f64], window: [usize; 4]) -> usize {
+    let mut best = window[0];
+    for &p in &window[1..] {
+        if x[p] > x[best] {
+            best = p;
+        }
+    }
+    best
+}
+
+/// `y[n, i, j, c] = max` of `x` over the 2×2 window at `(2i, 2j)` ('valid', stride 2).
+pub fn maxpool_forward(x: &[f64], s: &PoolShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let mut y = vec![0.0; s.output_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                for c in 0..s.c {
+                    y[((n * oh + i) * ow + j) * s.c + c] =
+                        x[pool_argmax(x, pool_window(s, n, i, j, c))];
+                }
+            }
+        }
+    }
+    y
+}
+
+/// `dx`: each `dy[n, i, j, c]` added at its window's first maximum; 0 everywhere else.
+pub fn maxpool_backward(x: &[f64], dy: &[f64], s: &PoolShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let mut dx = vec![0.0; s.input_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                for c in 0..s.c {
+                    dx[pool_argmax(x, pool_window(s, n, i, j, c))] +=
+                        dy[((n * oh + i) * ow + j) * s.c + c];
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// `probs[r, c] = e^{x[r, c]} / Σ_q e^{x[r, q]}`, computed as `e^{x - max}` for range.
+pub fn softmax(logits: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &logits[r * cols..(r + 1) * cols];
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|&v| (v - max).exp()).sum();
+        for c in 0..cols {
+            out[r * cols + c] = (row[c] - max).exp() / sum;
+        }
+    }
+    out
+}
+
+/// Sparse categorical cross-entropy on logits: returns `(loss, dlogits)` with
+/// `loss[r] = ln Σ_c e^{x[r, c]} - x[r, label[r]]` (per row) and
+/// `dlogits[r, c] = (softmax(x)[r, c] - [c == label[r]]) / rows`, the gradient of the mean loss.
+pub fn softmax_cross_entropy(
+    logits: &[f64],
+    labels: &[i32],
+    rows: usize,
+    cols: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let probs = softmax(logits, rows, cols);
+    let mut loss = vec![0.0; rows];
+    let mut grad = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &logits[r * cols..(r + 1) * cols];
+        let label = labels[r] as usize;
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + row.iter().map(|&v| (v - max).exp()).sum::<f64>().ln();
+        loss[r] = lse - row[label];
+        for c in 0..cols {
+            let onehot = if c == label { 1.0 } else { 0.0 };
+            grad[r * cols + c] = (probs[r * cols + c] - onehot) / rows as f64;
+        }
+    }
+    (loss, grad)
+}
+
+/// Row-wise argmax of a row-major `[rows, cols]` matrix, the first maximum on ties.
+pub fn argmax_rows(x: &[f64], rows: usize, cols: usize) -> Vec<i32> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mut best = 0;
+            for c in 1..cols {
+                if row[c] > row[best] {
+                    best = c;
+                }
+            }
+            best as i32
+        })
+        .collect()
+}
+
+/// How many rows' argmax (first maximum) equals the label.
+pub fn accuracy_count(logits: &[f64], labels: &[i32], rows: usize, cols: usize) -> u32 {
+    argmax_rows(logits, rows, cols)
+        .iter()
+        .zip(labels)
+        .filter(|(a, l)| a == l)
+        .count() as u32
+}
+
+/// `Σ x`.
+pub fn sum(x: &[f64]) -> f64 {
+    x.iter().sum()
+}
+
+/// Column sums of a row-major `[rows, cols]` matrix: `out[c] = Σ_r x[r, c]`.
+pub fn sum_rows(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c] += x[r * cols + c];
+        }
+    }
+    out
+}
+
+/// One plain SGD step: returns `w - lr * g`.
+pub fn sgd(w: &[f64], g: &[f64], p: &SgdParams) -> Vec<f64> {
+    let lr = f64::from(p.lr);
+    w.iter().zip(g).map(|(&w, &g)| w - lr * g).collect()
+}
+
+/// One Keras momentum-SGD step: returns `(w', v')` with `v' = momentum * v - lr * g` and
+/// `w' = w + v'`, or with `nesterov` `w' = w + momentum * v' - lr * g`.
+pub fn sgd_momentum(w: &[f64], g: &[f64], v: &[f64], p: &SgdParams) -> (Vec<f64>, Vec<f64>) {
+    let (lr, mu) = (f64::from(p.lr), f64::from(p.momentum));
+    let mut w_new = Vec::with_capacity(w.len());
+    let mut v_new = Vec::with_capacity(w.len());
+    for i in 0..w.len() {
+        let nv = mu * v[i] - lr * g[i];
+        v_new.push(nv);
+        w_new.push(if p.nesterov {
+            w[i] + mu * nv - lr * g[i]
+        } else {
+            w[i] + nv
+        });
+    }
+    (w_new, v_new)
+}
+
+/// One Keras 3 Adam step for 1-based step `t = p.step`: returns `(w', m', v')` with
+/// `m' = m + (g - m)(1 - b1)`, `v' = v + (g² - v)(1 - b2)`,
+/// `w' = w - lr * sqrt(1 - b2^t) / (1 - b1^t) * m' / (sqrt(v') + eps)`.
+pub fn adam(
+    w: &[f64],
+    g: &[f64],
+    m: &[f64],
+    v: &[f64],
+    p: &AdamParams,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (lr, b1, b2, eps) = (
+        f64::from(p.lr),
+        f64::from(p.beta1),
+        f64::from(p.beta2),
+        f64::from(p.epsilon),
+    );
+    let t = p.step as i32;
+    let alpha = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..w.len() {
+        let nm = m[i] + (g[i] - m[i]) * (1.0 - b1);
+        let nv = v[i] + (g[i] * g[i] - v[i]) * (1.0 - b2);
+        out.0.push(w[i] - alpha * nm / (nv.sqrt() + eps));
+        out.1.push(nm);
+        out.2.push(nv);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every gradient of the oracle against central finite differences.
+
+    use super::*;
+    use crate::ops::spec::Padding;
+
+    /// Finite-difference step.
+    const H: f64 = 1e-6;
+    /// Allowed relative error (`|fd - analytic| <= TOL * max(1, |analytic|)`).
+    const TOL: f64 = 1e-6;
+
+    /// Random f64 values in [-1, 1).
+    fn rand(len: usize, seed: u64) -> Vec<f64> {
+        to_f64(&random_vec(len, seed))
+    }
+
+    /// Dot product.
+    fn dot(a: &[f64], b: &[f64]) -> f64 {
+        a.iter().zip(b).map(|(a, b)| a * b).sum()
+    }
+
+    /// Checks `analytic` against the central differences of `f` around `x`.
+    fn check_grad(x: &[f64], analytic: &[f64], what: &str, f: impl Fn(&[f64]) -> f64) {
+        assert_eq!(x.len(), analytic.len(), "{what}: gradient length");
+        let mut xp = x.to_vec();
+        for i in 0..x.len() {
+            xp[i] = x[i] + H;
+            let up = f(&xp);
+            xp[i] = x[i] - H;
+            let down = f(&xp);
+            xp[i] = x[i];
+            let fd = (up - down) / (2.0 * H);
+            let err = (fd - analytic[i]).abs();
+            assert!(
+                err <= TOL * analytic[i].abs().max(1.0),
+                "{what}[{i}]: analytic {:e}, finite difference {fd:e}, error {err:e}",
+                analytic[i]
+            );
+        }
+    }
+
+    #[test]
+    fn random_vec_is_deterministic_nonzero_and_in_range() {
+        let a = random_vec(10_000, 7);
+        assert_eq!(a, random_vec(10_000, 7));
+        assert_ne!(a, random_vec(10_000, 8));
+        assert!(a.iter().all(|&v| (-1.0..1.0).contains(&v) && v != 0.0));
+        let mean = a.iter().map(|&v| f64::from(v)).sum::<f64>() / a.len() as f64;
+        assert!(mean.abs() < 0.05, "mean {mean}");
+    }
+
+    #[test]
+    fn assert_close_accepts_and_rejects() {
+        assert_close(&[1.0, 1000.0, 1e-9], &[1.0, 1000.05, 0.0], 1e-4, "ok");
+        let fails = |a: f32, e: f64| {
+            std::panic::catch_unwind(|| assert_close(&[a], &[e], 1e-4, "x")).is_err()
+        };
+        assert!(fails(1.0, 1.001));
+        assert!(fails(f32::NAN, 1.0));
+        assert!(fails(f32::INFINITY, 1.0));
+        assert!(std::panic::catch_unwind(|| assert_close(&[1.0], &[], 1e-4, "len")).is_err());
+    }
+
+    #[test]
+    fn dense_gradients() {
+        for (m, k, n, act) in [
+            (1, 1, 1, Activation::Linear),
+            (3, 7, 1, Activation::Selu),
+            (7, 3, 3, Activation::Relu),
+            (3, 5, 7, Activation::Selu),
+        ] {
+            let (x, w, b, dy) = (rand(m * k, 1), rand(k * n, 2), rand(n, 3), rand(m * n, 4));
+            let y = matmul_bias_act(&x, &w, Some(&b), m, k, n, act);
+            let dz = activation_backward(&dy, &y, act);
+            let dw = matmul(&x, &dz, k, m, n, true, false);
+            let dx = matmul(&dz, &w, m, n, k, false, true);
+            let db = bias_grad(&dz, n);
+            let loss = |x: &[f64], w: &[f64], b: &[f64]| {
+                dot(&dy, &matmul_bias_act(x, w, Some(b), m, k, n, act))
+            };
+            check_grad(&x, &dx, "dense dx", |v| loss(v, &w, &b));
+            check_grad(&w, &dw, "dense dw", |v| loss(&x, v, &b));
+            check_grad(&b, &db, "dense db", |v| loss(&x, &w, v));
+        }
+    }
+
+    #[test]
+    fn matmul_transposes_and_gradients() {
+        let (m, k, n) = (3, 7, 5);
+        let (a, b, g) = (rand(m * k, 11), rand(k * n, 12), rand(m * n, 13));
+        // Transposed storage gives the same product.
+        let at: Vec<f64> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+        let bt: Vec<f64> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        let c = matmul(&a, &b, m, k, n, false, false);
+        assert_eq!(c, matmul(&at, &b, m, k, n, true, false));
+        assert_eq!(c, matmul(&a, &bt, m, k, n, false, true));
+        assert_eq!(c, matmul(&at, &bt, m, k, n, true, true));
+        // d(g·(ab))/da = g bᵀ, /db = aᵀ g.
+        check_grad(
+            &a,
+            &matmul(&g, &b, m, n, k, false, true),
+            "matmul da",
+            |v| dot(&g, &matmul(v, &b, m, k, n, false, false)),
+        );
+        check_grad(
+            &b,
+            &matmul(&a, &g, k, m, n, true, false),
+            "matmul db",
+            |v| dot(&g, &matmul(&a, v, m, k, n, false, false)),
+        );
+    }
+
+    #[test]
+    fn activation_gradients_from_input_and_output() {
+        let x = rand(64, 21);
+        let dy = rand(64, 22);
+        for act in [Activation::Linear, Activation::Relu, Activation::Selu] {
+            let y = activation(&x, act);
+            let from_out = activation_backward(&dy, &y, act);
+            let from_in = activation_backward_from_input(&dy, &x, act);
+            check_grad(&x, &from_in, "activation (input form)", |v| {
+                dot(&dy, &activation(v, act))
+            });
+            check_grad(&x, &from_out, "activation (output form)", |v| {
+                dot(&dy, &activation(v, act))
+            });
+        }
+        // Values around the selu kink and large magnitudes.
+        let x = vec![-30.0, -3.0, -1e-3, 1e-3, 2.5, 40.0];
+        let dy = vec![1.0; x.len()];
+        let y = activation(&x, Activation::Selu);
+        check_grad(
+            &x,
+            &activation_backward(&dy, &y, Activation::Selu),
+            "selu wide",
+            |v| dot(&dy, &activation(v, Activation::Selu)),
+        );
+    }
+
+    /// Conv shapes covering odd sizes, both paddings, 1/3/5 kernels.
+    fn conv_shapes() -> Vec<Conv2dShape> {
+        let mut v = Vec::new();
+        for (n, h, w, c_in, c_out, kh, kw, padding) in [
+            (1, 1, 1, 1, 1, 1, 1, Padding::Same),
+            (1, 3, 3, 1, 2, 3, 3, Padding::Same),
+            (2, 7, 3, 3, 2, 3, 1, Padding::Same),
+            (1, 7, 7, 2, 3, 5, 5, Padding::Same),
+            (1, 4, 6, 2, 2, 2, 3, Padding::Same),
+            (2, 7, 5, 2, 3, 3, 3, Padding::Valid),
+            (1, 3, 7, 3, 1, 1, 5, Padding::Valid),
+            (1, 1, 3, 1, 1, 3, 3, Padding::Same),
+        ] {
+            v.push(Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out,
+                kh,
+                kw,
+                padding,
+            });
+        }
+        v
+    }
+
+    #[test]
+    fn conv2d_gradients() {
+        for (t, s) in conv_shapes().into_iter().enumerate() {
+            let seed = 100 + 10 * t as u64;
+            let x = rand(s.input_len(), seed);
+            let k = rand(s.kernel_len(), seed + 1);
+            let b = rand(s.c_out, seed + 2);
+            let dy = rand(s.output_len(), seed + 3);
+            for act in [Activation::Linear, Activation::Selu] {
+                let y = conv2d_forward(&x, &k, Some(&b), &s, act);
+                let dz = activation_backward(&dy, &y, act);
+                let loss = |x: &[f64], k: &[f64], b: &[f64]| {
+                    dot(&dy, &conv2d_forward(x, k, Some(b), &s, act))
+                };
+                let what = format!("{s:?} {act:?}");
+                check_grad(
+                    &x,
+                    &conv2d_backward_input(&dz, &k, &s),
+                    &format!("conv dx {what}"),
+                    |v| loss(v, &k, &b),
+                );
+                check_grad(
+                    &k,
+                    &conv2d_backward_kernel(&x, &dz, &s),
+                    &format!("conv dk {what}"),
+                    |v| loss(&x, v, &b),
+                );
+                check_grad(
+                    &b,
+                    &bias_grad(&dz, s.c_out),
+                    &format!("conv db {what}"),
+                    |v| loss(&x, &k, v),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn depthwise_gradients() {
+        for (t, (n, h, w, c, kh, kw)) in [
+            (1, 1, 1, 1, 1, 1),
+            (1, 3, 3, 2, 3, 3),
+            (2, 7, 3, 3, 3, 3),
+            (1, 7, 7, 1, 5, 5),
+            (1, 4, 5, 2, 2, 3),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let s = DepthwiseShape { n, h, w, c, kh, kw };
+            let seed = 200 + 10 * t as u64;
+            let x = rand(s.input_len(), seed);
+            let k = rand(s.kernel_len(), seed + 1);
+            let dy = rand(s.input_len(), seed + 2);
+            let loss = |x: &[f64], k: &[f64]| dot(&dy, &depthwise_forward(x, k, &s));
+            check_grad(
+                &x,
+                &depthwise_backward_input(&dy, &k, &s),
+                &format!("depthwise dx {s:?}"),
+                |v| loss(v, &k),
+            );
+            check_grad(
+                &k,
+                &depthwise_backward_kernel(&x, &dy, &s),
+                &format!("depthwise dk {s:?}"),
+                |v| loss(&x, v),
+            );
+        }
+    }
+
+    #[test]
+    fn maxpool_gradients() {
+        for (t, (n, h, w, c)) in [
+            (1, 2, 2, 1),
+            (1, 3, 3, 2),
+            (2, 7, 5, 3),
+            (1, 1, 4, 1),
+            (1, 6, 7, 2),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let s = PoolShape { n, h, w, c };
+            let x = rand(s.input_len(), 300 + t as u64);
+            let dy = rand(s.output_len(), 310 + t as u64);
+            let dx = maxpool_backward(&x, &dy, &s);
+            check_grad(&x, &dx, &format!("maxpool {s:?}"), |v| {
+                dot(&dy, &maxpool_forward(v, &s))
+            });
+        }
+        // Ties go to the first maximum in window order.
+        let s = PoolShape {
+            n: 1,
+            h: 2,
+            w: 2,
+            c: 1,
+        };
+        assert_eq!(
+            maxpool_backward(&[0.0, 1.0, 1.0, 1.0], &[5.0], &s),
+            vec![0.0, 5.0, 0.0, 0.0]
+        );
+        assert_eq!(maxpool_forward(&[0.0, 1.0, 1.0, 1.0], &s), vec![1.0]);
+    }
+
+    #[test]
+    fn softmax_cross_entropy_gradient() {
+        for (rows, cols) in [(1, 1), (1, 3), (3, 7), (7, 10)] {
+            let logits: Vec<f64> = rand(rows * cols, 400 + cols as u64)
+                .iter()
+                .map(|v| 4.0 * v)
+                .collect();
+            let labels: Vec<i32> = (0..rows).map(|r| ((r * 5 + 1) % cols) as i32).collect();
+            let (loss, grad) = softmax_cross_entropy(&logits, &labels, rows, cols);
+            // Against the textbook definition -ln softmax[label].
+            let probs = softmax(&logits, rows, cols);
+            for r in 0..rows {
+                let expected = -probs[r * cols + labels[r] as usize].ln();
+                assert!((loss[r] - expected).abs() < 1e-12, "loss[{r}]");
+                let row_sum: f64 = probs[r * cols..(r + 1) * cols].iter().sum();
+                assert!((row_sum - 1.0).abs() < 1e-12);
+            }
+            check_grad(&logits, &grad, "softmax xent", |v| {
+                sum(&softmax_cross_entropy(v, &labels, rows, cols).0) / rows as f64
+            });
+        }
+        // Huge logits stay finite.
+        let (loss, grad) = softmax_cross_entropy(&[1e4, -1e4, 0.0], &[1], 1, 3);
+        assert_eq!(loss, vec![2e4]);
+        assert!(grad.iter().all(|g| g.is_finite()));
+    }
+
+    #[test]
+    fn small_ops() {
+        assert_eq!(
+            argmax_rows(&[1.0, 3.0, 3.0, -1.0, -2.0, -1.0], 2, 3),
+            vec![1, 0]
+        );
+        assert_eq!(
+            accuracy_count(&[1.0, 3.0, 3.0, -1.0, -2.0, -1.0], &[1, 2], 2, 3),
+            1
+        );
+        assert_eq!(
+            sum_rows(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2),
+            vec![9.0, 12.0]
+        );
+        assert_eq!(sum(&[1.0, 2.0, 3.5]), 6.5);
+        let p = SgdParams {
+            lr: 0.5,
+            momentum: 0.5,
+            nesterov: false,
+        };
+        assert_eq!(sgd(&[1.0], &[2.0], &p), vec![0.0]);
+        assert_eq!(
+            sgd_momentum(&[1.0], &[2.0], &[1.0], &p),
+            (vec![0.5], vec![-0.5])
+        );
+        let p = SgdParams {
+            nesterov: true,
+            ..p
+        };
+        assert_eq!(
+            sgd_momentum(&[1.0], &[2.0], &[1.0], &p),
+            (vec![-0.25], vec![-0.5])
+        );
+        // Adam's first step moves each weight by about lr, against the gradient's sign.
+        let p = AdamParams {
+            lr: 0.001,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-7,
+            step: 1,
+        };
+        let (w, m, v) = adam(&[1.0, 1.0], &[0.5, -2.0], &[0.0, 0.0], &[0.0, 0.0], &p);
+        assert!(
+            (w[0] - (1.0 - 0.001)).abs() < 1e-6 && (w[1] - 1.001).abs() < 1e-6,
+            "{w:?}"
+        );
+        assert!((m[0] - 0.05).abs() < 1e-7 && (v[1] - 0.004).abs() < 1e-7);
+    }
+}

@@ -1,0 +1,947 @@
+//! The runtime: configuration while it is mutable, then the frozen set of logical devices.
+//!
+//! One implementation serves both ways in: [`crate::config`] forwards to a process-wide
+//! [`Runtime`], and [`Runtime::builder`] makes independent ones (tests, libraries).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+
+use crate::device::logical::{Backend, GpuContext, GpuDevice};
+use crate::device::name::{full_name, DeviceKind, DeviceSpec};
+use crate::device::physical::{order_and_dedupe, parse_visible_env, AdapterEntry};
+use crate::device::{DeviceDetails, LogicalDevice, PhysicalDevice};
+use crate::error::{Error, Result};
+use crate::memory::{format_bytes, Arena, ArenaConfig, MemoryInfo, MemoryStats};
+
+/// Memory budget of a GPU whose backend reports no memory size (Metal, DX12, GL), unless
+/// `ANYGPU_GPU_MEMORY_LIMIT_MB` says otherwise. Modest on purpose: without memory growth the
+/// whole budget is reserved at initialization, and GL drivers commit what they reserve
+/// (llvmpipe: 1 GiB of host memory, about 2.5 s).
+pub const DEFAULT_GPU_MEMORY_LIMIT_MB: u64 = 1024;
+
+/// One virtual device cut from a physical one (`tf.config.LogicalDeviceConfiguration`).
+///
+/// ```
+/// use anygpu::LogicalDeviceConfiguration;
+/// let half_gig = LogicalDeviceConfiguration::new().memory_limit(512);
+/// assert_eq!(half_gig.memory_limit_mib(), Some(512));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LogicalDeviceConfiguration {
+    memory_limit: Option<u64>,
+}
+
+impl LogicalDeviceConfiguration {
+    /// A configuration with no memory limit (valid for CPUs only).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Caps the logical device at `mib` MiB (TF's `memory_limit`, in MiB as in TF).
+    pub fn memory_limit(mut self, mib: u64) -> Self {
+        self.memory_limit = Some(mib);
+        self
+    }
+
+    /// The cap in MiB, if set.
+    pub fn memory_limit_mib(&self) -> Option<u64> {
+        self.memory_limit
+    }
+}
+
+/// Which devices a listing asks for: every kind, one kind, or a kind string that names none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KindFilter {
+    /// Every device.
+    All,
+    /// Devices of one kind.
+    Kind(DeviceKind),
+    /// A kind string that is neither CPU nor GPU: matches nothing (TF returns an empty list).
+    Unknown,
+}
+
+impl From<DeviceKind> for KindFilter {
+    fn from(kind: DeviceKind) -> Self {
+        KindFilter::Kind(kind)
+    }
+}
+
+impl From<Option<DeviceKind>> for KindFilter {
+    fn from(kind: Option<DeviceKind>) -> Self {
+        kind.map_or(KindFilter::All, KindFilter::Kind)
+    }
+}
+
+impl From<&str> for KindFilter {
+    fn from(s: &str) -> Self {
+        DeviceKind::parse(s).map_or(KindFilter::Unknown, KindFilter::Kind)
+    }
+}
+
+impl KindFilter {
+    fn admits(self, kind: DeviceKind) -> bool {
+        match self {
+            KindFilter::All => true,
+            KindFilter::Kind(k) => k == kind,
+            KindFilter::Unknown => false,
+        }
+    }
+}
+
+/// An op's placement, as the placement callback receives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacementRecord {
+    /// TF's op name (`MatMul`, `AddN`, `Conv2D`, ...).
+    pub op: &'static str,
+    /// Full name of the device the op ran on.
+    pub device: String,
+}
+
+type PlacementCallback = Arc<dyn Fn(&PlacementRecord) + Send + Sync>;
+
+/// A set of devices and their configuration: TensorFlow's eager context.
+///
+/// Configure it (visibility, memory growth, virtual devices), then use it: the first call that
+/// needs devices initializes it and freezes the configuration.
+///
+/// ```
+/// use anygpu::{Runtime, Tensor};
+/// let rt = Runtime::builder().build()?;
+/// let gpus = rt.list_logical_devices("GPU")?;
+/// let on = gpus.first().cloned().unwrap_or(rt.cpu()?);
+/// let a = Tensor::from_slice_on(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &on)?;
+/// assert_eq!(a.matmul(&a)?.to_vec::<f32>()?, [7.0, 10.0, 15.0, 22.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) shared: Arc<RuntimeShared>,
+}
+
+pub(crate) struct RuntimeShared {
+    env: HashMap<String, Option<String>>,
+    discovery: OnceLock<Discovery>,
+    config: Mutex<Config>,
+    devices: OnceLock<Devices>,
+    log_placement: AtomicBool,
+    soft_placement: AtomicBool,
+    placement_callback: RwLock<Option<PlacementCallback>>,
+    warned_fallbacks: Mutex<HashSet<(&'static str, String)>>,
+}
+
+struct Discovery {
+    backends: wgpu::Backends,
+    /// The physical GPU list: ordered, de-duplicated, filtered by `ANYGPU_VISIBLE_DEVICES`.
+    adapters: Vec<AdapterEntry>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Config {
+    /// Visible physical GPU indices, in list order; `None` = all.
+    visible_gpus: Option<Vec<usize>>,
+    growth: HashMap<usize, bool>,
+    virtual_gpus: HashMap<usize, Vec<LogicalDeviceConfiguration>>,
+    virtual_cpus: Option<Vec<LogicalDeviceConfiguration>>,
+}
+
+pub(crate) struct Devices {
+    pub(crate) cpus: Vec<LogicalDevice>,
+    pub(crate) gpus: Vec<LogicalDevice>,
+}
+
+impl Devices {
+    fn all(&self) -> impl Iterator<Item = &LogicalDevice> {
+        self.cpus.iter().chain(self.gpus.iter())
+    }
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("initialized", &self.is_initialized())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime::new()
+    }
+}
+
+impl Runtime {
+    /// A runtime that reads its environment variables from the process, not yet initialized.
+    pub fn new() -> Runtime {
+        Runtime::with_env(HashMap::new())
+    }
+
+    fn with_env(env: HashMap<String, Option<String>>) -> Runtime {
+        Runtime {
+            shared: Arc::new(RuntimeShared {
+                env,
+                discovery: OnceLock::new(),
+                config: Mutex::new(Config::default()),
+                devices: OnceLock::new(),
+                log_placement: AtomicBool::new(false),
+                soft_placement: AtomicBool::new(true),
+                placement_callback: RwLock::new(None),
+                warned_fallbacks: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// A builder for a configured, initialized runtime.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    pub(crate) fn from_shared(shared: Arc<RuntimeShared>) -> Runtime {
+        Runtime { shared }
+    }
+
+    fn config(&self) -> MutexGuard<'_, Config> {
+        // Config holds plain values, each updated in one assignment: never torn by a panic.
+        self.shared.config.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn env(&self, key: &str) -> Option<String> {
+        self.shared.env_var(key)
+    }
+
+    fn discovery(&self) -> &Discovery {
+        self.shared.discovery.get_or_init(|| {
+            let backends = match self.env("WGPU_BACKEND") {
+                Some(list) => wgpu::Backends::from_comma_list(&list),
+                None => wgpu::Backends::all(),
+            };
+            let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+                backends,
+                flags: wgpu::InstanceFlags::from_env_or_default(),
+                ..wgpu::InstanceDescriptor::new_without_display_handle()
+            });
+            let found = pollster::block_on(instance.enumerate_adapters(backends));
+            let found: Vec<AdapterEntry> = found
+                .into_iter()
+                .map(AdapterEntry::new)
+                // The no-op backend has no compute; nothing else is filtered out.
+                .filter(|a| a.info.backend != wgpu::Backend::Noop)
+                .collect();
+            let mut adapters = order_and_dedupe(found);
+            if let Some(list) = self.env("ANYGPU_VISIBLE_DEVICES") {
+                let picked = parse_visible_env(&list, adapters.len());
+                adapters = picked.iter().map(|&i| adapters[i].clone()).collect();
+            }
+            for (i, a) in adapters.iter().enumerate() {
+                log::info!(
+                    "found /physical_device:GPU:{i}: {} ({:?}, {:?})",
+                    a.info.name,
+                    a.info.backend,
+                    a.info.device_type
+                );
+            }
+            Discovery { backends, adapters }
+        })
+    }
+
+    /// `tf.config.list_physical_devices`: the CPU and one entry per GPU adapter.
+    ///
+    /// GPUs come in a stable order: discrete, integrated, virtual, then software (CPU-type)
+    /// adapters; within a type Vulkan/Metal/DX12 before GL; then by PCI bus id and name. One GPU
+    /// reached through several backends is listed once. `WGPU_BACKEND` narrows the backends
+    /// searched, `ANYGPU_VISIBLE_DEVICES` the GPUs (see the crate docs). Listing never
+    /// initializes the runtime; an unknown kind string gives an empty list.
+    pub fn list_physical_devices(&self, kind: impl Into<KindFilter>) -> Vec<PhysicalDevice> {
+        let kind = kind.into();
+        let mut out = Vec::new();
+        if kind.admits(DeviceKind::Cpu) {
+            out.push(PhysicalDevice::new(DeviceKind::Cpu, 0));
+        }
+        if kind.admits(DeviceKind::Gpu) {
+            let n = self.discovery().adapters.len();
+            out.extend((0..n).map(|i| PhysicalDevice::new(DeviceKind::Gpu, i)));
+        }
+        out
+    }
+
+    /// Checks that `pd` is one of ours (and of `kind`, if given).
+    fn check_physical(&self, pd: &PhysicalDevice, kind: Option<DeviceKind>) -> Result<()> {
+        let known = match pd.device_type() {
+            DeviceKind::Cpu => pd.index() == 0,
+            DeviceKind::Gpu => pd.index() < self.discovery().adapters.len(),
+        };
+        if !known || kind.is_some_and(|k| k != pd.device_type()) {
+            return Err(Error::UnrecognizedDevice(pd.to_string()));
+        }
+        Ok(())
+    }
+
+    /// `tf.config.experimental.get_device_details`: what the adapter behind `pd` is and can do.
+    ///
+    /// # Errors
+    /// `Unrecognized device` for a device not in [`Runtime::list_physical_devices`].
+    pub fn get_device_details(&self, pd: &PhysicalDevice) -> Result<DeviceDetails> {
+        self.check_physical(pd, None)?;
+        Ok(match pd.device_type() {
+            DeviceKind::Cpu => DeviceDetails {
+                device_name: format!(
+                    "host CPU ({} threads)",
+                    std::thread::available_parallelism().map_or(1, |n| n.get())
+                ),
+                device_type: DeviceKind::Cpu,
+                backend: "native".into(),
+                gpu: None,
+            },
+            DeviceKind::Gpu => self.discovery().adapters[pd.index()].details(),
+        })
+    }
+
+    /// The wgpu backends searched (from `WGPU_BACKEND`, all by default).
+    pub fn backends(&self) -> wgpu::Backends {
+        self.discovery().backends
+    }
+
+    /// `tf.config.set_visible_devices`: makes only `devices` of `kind` visible.
+    ///
+    /// Hidden GPUs get no logical device; visible ones are numbered from `GPU:0` in list order.
+    /// `set_visible_devices(&[], DeviceKind::Gpu)` leaves only the CPU.
+    ///
+    /// # Errors
+    /// `Unrecognized device` for a device not listed or not of `kind`; an error when the CPU
+    /// would be hidden; `Visible devices cannot be modified after being initialized` once
+    /// initialized (setting the value already in place is a no-op).
+    pub fn set_visible_devices(&self, devices: &[PhysicalDevice], kind: DeviceKind) -> Result<()> {
+        for d in devices {
+            self.check_physical(d, Some(kind))?;
+        }
+        let mut config = self.config();
+        match kind {
+            DeviceKind::Cpu => {
+                if devices.is_empty() {
+                    return Err(Error::InvalidArgument(
+                        "CPU cannot be hidden: set_visible_devices must keep /physical_device:CPU:0"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            }
+            DeviceKind::Gpu => {
+                let mut picked: Vec<usize> = devices.iter().map(PhysicalDevice::index).collect();
+                picked.sort_unstable();
+                picked.dedup();
+                let current = config
+                    .visible_gpus
+                    .clone()
+                    .unwrap_or_else(|| (0..self.discovery().adapters.len()).collect());
+                if picked == current {
+                    return Ok(());
+                }
+                if self.is_initialized() {
+                    return Err(Error::AlreadyInitialized("Visible devices"));
+                }
+                config.visible_gpus = Some(picked);
+                Ok(())
+            }
+        }
+    }
+
+    /// `tf.config.get_visible_devices`: the visible physical devices of `kind`.
+    pub fn get_visible_devices(&self, kind: impl Into<KindFilter>) -> Vec<PhysicalDevice> {
+        let visible = self.config().visible_gpus.clone();
+        self.list_physical_devices(kind)
+            .into_iter()
+            .filter(|d| {
+                d.device_type() == DeviceKind::Cpu
+                    || visible.as_ref().is_none_or(|v| v.contains(&d.index()))
+            })
+            .collect()
+    }
+
+    /// `tf.config.experimental.set_memory_growth`: let `pd`'s arena grow on demand instead of
+    /// reserving its whole budget at initialization.
+    ///
+    /// # Errors
+    /// `Cannot set memory growth on non-GPU devices` for the CPU; `Cannot set memory growth on
+    /// device when virtual devices configured`; `Physical devices cannot be modified after being
+    /// initialized` for a change after initialization (the same value is a no-op).
+    pub fn set_memory_growth(&self, pd: &PhysicalDevice, enable: bool) -> Result<()> {
+        self.check_physical(pd, None)?;
+        if pd.device_type() != DeviceKind::Gpu {
+            return Err(Error::InvalidArgument(
+                "Cannot set memory growth on non-GPU devices".into(),
+            ));
+        }
+        let mut config = self.config();
+        if config.virtual_gpus.contains_key(&pd.index()) {
+            return Err(Error::InvalidArgument(
+                "Cannot set memory growth on device when virtual devices configured".into(),
+            ));
+        }
+        if config.growth.get(&pd.index()) == Some(&enable) {
+            return Ok(());
+        }
+        if self.is_initialized() {
+            return Err(Error::AlreadyInitialized("Physical devices"));
+        }
+        config.growth.insert(pd.index(), enable);
+        Ok(())
+    }
+
+    /// `tf.config.experimental.get_memory_growth`: `None` until set.
+    pub fn get_memory_growth(&self, pd: &PhysicalDevice) -> Result<Option<bool>> {
+        self.check_physical(pd, None)?;
+        Ok(self.config().growth.get(&pd.index()).copied())
+    }
+
+    /// `tf.config.set_logical_device_configuration`: cuts `pd` into one logical device per entry.
+    ///
+    /// A GPU entry needs a memory limit (MiB); each becomes a logical GPU with its own capped
+    /// arena on the adapter's shared queue. Memory growth set earlier is dropped, as in TF.
+    /// Several logical CPUs are allowed (without memory limits).
+    ///
+    /// # Errors
+    /// `Setting memory limit is required for GPU virtual devices`; a memory limit on a CPU;
+    /// `Virtual devices cannot be modified after being initialized` for a change after
+    /// initialization (the same value is a no-op).
+    pub fn set_logical_device_configuration(
+        &self,
+        pd: &PhysicalDevice,
+        configs: &[LogicalDeviceConfiguration],
+    ) -> Result<()> {
+        self.check_physical(pd, None)?;
+        let mut config = self.config();
+        let current = match pd.device_type() {
+            DeviceKind::Cpu => config.virtual_cpus.clone(),
+            DeviceKind::Gpu => config.virtual_gpus.get(&pd.index()).cloned(),
+        };
+        if current.as_deref() == Some(configs) {
+            return Ok(());
+        }
+        if self.is_initialized() {
+            return Err(Error::AlreadyInitialized("Virtual devices"));
+        }
+        match pd.device_type() {
+            DeviceKind::Cpu => {
+                if configs.iter().any(|c| c.memory_limit.is_some()) {
+                    return Err(Error::InvalidArgument(
+                        "Setting memory limit on CPU virtual devices is currently not supported"
+                            .into(),
+                    ));
+                }
+                config.virtual_cpus = (!configs.is_empty()).then(|| configs.to_vec());
+            }
+            DeviceKind::Gpu => {
+                if configs.iter().any(|c| c.memory_limit.is_none()) {
+                    return Err(Error::InvalidArgument(
+                        "Setting memory limit is required for GPU virtual devices".into(),
+                    ));
+                }
+                if configs.iter().any(|c| c.memory_limit == Some(0)) {
+                    return Err(Error::InvalidArgument(format!(
+                        "memory_limit must be at least 1 MiB for the virtual devices of {}",
+                        pd.name()
+                    )));
+                }
+                if configs.is_empty() {
+                    config.virtual_gpus.remove(&pd.index());
+                } else {
+                    config.virtual_gpus.insert(pd.index(), configs.to_vec());
+                    if config.growth.remove(&pd.index()).is_some() {
+                        log::warn!(
+                            "memory growth on {} is dropped: it has virtual devices now",
+                            pd.name()
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `tf.config.get_logical_device_configuration`: `None` when none was set.
+    pub fn get_logical_device_configuration(
+        &self,
+        pd: &PhysicalDevice,
+    ) -> Result<Option<Vec<LogicalDeviceConfiguration>>> {
+        self.check_physical(pd, None)?;
+        let config = self.config();
+        Ok(match pd.device_type() {
+            DeviceKind::Cpu => config.virtual_cpus.clone(),
+            DeviceKind::Gpu => config.virtual_gpus.get(&pd.index()).cloned(),
+        })
+    }
+
+    /// `tf.debugging.set_log_device_placement`: print `Executing op X in device Y` for every
+    /// op. May change at any time.
+    pub fn set_log_device_placement(&self, enabled: bool) {
+        self.shared.log_placement.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Whether placement logging is on.
+    pub fn get_log_device_placement(&self) -> bool {
+        self.shared.log_placement.load(Ordering::Relaxed)
+    }
+
+    /// `tf.config.set_soft_device_placement`: when on (the default), an op asked for on a device
+    /// that does not exist or cannot run it runs on the best device that can.
+    pub fn set_soft_device_placement(&self, enabled: bool) {
+        self.shared.soft_placement.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Whether soft placement is on.
+    pub fn get_soft_device_placement(&self) -> bool {
+        self.shared.soft_placement.load(Ordering::Relaxed)
+    }
+
+    /// Calls `callback` for every op executed while placement logging is on, so tests and tools
+    /// can see where ops ran without parsing stderr. `None` removes it.
+    pub fn set_placement_callback(
+        &self,
+        callback: Option<impl Fn(&PlacementRecord) + Send + Sync + 'static>,
+    ) {
+        let callback = callback.map(|c| Arc::new(c) as PlacementCallback);
+        *self
+            .shared
+            .placement_callback
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = callback;
+    }
+
+    /// Whether the devices exist yet (the configuration is frozen once they do).
+    pub fn is_initialized(&self) -> bool {
+        self.shared.devices.get().is_some()
+    }
+
+    /// Initializes now if not yet done.
+    ///
+    /// # Errors
+    /// `Memory growth cannot differ between GPU devices`, `NoAdapter` under
+    /// `ANYGPU_REQUIRE_ADAPTER=1`, or a driver failure opening an adapter.
+    pub fn initialize(&self) -> Result<()> {
+        self.devices().map(|_| ())
+    }
+
+    pub(crate) fn devices(&self) -> Result<&Devices> {
+        if let Some(d) = self.shared.devices.get() {
+            return Ok(d);
+        }
+        // Hold the config lock while creating, so concurrent first uses create devices once and
+        // no setter slips in between validation and freezing.
+        let config = self.config();
+        if let Some(d) = self.shared.devices.get() {
+            return Ok(d);
+        }
+        let devices = self.create_devices(&config)?;
+        drop(config);
+        Ok(self.shared.devices.get_or_init(|| devices))
+    }
+
+    fn create_devices(&self, config: &Config) -> Result<Devices> {
+        let discovery = self.discovery();
+        if discovery.adapters.is_empty() && self.env("ANYGPU_REQUIRE_ADAPTER").as_deref() == Some("1")
+        {
+            return Err(Error::NoAdapter {
+                backends: format!("{:?}", discovery.backends),
+            });
+        }
+        let visible: Vec<usize> = config
+            .visible_gpus
+            .clone()
+            .unwrap_or_else(|| (0..discovery.adapters.len()).collect());
+        let growth = self.effective_growth(config, &visible)?;
+        let weak = Arc::downgrade(&self.shared);
+        let cpu_count = config.virtual_cpus.as_ref().map_or(1, Vec::len);
+        let cpus = (0..cpu_count)
+            .map(|i| LogicalDevice::new(DeviceKind::Cpu, i, weak.clone(), Backend::Cpu))
+            .collect();
+        let log_regions = self.env("ANYGPU_MEMORY_LOG").is_some_and(|v| v != "0" && !v.is_empty());
+        let mut gpus: Vec<LogicalDevice> = Vec::new();
+        for (physical_index, &adapter_index) in visible.iter().enumerate() {
+            let adapter = discovery.adapters[adapter_index].clone();
+            let ctx = GpuContext::open(adapter, full_name(DeviceKind::Gpu, gpus.len()))?;
+            let limits: Vec<(u64, bool)> = match config.virtual_gpus.get(&adapter_index) {
+                Some(v) => v
+                    .iter()
+                    .map(|c| (c.memory_limit.unwrap_or(0) << 20, true))
+                    .collect(),
+                None => vec![(self.physical_budget(&ctx.adapter), false)],
+            };
+            for (bytes, is_virtual) in limits {
+                let index = gpus.len();
+                let name = full_name(DeviceKind::Gpu, index);
+                let l = &ctx.adapter.limits;
+                let arena = Arena::new(
+                    ctx.device.clone(),
+                    ArenaConfig {
+                        device: name.clone(),
+                        allocator: format!("GPU_{index}_bfc"),
+                        limit: bytes,
+                        // A virtual device reserves its cap (TF allows no growth with virtual
+                        // devices) unless ANYGPU_FORCE_GPU_ALLOW_GROWTH=true says otherwise.
+                        growth: if is_virtual { growth.forced == Some(true) } else { growth.physical },
+                        max_region: l.max_storage_buffer_binding_size.min(l.max_buffer_size),
+                        alignment: u64::from(l.min_storage_buffer_offset_alignment),
+                        log_regions,
+                    },
+                )?;
+                log::info!(
+                    "Created device {name} with {} MB memory: -> device: {physical_index}, name: {}, backend: {:?}",
+                    bytes >> 20,
+                    ctx.adapter.info.name,
+                    ctx.adapter.info.backend
+                );
+                gpus.push(LogicalDevice::new(
+                    DeviceKind::Gpu,
+                    index,
+                    weak.clone(),
+                    Backend::Gpu(GpuDevice {
+                        ctx: Arc::clone(&ctx),
+                        arena,
+                        physical_index,
+                    }),
+                ));
+            }
+        }
+        Ok(Devices { cpus, gpus })
+    }
+
+    /// The growth setting every visible GPU uses, after `ANYGPU_FORCE_GPU_ALLOW_GROWTH`.
+    fn effective_growth(&self, config: &Config, visible: &[usize]) -> Result<Growth> {
+        let settings: HashSet<Option<bool>> = visible
+            .iter()
+            .filter(|i| !config.virtual_gpus.contains_key(i))
+            .map(|i| config.growth.get(i).copied())
+            .collect();
+        if settings.len() > 1 {
+            return Err(Error::InvalidArgument(
+                "Memory growth cannot differ between GPU devices".into(),
+            ));
+        }
+        let configured = settings.into_iter().next().flatten().unwrap_or(false);
+        let forced = match self.env("ANYGPU_FORCE_GPU_ALLOW_GROWTH").as_deref() {
+            None => None,
+            Some(v @ ("true" | "false")) => {
+                log::warn!("ANYGPU_FORCE_GPU_ALLOW_GROWTH={v} overrides the memory growth setting");
+                Some(v == "true")
+            }
+            Some(other) => {
+                log::error!(
+                    "ANYGPU_FORCE_GPU_ALLOW_GROWTH='{other}' is neither 'true' nor 'false'; ignored"
+                );
+                None
+            }
+        };
+        Ok(Growth {
+            physical: forced.unwrap_or(configured),
+            forced,
+        })
+    }
+
+    /// Budget of a whole physical GPU: `ANYGPU_GPU_MEMORY_LIMIT_MB` if set, else the reported
+    /// device memory less TensorFlow's system reserve, else [`DEFAULT_GPU_MEMORY_LIMIT_MB`].
+    fn physical_budget(&self, adapter: &AdapterEntry) -> u64 {
+        if let Some(v) = self.env("ANYGPU_GPU_MEMORY_LIMIT_MB") {
+            match v.trim().parse::<u64>() {
+                Ok(mib) if mib > 0 => return mib << 20,
+                _ => log::warn!("ANYGPU_GPU_MEMORY_LIMIT_MB='{v}' is not a positive number of MiB; ignored"),
+            }
+        }
+        match adapter.memory_bytes {
+            Some(total) => total.saturating_sub(system_reserve(total)).max(1 << 20),
+            None => DEFAULT_GPU_MEMORY_LIMIT_MB << 20,
+        }
+    }
+
+    /// `tf.config.list_logical_devices`. Initializes the runtime.
+    pub fn list_logical_devices(&self, kind: impl Into<KindFilter>) -> Result<Vec<LogicalDevice>> {
+        let kind = kind.into();
+        Ok(self
+            .devices()?
+            .all()
+            .filter(|d| kind.admits(d.device_type()))
+            .cloned()
+            .collect())
+    }
+
+    /// The logical device a name denotes (`"GPU:1"`, `"/device:CPU:0"`, ...).
+    ///
+    /// # Errors
+    /// `Failed parsing device name`, `No matching devices found for '...'`, or `Multiple
+    /// devices match` for a partial name that fits several.
+    pub fn device(&self, name: &str) -> Result<LogicalDevice> {
+        let spec = DeviceSpec::parse(name)?;
+        let devices = self.devices()?;
+        let matches: Vec<&LogicalDevice> = devices
+            .all()
+            .filter(|d| spec.matches(d.device_type(), d.index()))
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(Error::NoMatchingDevice {
+                spec: name.to_string(),
+                available: self.shared.available_names(),
+            }),
+            many => Err(Error::MultipleDevicesMatch {
+                spec: name.to_string(),
+                matches: many.iter().map(|d| d.name()).collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    /// `CPU:0`.
+    pub fn cpu(&self) -> Result<LogicalDevice> {
+        Ok(self.devices()?.cpus[0].clone())
+    }
+
+    /// Where ops go when nothing says otherwise: `GPU:0` if a GPU is visible, else `CPU:0`.
+    pub fn default_device(&self) -> Result<LogicalDevice> {
+        let devices = self.devices()?;
+        Ok(devices.gpus.first().unwrap_or(&devices.cpus[0]).clone())
+    }
+
+    fn gpu_arena(&self, name: &str) -> Result<Arc<Arena>> {
+        let device = self.device(name)?;
+        match device.gpu() {
+            Some(g) => Ok(Arc::clone(&g.arena)),
+            None => Err(Error::InvalidArgument(format!(
+                "Allocator stats not available for device '{name}'"
+            ))),
+        }
+    }
+
+    /// `tf.config.experimental.get_memory_info`: current and peak bytes of live tensors.
+    ///
+    /// # Errors
+    /// `Allocator stats not available for device 'CPU:0'` for the CPU; name errors as
+    /// [`Runtime::device`].
+    pub fn get_memory_info(&self, device: &str) -> Result<MemoryInfo> {
+        let stats = self.gpu_arena(device)?.stats();
+        Ok(MemoryInfo {
+            current: stats.bytes_in_use,
+            peak: stats.peak_bytes_in_use,
+        })
+    }
+
+    /// Every allocator figure of a GPU logical device.
+    pub fn get_memory_stats(&self, device: &str) -> Result<MemoryStats> {
+        Ok(self.gpu_arena(device)?.stats().into())
+    }
+
+    /// `tf.config.experimental.reset_memory_stats`: peak back to current; allocation count and
+    /// largest allocation cleared.
+    pub fn reset_memory_stats(&self, device: &str) -> Result<()> {
+        self.gpu_arena(device)?.reset_stats();
+        Ok(())
+    }
+
+    /// Sizes of a GPU logical device's arena regions, in creation order.
+    pub fn memory_regions(&self, device: &str) -> Result<Vec<u64>> {
+        Ok(self.gpu_arena(device)?.region_sizes())
+    }
+}
+
+impl RuntimeShared {
+    pub(crate) fn env_var(&self, key: &str) -> Option<String> {
+        match self.env.get(key) {
+            Some(value) => value.clone(),
+            None => std::env::var(key).ok(),
+        }
+    }
+
+    pub(crate) fn devices(&self) -> Option<&Devices> {
+        self.devices.get()
+    }
+
+    pub(crate) fn soft_placement(&self) -> bool {
+        self.soft_placement.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn available_names(&self) -> String {
+        self.devices
+            .get()
+            .map(|d| {
+                d.all()
+                    .map(|d| d.full_name().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    }
+
+    /// Logs an op's placement when placement logging is on.
+    pub(crate) fn log_placement(&self, op: &'static str, device: &LogicalDevice) {
+        if !self.log_placement.load(Ordering::Relaxed) {
+            return;
+        }
+        let line = format!("Executing op {op} in device {}", device.full_name());
+        eprintln!("{line}");
+        log::info!(target: "anygpu::placement", "{line}");
+        let callback = self
+            .placement_callback
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(callback) = callback {
+            callback(&PlacementRecord {
+                op,
+                device: device.full_name().to_string(),
+            });
+        }
+    }
+
+    /// Warns once per op and requested device that soft placement moved it.
+    pub(crate) fn warn_fallback(&self, op: &'static str, requested: &str, actual: &str, why: &str) {
+        let mut warned = self.warned_fallbacks.lock().unwrap_or_else(|e| e.into_inner());
+        if warned.insert((op, requested.to_string())) {
+            log::warn!("{op} cannot run on {requested} ({why}); soft placement runs it on {actual}");
+        }
+    }
+}
+
+/// Memory growth as initialization applies it.
+#[derive(Clone, Copy)]
+struct Growth {
+    /// For physical GPUs without virtual devices.
+    physical: bool,
+    /// What `ANYGPU_FORCE_GPU_ALLOW_GROWTH` imposes, if anything.
+    forced: Option<bool>,
+}
+
+/// TensorFlow's reserve for the system on a device of `total` bytes: 225 MiB below 2 GiB, 500 MiB
+/// below 4 GiB, 1 GiB below 16 GiB, 1.8 GiB above.
+fn system_reserve(total: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    match total {
+        t if t < 2 * GIB => 225 * MIB,
+        t if t < 4 * GIB => 500 * MIB,
+        t if t < 16 * GIB => 1050 * MIB,
+        _ => 1843 * MIB,
+    }
+}
+
+/// Builds a [`Runtime`] with its configuration in one expression, initialized by `build`.
+///
+/// ```
+/// use anygpu::Runtime;
+/// let rt = Runtime::builder()
+///     .memory_growth(true)
+///     .log_device_placement(false)
+///     .build()?;
+/// assert!(rt.is_initialized());
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeBuilder {
+    env: HashMap<String, Option<String>>,
+    visible_gpus: Option<Vec<usize>>,
+    memory_growth: Option<bool>,
+    virtual_gpus: Vec<(usize, Vec<u64>)>,
+    virtual_cpus: Option<usize>,
+    log_placement: bool,
+    soft_placement: Option<bool>,
+}
+
+impl RuntimeBuilder {
+    /// Overrides an environment variable for this runtime only (`None` = unset), so tests can
+    /// exercise `ANYGPU_*` and `WGPU_BACKEND` without touching the process environment.
+    pub fn env(mut self, key: &str, value: Option<&str>) -> Self {
+        self.env.insert(key.to_string(), value.map(str::to_string));
+        self
+    }
+
+    /// Only these physical GPU indices are visible (`set_visible_devices`).
+    pub fn visible_gpus(mut self, indices: &[usize]) -> Self {
+        self.visible_gpus = Some(indices.to_vec());
+        self
+    }
+
+    /// Memory growth on every visible GPU without virtual devices.
+    pub fn memory_growth(mut self, enable: bool) -> Self {
+        self.memory_growth = Some(enable);
+        self
+    }
+
+    /// Cuts physical GPU `index` into virtual devices of these MiB.
+    pub fn virtual_gpus(mut self, index: usize, memory_limits_mib: &[u64]) -> Self {
+        self.virtual_gpus.push((index, memory_limits_mib.to_vec()));
+        self
+    }
+
+    /// `count` logical CPUs.
+    pub fn virtual_cpus(mut self, count: usize) -> Self {
+        self.virtual_cpus = Some(count);
+        self
+    }
+
+    /// Placement logging.
+    pub fn log_device_placement(mut self, enabled: bool) -> Self {
+        self.log_placement = enabled;
+        self
+    }
+
+    /// Soft placement (on by default).
+    pub fn soft_device_placement(mut self, enabled: bool) -> Self {
+        self.soft_placement = Some(enabled);
+        self
+    }
+
+    /// Applies the configuration and initializes.
+    ///
+    /// # Errors
+    /// Whatever the corresponding setter or initialization would return.
+    pub fn build(self) -> Result<Runtime> {
+        let rt = self.configure()?;
+        rt.initialize()?;
+        Ok(rt)
+    }
+
+    /// Applies the configuration without initializing, for further `set_*` calls.
+    pub fn configure(self) -> Result<Runtime> {
+        let rt = Runtime::with_env(self.env);
+        let gpus = rt.list_physical_devices(DeviceKind::Gpu);
+        let gpu = |i: usize| {
+            gpus.get(i)
+                .cloned()
+                .ok_or_else(|| Error::UnrecognizedDevice(format!("/physical_device:GPU:{i}")))
+        };
+        if let Some(indices) = &self.visible_gpus {
+            let picked = indices.iter().map(|&i| gpu(i)).collect::<Result<Vec<_>>>()?;
+            rt.set_visible_devices(&picked, DeviceKind::Gpu)?;
+        }
+        if let Some(enable) = self.memory_growth {
+            let visible = rt.get_visible_devices(DeviceKind::Gpu);
+            for pd in &visible {
+                if !self.virtual_gpus.iter().any(|(i, _)| *i == pd.index()) {
+                    rt.set_memory_growth(pd, enable)?;
+                }
+            }
+        }
+        for (index, limits) in &self.virtual_gpus {
+            let configs: Vec<_> = limits
+                .iter()
+                .map(|&mib| LogicalDeviceConfiguration::new().memory_limit(mib))
+                .collect();
+            rt.set_logical_device_configuration(&gpu(*index)?, &configs)?;
+        }
+        if let Some(n) = self.virtual_cpus {
+            let cpu = PhysicalDevice::new(DeviceKind::Cpu, 0);
+            rt.set_logical_device_configuration(&cpu, &vec![LogicalDeviceConfiguration::new(); n])?;
+        }
+        rt.set_log_device_placement(self.log_placement);
+        if let Some(soft) = self.soft_placement {
+            rt.set_soft_device_placement(soft);
+        }
+        Ok(rt)
+    }
+}
+
+impl fmt::Display for LogicalDeviceConfiguration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.memory_limit {
+            Some(mib) => write!(f, "LogicalDeviceConfiguration(memory_limit={mib})"),
+            None => f.write_str("LogicalDeviceConfiguration(memory_limit=None)"),
+        }
+    }
+}

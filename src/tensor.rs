@@ -1,0 +1,405 @@
+//! Tensors: a shape, a dtype, a device, and storage in that device's arena (GPU) or in host
+//! memory (CPU). Immutable to users; optimizer updates write parameters in place internally.
+
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::device::logical::{Backend, GpuRange};
+use crate::device::LogicalDevice;
+use crate::error::{Error, Result};
+use crate::memory::Allocation;
+use crate::placement::{self, OpInfo};
+
+/// Element types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit float: activations, weights, gradients.
+    F32,
+    /// 32-bit signed integer: labels and indices.
+    I32,
+}
+
+impl DType {
+    /// TensorFlow's name: `float`, `int32`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::I32 => "int32",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        4
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type a tensor can hold.
+pub trait Element: bytemuck::Pod + Send + Sync + fmt::Debug + 'static {
+    /// Its [`DType`].
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+
+/// Where a tensor's elements live.
+pub(crate) enum Storage {
+    /// Host memory, as raw 32-bit words (f32 or i32 bit patterns).
+    Cpu(RwLock<Vec<u32>>),
+    /// A range of the device's arena.
+    Gpu(Allocation),
+}
+
+pub(crate) struct TensorInner {
+    shape: Vec<usize>,
+    dtype: DType,
+    device: LogicalDevice,
+    /// Shared by reshaped views of the same data.
+    storage: Arc<Storage>,
+}
+
+/// An n-dimensional array on one device (TensorFlow's `EagerTensor`).
+///
+/// Cloning is cheap and shares the data. Created on the device of the current scope (see
+/// [`crate::with_device`]) or the default device: `GPU:0` when a GPU is visible, else `CPU:0`.
+///
+/// ```
+/// use anygpu::Tensor;
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+/// let b = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
+/// let c = a.matmul(&b)?;
+/// assert_eq!(c.shape(), &[2, 2]);
+/// assert_eq!(c.to_vec::<f32>()?, [22.0, 28.0, 49.0, 64.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<TensorInner>);
+
+const CONST_OP: OpInfo = OpInfo {
+    name: "_Const",
+    gpu: Some(&[]),
+};
+
+/// `"tensor with shape[1000,1000] and type float"`, TF's wording in OOM messages.
+pub(crate) fn describe(shape: &[usize], dtype: DType) -> String {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    format!("tensor with shape[{}] and type {dtype}", dims.join(","))
+}
+
+fn check_len(len: usize, shape: &[usize]) -> Result<()> {
+    let expected: usize = shape.iter().product();
+    if expected != len {
+        return Err(Error::ShapeMismatch {
+            op: "from_vec",
+            lhs: vec![len],
+            rhs: shape.to_vec(),
+            hint: format!(": {len} values cannot fill a tensor of {expected} elements"),
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// A tensor of `shape` holding `data` (row-major), on the current scope's device.
+    ///
+    /// # Errors
+    /// A shape mismatch when `data.len()` is not the product of `shape`; `ResourceExhausted`
+    /// when the device is out of memory.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape)
+    }
+
+    /// Like [`Tensor::from_vec`], copying from a slice.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
+        check_len(data.len(), shape)?;
+        let device = placement::place(&CONST_OP, &[])?;
+        Tensor::from_slice_on(data, shape, &device)
+    }
+
+    /// A tensor on an explicit device, bypassing scopes.
+    pub fn from_slice_on<T: Element>(
+        data: &[T],
+        shape: &[usize],
+        device: &LogicalDevice,
+    ) -> Result<Tensor> {
+        check_len(data.len(), shape)?;
+        let words: &[u32] = bytemuck::cast_slice(data);
+        Tensor::from_words(words, shape, T::DTYPE, device)
+    }
+
+    pub(crate) fn from_words(
+        words: &[u32],
+        shape: &[usize],
+        dtype: DType,
+        device: &LogicalDevice,
+    ) -> Result<Tensor> {
+        match &device.0.backend {
+            Backend::Cpu => Ok(Tensor::with_storage(
+                shape,
+                dtype,
+                device,
+                Storage::Cpu(RwLock::new(words.to_vec())),
+            )),
+            Backend::Gpu(g) => {
+                let t = Tensor::uninit(shape, dtype, device)?;
+                if let Some(range) = t.gpu_range() {
+                    g.ctx.upload(range, bytemuck::cast_slice(words));
+                }
+                Ok(t)
+            }
+        }
+    }
+
+    fn with_storage(shape: &[usize], dtype: DType, device: &LogicalDevice, storage: Storage) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            shape: shape.to_vec(),
+            dtype,
+            device: device.clone(),
+            storage: Arc::new(storage),
+        }))
+    }
+
+    /// A tensor whose contents are unspecified (ops overwrite all of it).
+    pub(crate) fn uninit(shape: &[usize], dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
+        let len: usize = shape.iter().product();
+        let storage = match &device.0.backend {
+            Backend::Cpu => Storage::Cpu(RwLock::new(vec![0; len])),
+            Backend::Gpu(g) => {
+                let bytes = (len * dtype.size()) as u64;
+                let what = describe(shape, dtype);
+                Storage::Gpu(g.arena.allocate(bytes, Some(&what))?)
+            }
+        };
+        Ok(Tensor::with_storage(shape, dtype, device, storage))
+    }
+
+    /// A tensor of zeros on the current scope's device.
+    pub fn zeros(shape: &[usize]) -> Result<Tensor> {
+        let device = placement::place(&CONST_OP, &[])?;
+        Tensor::zeros_on(shape, DType::F32, &device)
+    }
+
+    /// A tensor of zeros of `dtype` on `device`.
+    pub fn zeros_on(shape: &[usize], dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
+        let t = Tensor::uninit(shape, dtype, device)?;
+        if let (Backend::Gpu(g), Some(range)) = (&device.0.backend, t.gpu_range()) {
+            g.ctx.clear(range, range.size);
+        }
+        Ok(t)
+    }
+
+    /// Seeded normal samples (`tf.random.normal`), on the current scope's device.
+    pub fn random_normal(shape: &[usize], mean: f32, stddev: f32, seed: u64) -> Result<Tensor> {
+        let mut rng = SplitMix64::new(seed);
+        let len: usize = shape.iter().product();
+        let data: Vec<f32> = (0..len).map(|_| mean + stddev * rng.normal()).collect();
+        Tensor::from_vec(data, shape)
+    }
+
+    /// Seeded uniform samples in `[low, high)` (`tf.random.uniform`), on the current scope's
+    /// device.
+    pub fn random_uniform(shape: &[usize], low: f32, high: f32, seed: u64) -> Result<Tensor> {
+        let mut rng = SplitMix64::new(seed);
+        let len: usize = shape.iter().product();
+        let data: Vec<f32> = (0..len)
+            .map(|_| low + (high - low) * rng.uniform() as f32)
+            .collect();
+        Tensor::from_vec(data, shape)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.0.shape.iter().product()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.shape.len()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    /// Full name of the device holding the tensor:
+    /// `/job:localhost/replica:0/task:0/device:GPU:0`.
+    pub fn device(&self) -> &str {
+        self.0.device.full_name()
+    }
+
+    /// The device holding the tensor.
+    pub fn device_handle(&self) -> &LogicalDevice {
+        &self.0.device
+    }
+
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.0.storage
+    }
+
+    /// The GPU range, for binding; `None` on the CPU or for an empty tensor.
+    pub(crate) fn gpu_range(&self) -> Option<GpuRange<'_>> {
+        match &*self.0.storage {
+            Storage::Gpu(a) => GpuRange::of(a),
+            Storage::Cpu(_) => None,
+        }
+    }
+
+    pub(crate) fn host_read(&self) -> Option<RwLockReadGuard<'_, Vec<u32>>> {
+        match &*self.0.storage {
+            // Host data is plain words; a panic elsewhere cannot leave them inconsistent.
+            Storage::Cpu(data) => Some(data.read().unwrap_or_else(|e| e.into_inner())),
+            Storage::Gpu(_) => None,
+        }
+    }
+
+    pub(crate) fn host_write(&self) -> Option<RwLockWriteGuard<'_, Vec<u32>>> {
+        match &*self.0.storage {
+            Storage::Cpu(data) => Some(data.write().unwrap_or_else(|e| e.into_inner())),
+            Storage::Gpu(_) => None,
+        }
+    }
+
+    /// Checks the dtype, for ops.
+    pub(crate) fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if self.dtype() != dtype {
+            return Err(Error::DType {
+                op,
+                expected: dtype.name(),
+                got: self.dtype().name(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies the elements to the host, waiting only for the commands that produce them.
+    ///
+    /// # Errors
+    /// A dtype mismatch when `T` is not the tensor's type; a GPU error if the device failed.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.expect_dtype("to_vec", T::DTYPE)?;
+        let words = self.words()?;
+        Ok(bytemuck::cast_slice(&words).to_vec())
+    }
+
+    /// The raw 32-bit words, from wherever they are.
+    pub(crate) fn words(&self) -> Result<Vec<u32>> {
+        match &*self.0.storage {
+            Storage::Cpu(_) => Ok(self.host_read().map(|d| d.clone()).unwrap_or_default()),
+            Storage::Gpu(alloc) => {
+                let Some(range) = GpuRange::of(alloc) else {
+                    return Ok(Vec::new());
+                };
+                let ctx = &self
+                    .0
+                    .device
+                    .gpu()
+                    .expect("GPU storage implies a GPU device")
+                    .ctx;
+                let bytes = ctx.read(range, (self.len() * 4) as u64)?;
+                Ok(bytemuck::pod_collect_to_vec(&bytes))
+            }
+        }
+    }
+
+    /// A copy of this tensor on `device` (the same tensor if it is already there).
+    ///
+    /// Virtual siblings on one adapter copy buffer to buffer on the device; anything else goes
+    /// through host memory.
+    pub fn to_device(&self, device: &LogicalDevice) -> Result<Tensor> {
+        if self.0.device.same_device(device) {
+            return Ok(self.clone());
+        }
+        if self.0.device.shares_context_with(device) {
+            let out = Tensor::uninit(self.shape(), self.dtype(), device)?;
+            if let (Some(src), Some(dst), Some(g)) = (self.gpu_range(), out.gpu_range(), device.gpu()) {
+                g.ctx.copy(src, dst, (self.len() * 4).div_ceil(4) as u64 * 4);
+            }
+            return Ok(out);
+        }
+        let words = self.words()?;
+        Tensor::from_words(&words, self.shape(), self.dtype(), device)
+    }
+
+    /// The same data with another shape of as many elements (`tf.reshape`).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        if n != self.len() {
+            return Err(Error::ShapeMismatch {
+                op: "Reshape",
+                lhs: self.shape().to_vec(),
+                rhs: shape.to_vec(),
+                hint: format!(": {} elements cannot take a shape of {n}", self.len()),
+            });
+        }
+        Ok(Tensor(Arc::new(TensorInner {
+            shape: shape.to_vec(),
+            dtype: self.0.dtype,
+            device: self.0.device.clone(),
+            storage: Arc::clone(&self.0.storage),
+        })))
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor(shape={:?}, dtype={}, device={})",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )
+    }
+}
+
+/// SplitMix64: small, fast, seedable, good enough for initialization and tests.
+pub(crate) struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub(crate) fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub(crate) fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub(crate) fn normal(&mut self) -> f32 {
+        let u1 = self.uniform().max(f64::MIN_POSITIVE);
+        let u2 = self.uniform();
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+}
