@@ -13,7 +13,7 @@ use crate::device::name::{full_name, DeviceKind, DeviceSpec};
 use crate::device::physical::{order_and_dedupe, parse_visible_env, AdapterEntry};
 use crate::device::{DeviceDetails, LogicalDevice, PhysicalDevice};
 use crate::error::{Error, Result};
-use crate::memory::{format_bytes, Arena, ArenaConfig, MemoryInfo, MemoryStats};
+use crate::memory::{Arena, ArenaConfig, MemoryInfo, MemoryStats};
 
 /// Memory budget of a GPU whose backend reports no memory size (Metal, DX12, GL), unless
 /// `ANYGPU_GPU_MEMORY_LIMIT_MB` says otherwise. Modest on purpose: without memory growth the
@@ -747,10 +747,6 @@ impl RuntimeShared {
             Some(value) => value.clone(),
             None => std::env::var(key).ok(),
         }
-    }
-
-    pub(crate) fn devices(&self) -> Option<&Devices> {
-        self.devices.get()
     }
 
     pub(crate) fn soft_placement(&self) -> bool {

@@ -255,10 +255,6 @@ impl Tensor {
         &self.0.device
     }
 
-    pub(crate) fn storage(&self) -> &Storage {
-        &self.0.storage
-    }
-
     /// The GPU range, for binding; `None` on the CPU or for an empty tensor.
     pub(crate) fn gpu_range(&self) -> Option<GpuRange<'_>> {
         match &*self.0.storage {

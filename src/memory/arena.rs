@@ -182,23 +182,24 @@ impl Arena {
     /// (`"tensor with shape[1000,1000] and type float"`).
     ///
     /// # Errors
-    /// `TooLarge` when no region can ever hold the request, `ResourceExhausted` when it does not
-    /// fit now. Either way the arena is left exactly as it was.
+    /// `ResourceExhausted` (TensorFlow's OOM message plus the arena's figures) when the request
+    /// does not fit under the limit now; `TooLarge` when it exceeds what one storage binding of
+    /// the adapter can cover, so no arena could ever hold it. Either way the arena is left
+    /// exactly as it was.
     pub(crate) fn allocate(self: &Arc<Self>, bytes: u64, what: Option<&str>) -> Result<Allocation> {
         let mut state = self.lock();
         let rounded = state.bfc.rounded(bytes);
-        if rounded > self.config.max_region || rounded > self.config.limit {
-            let (limit, limit_name) = if rounded > self.config.limit {
-                (self.config.limit, "memory limit")
-            } else {
-                (self.config.max_region, "max_storage_buffer_binding_size")
-            };
+        if rounded > self.config.limit {
+            // TensorFlow reports this as an OOM too, and users search for that wording.
+            return Err(self.exhausted(&state.bfc, bytes, what));
+        }
+        if rounded > self.config.max_region {
             return Err(Error::TooLarge {
                 what: what.map_or_else(|| format!("an allocation of {bytes} bytes"), str::to_string),
                 device: self.config.device.clone(),
                 requested: bytes,
-                limit,
-                limit_name,
+                limit: self.config.max_region,
+                limit_name: "max_storage_buffer_binding_size",
             });
         }
         let block = match state.bfc.allocate(bytes) {

@@ -47,6 +47,13 @@ const ARGMAX: OpInfo = OpInfo {
     gpu: Some(&[gk::ARGMAX_ROWS]),
 };
 
+/// A scan has no GPU kernel here yet; soft placement runs it on the CPU (and, with soft
+/// placement off, asking for it on a GPU is an error, as for TensorFlow ops without a GPU kernel).
+const CUMSUM: OpInfo = OpInfo {
+    name: "Cumsum",
+    gpu: None,
+};
+
 fn binary_info(op: BinaryOp) -> &'static OpInfo {
     match op {
         BinaryOp::Add => &BINARY[0],
@@ -180,6 +187,28 @@ impl Tensor {
             let out = Tensor::uninit(&self.shape()[..self.rank() - 1], DType::I32, device)?;
             with_kernels(device, |k, _| k.argmax_rows(&inputs[0], rows, cols, &out))?;
             Ok(out)
+        })
+    }
+}
+
+impl Tensor {
+    /// Running sums along the last axis (`tf.math.cumsum(x, axis=-1)`).
+    ///
+    /// There is no GPU kernel for it: on a GPU scope soft placement runs it on `CPU:0` (the
+    /// placement log says so), and with soft placement off it fails as TensorFlow does.
+    pub fn cumsum(&self) -> Result<Tensor> {
+        self.expect_dtype("Cumsum", DType::F32)?;
+        let cols = self.shape().last().copied().unwrap_or(1).max(1);
+        run(&CUMSUM, &[self], |device, inputs| {
+            let mut data = inputs[0].to_vec::<f32>()?;
+            for row in data.chunks_mut(cols) {
+                let mut acc = 0.0f64;
+                for v in row {
+                    acc += f64::from(*v);
+                    *v = acc as f32;
+                }
+            }
+            Tensor::from_slice_on(&data, self.shape(), device)
         })
     }
 }

@@ -74,10 +74,17 @@ impl Kernels for HostKernels {
     ) -> Result<()> {
         let mut out = write(out);
         let (a, b) = (read(a), read(b));
+        let bias_guard = bias.map(read);
+        if !d.trans_a && !d.trans_b {
+            // Bias and activation applied block by block while the output is in cache.
+            let bias = bias_guard.as_ref().map(Read::f32);
+            cpu::matmul_bias_act(a.f32(), b.f32(), bias, out.f32(), d.m, d.k, d.n, act);
+            return Ok(());
+        }
         cpu::matmul(a.f32(), b.f32(), out.f32(), d.m, d.k, d.n, d.trans_a, d.trans_b);
         if bias.is_some() || act != Activation::Linear {
-            let bias = bias.map(read);
-            cpu::elementwise::bias_act_rows(out.f32(), bias.as_ref().map(Read::f32), d.n, act);
+            let bias = bias_guard.as_ref().map(Read::f32);
+            cpu::elementwise::bias_act_rows(out.f32(), bias, d.n, act);
         }
         Ok(())
     }

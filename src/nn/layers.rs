@@ -1,0 +1,783 @@
+//! The layers of the tutorial CNN: [`Conv2D`], [`SeparableConv2D`], [`MaxPool2D`], [`Flatten`]
+//! and [`Dense`], and the [`Layer`] trait they implement.
+//!
+//! Shapes exclude the batch axis, as Keras' `input_shape=` does: an image layer takes
+//! `[height, width, channels]` (NHWC with the batch in front), a [`Dense`] layer `[features]`.
+
+use std::fmt;
+
+use crate::device::LogicalDevice;
+use crate::error::{Error, Result};
+use crate::nn::activation::Activation;
+use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
+use crate::ops;
+use crate::ops::spec::{Activation as OpActivation, Padding};
+use crate::tensor::Tensor;
+
+/// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
+///
+/// A layer is created with its hyper-parameters, then *built* once its input shape is known:
+/// `build` creates the weights on the layer's device. Training calls
+/// [`forward`](Layer::forward), which returns the output and the tensors the backward pass
+/// needs, then [`backward`](Layer::backward) with the gradient of the loss w.r.t. the output.
+/// A layer with a `softmax` activation returns its logits from `forward`; the model folds the
+/// softmax into the loss (see [`Activation::Softmax`]).
+///
+/// The five layers of this module implement it; another implementation is a custom layer.
+///
+/// ```
+/// use anygpu::nn::{Conv2D, Layer};
+/// use anygpu::ops::spec::Padding;
+/// let conv = Conv2D::new(32, 3).padding(Padding::Same);
+/// assert_eq!(conv.class_name(), "Conv2D");
+/// assert_eq!(conv.compute_output_shape(&[28, 28, 1])?, [28, 28, 32]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+pub trait Layer: fmt::Debug + Send {
+    /// Keras' class name, shown in the summary: `Conv2D`, `SeparableConv2D`, ...
+    fn class_name(&self) -> &'static str;
+
+    /// Keras' automatic name before numbering: `conv2d`, `separable_conv2d`, ...
+    fn base_name(&self) -> &'static str;
+
+    /// The `input_shape=` this layer was given, if any (first layer of a model).
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        None
+    }
+
+    /// The layer's activation (`linear` for layers without one).
+    fn activation(&self) -> Activation {
+        Activation::Linear
+    }
+
+    /// The output shape for an input shape (both without the batch axis).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the layer cannot take that input.
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>>;
+
+    /// Creates the weights for `input_shape` on `device`, initialized from `seed` (Keras'
+    /// `build`). Calling it again re-creates them.
+    ///
+    /// # Errors
+    /// A shape error, or the device's out-of-memory error.
+    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()>;
+
+    /// The trainable weights with their Keras names (`kernel`, `bias`, ...), in Keras' order;
+    /// empty before `build`.
+    fn weights(&self) -> Vec<(&'static str, &Tensor)>;
+
+    /// Replaces weight `index` (of [`weights`](Layer::weights)) with a tensor of the same shape.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] for another shape, [`Error::InvalidArgument`] for a bad index.
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()>;
+
+    /// The output for a batch `x`, and the tensors [`backward`](Layer::backward) needs.
+    ///
+    /// # Errors
+    /// Shape errors, device errors, or [`Error::Model`] when the layer is not built.
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)>;
+
+    /// From the gradient `dy` of the loss w.r.t. the output: the gradient w.r.t. the input
+    /// (when `need_dx`) and one gradient per weight, in [`weights`](Layer::weights) order.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn backward(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)>;
+}
+
+/// Number of elements of the weights of a layer.
+pub(crate) fn count_params(layer: &dyn Layer) -> usize {
+    layer.weights().iter().map(|(_, t)| t.len()).sum()
+}
+
+fn not_built(layer: &str) -> Error {
+    Error::Model(format!(
+        "{layer} is not built: add it to a Sequential model whose input shape is known"
+    ))
+}
+
+fn bad_input(op: &'static str, got: &[usize], hint: String) -> Error {
+    Error::ShapeMismatch {
+        op,
+        lhs: got.to_vec(),
+        rhs: Vec::new(),
+        hint,
+    }
+}
+
+fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Tensor; N]> {
+    <[Tensor; N]>::try_from(saved.to_vec()).map_err(|v| {
+        Error::Model(format!(
+            "{layer}.backward: expected {N} saved tensors from forward, got {}",
+            v.len()
+        ))
+    })
+}
+
+fn replace(layer: &str, weights: &mut [Tensor], index: usize, value: Tensor) -> Result<()> {
+    let n = weights.len();
+    let slot = weights.get_mut(index).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{layer}: weight index {index} out of range (the layer has {n} weights)"
+        ))
+    })?;
+    if slot.shape() != value.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "set_weights",
+            lhs: slot.shape().to_vec(),
+            rhs: value.shape().to_vec(),
+            hint: format!(": {layer} weight {index} must keep its shape"),
+        });
+    }
+    *slot = value;
+    Ok(())
+}
+
+/// `dz = dy * act'(z)` from the layer's output `y`; the identity for linear (and softmax, whose
+/// derivative the fused loss already applied).
+fn activation_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<Tensor> {
+    match act.fused() {
+        OpActivation::Linear => Ok(dy.clone()),
+        fused => ops::activation_backward(dy, y, fused),
+    }
+}
+
+fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize)> {
+    match *input {
+        [h, w, c] if h > 0 && w > 0 && c > 0 => Ok((h, w, c)),
+        _ => Err(bad_input(
+            op,
+            input,
+            format!(
+                ": {op} takes inputs of shape [height, width, channels] (without the batch \
+                 axis), got {input:?}"
+            ),
+        )),
+    }
+}
+
+fn weights_of<'a>(names: &[&'static str], w: &'a [Tensor]) -> Vec<(&'static str, &'a Tensor)> {
+    names.iter().copied().zip(w.iter()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// 2-D convolution, stride 1 (`keras.layers.Conv2D(filters, kernel_size, padding, activation,
+/// input_shape)`).
+///
+/// Weights: `kernel` `[k, k, in, filters]` (glorot_uniform), `bias` `[filters]` (zeros).
+/// Parameter count `k*k*in*filters + filters`.
+///
+/// ```
+/// use anygpu::nn::{Activation, Conv2D, Layer};
+/// use anygpu::ops::spec::Padding;
+/// let conv = Conv2D::new(32, 3)
+///     .padding(Padding::Same)
+///     .activation(Activation::Selu)
+///     .input_shape(&[28, 28, 1]);
+/// assert_eq!(conv.declared_input_shape(), Some(&[28, 28, 1][..]));
+/// assert_eq!(Conv2D::new(8, 3).compute_output_shape(&[28, 28, 1])?, [26, 26, 8]); // 'valid'
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// Differences from Keras: square kernels only (`kernel_size` is one integer), strides and
+/// dilation 1, no `use_bias=False`.
+#[derive(Debug, Clone)]
+pub struct Conv2D {
+    filters: usize,
+    kernel_size: usize,
+    padding: Padding,
+    activation: Activation,
+    input_shape: Option<Vec<usize>>,
+    /// `[kernel, bias]` once built.
+    weights: Vec<Tensor>,
+}
+
+impl Conv2D {
+    /// `filters` output channels, a `kernel_size`×`kernel_size` window, Keras' defaults:
+    /// `padding='valid'`, no activation.
+    pub fn new(filters: usize, kernel_size: usize) -> Conv2D {
+        Conv2D {
+            filters,
+            kernel_size,
+            padding: Padding::Valid,
+            activation: Activation::Linear,
+            input_shape: None,
+            weights: Vec::new(),
+        }
+    }
+
+    /// `padding='same'` or `'valid'`.
+    pub fn padding(mut self, padding: Padding) -> Conv2D {
+        self.padding = padding;
+        self
+    }
+
+    /// `activation=`.
+    pub fn activation(mut self, activation: Activation) -> Conv2D {
+        self.activation = activation;
+        self
+    }
+
+    /// `input_shape=[h, w, c]`, for the first layer of a model.
+    pub fn input_shape(mut self, shape: &[usize]) -> Conv2D {
+        self.input_shape = Some(shape.to_vec());
+        self
+    }
+
+    fn kernel_shape(&self, c_in: usize) -> [usize; 4] {
+        [self.kernel_size, self.kernel_size, c_in, self.filters]
+    }
+}
+
+impl Layer for Conv2D {
+    fn class_name(&self) -> &'static str {
+        "Conv2D"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "conv2d"
+    }
+
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.input_shape.as_deref()
+    }
+
+    fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        positive("Conv2D", "filters", self.filters)?;
+        positive("Conv2D", "kernel_size", self.kernel_size)?;
+        let (h, w, _) = image_shape("Conv2D", input_shape)?;
+        match self.padding {
+            Padding::Same => Ok(vec![h, w, self.filters]),
+            Padding::Valid => {
+                let k = self.kernel_size;
+                if h < k || w < k {
+                    return Err(bad_input(
+                        "Conv2D",
+                        input_shape,
+                        format!(": a {k}x{k} kernel with padding='valid' needs at least {k}x{k} pixels"),
+                    ));
+                }
+                Ok(vec![h - k + 1, w - k + 1, self.filters])
+            }
+        }
+    }
+
+    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
+        self.compute_output_shape(input_shape)?;
+        let kshape = self.kernel_shape(input_shape[2]);
+        self.weights = vec![
+            glorot_uniform(&kshape, derive_seed(seed, 0), device)?,
+            zeros(&[self.filters], device)?,
+        ];
+        Ok(())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        weights_of(&["kernel", "bias"], &self.weights)
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("Conv2D", &mut self.weights, index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let [kernel, bias] = &self.weights[..] else {
+            return Err(not_built("Conv2D"));
+        };
+        let y = ops::conv2d(x, kernel, Some(bias), self.padding, self.activation.fused())?;
+        Ok((y.clone(), vec![x.clone(), y]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [kernel, _] = &self.weights[..] else {
+            return Err(not_built("Conv2D"));
+        };
+        let [x, y] = saved::<2>("Conv2D", saved_tensors)?;
+        let dz = activation_grad(dy, &y, self.activation)?;
+        let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), self.padding)?;
+        let db = ops::bias_grad(&dz)?;
+        let dx = if need_dx {
+            Some(ops::conv2d_backward_input(&dz, kernel, x.shape(), self.padding)?)
+        } else {
+            None
+        };
+        Ok((dx, vec![dk, db]))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Depthwise-separable 2-D convolution (`keras.layers.SeparableConv2D`): a depthwise `k`×`k`
+/// convolution without bias (depth multiplier 1), then a pointwise 1×1 convolution with bias
+/// and the activation.
+///
+/// Weights, in Keras' order: `depthwise_kernel` `[k, k, in, 1]`, `pointwise_kernel`
+/// `[1, 1, in, filters]` (both glorot_uniform, fans as Keras computes them), `bias`
+/// `[filters]`. Parameter count `k*k*in + in*filters + filters`, Keras' count.
+///
+/// ```
+/// use anygpu::nn::{Layer, SeparableConv2D};
+/// let sep = SeparableConv2D::new(64, 3);
+/// assert_eq!(sep.compute_output_shape(&[14, 14, 32])?, [14, 14, 64]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// Differences from Keras: `padding='same'` only, and it is the default (Keras' default is
+/// `'valid'`); depth multiplier, strides and dilation 1; square kernels.
+#[derive(Debug, Clone)]
+pub struct SeparableConv2D {
+    filters: usize,
+    kernel_size: usize,
+    padding: Padding,
+    activation: Activation,
+    input_shape: Option<Vec<usize>>,
+    /// `[depthwise_kernel, pointwise_kernel, bias]` once built.
+    weights: Vec<Tensor>,
+}
+
+impl SeparableConv2D {
+    /// `filters` output channels, a `kernel_size`×`kernel_size` depthwise window,
+    /// `padding='same'`, no activation.
+    pub fn new(filters: usize, kernel_size: usize) -> SeparableConv2D {
+        SeparableConv2D {
+            filters,
+            kernel_size,
+            padding: Padding::Same,
+            activation: Activation::Linear,
+            input_shape: None,
+            weights: Vec::new(),
+        }
+    }
+
+    /// `padding=`; only [`Padding::Same`] builds.
+    pub fn padding(mut self, padding: Padding) -> SeparableConv2D {
+        self.padding = padding;
+        self
+    }
+
+    /// `activation=`.
+    pub fn activation(mut self, activation: Activation) -> SeparableConv2D {
+        self.activation = activation;
+        self
+    }
+
+    /// `input_shape=[h, w, c]`, for the first layer of a model.
+    pub fn input_shape(mut self, shape: &[usize]) -> SeparableConv2D {
+        self.input_shape = Some(shape.to_vec());
+        self
+    }
+}
+
+impl Layer for SeparableConv2D {
+    fn class_name(&self) -> &'static str {
+        "SeparableConv2D"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "separable_conv2d"
+    }
+
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.input_shape.as_deref()
+    }
+
+    fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        positive("SeparableConv2D", "filters", self.filters)?;
+        positive("SeparableConv2D", "kernel_size", self.kernel_size)?;
+        if self.padding != Padding::Same {
+            return Err(Error::InvalidArgument(
+                "SeparableConv2D: only padding='same' is supported".into(),
+            ));
+        }
+        let (h, w, _) = image_shape("SeparableConv2D", input_shape)?;
+        Ok(vec![h, w, self.filters])
+    }
+
+    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
+        self.compute_output_shape(input_shape)?;
+        let (k, c) = (self.kernel_size, input_shape[2]);
+        self.weights = vec![
+            glorot_uniform(&[k, k, c, 1], derive_seed(seed, 0), device)?,
+            glorot_uniform(&[1, 1, c, self.filters], derive_seed(seed, 1), device)?,
+            zeros(&[self.filters], device)?,
+        ];
+        Ok(())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        weights_of(
+            &["depthwise_kernel", "pointwise_kernel", "bias"],
+            &self.weights,
+        )
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("SeparableConv2D", &mut self.weights, index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let [depthwise, pointwise, bias] = &self.weights[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        let d = ops::depthwise_conv2d(x, depthwise)?;
+        let y = ops::pointwise_conv2d(&d, pointwise, Some(bias), self.activation.fused())?;
+        Ok((y.clone(), vec![x.clone(), d, y]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [depthwise, pointwise, _] = &self.weights[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        let [x, d, y] = saved::<3>("SeparableConv2D", saved_tensors)?;
+        let dz = activation_grad(dy, &y, self.activation)?;
+        // The pointwise convolution is a matrix product over the pixels:
+        // [n*h*w, c_in] · [c_in, filters].
+        let c_in = d.shape()[3];
+        let pixels = d.len() / c_in.max(1);
+        let d2 = d.reshape(&[pixels, c_in])?;
+        let dz2 = dz.reshape(&[pixels, self.filters])?;
+        let p2 = pointwise.reshape(&[c_in, self.filters])?;
+        let dp = ops::matmul_transposed(&d2, &dz2, true, false)?.reshape(pointwise.shape())?;
+        let db = ops::bias_grad(&dz)?;
+        let dd = ops::matmul_transposed(&dz2, &p2, false, true)?.reshape(d.shape())?;
+        let dk = ops::depthwise_conv2d_backward_kernel(&x, &dd, depthwise.shape())?;
+        let dx = if need_dx {
+            Some(ops::depthwise_conv2d_backward_input(&dd, depthwise)?)
+        } else {
+            None
+        };
+        Ok((dx, vec![dk, dp, db]))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// 2×2 max pooling, stride 2, `'valid'` (`keras.layers.MaxPool2D()`): `[h, w, c]` →
+/// `[h / 2, w / 2, c]`, rounding down (7 → 3).
+///
+/// ```
+/// use anygpu::nn::{Layer, MaxPool2D};
+/// assert_eq!(MaxPool2D::new().compute_output_shape(&[7, 7, 128])?, [3, 3, 128]);
+/// assert!(MaxPool2D::new().pool_size(3).compute_output_shape(&[7, 7, 1]).is_err());
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// Differences from Keras: `pool_size=2` (the default) only; the gradient goes to the first
+/// maximum of a window when there are ties, as TensorFlow's kernels do.
+#[derive(Debug, Clone)]
+pub struct MaxPool2D {
+    pool_size: usize,
+}
+
+impl MaxPool2D {
+    /// `pool_size=2`.
+    pub fn new() -> MaxPool2D {
+        MaxPool2D { pool_size: 2 }
+    }
+
+    /// `pool_size=`; anything but 2 fails when the layer is added.
+    pub fn pool_size(mut self, pool_size: usize) -> MaxPool2D {
+        self.pool_size = pool_size;
+        self
+    }
+}
+
+impl Default for MaxPool2D {
+    fn default() -> Self {
+        MaxPool2D::new()
+    }
+}
+
+impl Layer for MaxPool2D {
+    fn class_name(&self) -> &'static str {
+        "MaxPooling2D"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "max_pooling2d"
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        if self.pool_size != 2 {
+            return Err(Error::InvalidArgument(format!(
+                "MaxPool2D: pool_size={} is not supported; only pool_size=2",
+                self.pool_size
+            )));
+        }
+        let (h, w, c) = image_shape("MaxPool", input_shape)?;
+        if h < 2 || w < 2 {
+            return Err(bad_input(
+                "MaxPool",
+                input_shape,
+                ": a 2x2 pool needs at least 2x2 pixels".into(),
+            ));
+        }
+        Ok(vec![h / 2, w / 2, c])
+    }
+
+    fn build(&mut self, input_shape: &[usize], _seed: u64, _device: &LogicalDevice) -> Result<()> {
+        self.compute_output_shape(input_shape).map(|_| ())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("MaxPool2D", &mut [], index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let y = ops::max_pool2d(x)?;
+        Ok((y, vec![x.clone()]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [x] = saved::<1>("MaxPool2D", saved_tensors)?;
+        let dx = if need_dx {
+            Some(ops::max_pool2d_backward(&x, dy)?)
+        } else {
+            None
+        };
+        Ok((dx, Vec::new()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Flattens each example to one axis (`keras.layers.Flatten()`): `[3, 3, 128]` → `[1152]`. A
+/// reshape that shares the data; no computation.
+///
+/// ```
+/// use anygpu::nn::{Flatten, Layer};
+/// assert_eq!(Flatten::new().compute_output_shape(&[3, 3, 128])?, [1152]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Flatten {
+    input_shape: Option<Vec<usize>>,
+}
+
+impl Flatten {
+    /// A flatten layer.
+    pub fn new() -> Flatten {
+        Flatten::default()
+    }
+
+    /// `input_shape=`, for the first layer of a model.
+    pub fn input_shape(mut self, shape: &[usize]) -> Flatten {
+        self.input_shape = Some(shape.to_vec());
+        self
+    }
+}
+
+impl Layer for Flatten {
+    fn class_name(&self) -> &'static str {
+        "Flatten"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "flatten"
+    }
+
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.input_shape.as_deref()
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        Ok(vec![input_shape.iter().product()])
+    }
+
+    fn build(&mut self, _input_shape: &[usize], _seed: u64, _device: &LogicalDevice) -> Result<()> {
+        Ok(())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("Flatten", &mut [], index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let n = x.shape().first().copied().unwrap_or(1);
+        let y = x.reshape(&[n, x.len() / n.max(1)])?;
+        Ok((y, vec![x.clone()]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [x] = saved::<1>("Flatten", saved_tensors)?;
+        let dx = if need_dx {
+            Some(dy.reshape(x.shape())?)
+        } else {
+            None
+        };
+        Ok((dx, Vec::new()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A fully connected layer (`keras.layers.Dense(units, activation)`): `y = act(x · kernel +
+/// bias)`.
+///
+/// Weights: `kernel` `[in, units]` (glorot_uniform), `bias` `[units]` (zeros).
+///
+/// ```
+/// use anygpu::nn::{Activation, Dense, Layer};
+/// let out = Dense::new(10).activation(Activation::Softmax);
+/// assert_eq!(out.compute_output_shape(&[128])?, [10]);
+/// assert!(out.compute_output_shape(&[3, 3, 128]).is_err()); // Flatten first
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// Differences from Keras: the input must be one axis per example (Keras also applies a Dense
+/// layer to the last axis of a higher-rank input).
+#[derive(Debug, Clone)]
+pub struct Dense {
+    units: usize,
+    activation: Activation,
+    input_shape: Option<Vec<usize>>,
+    /// `[kernel, bias]` once built.
+    weights: Vec<Tensor>,
+}
+
+impl Dense {
+    /// `units` outputs, no activation.
+    pub fn new(units: usize) -> Dense {
+        Dense {
+            units,
+            activation: Activation::Linear,
+            input_shape: None,
+            weights: Vec::new(),
+        }
+    }
+
+    /// `activation=`.
+    pub fn activation(mut self, activation: Activation) -> Dense {
+        self.activation = activation;
+        self
+    }
+
+    /// `input_shape=[features]`, for the first layer of a model.
+    pub fn input_shape(mut self, shape: &[usize]) -> Dense {
+        self.input_shape = Some(shape.to_vec());
+        self
+    }
+}
+
+impl Layer for Dense {
+    fn class_name(&self) -> &'static str {
+        "Dense"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "dense"
+    }
+
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.input_shape.as_deref()
+    }
+
+    fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        positive("Dense", "units", self.units)?;
+        match *input_shape {
+            [features] if features > 0 => Ok(vec![self.units]),
+            _ => Err(bad_input(
+                "Dense",
+                input_shape,
+                format!(
+                    ": Dense takes inputs of shape [features] (add a Flatten layer before it), \
+                     got {input_shape:?}"
+                ),
+            )),
+        }
+    }
+
+    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
+        self.compute_output_shape(input_shape)?;
+        self.weights = vec![
+            glorot_uniform(&[input_shape[0], self.units], derive_seed(seed, 0), device)?,
+            zeros(&[self.units], device)?,
+        ];
+        Ok(())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        weights_of(&["kernel", "bias"], &self.weights)
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("Dense", &mut self.weights, index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let [kernel, bias] = &self.weights[..] else {
+            return Err(not_built("Dense"));
+        };
+        let y = ops::dense(x, kernel, Some(bias), self.activation.fused())?;
+        Ok((y.clone(), vec![x.clone(), y]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [kernel, _] = &self.weights[..] else {
+            return Err(not_built("Dense"));
+        };
+        let [x, y] = saved::<2>("Dense", saved_tensors)?;
+        let dz = activation_grad(dy, &y, self.activation)?;
+        let dk = ops::matmul_transposed(&x, &dz, true, false)?;
+        let db = ops::bias_grad(&dz)?;
+        let dx = if need_dx {
+            Some(ops::matmul_transposed(&dz, kernel, false, true)?)
+        } else {
+            None
+        };
+        Ok((dx, vec![dk, db]))
+    }
+}

@@ -1,0 +1,45 @@
+//! Shared test helpers: runtimes on the software adapters, and the rule that a missing GPU is a
+//! failure under `ANYGPU_REQUIRE_ADAPTER=1` (CI) and a loud skip elsewhere.
+#![allow(dead_code)]
+
+use anygpu::{Runtime, RuntimeBuilder};
+
+/// The backends tests search: `WGPU_BACKEND` if set, else Vulkan and GL (lavapipe + llvmpipe).
+pub fn backends() -> String {
+    std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan,gl".to_string())
+}
+
+/// A builder searching [`backends`], with no other environment overrides.
+pub fn builder() -> RuntimeBuilder {
+    Runtime::builder()
+        .env("WGPU_BACKEND", Some(&backends()))
+        .env("ANYGPU_VISIBLE_DEVICES", None)
+        .env("ANYGPU_FORCE_GPU_ALLOW_GROWTH", None)
+        .env("ANYGPU_GPU_MEMORY_LIMIT_MB", None)
+}
+
+/// Whether CI demands a GPU.
+pub fn adapter_required() -> bool {
+    std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() == Ok("1")
+}
+
+/// Number of physical GPUs; at least `min`, or the test is skipped (returns `None`) — unless
+/// `ANYGPU_REQUIRE_ADAPTER=1`, where too few GPUs fail the test.
+pub fn gpus_at_least(min: usize, test: &str) -> Option<usize> {
+    let n = builder()
+        .configure()
+        .expect("a runtime without settings configures")
+        .list_physical_devices("GPU")
+        .len();
+    if n >= min {
+        return Some(n);
+    }
+    if adapter_required() && min <= 1 {
+        panic!("{test}: ANYGPU_REQUIRE_ADAPTER=1 but no GPU adapter was found (backends {})", backends());
+    }
+    if adapter_required() && backends().contains("vulkan") && backends().contains("gl") {
+        panic!("{test}: needs {min} GPUs; with Mesa and WGPU_BACKEND=vulkan,gl there should be lavapipe and llvmpipe, found {n}");
+    }
+    eprintln!("SKIPPED {test}: needs {min} GPU(s), found {n}");
+    None
+}
