@@ -88,7 +88,7 @@ pub(crate) struct TensorInner {
 pub struct Tensor(pub(crate) Arc<TensorInner>);
 
 const CONST_OP: OpInfo = OpInfo {
-    name: "_Const",
+    name: "_EagerConst",
     gpu: Some(&[]),
 };
 

@@ -150,14 +150,13 @@ impl Tensor {
                 let rows = self.shape()[0];
                 let cols = self.len() / rows.max(1);
                 let shape = &self.shape()[1..];
+                let sums = Tensor::uninit(shape, DType::F32, device)?;
+                with_kernels(device, |k, _| k.sum_rows(&inputs[0], rows, cols, &sums))?;
+                if !mean {
+                    return Ok(sums);
+                }
                 let out = Tensor::uninit(shape, DType::F32, device)?;
-                with_kernels(device, |k, _| {
-                    k.sum_rows(&inputs[0], rows, cols, &out)?;
-                    if mean {
-                        k.scale(&out, 1.0 / rows.max(1) as f32, &out)?;
-                    }
-                    Ok(())
-                })?;
+                with_kernels(device, |k, _| k.scale(&sums, 1.0 / rows.max(1) as f32, &out))?;
                 Ok(out)
             }),
             Some(axis) => Err(Error::InvalidArgument(format!(

@@ -36,6 +36,9 @@ pub(crate) struct MatmulDims {
 }
 
 /// The general-purpose kernels every device has.
+///
+/// An output never aliases an input (the CPU side locks inputs for reading and outputs for
+/// writing); only the optimizer updates of [`NnKernels`] write their own state in place.
 pub(crate) trait Kernels {
     /// `out = a (op) b`, `b` repeating with period `b.len()`.
     fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()>;
