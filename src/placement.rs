@@ -84,24 +84,25 @@ pub trait IntoDeviceScope {
     ///
     /// # Errors
     /// `Failed parsing device name` for a string that is not a device name.
-    fn enter(self, runtime: Option<Weak<RuntimeShared>>) -> Result<DeviceScope>;
+    fn enter(self, runtime: Option<&Runtime>) -> Result<DeviceScope>;
 }
 
 impl IntoDeviceScope for &str {
-    fn enter(self, runtime: Option<Weak<RuntimeShared>>) -> Result<DeviceScope> {
+    fn enter(self, runtime: Option<&Runtime>) -> Result<DeviceScope> {
         let spec = DeviceSpec::parse(self)?;
+        let runtime = runtime.map(|rt| Arc::downgrade(&rt.shared));
         Ok(push(spec, self.to_string(), runtime))
     }
 }
 
 impl IntoDeviceScope for &String {
-    fn enter(self, runtime: Option<Weak<RuntimeShared>>) -> Result<DeviceScope> {
+    fn enter(self, runtime: Option<&Runtime>) -> Result<DeviceScope> {
         self.as_str().enter(runtime)
     }
 }
 
 impl IntoDeviceScope for &LogicalDevice {
-    fn enter(self, _runtime: Option<Weak<RuntimeShared>>) -> Result<DeviceScope> {
+    fn enter(self, _runtime: Option<&Runtime>) -> Result<DeviceScope> {
         let spec = DeviceSpec {
             job: Some("localhost".into()),
             replica: Some(0),
@@ -147,7 +148,7 @@ pub fn device<R>(device: impl IntoDeviceScope, f: impl FnOnce() -> R) -> Result<
 impl Runtime {
     /// A device scope resolved against this runtime (not the process-wide one).
     pub fn with_device(&self, device: impl IntoDeviceScope) -> Result<DeviceScope> {
-        device.enter(Some(Arc::downgrade(&self.shared)))
+        device.enter(Some(self))
     }
 
     /// Runs `f` inside a device scope of this runtime.

@@ -185,6 +185,12 @@ impl Tensor {
         Ok(Tensor::with_storage(shape, dtype, device, storage))
     }
 
+    /// A tensor on `device` whose contents are unspecified (whatever its memory held before),
+    /// like `torch.empty`: the cheapest way to get memory an op will overwrite.
+    pub fn empty_on(shape: &[usize], dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
+        Tensor::uninit(shape, dtype, device)
+    }
+
     /// A tensor of zeros on the current scope's device.
     pub fn zeros(shape: &[usize]) -> Result<Tensor> {
         let device = placement::place(&CONST_OP, &[])?;

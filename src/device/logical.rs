@@ -372,6 +372,9 @@ impl GpuContext {
         });
         encoder.copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, bytes);
         stream.recorded += 1;
+        if stream.recorded >= SUBMIT_THRESHOLD {
+            self.submit(&mut stream);
+        }
     }
 
     /// Records a zero fill of `bytes` (a multiple of 4) at `dst`.
@@ -383,6 +386,9 @@ impl GpuContext {
         });
         encoder.clear_buffer(dst.buffer, dst.offset, Some(bytes));
         stream.recorded += 1;
+        if stream.recorded >= SUBMIT_THRESHOLD {
+            self.submit(&mut stream);
+        }
     }
 
     /// Writes host bytes into a device range, after everything recorded so far.

@@ -338,11 +338,20 @@ pub(crate) fn validate(
     family: ShaderFamily,
     capabilities: naga::valid::Capabilities,
 ) -> std::result::Result<Validated, String> {
-    let module = naga::front::wgsl::parse_str(family.source())
-        .map_err(|e| format!("{}: {}", family.file(), e.emit_to_string(family.source())))?;
+    validate_source(family.file(), family.source(), capabilities)
+}
+
+/// [`validate`] for any WGSL source; `file` names it in messages.
+pub(crate) fn validate_source(
+    file: &str,
+    source: &str,
+    capabilities: naga::valid::Capabilities,
+) -> std::result::Result<Validated, String> {
+    let module = naga::front::wgsl::parse_str(source)
+        .map_err(|e| format!("{file}: {}", e.emit_to_string(source)))?;
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
         .validate(&module)
-        .map_err(|e| format!("{} needs what the adapter lacks: {}", family.file(), e.as_inner()))?;
+        .map_err(|e| format!("{file} needs what the adapter lacks: {}", e.as_inner()))?;
     let entries = module
         .entry_points
         .iter()
@@ -368,7 +377,7 @@ pub(crate) fn validate(
     let mut layouter = naga::proc::Layouter::default();
     layouter
         .update(module.to_ctx())
-        .map_err(|e| format!("{}: {e}", family.file()))?;
+        .map_err(|e| format!("{file}: {e}"))?;
     let workgroup_bytes = module
         .global_variables
         .iter()
@@ -394,3 +403,49 @@ pub(crate) fn grid_1d(n: usize, workgroup: u32) -> [u32; 3] {
     }
 }
 pub(crate) mod nn;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use naga::valid::Capabilities;
+
+    #[test]
+    fn every_shader_parses_and_validates_without_optional_capabilities() {
+        // Without f16 or subgroups: what llvmpipe's GL backend offers, so every kernel runs on
+        // every adapter.
+        for family in ShaderFamily::ALL {
+            let v = validate(family, Capabilities::empty())
+                .unwrap_or_else(|e| panic!("{}: {e}", family.file()));
+            for (entry, info) in &v.entries {
+                let invocations: u32 = info.workgroup_size.iter().product();
+                assert!(invocations <= 256, "{}::{entry} uses {invocations} invocations", family.file());
+            }
+            assert!(v.workgroup_bytes <= 16 << 10, "{} needs {} B of workgroup memory", family.file(), v.workgroup_bytes);
+        }
+    }
+
+    #[test]
+    fn a_shader_that_needs_f16_is_refused_without_the_capability() {
+        let src = "enable f16;\n@group(0) @binding(1) var<storage, read_write> x: array<f16>;\n\
+                   @compute @workgroup_size(64) fn half(@builtin(global_invocation_id) g: vec3<u32>) { x[g.x] = x[g.x] * 2.0h; }";
+        let err = validate_source("half.wgsl", src, Capabilities::empty()).err().unwrap();
+        assert!(err.starts_with("half.wgsl needs what the adapter lacks"), "{err}");
+        let ok = validate_source("half.wgsl", src, capabilities_of(wgpu::Features::SHADER_F16)).unwrap();
+        assert_eq!(ok.entries["half"].bindings, vec![1]);
+    }
+
+    #[test]
+    fn entry_points_report_the_bindings_they_use() {
+        let v = validate(ShaderFamily::Reduce, Capabilities::empty()).unwrap();
+        assert_eq!(v.entries["sum_all"].bindings, vec![1, 2]);
+        assert_eq!(v.entries["argmax_rows"].bindings, vec![1, 3]);
+        assert_eq!(v.entries["sum_all"].workgroup_size, [256, 1, 1]);
+    }
+
+    #[test]
+    fn large_one_dimensional_grids_fold_into_two_dimensions() {
+        assert_eq!(grid_1d(1, 256), [1, 1, 1]);
+        assert_eq!(grid_1d(256 * 65_535, 256), [65_535, 1, 1]);
+        assert_eq!(grid_1d(256 * 65_536, 256), [65_535, 2, 1]);
+    }
+}
