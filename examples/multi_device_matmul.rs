@@ -3,7 +3,10 @@
 //!
 //! ```text
 //! $ WGPU_BACKEND=vulkan cargo run --example multi_device_matmul -- --virtual 256,256,256 --log-placement
+//! Executing op _EagerConst in device /job:localhost/replica:0/task:0/device:GPU:0
+//! Executing op _EagerConst in device /job:localhost/replica:0/task:0/device:GPU:0
 //! Executing op MatMul in device /job:localhost/replica:0/task:0/device:GPU:0
+//! ...
 //! Executing op MatMul in device /job:localhost/replica:0/task:0/device:GPU:1
 //! Executing op MatMul in device /job:localhost/replica:0/task:0/device:GPU:2
 //! Executing op AddN in device /job:localhost/replica:0/task:0/device:CPU:0
@@ -56,8 +59,12 @@ fn main() -> anygpu::Result<()> {
         config::set_logical_device_configuration(first, &configs)?;
     }
     config::set_log_device_placement(args.log_placement);
-    let logical = config::list_logical_devices(DeviceKind::Gpu)?;
+    let mut logical = config::list_logical_devices(DeviceKind::Gpu)?;
     eprintln!("{} physical GPUs, {} logical GPUs", visible.len(), logical.len());
+    if logical.is_empty() {
+        eprintln!("no GPU: running the matmul on the CPU instead");
+        logical = config::list_logical_devices(DeviceKind::Cpu)?;
+    }
 
     let mut products = Vec::new();
     for gpu in &logical {
