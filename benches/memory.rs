@@ -10,7 +10,16 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 /// Mixed request sizes (floats): parameters, activations and gradients of the tutorial CNN at
 /// batch 128, plus small scalars.
-const SIZES: [usize; 8] = [1, 10, 320, 1152 * 128, 128 * 28 * 28 * 32, 128 * 14 * 14 * 64, 288, 16_384];
+const SIZES: [usize; 8] = [
+    1,
+    10,
+    320,
+    1152 * 128,
+    128 * 28 * 28 * 32,
+    128 * 14 * 14 * 64,
+    288,
+    16_384,
+];
 
 fn runtime() -> Runtime {
     let backends = std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan,gl".into());
@@ -24,9 +33,19 @@ fn runtime() -> Runtime {
 fn arena_vs_buffers(c: &mut Criterion) {
     let rt = runtime();
     for device in rt.list_logical_devices("GPU").expect("devices") {
-        let label = format!("gpu{}-{}", device.index(), device.adapter_name().split_whitespace().next().unwrap_or("gpu"));
+        let label = format!(
+            "gpu{}-{}",
+            device.index(),
+            device
+                .adapter_name()
+                .split_whitespace()
+                .next()
+                .unwrap_or("gpu")
+        );
         let mut group = c.benchmark_group(format!("alloc_free/{label}"));
-        group.sample_size(20).measurement_time(Duration::from_secs(3));
+        group
+            .sample_size(20)
+            .measurement_time(Duration::from_secs(3));
         group.throughput(Throughput::Elements(SIZES.len() as u64));
         group.bench_function("arena", |b| {
             b.iter(|| {
@@ -45,7 +64,9 @@ fn arena_vs_buffers(c: &mut Criterion) {
                         let buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
                             label: None,
                             size: (n * 4).div_ceil(256) as u64 * 256,
-                            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                            usage: wgpu::BufferUsages::STORAGE
+                                | wgpu::BufferUsages::COPY_DST
+                                | wgpu::BufferUsages::COPY_SRC,
                             mapped_at_creation: false,
                         });
                         drop(buffer);
@@ -61,7 +82,10 @@ fn arena_vs_buffers(c: &mut Criterion) {
 
 /// A device of its own on the same adapter, for the raw-buffer baseline.
 fn raw_device(device: &anygpu::LogicalDevice) -> wgpu::Device {
-    let backends = device.backend().map(wgpu::Backends::from).unwrap_or(wgpu::Backends::all());
+    let backends = device
+        .backend()
+        .map(wgpu::Backends::from)
+        .unwrap_or(wgpu::Backends::all());
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends,
         ..wgpu::InstanceDescriptor::new_without_display_handle()
@@ -83,9 +107,23 @@ fn raw_device(device: &anygpu::LogicalDevice) -> wgpu::Device {
 fn fragmentation(rt: &Runtime, device: &anygpu::LogicalDevice) {
     let name = device.name().to_string();
     let _ = rt.reset_memory_stats(&name);
-    let layers = [128 * 28 * 28 * 32, 128 * 28 * 28 * 32, 128 * 14 * 14 * 32, 128 * 14 * 14 * 64, 128 * 14 * 14 * 64, 128 * 7 * 7 * 64, 128 * 7 * 7 * 128, 128 * 3 * 3 * 128, 128 * 128, 128 * 10];
+    let layers = [
+        128 * 28 * 28 * 32,
+        128 * 28 * 28 * 32,
+        128 * 14 * 14 * 32,
+        128 * 14 * 14 * 64,
+        128 * 14 * 14 * 64,
+        128 * 7 * 7 * 64,
+        128 * 7 * 7 * 128,
+        128 * 3 * 3 * 128,
+        128 * 128,
+        128 * 10,
+    ];
     for _step in 0..3 {
-        let acts: Vec<Tensor> = layers.iter().map(|&n| Tensor::empty_on(&[n], DType::F32, device).expect("act")).collect();
+        let acts: Vec<Tensor> = layers
+            .iter()
+            .map(|&n| Tensor::empty_on(&[n], DType::F32, device).expect("act"))
+            .collect();
         let mut grads = Vec::new();
         for (i, &n) in layers.iter().enumerate().rev() {
             grads.push(Tensor::empty_on(&[n], DType::F32, device).expect("grad"));

@@ -23,7 +23,10 @@ fn main() -> anygpu::Result<()> {
     for pd in config::list_physical_devices(KindFilter::All) {
         let d = config::get_device_details(&pd)?;
         let is_visible = visible.contains(&pd);
-        let short = pd.name().trim_start_matches("/physical_device:").to_string();
+        let short = pd
+            .name()
+            .trim_start_matches("/physical_device:")
+            .to_string();
         if as_json {
             rows.push(match &d.gpu {
                 None => json!({"device": short, "name": d.device_name, "backend": d.backend, "visible": is_visible}),
@@ -68,7 +71,10 @@ fn main() -> anygpu::Result<()> {
         }
     }
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
     }
     Ok(())
 }

@@ -37,9 +37,21 @@ fn main() -> anygpu::Result<()> {
             .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some(&limit))
             .visible_gpus(&[0])
     };
-    run("growth on", &base().memory_growth(true).build()?, &["GPU:0"])?;
-    run("growth off", &base().memory_growth(false).build()?, &["GPU:0"])?;
-    run("2 virtual", &base().virtual_gpus(0, &[128, 128]).build()?, &["GPU:0", "GPU:1"])?;
+    run(
+        "growth on",
+        &base().memory_growth(true).build()?,
+        &["GPU:0"],
+    )?;
+    run(
+        "growth off",
+        &base().memory_growth(false).build()?,
+        &["GPU:0"],
+    )?;
+    run(
+        "2 virtual",
+        &base().virtual_gpus(0, &[128, 128]).build()?,
+        &["GPU:0", "GPU:1"],
+    )?;
     Ok(())
 }
 
@@ -53,7 +65,10 @@ fn run(scenario: &str, rt: &Runtime, devices: &[&str]) -> anygpu::Result<()> {
             let tensor = match Tensor::zeros_on(&[mib << 18], DType::F32, &device) {
                 Ok(t) => t,
                 Err(e) => {
-                    println!("{scenario:<15} {name:<8} {:<10} {e}", format!("{mib}.0 MiB"));
+                    println!(
+                        "{scenario:<15} {name:<8} {:<10} {e}",
+                        format!("{mib}.0 MiB")
+                    );
                     continue;
                 }
             };

@@ -38,7 +38,10 @@ fn main() -> anygpu::Result<()> {
     let args = Args::parse();
     let gpus = config::list_physical_devices(DeviceKind::Gpu);
     if let Some(indices) = &args.visible {
-        let picked: Vec<_> = indices.iter().filter_map(|&i| gpus.get(i).cloned()).collect();
+        let picked: Vec<_> = indices
+            .iter()
+            .filter_map(|&i| gpus.get(i).cloned())
+            .collect();
         config::set_visible_devices(&picked, DeviceKind::Gpu)?;
     }
     let visible = config::get_visible_devices(DeviceKind::Gpu);
@@ -60,7 +63,11 @@ fn main() -> anygpu::Result<()> {
     }
     config::set_log_device_placement(args.log_placement);
     let mut logical = config::list_logical_devices(DeviceKind::Gpu)?;
-    eprintln!("{} physical GPUs, {} logical GPUs", visible.len(), logical.len());
+    eprintln!(
+        "{} physical GPUs, {} logical GPUs",
+        visible.len(),
+        logical.len()
+    );
     if logical.is_empty() {
         eprintln!("no GPU: running the matmul on the CPU instead");
         logical = config::list_logical_devices(DeviceKind::Cpu)?;

@@ -21,8 +21,8 @@ use std::sync::OnceLock;
 use crate::device::{DeviceDetails, DeviceKind, LogicalDevice, PhysicalDevice};
 use crate::error::Result;
 use crate::memory::{MemoryInfo, MemoryStats};
-pub use crate::runtime::{KindFilter, LogicalDeviceConfiguration, PlacementRecord};
 use crate::runtime::Runtime;
+pub use crate::runtime::{KindFilter, LogicalDeviceConfiguration, PlacementRecord};
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 

@@ -109,7 +109,11 @@ impl IntoDeviceScope for &LogicalDevice {
             task: Some(0),
             ..DeviceSpec::new(self.device_type(), self.index())
         };
-        Ok(push(spec, self.name().to_string(), Some(self.0.runtime.clone())))
+        Ok(push(
+            spec,
+            self.name().to_string(),
+            Some(self.0.runtime.clone()),
+        ))
     }
 }
 
@@ -152,7 +156,11 @@ impl Runtime {
     }
 
     /// Runs `f` inside a device scope of this runtime.
-    pub fn device_scope<R>(&self, device: impl IntoDeviceScope, f: impl FnOnce() -> R) -> Result<R> {
+    pub fn device_scope<R>(
+        &self,
+        device: impl IntoDeviceScope,
+        f: impl FnOnce() -> R,
+    ) -> Result<R> {
         let _scope = self.with_device(device)?;
         Ok(f())
     }
@@ -178,9 +186,7 @@ pub(crate) fn can_run(device: &LogicalDevice, op: &OpInfo) -> std::result::Resul
         Backend::Cpu => Ok(()),
         Backend::Gpu(g) => match op.gpu {
             None => Err(format!("no GPU kernel for {}", op.name)),
-            Some(kernels) => kernels
-                .iter()
-                .try_for_each(|k| g.ctx.pipelines.check(*k)),
+            Some(kernels) => kernels.iter().try_for_each(|k| g.ctx.pipelines.check(*k)),
         },
     }
 }

@@ -539,7 +539,8 @@ impl Runtime {
 
     fn create_devices(&self, config: &Config) -> Result<Devices> {
         let discovery = self.discovery();
-        if discovery.adapters.is_empty() && self.env("ANYGPU_REQUIRE_ADAPTER").as_deref() == Some("1")
+        if discovery.adapters.is_empty()
+            && self.env("ANYGPU_REQUIRE_ADAPTER").as_deref() == Some("1")
         {
             return Err(Error::NoAdapter {
                 backends: format!("{:?}", discovery.backends),
@@ -555,7 +556,9 @@ impl Runtime {
         let cpus = (0..cpu_count)
             .map(|i| LogicalDevice::new(DeviceKind::Cpu, i, weak.clone(), Backend::Cpu))
             .collect();
-        let log_regions = self.env("ANYGPU_MEMORY_LOG").is_some_and(|v| v != "0" && !v.is_empty());
+        let log_regions = self
+            .env("ANYGPU_MEMORY_LOG")
+            .is_some_and(|v| v != "0" && !v.is_empty());
         let mut gpus: Vec<LogicalDevice> = Vec::new();
         for (physical_index, &adapter_index) in visible.iter().enumerate() {
             let adapter = discovery.adapters[adapter_index].clone();
@@ -579,7 +582,11 @@ impl Runtime {
                         limit: bytes,
                         // A virtual device reserves its cap (TF allows no growth with virtual
                         // devices) unless ANYGPU_FORCE_GPU_ALLOW_GROWTH=true says otherwise.
-                        growth: if is_virtual { growth.forced == Some(true) } else { growth.physical },
+                        growth: if is_virtual {
+                            growth.forced == Some(true)
+                        } else {
+                            growth.physical
+                        },
                         max_region: l.max_storage_buffer_binding_size.min(l.max_buffer_size),
                         alignment: u64::from(l.min_storage_buffer_offset_alignment),
                         log_regions,
@@ -644,7 +651,9 @@ impl Runtime {
         if let Some(v) = self.env("ANYGPU_GPU_MEMORY_LIMIT_MB") {
             match v.trim().parse::<u64>() {
                 Ok(mib) if mib > 0 => return mib << 20,
-                _ => log::warn!("ANYGPU_GPU_MEMORY_LIMIT_MB='{v}' is not a positive number of MiB; ignored"),
+                _ => log::warn!(
+                    "ANYGPU_GPU_MEMORY_LIMIT_MB='{v}' is not a positive number of MiB; ignored"
+                ),
             }
         }
         match adapter.memory_bytes {
@@ -788,9 +797,14 @@ impl RuntimeShared {
 
     /// Warns once per op and requested device that soft placement moved it.
     pub(crate) fn warn_fallback(&self, op: &'static str, requested: &str, actual: &str, why: &str) {
-        let mut warned = self.warned_fallbacks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut warned = self
+            .warned_fallbacks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if warned.insert((op, requested.to_string())) {
-            log::warn!("{op} cannot run on {requested} ({why}); soft placement runs it on {actual}");
+            log::warn!(
+                "{op} cannot run on {requested} ({why}); soft placement runs it on {actual}"
+            );
         }
     }
 }
@@ -903,7 +917,10 @@ impl RuntimeBuilder {
                 .ok_or_else(|| Error::UnrecognizedDevice(format!("/physical_device:GPU:{i}")))
         };
         if let Some(indices) = &self.visible_gpus {
-            let picked = indices.iter().map(|&i| gpu(i)).collect::<Result<Vec<_>>>()?;
+            let picked = indices
+                .iter()
+                .map(|&i| gpu(i))
+                .collect::<Result<Vec<_>>>()?;
             rt.set_visible_devices(&picked, DeviceKind::Gpu)?;
         }
         if let Some(enable) = self.memory_growth {

@@ -162,7 +162,12 @@ impl Tensor {
         }
     }
 
-    fn with_storage(shape: &[usize], dtype: DType, device: &LogicalDevice, storage: Storage) -> Tensor {
+    fn with_storage(
+        shape: &[usize],
+        dtype: DType,
+        device: &LogicalDevice,
+        storage: Storage,
+    ) -> Tensor {
         Tensor(Arc::new(TensorInner {
             shape: shape.to_vec(),
             dtype,
@@ -336,8 +341,11 @@ impl Tensor {
         }
         if self.0.device.shares_context_with(device) {
             let out = Tensor::uninit(self.shape(), self.dtype(), device)?;
-            if let (Some(src), Some(dst), Some(g)) = (self.gpu_range(), out.gpu_range(), device.gpu()) {
-                g.ctx.copy(src, dst, (self.len() * 4).div_ceil(4) as u64 * 4);
+            if let (Some(src), Some(dst), Some(g)) =
+                (self.gpu_range(), out.gpu_range(), device.gpu())
+            {
+                g.ctx
+                    .copy(src, dst, (self.len() * 4).div_ceil(4) as u64 * 4);
             }
             return Ok(out);
         }

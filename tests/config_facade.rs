@@ -13,7 +13,10 @@ fn the_facade_configures_freezes_and_reports_like_tf_config() {
     if gpus.is_empty() && common::adapter_required() {
         panic!("ANYGPU_REQUIRE_ADAPTER=1 but no GPU adapter was found");
     }
-    assert!(!config::runtime().is_initialized(), "listing does not initialize");
+    assert!(
+        !config::runtime().is_initialized(),
+        "listing does not initialize"
+    );
     for gpu in &gpus {
         config::set_memory_growth(gpu, true).unwrap();
         assert_eq!(config::get_memory_growth(gpu).unwrap(), Some(true));
@@ -30,17 +33,30 @@ fn the_facade_configures_freezes_and_reports_like_tf_config() {
         assert_eq!(info.current, 4096);
         config::reset_memory_stats("GPU:0").unwrap();
         let err = config::set_memory_growth(first, false).unwrap_err();
-        assert_eq!(err.to_string(), "Physical devices cannot be modified after being initialized");
+        assert_eq!(
+            err.to_string(),
+            "Physical devices cannot be modified after being initialized"
+        );
         config::set_memory_growth(first, true).unwrap();
         let err = config::set_visible_devices(&[], DeviceKind::Gpu).unwrap_err();
-        assert_eq!(err.to_string(), "Visible devices cannot be modified after being initialized");
+        assert_eq!(
+            err.to_string(),
+            "Visible devices cannot be modified after being initialized"
+        );
     } else {
         assert!(t.device().ends_with("CPU:0"));
     }
     let err = config::get_memory_info("CPU:0").unwrap_err();
-    assert_eq!(err.to_string(), "Allocator stats not available for device 'CPU:0'");
+    assert_eq!(
+        err.to_string(),
+        "Allocator stats not available for device 'CPU:0'"
+    );
     config::set_soft_device_placement(false);
     assert!(!config::get_soft_device_placement());
-    let err = anygpu::device("GPU:9", || Tensor::zeros(&[1])).unwrap().unwrap_err();
-    assert!(err.to_string().starts_with("Could not satisfy device specification '/device:GPU:9'"));
+    let err = anygpu::device("GPU:9", || Tensor::zeros(&[1]))
+        .unwrap()
+        .unwrap_err();
+    assert!(err
+        .to_string()
+        .starts_with("Could not satisfy device specification '/device:GPU:9'"));
 }

@@ -20,7 +20,10 @@ fn listing_physical_devices_does_not_initialize() {
         assert_eq!(d.device_type(), DeviceKind::Gpu);
     }
     assert_eq!(rt.list_physical_devices("CPU").len(), 1);
-    assert!(rt.list_physical_devices("TPU").is_empty(), "unknown kinds list nothing");
+    assert!(
+        rt.list_physical_devices("TPU").is_empty(),
+        "unknown kinds list nothing"
+    );
     let _ = rt.get_device_details(&all[0]).unwrap();
     assert!(!rt.is_initialized());
 }
@@ -32,11 +35,17 @@ fn logical_devices_are_the_cpu_and_one_per_gpu() {
     let logical = rt.list_logical_devices(KindFilter::All).unwrap();
     assert!(rt.is_initialized());
     assert_eq!(logical[0].name(), "/device:CPU:0");
-    let gpus: Vec<_> = logical.iter().filter(|d| d.device_type() == DeviceKind::Gpu).collect();
+    let gpus: Vec<_> = logical
+        .iter()
+        .filter(|d| d.device_type() == DeviceKind::Gpu)
+        .collect();
     assert_eq!(gpus.len(), physical);
     for (i, d) in gpus.iter().enumerate() {
         assert_eq!(d.name(), format!("/device:GPU:{i}"));
-        assert_eq!(d.full_name(), format!("/job:localhost/replica:0/task:0/device:GPU:{i}"));
+        assert_eq!(
+            d.full_name(),
+            format!("/job:localhost/replica:0/task:0/device:GPU:{i}")
+        );
     }
 }
 
@@ -46,7 +55,9 @@ fn both_software_adapters_appear_with_vulkan_and_gl() {
         eprintln!("SKIPPED: WGPU_BACKEND does not name vulkan and gl");
         return;
     }
-    let Some(_) = gpus_at_least(2, "both_software_adapters_appear") else { return };
+    let Some(_) = gpus_at_least(2, "both_software_adapters_appear") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     let backends: Vec<String> = rt
         .list_physical_devices("GPU")
@@ -61,7 +72,9 @@ fn both_software_adapters_appear_with_vulkan_and_gl() {
 
 #[test]
 fn device_details_report_the_limits_that_matter() {
-    let Some(_) = gpus_at_least(1, "device_details") else { return };
+    let Some(_) = gpus_at_least(1, "device_details") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     let details = rt.get_device_details(&gpu(&rt, 0)).unwrap();
     let g = details.gpu.expect("a GPU has adapter details");
@@ -69,9 +82,14 @@ fn device_details_report_the_limits_that_matter() {
     assert!(g.max_compute_invocations_per_workgroup >= 256);
     assert!(g.min_storage_buffer_offset_alignment.is_power_of_two());
     if details.backend == "Vulkan" {
-        assert!(g.memory_bytes.is_some_and(|m| m > 0), "Vulkan reports its device-local heap");
+        assert!(
+            g.memory_bytes.is_some_and(|m| m > 0),
+            "Vulkan reports its device-local heap"
+        );
     }
-    let cpu = rt.get_device_details(&rt.list_physical_devices("CPU")[0]).unwrap();
+    let cpu = rt
+        .get_device_details(&rt.list_physical_devices("CPU")[0])
+        .unwrap();
     assert!(cpu.gpu.is_none());
 }
 
@@ -87,12 +105,15 @@ fn hiding_every_gpu_leaves_only_the_cpu() {
 
 #[test]
 fn hiding_gpu0_renumbers_the_rest_from_zero() {
-    let Some(_) = gpus_at_least(2, "hiding_gpu0_renumbers") else { return };
+    let Some(_) = gpus_at_least(2, "hiding_gpu0_renumbers") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     let second = gpu(&rt, 1);
     let second_name = rt.get_device_details(&second).unwrap().device_name;
     let second_backend = rt.get_device_details(&second).unwrap().backend;
-    rt.set_visible_devices(&[second.clone()], DeviceKind::Gpu).unwrap();
+    rt.set_visible_devices(&[second.clone()], DeviceKind::Gpu)
+        .unwrap();
     assert_eq!(rt.get_visible_devices("GPU"), vec![second]);
     let gpus = rt.list_logical_devices("GPU").unwrap();
     assert_eq!(gpus.len(), 1);
@@ -105,21 +126,30 @@ fn hiding_gpu0_renumbers_the_rest_from_zero() {
 fn devices_not_listed_or_of_another_kind_are_unrecognized() {
     let rt = builder().configure().unwrap();
     let cpu = rt.list_physical_devices("CPU")[0].clone();
-    let err = rt.set_visible_devices(&[cpu.clone()], DeviceKind::Gpu).unwrap_err();
+    let err = rt
+        .set_visible_devices(&[cpu.clone()], DeviceKind::Gpu)
+        .unwrap_err();
     assert!(
-        err.to_string().starts_with("Unrecognized device: PhysicalDevice(name='/physical_device:CPU:0'"),
+        err.to_string()
+            .starts_with("Unrecognized device: PhysicalDevice(name='/physical_device:CPU:0'"),
         "{err}"
     );
     let err = rt.set_visible_devices(&[], DeviceKind::Cpu).unwrap_err();
     assert!(err.to_string().contains("CPU cannot be hidden"), "{err}");
     // A GPU listed by a runtime that sees more GPUs than this one is not this one's.
-    let hidden = builder().env("ANYGPU_VISIBLE_DEVICES", Some("")).configure().unwrap();
+    let hidden = builder()
+        .env("ANYGPU_VISIBLE_DEVICES", Some(""))
+        .configure()
+        .unwrap();
     if let Some(pd) = rt.list_physical_devices("GPU").first() {
         let err = hidden.get_memory_growth(pd).unwrap_err();
         assert!(err.to_string().starts_with("Unrecognized device:"), "{err}");
     }
     let err = rt.set_memory_growth(&cpu, true).unwrap_err();
-    assert_eq!(err.to_string(), "Cannot set memory growth on non-GPU devices");
+    assert_eq!(
+        err.to_string(),
+        "Cannot set memory growth on non-GPU devices"
+    );
 }
 
 #[test]
@@ -132,36 +162,54 @@ fn changing_visible_devices_after_initialization_fails_and_the_same_value_is_a_n
         return;
     }
     let err = rt.set_visible_devices(&[], DeviceKind::Gpu).unwrap_err();
-    assert_eq!(err.to_string(), "Visible devices cannot be modified after being initialized");
+    assert_eq!(
+        err.to_string(),
+        "Visible devices cannot be modified after being initialized"
+    );
     assert!(matches!(err, Error::AlreadyInitialized(_)));
 }
 
 #[test]
 fn changing_memory_growth_after_initialization_fails_and_the_same_value_is_a_no_op() {
-    let Some(_) = gpus_at_least(1, "growth_after_init") else { return };
+    let Some(_) = gpus_at_least(1, "growth_after_init") else {
+        return;
+    };
     let rt = builder().memory_growth(true).build().unwrap();
     let pd = gpu(&rt, 0);
     rt.set_memory_growth(&pd, true).unwrap();
     let err = rt.set_memory_growth(&pd, false).unwrap_err();
-    assert_eq!(err.to_string(), "Physical devices cannot be modified after being initialized");
+    assert_eq!(
+        err.to_string(),
+        "Physical devices cannot be modified after being initialized"
+    );
 }
 
 #[test]
 fn changing_virtual_devices_after_initialization_fails_and_the_same_value_is_a_no_op() {
-    let Some(_) = gpus_at_least(1, "virtual_after_init") else { return };
+    let Some(_) = gpus_at_least(1, "virtual_after_init") else {
+        return;
+    };
     let rt = builder().virtual_gpus(0, &[64, 64]).build().unwrap();
     let pd = gpu(&rt, 0);
     let same = vec![LogicalDeviceConfiguration::new().memory_limit(64); 2];
     rt.set_logical_device_configuration(&pd, &same).unwrap();
     let err = rt
-        .set_logical_device_configuration(&pd, &[LogicalDeviceConfiguration::new().memory_limit(32)])
+        .set_logical_device_configuration(
+            &pd,
+            &[LogicalDeviceConfiguration::new().memory_limit(32)],
+        )
         .unwrap_err();
-    assert_eq!(err.to_string(), "Virtual devices cannot be modified after being initialized");
+    assert_eq!(
+        err.to_string(),
+        "Virtual devices cannot be modified after being initialized"
+    );
 }
 
 #[test]
 fn memory_growth_is_unset_until_set() {
-    let Some(_) = gpus_at_least(1, "growth_default") else { return };
+    let Some(_) = gpus_at_least(1, "growth_default") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     let pd = gpu(&rt, 0);
     assert_eq!(rt.get_memory_growth(&pd).unwrap(), None);
@@ -171,21 +219,32 @@ fn memory_growth_is_unset_until_set() {
 
 #[test]
 fn differing_memory_growth_fails_at_initialization_and_hiding_the_odd_gpu_fixes_it() {
-    let Some(_) = gpus_at_least(2, "differing_growth") else { return };
+    let Some(_) = gpus_at_least(2, "differing_growth") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     rt.set_memory_growth(&gpu(&rt, 0), true).unwrap();
     rt.set_memory_growth(&gpu(&rt, 1), false).unwrap();
     let err = rt.initialize().unwrap_err();
-    assert_eq!(err.to_string(), "Memory growth cannot differ between GPU devices");
-    assert!(!rt.is_initialized(), "a failed initialization leaves the runtime configurable");
-    rt.set_visible_devices(&[gpu(&rt, 0)], DeviceKind::Gpu).unwrap();
+    assert_eq!(
+        err.to_string(),
+        "Memory growth cannot differ between GPU devices"
+    );
+    assert!(
+        !rt.is_initialized(),
+        "a failed initialization leaves the runtime configurable"
+    );
+    rt.set_visible_devices(&[gpu(&rt, 0)], DeviceKind::Gpu)
+        .unwrap();
     rt.initialize().unwrap();
     assert_eq!(rt.list_logical_devices("GPU").unwrap().len(), 1);
 }
 
 #[test]
 fn two_virtual_devices_on_gpu0_give_one_more_logical_gpu() {
-    let Some(n) = gpus_at_least(1, "two_virtual_devices") else { return };
+    let Some(n) = gpus_at_least(1, "two_virtual_devices") else {
+        return;
+    };
     let rt = builder().virtual_gpus(0, &[64, 64]).build().unwrap();
     let gpus = rt.list_logical_devices("GPU").unwrap();
     assert_eq!(gpus.len(), n + 1);
@@ -198,15 +257,24 @@ fn two_virtual_devices_on_gpu0_give_one_more_logical_gpu() {
 
 #[test]
 fn memory_growth_after_virtual_devices_is_an_error_and_virtual_after_growth_drops_growth() {
-    let Some(_) = gpus_at_least(1, "growth_virtual_interplay") else { return };
+    let Some(_) = gpus_at_least(1, "growth_virtual_interplay") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     let pd = gpu(&rt, 0);
     rt.set_memory_growth(&pd, true).unwrap();
     rt.set_logical_device_configuration(&pd, &[LogicalDeviceConfiguration::new().memory_limit(64)])
         .unwrap();
-    assert_eq!(rt.get_memory_growth(&pd).unwrap(), None, "growth is dropped");
+    assert_eq!(
+        rt.get_memory_growth(&pd).unwrap(),
+        None,
+        "growth is dropped"
+    );
     let err = rt.set_memory_growth(&pd, true).unwrap_err();
-    assert_eq!(err.to_string(), "Cannot set memory growth on device when virtual devices configured");
+    assert_eq!(
+        err.to_string(),
+        "Cannot set memory growth on device when virtual devices configured"
+    );
     assert_eq!(
         rt.get_logical_device_configuration(&pd).unwrap().unwrap(),
         vec![LogicalDeviceConfiguration::new().memory_limit(64)]
@@ -218,23 +286,38 @@ fn a_virtual_gpu_needs_a_memory_limit_and_a_virtual_cpu_must_not_have_one() {
     let rt = builder().configure().unwrap();
     let cpu = rt.list_physical_devices("CPU")[0].clone();
     let err = rt
-        .set_logical_device_configuration(&cpu, &[LogicalDeviceConfiguration::new().memory_limit(1)])
+        .set_logical_device_configuration(
+            &cpu,
+            &[LogicalDeviceConfiguration::new().memory_limit(1)],
+        )
         .unwrap_err();
     assert!(err.to_string().contains("memory limit on CPU"), "{err}");
-    rt.set_logical_device_configuration(&cpu, &[LogicalDeviceConfiguration::new(); 2]).unwrap();
+    rt.set_logical_device_configuration(&cpu, &[LogicalDeviceConfiguration::new(); 2])
+        .unwrap();
     assert_eq!(rt.list_logical_devices("CPU").unwrap().len(), 2);
-    let Some(_) = gpus_at_least(1, "virtual_gpu_needs_limit") else { return };
+    let Some(_) = gpus_at_least(1, "virtual_gpu_needs_limit") else {
+        return;
+    };
     let rt = builder().configure().unwrap();
     let err = rt
         .set_logical_device_configuration(&gpu(&rt, 0), &[LogicalDeviceConfiguration::new()])
         .unwrap_err();
-    assert_eq!(err.to_string(), "Setting memory limit is required for GPU virtual devices");
+    assert_eq!(
+        err.to_string(),
+        "Setting memory limit is required for GPU virtual devices"
+    );
 }
 
 #[test]
 fn device_names_resolve_or_fail_with_tensorflows_messages() {
     let rt = builder().virtual_cpus(2).configure().unwrap();
-    for name in ["CPU:0", "/cpu:0", "/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0", "cpu:1"] {
+    for name in [
+        "CPU:0",
+        "/cpu:0",
+        "/device:CPU:0",
+        "/job:localhost/replica:0/task:0/device:CPU:0",
+        "cpu:1",
+    ] {
         rt.device(name).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     for bad in ["GPU", "GPU:", "GPU:CPU"] {
@@ -244,31 +327,50 @@ fn device_names_resolve_or_fail_with_tensorflows_messages() {
         );
     }
     let err = rt.device("GPU:9").unwrap_err();
-    assert!(err.to_string().starts_with("No matching devices found for 'GPU:9'"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("No matching devices found for 'GPU:9'"),
+        "{err}"
+    );
     let err = rt.device("/device:CPU:*").unwrap_err();
-    assert!(err.to_string().starts_with("Multiple devices match '/device:CPU:*'"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("Multiple devices match '/device:CPU:*'"),
+        "{err}"
+    );
 }
 
 #[test]
 fn anygpu_visible_devices_picks_and_orders_gpus() {
-    let Some(n) = gpus_at_least(2, "visible_env") else { return };
+    let Some(n) = gpus_at_least(2, "visible_env") else {
+        return;
+    };
     let plain = builder().configure().unwrap();
     let names: Vec<String> = plain
         .list_physical_devices("GPU")
         .iter()
         .map(|pd| plain.get_device_details(pd).unwrap().backend)
         .collect();
-    let rt = builder().env("ANYGPU_VISIBLE_DEVICES", Some("1,0")).configure().unwrap();
+    let rt = builder()
+        .env("ANYGPU_VISIBLE_DEVICES", Some("1,0"))
+        .configure()
+        .unwrap();
     let swapped: Vec<String> = rt
         .list_physical_devices("GPU")
         .iter()
         .map(|pd| rt.get_device_details(pd).unwrap().backend)
         .collect();
     assert_eq!(swapped, vec![names[1].clone(), names[0].clone()]);
-    let none = builder().env("ANYGPU_VISIBLE_DEVICES", Some("")).configure().unwrap();
+    let none = builder()
+        .env("ANYGPU_VISIBLE_DEVICES", Some(""))
+        .configure()
+        .unwrap();
     assert!(none.list_physical_devices("GPU").is_empty());
     // Bad entries are skipped with a warning, as wgpu does for WGPU_BACKEND.
-    let some = builder().env("ANYGPU_VISIBLE_DEVICES", Some("x,99,1")).configure().unwrap();
+    let some = builder()
+        .env("ANYGPU_VISIBLE_DEVICES", Some("x,99,1"))
+        .configure()
+        .unwrap();
     assert_eq!(some.list_physical_devices("GPU").len(), 1);
     // The API then picks among what the variable left.
     some.set_visible_devices(&[], DeviceKind::Gpu).unwrap();
@@ -278,14 +380,20 @@ fn anygpu_visible_devices_picks_and_orders_gpus() {
 
 #[test]
 fn force_gpu_allow_growth_overrides_the_setting() {
-    let Some(_) = gpus_at_least(1, "force_growth") else { return };
+    let Some(_) = gpus_at_least(1, "force_growth") else {
+        return;
+    };
     let rt = builder()
         .env("ANYGPU_FORCE_GPU_ALLOW_GROWTH", Some("true"))
         .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("64"))
         .visible_gpus(&[0])
         .build()
         .unwrap();
-    assert_eq!(rt.get_memory_stats("GPU:0").unwrap().bytes_reserved, 0, "growth: nothing reserved");
+    assert_eq!(
+        rt.get_memory_stats("GPU:0").unwrap().bytes_reserved,
+        0,
+        "growth: nothing reserved"
+    );
     let rt = builder()
         .env("ANYGPU_FORCE_GPU_ALLOW_GROWTH", Some("false"))
         .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("64"))
@@ -293,7 +401,10 @@ fn force_gpu_allow_growth_overrides_the_setting() {
         .memory_growth(true)
         .build()
         .unwrap();
-    assert_eq!(rt.get_memory_stats("GPU:0").unwrap().bytes_reserved, 64 << 20);
+    assert_eq!(
+        rt.get_memory_stats("GPU:0").unwrap().bytes_reserved,
+        64 << 20
+    );
     // Any other value is logged and ignored.
     let rt = builder()
         .env("ANYGPU_FORCE_GPU_ALLOW_GROWTH", Some("maybe"))
@@ -320,7 +431,10 @@ fn two_runtimes_in_one_process_do_not_see_each_others_settings() {
 #[test]
 fn placement_settings_can_change_after_initialization() {
     let rt = builder().build().unwrap();
-    assert!(rt.get_soft_device_placement(), "soft placement is on by default");
+    assert!(
+        rt.get_soft_device_placement(),
+        "soft placement is on by default"
+    );
     rt.set_soft_device_placement(false);
     rt.set_log_device_placement(true);
     assert!(!rt.get_soft_device_placement());

@@ -9,8 +9,13 @@ use common::{builder, gpus_at_least};
 const MIB: u64 = 1 << 20;
 
 /// One runtime per physical GPU, showing only that GPU, configured by `configure`.
-fn per_gpu(test: &str, configure: impl Fn(anygpu::RuntimeBuilder) -> anygpu::RuntimeBuilder) -> Vec<Runtime> {
-    let Some(n) = gpus_at_least(1, test) else { return Vec::new() };
+fn per_gpu(
+    test: &str,
+    configure: impl Fn(anygpu::RuntimeBuilder) -> anygpu::RuntimeBuilder,
+) -> Vec<Runtime> {
+    let Some(n) = gpus_at_least(1, test) else {
+        return Vec::new();
+    };
     (0..n)
         .map(|i| configure(builder().visible_gpus(&[i])).build().unwrap())
         .collect()
@@ -38,7 +43,10 @@ fn many_small_tensors_do_not_overlap_and_statistics_add_up() {
         let dev = rt.device("GPU:0").unwrap();
         // 256 tensors of 1..=256 floats (4..=1024 bytes): TF's 1..1023-byte test, in floats.
         let tensors: Vec<Tensor> = (1..=256)
-            .map(|n| Tensor::from_vec((0..n).map(|i| (n * 1000 + i) as f32).collect(), &[n]).map(|t| t.to_device(&dev)))
+            .map(|n| {
+                Tensor::from_vec((0..n).map(|i| (n * 1000 + i) as f32).collect(), &[n])
+                    .map(|t| t.to_device(&dev))
+            })
             .map(|t| t.unwrap().unwrap())
             .collect();
         let expected: u64 = (1..=256u64).map(|n| (n * 4).div_ceil(256) * 256).sum();
@@ -50,7 +58,12 @@ fn many_small_tensors_do_not_overlap_and_statistics_add_up() {
         // No overlap: every tensor still holds its own values.
         for (n, t) in (1..=256).zip(&tensors) {
             let v = t.to_vec::<f32>().unwrap();
-            assert!(v.iter().enumerate().all(|(i, &x)| x == (n * 1000 + i) as f32), "tensor {n}");
+            assert!(
+                v.iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == (n * 1000 + i) as f32),
+                "tensor {n}"
+            );
         }
         drop(tensors);
         let stats = rt.get_memory_stats("GPU:0").unwrap();
@@ -75,7 +88,10 @@ fn alloc_free_cycles_do_not_grow_the_pool() {
 
 #[test]
 fn with_a_2_mib_limit_256_bytes_fit_8_mib_fail_and_256_bytes_still_fit() {
-    for rt in per_gpu("two_mib", |b| b.memory_growth(true).env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("2"))) {
+    for rt in per_gpu("two_mib", |b| {
+        b.memory_growth(true)
+            .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("2"))
+    }) {
         let small = f32s(&rt, "GPU:0", 64).unwrap();
         let before = rt.get_memory_stats("GPU:0").unwrap();
         let err = f32s(&rt, "GPU:0", 2 << 20).unwrap_err();
@@ -85,8 +101,15 @@ fn with_a_2_mib_limit_256_bytes_fit_8_mib_fail_and_256_bytes_still_fit() {
             msg.starts_with("OOM when allocating tensor with shape[2097152] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"),
             "{msg}"
         );
-        assert!(msg.contains("requested 8.0 MiB, limit 2.0 MiB, 256 B in use"), "{msg}");
-        assert_eq!(rt.get_memory_stats("GPU:0").unwrap(), before, "a failed allocation changes nothing");
+        assert!(
+            msg.contains("requested 8.0 MiB, limit 2.0 MiB, 256 B in use"),
+            "{msg}"
+        );
+        assert_eq!(
+            rt.get_memory_stats("GPU:0").unwrap(),
+            before,
+            "a failed allocation changes nothing"
+        );
         let again = f32s(&rt, "GPU:0", 64).unwrap();
         drop((small, again));
     }
@@ -94,14 +117,23 @@ fn with_a_2_mib_limit_256_bytes_fit_8_mib_fail_and_256_bytes_still_fit() {
 
 #[test]
 fn growth_regions_double_from_2_mib_and_stop_at_the_limit() {
-    for rt in per_gpu("growth_regions", |b| b.memory_growth(true).env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("12"))) {
-        assert!(rt.memory_regions("GPU:0").unwrap().is_empty(), "growth reserves nothing up front");
+    for rt in per_gpu("growth_regions", |b| {
+        b.memory_growth(true)
+            .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("12"))
+    }) {
+        assert!(
+            rt.memory_regions("GPU:0").unwrap().is_empty(),
+            "growth reserves nothing up front"
+        );
         let a = f32s(&rt, "GPU:0", (MIB / 4) as usize).unwrap(); // 1 MiB
         assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![2 * MIB]);
         let b = f32s(&rt, "GPU:0", (3 * MIB / 4) as usize).unwrap(); // 3 MiB
         assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![2 * MIB, 4 * MIB]);
         let c = f32s(&rt, "GPU:0", (5 * MIB / 4) as usize).unwrap(); // 5 MiB: 8 would pass 12
-        assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![2 * MIB, 4 * MIB, 6 * MIB]);
+        assert_eq!(
+            rt.memory_regions("GPU:0").unwrap(),
+            vec![2 * MIB, 4 * MIB, 6 * MIB]
+        );
         let stats = rt.get_memory_stats("GPU:0").unwrap();
         assert_eq!(stats.bytes_reserved, 12 * MIB);
         assert_eq!(stats.bytes_limit, 12 * MIB);
@@ -111,7 +143,10 @@ fn growth_regions_double_from_2_mib_and_stop_at_the_limit() {
 
 #[test]
 fn growth_releases_empty_regions_before_failing() {
-    for rt in per_gpu("release_before_fail", |b| b.memory_growth(true).env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("8"))) {
+    for rt in per_gpu("release_before_fail", |b| {
+        b.memory_growth(true)
+            .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("8"))
+    }) {
         // Fill 2 + 4 MiB regions, free everything, then ask for 7 MiB: only possible if the
         // empty regions go back first.
         let a = f32s(&rt, "GPU:0", (MIB / 2) as usize).unwrap();
@@ -125,7 +160,9 @@ fn growth_releases_empty_regions_before_failing() {
 
 #[test]
 fn without_growth_one_region_equal_to_the_limit_is_reserved_at_initialization() {
-    for rt in per_gpu("no_growth", |b| b.env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("64"))) {
+    for rt in per_gpu("no_growth", |b| {
+        b.env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("64"))
+    }) {
         assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![64 * MIB]);
         let stats = rt.get_memory_stats("GPU:0").unwrap();
         assert_eq!((stats.bytes_reserved, stats.bytes_in_use), (64 * MIB, 0));
@@ -142,14 +179,23 @@ fn peak_survives_a_free_and_reset_lowers_it_to_current() {
         assert_eq!(info.peak, 4096 + 400_128);
         rt.reset_memory_stats("GPU:0").unwrap();
         let stats = rt.get_memory_stats("GPU:0").unwrap();
-        assert_eq!((stats.peak_bytes_in_use, stats.num_allocs, stats.largest_alloc_size), (4096, 0, 0));
+        assert_eq!(
+            (
+                stats.peak_bytes_in_use,
+                stats.num_allocs,
+                stats.largest_alloc_size
+            ),
+            (4096, 0, 0)
+        );
         drop(keep);
     }
 }
 
 #[test]
 fn a_virtual_devices_cap_holds_while_its_sibling_still_allocates() {
-    let Some(_) = gpus_at_least(1, "virtual_cap") else { return };
+    let Some(_) = gpus_at_least(1, "virtual_cap") else {
+        return;
+    };
     let rt = builder().virtual_gpus(0, &[16, 16]).build().unwrap();
     let first = f32s(&rt, "GPU:0", (12 * MIB / 4) as usize).unwrap();
     let err = f32s(&rt, "GPU:0", (8 * MIB / 4) as usize).unwrap_err();
@@ -188,18 +234,33 @@ fn several_threads_allocate_and_free_on_one_device() {
 fn memory_statistics_need_a_gpu_device_name() {
     let rt = builder().build().unwrap();
     let err = rt.get_memory_info("CPU:0").unwrap_err();
-    assert_eq!(err.to_string(), "Allocator stats not available for device 'CPU:0'");
+    assert_eq!(
+        err.to_string(),
+        "Allocator stats not available for device 'CPU:0'"
+    );
     let err = rt.get_memory_info("GPU:42").unwrap_err();
-    assert!(err.to_string().starts_with("No matching devices found for 'GPU:42'"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("No matching devices found for 'GPU:42'"),
+        "{err}"
+    );
     let err = rt.get_memory_info("GPU").unwrap_err();
     assert_eq!(err.to_string(), "Failed parsing device name: 'GPU'");
 }
 
 #[test]
 fn a_tensor_larger_than_one_storage_binding_is_refused_clearly() {
-    for rt in per_gpu("too_large", |b| b.memory_growth(true).env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("4096"))) {
+    for rt in per_gpu("too_large", |b| {
+        b.memory_growth(true)
+            .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("4096"))
+    }) {
         let dev = rt.device("GPU:0").unwrap();
-        let max = rt.get_device_details(&rt.list_physical_devices("GPU")[0]).unwrap().gpu.unwrap().max_storage_buffer_binding_size;
+        let max = rt
+            .get_device_details(&rt.list_physical_devices("GPU")[0])
+            .unwrap()
+            .gpu
+            .unwrap()
+            .max_storage_buffer_binding_size;
         let elements = (max / 4 + 1024) as usize;
         let err = Tensor::zeros_on(&[elements], DType::F32, &dev).unwrap_err();
         let msg = err.to_string();

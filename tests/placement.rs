@@ -13,7 +13,9 @@ fn capture(rt: &Runtime) -> Arc<Mutex<Vec<PlacementRecord>>> {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&lines);
     rt.set_log_device_placement(true);
-    rt.set_placement_callback(Some(move |r: &PlacementRecord| sink.lock().unwrap().push(r.clone())));
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().unwrap().push(r.clone())
+    }));
     lines
 }
 
@@ -45,7 +47,11 @@ fn ops_run_on_each_logical_device_including_both_adapters() {
 #[test]
 fn default_placement_is_gpu0_when_a_gpu_is_visible_else_cpu0() {
     let rt = builder().build().unwrap();
-    let expected = if rt.list_logical_devices("GPU").unwrap().is_empty() { "CPU:0" } else { "GPU:0" };
+    let expected = if rt.list_logical_devices("GPU").unwrap().is_empty() {
+        "CPU:0"
+    } else {
+        "GPU:0"
+    };
     assert!(rt.default_device().unwrap().full_name().ends_with(expected));
     let cpu_only = builder().visible_gpus(&[]).build().unwrap();
     assert_eq!(cpu_only.default_device().unwrap().name(), "/device:CPU:0");
@@ -63,7 +69,10 @@ fn nested_scopes_merge_partial_specs_and_restore_the_outer_one() {
     assert!(t.device().ends_with("CPU:1"));
     {
         let _inner = rt.with_device("/device:CPU:*").unwrap();
-        assert_eq!(anygpu::current_device_spec().as_deref(), Some("/job:localhost/device:CPU:1"));
+        assert_eq!(
+            anygpu::current_device_spec().as_deref(),
+            Some("/job:localhost/device:CPU:1")
+        );
         assert!(Tensor::zeros(&[2]).unwrap().device().ends_with("CPU:1"));
         let _innermost = rt.with_device("cpu:0").unwrap();
         assert!(Tensor::zeros(&[2]).unwrap().device().ends_with("CPU:0"));
@@ -86,8 +95,16 @@ fn soft_placement_runs_ops_for_missing_devices_elsewhere_and_the_log_says_where(
         .unwrap();
     assert_eq!(c.to_vec::<f32>().unwrap(), [7.0, 10.0, 15.0, 22.0]);
     let best = rt.default_device().unwrap();
-    assert_eq!(c.device(), best.full_name(), "the best device that can run it");
-    assert!(log.lock().unwrap().iter().any(|r| r.op == "MatMul" && r.device == best.full_name()));
+    assert_eq!(
+        c.device(),
+        best.full_name(),
+        "the best device that can run it"
+    );
+    assert!(log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|r| r.op == "MatMul" && r.device == best.full_name()));
 }
 
 #[test]
@@ -107,18 +124,28 @@ fn with_soft_placement_off_a_missing_device_is_tensorflows_error() {
 
 #[test]
 fn a_hidden_gpu_is_a_missing_device() {
-    let Some(_) = gpus_at_least(1, "hidden_gpu") else { return };
+    let Some(_) = gpus_at_least(1, "hidden_gpu") else {
+        return;
+    };
     let rt = builder().visible_gpus(&[]).build().unwrap();
-    let t = rt.device_scope("GPU:0", || Tensor::zeros(&[3])).unwrap().unwrap();
+    let t = rt
+        .device_scope("GPU:0", || Tensor::zeros(&[3]))
+        .unwrap()
+        .unwrap();
     assert!(t.device().ends_with("CPU:0"));
     rt.set_soft_device_placement(false);
-    let err = rt.device_scope("GPU:0", || Tensor::zeros(&[3])).unwrap().unwrap_err();
+    let err = rt
+        .device_scope("GPU:0", || Tensor::zeros(&[3]))
+        .unwrap()
+        .unwrap_err();
     assert!(err.to_string().contains("'/device:GPU:0'"), "{err}");
 }
 
 #[test]
 fn an_op_without_a_gpu_kernel_falls_back_to_the_cpu_or_fails_with_soft_placement_off() {
-    let Some(_) = gpus_at_least(1, "no_gpu_kernel") else { return };
+    let Some(_) = gpus_at_least(1, "no_gpu_kernel") else {
+        return;
+    };
     let rt = builder().build().unwrap();
     let log = capture(&rt);
     let gpu = rt.device("GPU:0").unwrap();
@@ -149,7 +176,10 @@ fn placement_log_lines_can_be_captured_and_switched_off() {
     let _ = Tensor::add_n(&[&a, &a, &a]).unwrap();
     assert_eq!(
         log.lock().unwrap().last().unwrap(),
-        &PlacementRecord { op: "AddN", device: "/job:localhost/replica:0/task:0/device:CPU:0".into() }
+        &PlacementRecord {
+            op: "AddN",
+            device: "/job:localhost/replica:0/task:0/device:CPU:0".into()
+        }
     );
     rt.set_log_device_placement(false);
     let n = log.lock().unwrap().len();
@@ -159,8 +189,14 @@ fn placement_log_lines_can_be_captured_and_switched_off() {
 
 #[test]
 fn copies_between_virtual_siblings_adapters_and_the_cpu_keep_exact_values() {
-    let Some(n) = gpus_at_least(1, "copies") else { return };
-    let rt = builder().virtual_gpus(0, &[32, 32]).memory_growth(true).build().unwrap();
+    let Some(n) = gpus_at_least(1, "copies") else {
+        return;
+    };
+    let rt = builder()
+        .virtual_gpus(0, &[32, 32])
+        .memory_growth(true)
+        .build()
+        .unwrap();
     let data: Vec<f32> = (0..1001).map(|i| (i as f32).sin() * 1e3 + 0.125).collect();
     let cpu = rt.cpu().unwrap();
     let mut route = vec![cpu.clone()];
@@ -171,7 +207,12 @@ fn copies_between_virtual_siblings_adapters_and_the_cpu_keep_exact_values() {
         t = t.to_device(device).unwrap();
         assert_eq!(t.device(), device.full_name());
         assert_eq!(t.shape(), &[7, 11, 13]);
-        assert_eq!(t.to_vec::<f32>().unwrap(), data, "after the copy to {}", device.name());
+        assert_eq!(
+            t.to_vec::<f32>().unwrap(),
+            data,
+            "after the copy to {}",
+            device.name()
+        );
     }
     assert!(route.len() == n + 3);
     // Labels (i32) survive too.
@@ -179,24 +220,38 @@ fn copies_between_virtual_siblings_adapters_and_the_cpu_keep_exact_values() {
     let gpu = rt.device("GPU:1").unwrap();
     let l = Tensor::from_slice_on(&labels, &[50], &gpu).unwrap();
     assert_eq!(l.dtype(), DType::I32);
-    assert_eq!(l.to_device(&rt.device("GPU:0").unwrap()).unwrap().to_vec::<i32>().unwrap(), labels);
+    assert_eq!(
+        l.to_device(&rt.device("GPU:0").unwrap())
+            .unwrap()
+            .to_vec::<i32>()
+            .unwrap(),
+        labels
+    );
 }
 
 #[test]
 fn ops_with_inputs_on_other_devices_copy_them_first() {
-    let Some(_) = gpus_at_least(1, "implicit_copies") else { return };
+    let Some(_) = gpus_at_least(1, "implicit_copies") else {
+        return;
+    };
     let rt = builder().virtual_gpus(0, &[32, 32]).build().unwrap();
     let a = Tensor::from_slice_on(&[1.0f32, 2.0, 3.0], &[3], &rt.device("GPU:0").unwrap()).unwrap();
-    let b = Tensor::from_slice_on(&[10.0f32, 20.0, 30.0], &[3], &rt.device("GPU:1").unwrap()).unwrap();
+    let b =
+        Tensor::from_slice_on(&[10.0f32, 20.0, 30.0], &[3], &rt.device("GPU:1").unwrap()).unwrap();
     let c = Tensor::from_slice_on(&[100.0f32, 200.0, 300.0], &[3], &rt.cpu().unwrap()).unwrap();
-    let sum = rt.device_scope("GPU:1", || Tensor::add_n(&[&a, &b, &c])).unwrap().unwrap();
+    let sum = rt
+        .device_scope("GPU:1", || Tensor::add_n(&[&a, &b, &c]))
+        .unwrap()
+        .unwrap();
     assert!(sum.device().ends_with("GPU:1"));
     assert_eq!(sum.to_vec::<f32>().unwrap(), [111.0, 222.0, 333.0]);
 }
 
 #[test]
 fn an_op_that_does_not_fit_its_devices_cap_fails_and_the_device_keeps_working() {
-    let Some(_) = gpus_at_least(1, "op_oom") else { return };
+    let Some(_) = gpus_at_least(1, "op_oom") else {
+        return;
+    };
     let rt = builder().virtual_gpus(0, &[8]).build().unwrap();
     let gpu = rt.device("GPU:0").unwrap();
     let _scope = gpu.scope();
@@ -206,7 +261,10 @@ fn an_op_that_does_not_fit_its_devices_cap_fails_and_the_device_keeps_working() 
     assert!(matches!(err, Error::ResourceExhausted(_)), "{msg}");
     assert!(msg.starts_with("OOM when allocating tensor with shape[1000,1000] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"), "{msg}");
     let small = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
-    assert_eq!(small.add(&small).unwrap().to_vec::<f32>().unwrap(), [2.0, 4.0]);
+    assert_eq!(
+        small.add(&small).unwrap().to_vec::<f32>().unwrap(),
+        [2.0, 4.0]
+    );
 }
 
 #[test]
@@ -215,11 +273,22 @@ fn shape_mismatches_are_errors_naming_both_shapes() {
     let _s = rt.with_device("CPU:0").unwrap();
     let a = Tensor::zeros(&[2, 3]).unwrap();
     let err = a.matmul(&a).unwrap_err();
-    assert_eq!(err.to_string(), "MatMul: incompatible shapes [2, 3] and [2, 3]: inner dimensions differ (3 vs 2)");
+    assert_eq!(
+        err.to_string(),
+        "MatMul: incompatible shapes [2, 3] and [2, 3]: inner dimensions differ (3 vs 2)"
+    );
     let err = a.add(&Tensor::zeros(&[2]).unwrap()).unwrap_err();
-    assert!(err.to_string().starts_with("AddV2: incompatible shapes [2, 3] and [2]"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("AddV2: incompatible shapes [2, 3] and [2]"),
+        "{err}"
+    );
     let err = Tensor::from_vec(vec![1.0f32; 5], &[2, 3]).unwrap_err();
-    assert!(err.to_string().contains("5 values cannot fill a tensor of 6 elements"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("5 values cannot fill a tensor of 6 elements"),
+        "{err}"
+    );
     assert!(a.to_vec::<i32>().is_err());
 }
 
@@ -232,32 +301,53 @@ fn basic_ops_match_the_f64_reference_on_every_device() {
         for (m, k, n) in [(1, 1, 1), (3, 7, 13), (28, 13, 7), (65, 3, 129)] {
             let a = r::random_vec(m * k, 1);
             let b = r::random_vec(k * n, 2);
-            let c = Tensor::from_slice(&a, &[m, k]).unwrap().matmul(&Tensor::from_slice(&b, &[k, n]).unwrap()).unwrap();
+            let c = Tensor::from_slice(&a, &[m, k])
+                .unwrap()
+                .matmul(&Tensor::from_slice(&b, &[k, n]).unwrap())
+                .unwrap();
             let expected = r::matmul(&r::to_f64(&a), &r::to_f64(&b), m, k, n, false, false);
-            r::assert_close(&c.to_vec::<f32>().unwrap(), &expected, 1e-4, &format!("matmul {m}x{k}x{n} on {device}"));
+            r::assert_close(
+                &c.to_vec::<f32>().unwrap(),
+                &expected,
+                1e-4,
+                &format!("matmul {m}x{k}x{n} on {device}"),
+            );
         }
         let x = r::random_vec(7 * 13, 3);
         let bias = r::random_vec(13, 4);
         let xt = Tensor::from_slice(&x, &[7, 13]).unwrap();
         let bt = Tensor::from_slice(&bias, &[13]).unwrap();
         let sum = xt.add(&bt).unwrap().to_vec::<f32>().unwrap();
-        let expected: Vec<f64> = x.iter().enumerate().map(|(i, &v)| v as f64 + bias[i % 13] as f64).collect();
+        let expected: Vec<f64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v as f64 + bias[i % 13] as f64)
+            .collect();
         r::assert_close(&sum, &expected, 1e-6, "bias add");
         let total = xt.reduce_sum(None).unwrap().to_vec::<f32>().unwrap();
         r::assert_close(&total, &[x.iter().map(|&v| v as f64).sum()], 1e-5, "sum");
         let cols = xt.reduce_mean(Some(0)).unwrap().to_vec::<f32>().unwrap();
-        let expected: Vec<f64> = (0..13).map(|c| (0..7).map(|r| x[r * 13 + c] as f64).sum::<f64>() / 7.0).collect();
+        let expected: Vec<f64> = (0..13)
+            .map(|c| (0..7).map(|r| x[r * 13 + c] as f64).sum::<f64>() / 7.0)
+            .collect();
         r::assert_close(&cols, &expected, 1e-5, "column mean");
         let arg = xt.argmax().unwrap().to_vec::<i32>().unwrap();
         let expected: Vec<i32> = x
             .chunks(13)
-            .map(|row| row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best }) as i32)
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
+                    as i32
+            })
             .collect();
         assert_eq!(arg, expected, "argmax on {device}");
         let big = r::random_vec(100_000, 5);
         let bt = Tensor::from_slice(&big, &[1000, 100]).unwrap();
         let cols = bt.reduce_sum(Some(0)).unwrap().to_vec::<f32>().unwrap();
-        let expected: Vec<f64> = (0..100).map(|c| (0..1000).map(|r| big[r * 100 + c] as f64).sum()).collect();
+        let expected: Vec<f64> = (0..100)
+            .map(|c| (0..1000).map(|r| big[r * 100 + c] as f64).sum())
+            .collect();
         r::assert_close(&cols, &expected, 1e-4, "column sums over chunks");
     }
 }

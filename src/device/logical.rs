@@ -210,11 +210,10 @@ impl<'a> GpuRange<'a> {
 impl GpuContext {
     /// Opens `adapter` with its own limits and the optional features worth having.
     pub(crate) fn open(adapter: AdapterEntry, label: String) -> Result<Arc<GpuContext>> {
-        let wanted = wgpu::Features::SHADER_F16
-            | wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY;
-        let (device, queue) = pollster::block_on(adapter.adapter.request_device(
-            &wgpu::DeviceDescriptor {
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let (device, queue) =
+            pollster::block_on(adapter.adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some(&label),
                 required_features: adapter.features & wanted,
                 // Without this a device gets wgpu's defaults (128 MiB bindings, 256 MiB buffers)
@@ -223,12 +222,11 @@ impl GpuContext {
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
-            },
-        ))
-        .map_err(|e| Error::Gpu {
-            device: label.clone(),
-            message: format!("request_device failed: {e}"),
-        })?;
+            }))
+            .map_err(|e| Error::Gpu {
+                device: label.clone(),
+                message: format!("request_device failed: {e}"),
+            })?;
         let device_error = Arc::new(Mutex::new(None::<String>));
         {
             let sink = Arc::clone(&device_error);
@@ -292,12 +290,6 @@ impl GpuContext {
         Some(self.queue.submit([encoder.finish()]))
     }
 
-    /// Submits what is pending, without waiting.
-    pub(crate) fn flush(&self) {
-        let mut stream = self.stream();
-        self.submit(&mut stream);
-    }
-
     /// Records one compute dispatch: `params` (a `#[repr(C)]` struct's bytes) go to binding 0 as a
     /// uniform, `tensors` to bindings 1.. as read-write storage ranges.
     pub(crate) fn dispatch(
@@ -318,7 +310,8 @@ impl GpuContext {
         let mut padded = [0u8; 256];
         let len = params.len().min(256);
         padded[..len].copy_from_slice(&params[..len]);
-        self.queue.write_buffer(&stream.params, slot_offset, &padded);
+        self.queue
+            .write_buffer(&stream.params, slot_offset, &padded);
         let mut entries = Vec::with_capacity(tensors.len() + 1);
         entries.push(wgpu::BindGroupEntry {
             binding: 0,
@@ -328,7 +321,11 @@ impl GpuContext {
                 size: wgpu::BufferSize::new(256),
             }),
         });
-        debug_assert_eq!(tensors.len(), pipeline.bindings.len(), "tensors for the kernel's bindings");
+        debug_assert_eq!(
+            tensors.len(),
+            pipeline.bindings.len(),
+            "tensors for the kernel's bindings"
+        );
         for (t, &binding) in tensors.iter().zip(&pipeline.bindings) {
             entries.push(wgpu::BindGroupEntry {
                 binding,
@@ -406,7 +403,8 @@ impl GpuContext {
         if !tail.is_empty() {
             let mut padded = [0u8; 4];
             padded[..tail.len()].copy_from_slice(tail);
-            self.queue.write_buffer(dst.buffer, dst.offset + len, &padded);
+            self.queue
+                .write_buffer(dst.buffer, dst.offset + len, &padded);
         }
     }
 

@@ -128,7 +128,9 @@ impl DeviceSpec {
                 "replica" if spec.replica.is_none() => {
                     spec.replica = Some(rest.parse().map_err(|_| fail())?)
                 }
-                "task" if spec.task.is_none() => spec.task = Some(rest.parse().map_err(|_| fail())?),
+                "task" if spec.task.is_none() => {
+                    spec.task = Some(rest.parse().map_err(|_| fail())?)
+                }
                 "device" | "physical_device" if i + 1 == parts.len() => {
                     spec.physical = key.eq_ignore_ascii_case("physical_device");
                     let (kind, index) = rest.split_once(':').ok_or_else(fail)?;
@@ -265,9 +267,20 @@ mod tests {
 
     #[test]
     fn malformed_names_fail_with_tensorflows_message() {
-        for bad in ["GPU", "GPU:", "GPU:CPU", "/device:GPU", "TPU:0", "gpu:-1", "/job:"] {
+        for bad in [
+            "GPU",
+            "GPU:",
+            "GPU:CPU",
+            "/device:GPU",
+            "TPU:0",
+            "gpu:-1",
+            "/job:",
+        ] {
             let err = DeviceSpec::parse(bad).expect_err(bad);
-            assert_eq!(err.to_string(), format!("Failed parsing device name: '{bad}'"));
+            assert_eq!(
+                err.to_string(),
+                format!("Failed parsing device name: '{bad}'")
+            );
         }
     }
 
@@ -278,7 +291,10 @@ mod tests {
         assert_eq!(inner.merged_into(&outer).index, Some(1));
         let inner = DeviceSpec::parse("/cpu:0").unwrap();
         let merged = inner.merged_into(&outer);
-        assert_eq!((merged.kind, merged.index), (Some(DeviceKind::Cpu), Some(0)));
+        assert_eq!(
+            (merged.kind, merged.index),
+            (Some(DeviceKind::Cpu), Some(0))
+        );
         assert_eq!(merged.job.as_deref(), Some("localhost"));
     }
 

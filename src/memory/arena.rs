@@ -75,16 +75,6 @@ impl Allocation {
     pub(crate) fn size(&self) -> u64 {
         self.block.size
     }
-
-    /// Bytes asked for.
-    pub(crate) fn requested(&self) -> u64 {
-        self.block.requested
-    }
-
-    /// The arena this came from.
-    pub(crate) fn arena(&self) -> &Arc<Arena> {
-        &self.arena
-    }
 }
 
 impl Drop for Allocation {
@@ -143,7 +133,10 @@ impl Arena {
     }
 
     fn add_region(&self, state: &mut ArenaState, size: u64) -> Result<RegionId> {
-        let id = state.bfc.add_region(size).map_err(|_| self.exhausted(&state.bfc, size, None))?;
+        let id = state
+            .bfc
+            .add_region(size)
+            .map_err(|_| self.exhausted(&state.bfc, size, None))?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&self.config.allocator),
@@ -172,7 +165,11 @@ impl Arena {
                 format_bytes(self.config.limit)
             );
         } else {
-            log::debug!("{}: region of {}", self.config.allocator, format_bytes(size));
+            log::debug!(
+                "{}: region of {}",
+                self.config.allocator,
+                format_bytes(size)
+            );
         }
         state.buffers.insert(id, buffer);
         Ok(id)
@@ -195,7 +192,8 @@ impl Arena {
         }
         if rounded > self.config.max_region {
             return Err(Error::TooLarge {
-                what: what.map_or_else(|| format!("an allocation of {bytes} bytes"), str::to_string),
+                what: what
+                    .map_or_else(|| format!("an allocation of {bytes} bytes"), str::to_string),
                 device: self.config.device.clone(),
                 requested: bytes,
                 limit: self.config.max_region,
@@ -243,7 +241,8 @@ impl Arena {
                 let available = self.config.limit - state.bfc.stats().bytes_reserved;
                 size = size.min(available);
             }
-            let size = size.min(self.config.max_region) / self.config.alignment * self.config.alignment;
+            let size =
+                size.min(self.config.max_region) / self.config.alignment * self.config.alignment;
             if size >= rounded {
                 self.add_region(state, size)?;
                 state.next_region = (size * 2).min(self.config.max_region);
@@ -303,11 +302,11 @@ impl Arena {
 
     /// Region sizes in creation order (for tests and the memory example).
     pub(crate) fn region_sizes(&self) -> Vec<u64> {
-        self.lock().bfc.regions().into_iter().map(|(_, size)| size).collect()
-    }
-
-    /// The arena's settings.
-    pub(crate) fn config(&self) -> &ArenaConfig {
-        &self.config
+        self.lock()
+            .bfc
+            .regions()
+            .into_iter()
+            .map(|(_, size)| size)
+            .collect()
     }
 }

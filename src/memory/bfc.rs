@@ -142,6 +142,7 @@ impl fmt::Display for RegionError {
 impl std::error::Error for RegionError {}
 
 /// One chunk as [`Bfc::snapshot`] shows it.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ChunkSnapshot {
     /// Offset in the region.
@@ -155,6 +156,7 @@ pub(crate) struct ChunkSnapshot {
 }
 
 /// One region as [`Bfc::snapshot`] shows it.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RegionSnapshot {
     /// The region.
@@ -166,6 +168,7 @@ pub(crate) struct RegionSnapshot {
 }
 
 /// A comparable picture of a whole [`Bfc`]: equal snapshots mean equal allocators.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Snapshot {
     /// Regions in creation order.
@@ -276,11 +279,13 @@ impl Bfc {
         }
     }
 
+    #[cfg(test)]
     /// The alignment of every offset and size: a power of two, at least 256.
     pub(crate) fn alignment(&self) -> u64 {
         self.alignment
     }
 
+    #[cfg(test)]
     /// bytes_limit, the cap on bytes_reserved.
     pub(crate) fn limit(&self) -> u64 {
         self.limit
@@ -596,6 +601,7 @@ impl Bfc {
         self.regions.iter().map(|(&id, r)| (id, r.size)).collect()
     }
 
+    #[cfg(test)]
     /// A comparable picture of the whole state: every chunk of every region, the free-chunk
     /// index, the statistics and the next region id. O(n); for tests and diagnostics.
     pub(crate) fn snapshot(&self) -> Snapshot {

@@ -101,9 +101,9 @@ impl Tensor {
     /// # Errors
     /// An empty list, or shapes that differ (naming the first two that do).
     pub fn add_n(tensors: &[&Tensor]) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| {
-            Error::InvalidArgument("add_n needs at least one tensor".into())
-        })?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::InvalidArgument("add_n needs at least one tensor".into()))?;
         for t in tensors {
             t.expect_dtype("AddN", DType::F32)?;
             if t.shape() != first.shape() {
@@ -142,7 +142,11 @@ impl Tensor {
         match axis {
             None => run(info, &[self], |device, inputs| {
                 let out = Tensor::uninit(&[], DType::F32, device)?;
-                let alpha = if mean { 1.0 / self.len().max(1) as f32 } else { 1.0 };
+                let alpha = if mean {
+                    1.0 / self.len().max(1) as f32
+                } else {
+                    1.0
+                };
                 with_kernels(device, |k, _| k.sum_all(&inputs[0], alpha, &out))?;
                 Ok(out)
             }),
@@ -156,7 +160,9 @@ impl Tensor {
                     return Ok(sums);
                 }
                 let out = Tensor::uninit(shape, DType::F32, device)?;
-                with_kernels(device, |k, _| k.scale(&sums, 1.0 / rows.max(1) as f32, &out))?;
+                with_kernels(device, |k, _| {
+                    k.scale(&sums, 1.0 / rows.max(1) as f32, &out)
+                })?;
                 Ok(out)
             }),
             Some(axis) => Err(Error::InvalidArgument(format!(

@@ -38,11 +38,17 @@ impl Write<'_> {
 }
 
 fn read(t: &Tensor) -> Read<'_> {
-    Read(t.host_read().expect("host kernels get tensors placed on the CPU"))
+    Read(
+        t.host_read()
+            .expect("host kernels get tensors placed on the CPU"),
+    )
 }
 
 fn write(t: &Tensor) -> Write<'_> {
-    Write(t.host_write().expect("host kernels get tensors placed on the CPU"))
+    Write(
+        t.host_write()
+            .expect("host kernels get tensors placed on the CPU"),
+    )
 }
 
 impl Kernels for HostKernels {
@@ -81,7 +87,16 @@ impl Kernels for HostKernels {
             cpu::matmul_bias_act(a.f32(), b.f32(), bias, out.f32(), d.m, d.k, d.n, act);
             return Ok(());
         }
-        cpu::matmul(a.f32(), b.f32(), out.f32(), d.m, d.k, d.n, d.trans_a, d.trans_b);
+        cpu::matmul(
+            a.f32(),
+            b.f32(),
+            out.f32(),
+            d.m,
+            d.k,
+            d.n,
+            d.trans_a,
+            d.trans_b,
+        );
         if bias.is_some() || act != Activation::Linear {
             let bias = bias_guard.as_ref().map(Read::f32);
             cpu::elementwise::bias_act_rows(out.f32(), bias, d.n, act);

@@ -35,7 +35,10 @@ pub fn gpus_at_least(min: usize, test: &str) -> Option<usize> {
         return Some(n);
     }
     if adapter_required() && min <= 1 {
-        panic!("{test}: ANYGPU_REQUIRE_ADAPTER=1 but no GPU adapter was found (backends {})", backends());
+        panic!(
+            "{test}: ANYGPU_REQUIRE_ADAPTER=1 but no GPU adapter was found (backends {})",
+            backends()
+        );
     }
     if adapter_required() && backends().contains("vulkan") && backends().contains("gl") {
         panic!("{test}: needs {min} GPUs; with Mesa and WGPU_BACKEND=vulkan,gl there should be lavapipe and llvmpipe, found {n}");

@@ -37,6 +37,7 @@ pub(crate) enum ShaderFamily {
 
 impl ShaderFamily {
     /// Every family, for validation tests.
+    #[cfg(test)]
     pub(crate) const ALL: [ShaderFamily; 8] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
@@ -140,10 +141,13 @@ impl PipelineCache {
             .or_insert_with(|| self.load(kernel.family))
             .as_ref()
             .map_err(Clone::clone)?;
-        let entry = info
-            .entries
-            .get(kernel.entry)
-            .ok_or_else(|| format!("{} has no entry point {}", kernel.family.file(), kernel.entry))?;
+        let entry = info.entries.get(kernel.entry).ok_or_else(|| {
+            format!(
+                "{} has no entry point {}",
+                kernel.family.file(),
+                kernel.entry
+            )
+        })?;
         let size = &entry.workgroup_size;
         let invocations: u32 = size.iter().product();
         let l = &self.limits;
@@ -254,7 +258,11 @@ impl PipelineCache {
         if let Some(err) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu {
                 device: device_name.to_string(),
-                message: format!("compiling {}::{} failed: {err}", kernel.family.file(), kernel.entry),
+                message: format!(
+                    "compiling {}::{} failed: {err}",
+                    kernel.family.file(),
+                    kernel.entry
+                ),
             });
         }
         let pipeline = Arc::new(Pipeline {
@@ -418,9 +426,18 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", family.file()));
             for (entry, info) in &v.entries {
                 let invocations: u32 = info.workgroup_size.iter().product();
-                assert!(invocations <= 256, "{}::{entry} uses {invocations} invocations", family.file());
+                assert!(
+                    invocations <= 256,
+                    "{}::{entry} uses {invocations} invocations",
+                    family.file()
+                );
             }
-            assert!(v.workgroup_bytes <= 16 << 10, "{} needs {} B of workgroup memory", family.file(), v.workgroup_bytes);
+            assert!(
+                v.workgroup_bytes <= 16 << 10,
+                "{} needs {} B of workgroup memory",
+                family.file(),
+                v.workgroup_bytes
+            );
         }
     }
 
@@ -428,9 +445,19 @@ mod tests {
     fn a_shader_that_needs_f16_is_refused_without_the_capability() {
         let src = "enable f16;\n@group(0) @binding(1) var<storage, read_write> x: array<f16>;\n\
                    @compute @workgroup_size(64) fn half(@builtin(global_invocation_id) g: vec3<u32>) { x[g.x] = x[g.x] * 2.0h; }";
-        let err = validate_source("half.wgsl", src, Capabilities::empty()).err().unwrap();
-        assert!(err.starts_with("half.wgsl needs what the adapter lacks"), "{err}");
-        let ok = validate_source("half.wgsl", src, capabilities_of(wgpu::Features::SHADER_F16)).unwrap();
+        let err = validate_source("half.wgsl", src, Capabilities::empty())
+            .err()
+            .unwrap();
+        assert!(
+            err.starts_with("half.wgsl needs what the adapter lacks"),
+            "{err}"
+        );
+        let ok = validate_source(
+            "half.wgsl",
+            src,
+            capabilities_of(wgpu::Features::SHADER_F16),
+        )
+        .unwrap();
         assert_eq!(ok.entries["half"].bindings, vec![1]);
     }
 
