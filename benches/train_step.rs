@@ -1,1 +1,121 @@
-fn main() {}
+//! One full training step of the tutorial's Fashion-MNIST CNN (forward, loss, backward, SGD
+//! update of all 184,234 weights) at batch 128, on every device.
+//!
+//! One criterion group per device, `train_step/cpu0`, `train_step/gpu0-lavapipe`, ...; every
+//! timed step ends with `model.synchronize()`, so GPU times include the work, not just its
+//! recording. Flat sampling and 10 samples keep software adapters (seconds per step)
+//! affordable.
+//!
+//! ```text
+//! cargo bench --bench train_step
+//! ANYGPU_BENCH_DEVICES=cpu0 cargo bench --bench train_step
+//! WGPU_BACKEND=vulkan cargo bench --bench train_step -- gpu0
+//! ```
+
+use std::time::{Duration, Instant};
+
+use anygpu::nn::{self, Loss, Metric, Sgd, Verbosity};
+use anygpu::ops::reference::random_vec;
+use anygpu::{DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+
+const BATCH: usize = 128;
+
+/// `cpu0`, `gpu0-lavapipe`, `gpu1-llvmpipe`, ...: the device and the first word of its adapter.
+fn tag(dev: &LogicalDevice) -> String {
+    match dev.device_type() {
+        DeviceKind::Cpu => format!("cpu{}", dev.index()),
+        DeviceKind::Gpu => {
+            let word = dev
+                .adapter_name()
+                .split(|c: char| !c.is_alphanumeric())
+                .next()
+                .unwrap_or("gpu")
+                .to_lowercase();
+            // Mesa's Vulkan software driver calls itself llvmpipe; it is lavapipe.
+            let word = if word == "llvmpipe" && dev.backend() == Some(wgpu::Backend::Vulkan) {
+                "lavapipe".to_string()
+            } else {
+                word
+            };
+            format!("gpu{}-{word}", dev.index())
+        }
+    }
+}
+
+/// Every logical device, or those `ANYGPU_BENCH_DEVICES` (`cpu0,gpu0`) names.
+fn devices(rt: &Runtime) -> Vec<LogicalDevice> {
+    let all = rt
+        .list_logical_devices(KindFilter::All)
+        .expect("the runtime lists its devices");
+    match std::env::var("ANYGPU_BENCH_DEVICES") {
+        Err(_) => all,
+        Ok(filter) => {
+            let wanted: Vec<String> = filter.split(',').map(|s| s.trim().to_lowercase()).collect();
+            all.into_iter()
+                .filter(|d| {
+                    let t = tag(d);
+                    wanted
+                        .iter()
+                        .any(|w| t == *w || t.starts_with(&format!("{w}-")))
+                })
+                .collect()
+        }
+    }
+}
+
+fn train_step(c: &mut Criterion) {
+    let rt = Runtime::builder()
+        .memory_growth(true)
+        .build()
+        .expect("a runtime with memory growth builds");
+    for device in devices(&rt) {
+        let mut model =
+            nn::tutorial_cnn(42, std::slice::from_ref(&device)).expect("the model builds");
+        model
+            .compile(
+                Loss::sparse_categorical_crossentropy(),
+                Sgd::default(),
+                &[Metric::Accuracy],
+            )
+            .expect("the model compiles");
+        model.set_verbose(Verbosity::Silent);
+        let x = Tensor::from_slice_on(
+            &random_vec(BATCH * 28 * 28, 1),
+            &[BATCH, 28, 28, 1],
+            &device,
+        )
+        .expect("the batch fits");
+        let labels: Vec<i32> = (0..BATCH as i32).map(|i| i % 10).collect();
+        let y = Tensor::from_slice_on(&labels, &[BATCH], &device).expect("the labels fit");
+        // Warm up: pipelines compiled, arenas grown.
+        for _ in 0..2 {
+            model.train_step(&x, &y).expect("a training step runs");
+        }
+        model.synchronize().expect("the device finishes");
+
+        let slow = device.device_type() == DeviceKind::Gpu
+            && device.adapter_name().to_lowercase().contains("llvmpipe");
+        let mut group = c.benchmark_group(format!("train_step/{}", tag(&device)));
+        group
+            .sample_size(10)
+            .sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(if slow { 40 } else { 5 }))
+            .throughput(Throughput::Elements(BATCH as u64));
+        group.bench_function("tutorial_cnn_batch128_sgd", |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    model.train_step(&x, &y).expect("a training step runs");
+                    model.synchronize().expect("the device finishes");
+                }
+                start.elapsed()
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, train_step);
+criterion_main!(benches);

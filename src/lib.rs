@@ -67,6 +67,7 @@ pub mod data;
 mod device;
 mod error;
 pub(crate) mod memory;
+pub mod nn;
 pub mod ops;
 mod placement;
 pub mod runtime;

@@ -266,7 +266,9 @@ impl Layer for Conv2D {
                     return Err(bad_input(
                         "Conv2D",
                         input_shape,
-                        format!(": a {k}x{k} kernel with padding='valid' needs at least {k}x{k} pixels"),
+                        format!(
+                            ": a {k}x{k} kernel with padding='valid' needs at least {k}x{k} pixels"
+                        ),
                     ));
                 }
                 Ok(vec![h - k + 1, w - k + 1, self.filters])
@@ -314,7 +316,12 @@ impl Layer for Conv2D {
         let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), self.padding)?;
         let db = ops::bias_grad(&dz)?;
         let dx = if need_dx {
-            Some(ops::conv2d_backward_input(&dz, kernel, x.shape(), self.padding)?)
+            Some(ops::conv2d_backward_input(
+                &dz,
+                kernel,
+                x.shape(),
+                self.padding,
+            )?)
         } else {
             None
         };

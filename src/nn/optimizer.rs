@@ -238,7 +238,12 @@ impl OptimizerState {
 
     /// Updates the weights of layer `layer` in place with their gradients, on each weight's
     /// device. Call once per layer per step, then [`OptimizerState::finish_step`].
-    pub(crate) fn apply(&mut self, layer: usize, weights: &[&Tensor], grads: &[Tensor]) -> Result<()> {
+    pub(crate) fn apply(
+        &mut self,
+        layer: usize,
+        weights: &[&Tensor],
+        grads: &[Tensor],
+    ) -> Result<()> {
         if weights.len() != grads.len() {
             return Err(Error::Model(format!(
                 "optimizer: {} gradients for {} weights",

@@ -1,0 +1,638 @@
+//! The TensorFlow GPU guide's Fashion-MNIST CNN, end to end, with `tf.config`'s device control:
+//! list the GPUs, pick and configure them (visibility, memory growth, virtual GPUs), build the
+//! tutorial's `Sequential` model — on one device or split over three — train it, evaluate it on
+//! the test set, and write the learning curves.
+//!
+//! ```text
+//! cargo run --release --example fashion_mnist -- [flags]
+//!
+//!   --device cpu|gpu:N        run every layer there (default: GPU:0; CPU:0 when there is
+//!                             no GPU or only software adapters)
+//!   --split                   conv blocks on GPU:0, the 128-filter block on GPU:1, the dense
+//!                             layers on GPU:2 (wrapping when fewer GPUs exist)
+//!   --memory-growth           tf.config.experimental.set_memory_growth(gpu, True) on every GPU
+//!   --visible 1,0             tf.config.set_visible_devices(gpus[1], gpus[0])
+//!   --virtual 3072,3072       cut GPU:0 into logical GPUs of these MiB
+//!   --log-placement           tf.debugging.set_log_device_placement(True) (model creation and
+//!                             one forward/backward pass)
+//!   --epochs 10 --batch-size 128 --steps-per-epoch 429
+//!   --optimizer sgd|momentum|adam --lr 0.01 --seed 42
+//!   --time-steps N            time N training steps after a warm-up, print the median, exit
+//!   --out DIR                 history.json and learning_curves.png (default ./runs/<timestamp>)
+//! ```
+//!
+//! Short CI run: `cargo run --release --example fashion_mnist -- --epochs 1 --steps-per-epoch 5`.
+//!
+//! Output captured on a 2-core VM whose GPUs are Mesa's software adapters (lavapipe, llvmpipe),
+//! training on CPU:0 (`--device cpu --optimizer adam --lr 0.001 --epochs 1`):
+//!
+//! ```text
+//! Num GPUs Available: 2
+//! 2 Physical GPUs, 2 Logical GPUs
+//!   /device:GPU:0 on llvmpipe (LLVM 15.0.6, 256 bits)
+//!   /device:GPU:1 on llvmpipe (LLVM 15.0.6, 256 bits)
+//! Model: "sequential"
+//! _______________________________________________________________________________________
+//!  Layer (type)                           Output Shape         Param #   Device
+//! =======================================================================================
+//!  conv2d (Conv2D)                        (None, 28, 28, 32)   320       /device:CPU:0
+//!  separable_conv2d (SeparableConv2D)     (None, 28, 28, 32)   1344      /device:CPU:0
+//!  max_pooling2d (MaxPooling2D)           (None, 14, 14, 32)   0         /device:CPU:0
+//!  separable_conv2d_1 (SeparableConv2D)   (None, 14, 14, 64)   2400      /device:CPU:0
+//!  separable_conv2d_2 (SeparableConv2D)   (None, 14, 14, 64)   4736      /device:CPU:0
+//!  max_pooling2d_1 (MaxPooling2D)         (None, 7, 7, 64)     0         /device:CPU:0
+//!  separable_conv2d_3 (SeparableConv2D)   (None, 7, 7, 128)    8896      /device:CPU:0
+//!  separable_conv2d_4 (SeparableConv2D)   (None, 7, 7, 128)    17664     /device:CPU:0
+//!  max_pooling2d_2 (MaxPooling2D)         (None, 3, 3, 128)    0         /device:CPU:0
+//!  flatten (Flatten)                      (None, 1152)         0         /device:CPU:0
+//!  dense (Dense)                          (None, 128)          147584    /device:CPU:0
+//!  dense_1 (Dense)                        (None, 10)           1290      /device:CPU:0
+//! =======================================================================================
+//! Total params: 184,234
+//! Trainable params: 184,234
+//! Non-trainable params: 0
+//! _______________________________________________________________________________________
+//! optimizer: Adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=0.0000001)
+//! Epoch 1/1
+//! 429/429 - 34s - 78ms/step - accuracy: 0.7465 - loss: 0.6995 - val_accuracy: 0.8448 - val_loss: 0.4182
+//! test_loss: 0.4134 - test_accuracy: 0.8498
+//! wrote runs/20261202-145512/history.json and runs/20261202-145512/learning_curves.png
+//! memory: /device:GPU:0 reserved 1.5 GiB, in use 0 B, peak 0 B
+//! memory: /device:GPU:1 reserved 1.0 GiB, in use 0 B, peak 0 B
+//! memory: host peak RSS 1522784 kB
+//! ```
+//!
+//! The GPUs reserve their whole budget at start (TensorFlow's default); `--memory-growth`
+//! reserves as needed instead. With `--virtual 512,512,512 --split`, the three blocks train on
+//! three logical GPUs cut from GPU:0, and the memory lines show each one's share.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anygpu::config;
+use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
+use anygpu::nn::{self, Adam, Loss, Metric, Optimizer, Sequential, Sgd};
+use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, Tensor};
+use clap::Parser;
+use serde::Serialize;
+
+/// Train the TensorFlow GPU guide's Fashion-MNIST CNN.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Enable memory growth on every visible GPU.
+    #[arg(long)]
+    memory_growth: bool,
+    /// Physical GPU indices to make visible, in order (e.g. `1,0`).
+    #[arg(long, value_delimiter = ',')]
+    visible: Option<Vec<usize>>,
+    /// Cut the first visible GPU into logical GPUs of these MiB (e.g. `3072,3072`).
+    #[arg(long, value_delimiter = ',')]
+    r#virtual: Option<Vec<u64>>,
+    /// Spread the model's three blocks over GPU:0, GPU:1 and GPU:2, as the tutorial does.
+    #[arg(long)]
+    split: bool,
+    /// Log where ops run while the model is created and for one forward/backward pass.
+    #[arg(long)]
+    log_placement: bool,
+    /// `cpu` or `gpu:N`; default GPU:0 when a GPU is visible, else CPU:0.
+    #[arg(long)]
+    device: Option<String>,
+    /// Training epochs.
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Steps per epoch; default: the training images (55,000) divided by the batch size.
+    #[arg(long)]
+    steps_per_epoch: Option<usize>,
+    /// `sgd` (the tutorial's), `momentum` (SGD, momentum 0.9) or `adam`.
+    #[arg(long, default_value = "sgd")]
+    optimizer: String,
+    /// Learning rate; default 0.01 for SGD, 0.001 for Adam (Keras' defaults).
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Seed of the weights and of the shuffling.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Time this many training steps after a warm-up, print the median, and exit.
+    #[arg(long)]
+    time_steps: Option<usize>,
+    /// Output directory; default ./runs/<timestamp>.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct EpochLog {
+    epoch: usize,
+    loss: f64,
+    accuracy: Option<f64>,
+    val_loss: Option<f64>,
+    val_accuracy: Option<f64>,
+    seconds: f64,
+    images_per_second: f64,
+}
+
+#[derive(Serialize)]
+struct HistoryJson {
+    epochs: Vec<EpochLog>,
+    loss: Vec<f64>,
+    accuracy: Vec<f64>,
+    val_loss: Vec<f64>,
+    val_accuracy: Vec<f64>,
+    test_loss: f64,
+    test_accuracy: Option<f64>,
+    images_per_second: f64,
+    devices: Vec<String>,
+    adapters: Vec<String>,
+    layer_devices: Vec<(String, String)>,
+    optimizer: String,
+    batch_size: usize,
+    steps_per_epoch: usize,
+    params: usize,
+    seed: u64,
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+type BoxError = Box<dyn std::error::Error>;
+
+fn run(args: Args) -> Result<(), BoxError> {
+    if args.batch_size == 0 || args.epochs == 0 {
+        return Err("--batch-size and --epochs must be positive".into());
+    }
+    let optimizer = optimizer(&args)?;
+    // tf.config, before anything touches a device.
+    let physical = config::list_physical_devices(DeviceKind::Gpu);
+    println!("Num GPUs Available: {}", physical.len());
+    if let Some(indices) = &args.visible {
+        let picked = indices
+            .iter()
+            .map(|&i| {
+                physical.get(i).cloned().ok_or_else(|| {
+                    format!("--visible {i}: there are {} physical GPUs", physical.len())
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        config::set_visible_devices(&picked, DeviceKind::Gpu)?;
+    }
+    // Training on the CPU needs no GPU: hide them, so their memory is not reserved (TF's advice
+    // too). With no --device and only software adapters (Mesa's llvmpipe, lavapipe: the CPU
+    // rasterizing), CPU:0's native kernels are far faster, so the default goes there.
+    let software_only = !physical.is_empty()
+        && config::get_visible_devices(DeviceKind::Gpu).iter().all(|pd| {
+            config::get_device_details(pd)
+                .ok()
+                .and_then(|d| d.gpu)
+                .is_some_and(|g| g.adapter_type == "Cpu")
+        });
+    let layers_on_cpu = match args.device.as_deref() {
+        Some(spec) => device_name(spec)? == "/device:CPU:0",
+        None => {
+            let cpu_default = software_only && !args.split && args.r#virtual.is_none();
+            if cpu_default {
+                println!(
+                    "Every GPU is a software adapter: training on /device:CPU:0 \
+                     (--device gpu:0 trains on the adapter anyway)"
+                );
+            }
+            cpu_default
+        }
+    };
+    if layers_on_cpu && !args.split && args.r#virtual.is_none() {
+        config::set_visible_devices(&[], DeviceKind::Gpu)?;
+    }
+    let visible = config::get_visible_devices(DeviceKind::Gpu);
+    if let Some(mibs) = &args.r#virtual {
+        let first = visible
+            .first()
+            .ok_or("--virtual: there is no visible GPU to cut into logical GPUs")?;
+        let configs: Vec<_> = mibs
+            .iter()
+            .map(|&m| LogicalDeviceConfiguration::new().memory_limit(m))
+            .collect();
+        config::set_logical_device_configuration(first, &configs)?;
+    }
+    if args.memory_growth {
+        for (i, gpu) in visible.iter().enumerate() {
+            // A GPU cut into virtual devices cannot grow (TensorFlow's rule).
+            if !(i == 0 && args.r#virtual.is_some()) {
+                config::set_memory_growth(gpu, true)?;
+            }
+        }
+    }
+    config::set_log_device_placement(args.log_placement);
+    let logical = config::list_logical_devices("GPU")?;
+    println!(
+        "{} Physical GPUs, {} Logical GPUs",
+        visible.len(),
+        logical.len()
+    );
+    for d in &logical {
+        println!("  {} on {}", d.name(), d.adapter_name());
+    }
+
+    // Where the layers go.
+    let devices: Vec<LogicalDevice> = if args.split {
+        if logical.is_empty() {
+            println!("--split: no GPU visible; every block on /device:CPU:0");
+            vec![config::runtime().cpu()?]
+        } else {
+            (0..3).map(|i| logical[i % logical.len()].clone()).collect()
+        }
+    } else {
+        match args.device.as_deref() {
+            None if layers_on_cpu => vec![config::runtime().cpu()?],
+            None => vec![config::runtime().default_device()?],
+            Some(spec) => vec![config::runtime().device(&device_name(spec)?)?],
+        }
+    };
+
+    // The data, as the tutorial prepares it.
+    let data = fashion_mnist::load()?;
+    let (train, valid) = data.split_validation(5_000);
+    let (mut x_train, mut x_valid, mut x_test) = (
+        train.images_f32(1.0 / 255.0),
+        valid.images_f32(1.0 / 255.0),
+        data.test().images_f32(1.0 / 255.0),
+    );
+    let mut scaler = StandardScaler::new();
+    scaler.fit_transform(&mut x_train, data.image_len())?;
+    scaler.transform(&mut x_valid)?;
+    scaler.transform(&mut x_test)?;
+    let image = [data.rows, data.cols, 1];
+    let train_len = train.len();
+    let train_ds = Dataset::from_tensor_slices(x_train, &image, train.labels_i32())?
+        .shuffle(train_len, args.seed)
+        .repeat(None)
+        .batch(args.batch_size, false)
+        .prefetch(1);
+    let valid_ds = Dataset::from_tensor_slices(x_valid, &image, valid.labels_i32())?
+        .batch(args.batch_size, false);
+    let test_ds = Dataset::from_tensor_slices(x_test, &image, data.test().labels_i32())?
+        .batch(args.batch_size, false);
+    let steps_per_epoch = args
+        .steps_per_epoch
+        .unwrap_or((train_len / args.batch_size).max(1));
+
+    // The model.
+    let mut model = nn::tutorial_cnn(args.seed, &devices)?;
+    model.print_summary();
+    println!("optimizer: {optimizer}");
+    model.compile(
+        Loss::sparse_categorical_crossentropy(),
+        optimizer,
+        &[Metric::Accuracy],
+    )?;
+
+    if args.log_placement {
+        // One forward/backward pass with the log on (no update), then quiet for training.
+        let batch = train_ds.iter().next().ok_or("the training set is empty")?;
+        let x = Tensor::from_slice_on(&batch.x, &batch.x_shape, &devices[0])?;
+        let y = Tensor::from_slice_on(&batch.y, &[batch.y.len()], &devices[devices.len() - 1])?;
+        model.loss_and_gradients(&x, &y)?;
+        config::set_log_device_placement(false);
+        println!("(placement logging off for the rest of the run)");
+    }
+
+    if let Some(n) = args.time_steps {
+        return time_steps(&mut model, &train_ds, n, args.batch_size);
+    }
+
+    let history = model.fit(
+        &train_ds,
+        args.epochs,
+        Some(steps_per_epoch),
+        Some(&valid_ds),
+    )?;
+    let test = model.evaluate(&test_ds, None)?;
+    match test.accuracy {
+        Some(a) => println!("test_loss: {:.4} - test_accuracy: {a:.4}", test.loss),
+        None => println!("test_loss: {:.4}", test.loss),
+    }
+
+    // history.json and the learning curves.
+    let out = args.out.clone().unwrap_or_else(default_out_dir);
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let model_devices = model.devices();
+    let epochs = (0..history.epochs())
+        .map(|i| EpochLog {
+            epoch: i + 1,
+            loss: history.loss[i],
+            accuracy: history.accuracy.get(i).copied(),
+            val_loss: history.val_loss.get(i).copied(),
+            val_accuracy: history.val_accuracy.get(i).copied(),
+            seconds: history.epoch_seconds[i],
+            images_per_second: history.images_per_second[i],
+        })
+        .collect();
+    let mean_ips = history.images_per_second.iter().sum::<f64>() / history.epochs().max(1) as f64;
+    let json = HistoryJson {
+        epochs,
+        loss: history.loss.clone(),
+        accuracy: history.accuracy.clone(),
+        val_loss: history.val_loss.clone(),
+        val_accuracy: history.val_accuracy.clone(),
+        test_loss: test.loss,
+        test_accuracy: test.accuracy,
+        images_per_second: mean_ips,
+        devices: model_devices.iter().map(|d| d.name().to_string()).collect(),
+        adapters: model_devices
+            .iter()
+            .map(|d| d.adapter_name().to_string())
+            .collect(),
+        layer_devices: model
+            .layer_infos()
+            .into_iter()
+            .map(|l| (l.name, l.device))
+            .collect(),
+        optimizer: optimizer.to_string(),
+        batch_size: args.batch_size,
+        steps_per_epoch,
+        params: model.count_params(),
+        seed: args.seed,
+    };
+    let json_path = out.join("history.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
+        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let png_path = out.join("learning_curves.png");
+    match plot::learning_curves(&png_path, &history) {
+        Ok(()) => println!("wrote {} and {}", json_path.display(), png_path.display()),
+        Err(e) => {
+            println!("wrote {}", json_path.display());
+            eprintln!("warning: no learning-curve chart: {e}");
+        }
+    }
+    print_memory(&logical);
+    Ok(())
+}
+
+/// `cpu` → `/device:CPU:0`, `gpu:1` → `/device:GPU:1`; full names pass through.
+fn device_name(spec: &str) -> Result<String, BoxError> {
+    let s = spec.trim().to_ascii_lowercase();
+    if s == "cpu" {
+        return Ok("/device:CPU:0".into());
+    }
+    if s == "gpu" {
+        return Ok("/device:GPU:0".into());
+    }
+    if let Some(rest) = s.strip_prefix("gpu:").or_else(|| s.strip_prefix("cpu:")) {
+        let index: usize = rest
+            .parse()
+            .map_err(|_| format!("--device {spec}: expected cpu or gpu:N"))?;
+        let kind = if s.starts_with("gpu") { "GPU" } else { "CPU" };
+        return Ok(format!("/device:{kind}:{index}"));
+    }
+    Ok(spec.to_string())
+}
+
+fn optimizer(args: &Args) -> Result<Optimizer, BoxError> {
+    Ok(match args.optimizer.as_str() {
+        "sgd" => Sgd::new(args.lr.unwrap_or(0.01)).into(),
+        "momentum" => Sgd::new(args.lr.unwrap_or(0.01)).momentum(0.9).into(),
+        "nesterov" => Sgd::new(args.lr.unwrap_or(0.01))
+            .momentum(0.9)
+            .nesterov(true)
+            .into(),
+        "adam" => Adam::new(args.lr.unwrap_or(1e-3)).into(),
+        other => {
+            return Err(
+                format!("--optimizer {other}: expected sgd, momentum, nesterov or adam").into(),
+            )
+        }
+    })
+}
+
+/// Times `n` full training steps (forward, backward, update, synchronized) after 3 warm-up
+/// steps, and prints the median.
+fn time_steps(
+    model: &mut Sequential,
+    train: &Dataset,
+    n: usize,
+    batch: usize,
+) -> Result<(), BoxError> {
+    let devices = model.devices();
+    let first = &devices[0];
+    let last = &devices[devices.len() - 1];
+    let mut batches = train.iter();
+    let mut step = |model: &mut Sequential| -> Result<f64, BoxError> {
+        let b = batches.next().ok_or("the training set is empty")?;
+        let x = Tensor::from_slice_on(&b.x, &b.x_shape, first)?;
+        let y = Tensor::from_slice_on(&b.y, &[b.y.len()], last)?;
+        let start = Instant::now();
+        model.train_step(&x, &y)?;
+        model.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    for _ in 0..3 {
+        step(model)?;
+    }
+    let mut times = (0..n.max(1))
+        .map(|_| step(model))
+        .collect::<Result<Vec<_>, _>>()?;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{} ({})", d.name(), d.adapter_name()))
+        .collect();
+    println!(
+        "median train step: {median:.1} ms (batch {batch}, device {}; min {:.1}, max {:.1} over {} steps)",
+        names.join(" + "),
+        times[0],
+        times[times.len() - 1],
+        times.len()
+    );
+    Ok(())
+}
+
+fn print_memory(gpus: &[LogicalDevice]) {
+    for d in gpus {
+        match config::get_memory_stats(d.name()) {
+            Ok(s) => println!(
+                "memory: {} reserved {}, in use {}, peak {}",
+                d.name(),
+                anygpu::format_bytes(s.bytes_reserved),
+                anygpu::format_bytes(s.bytes_in_use),
+                anygpu::format_bytes(s.peak_bytes_in_use)
+            ),
+            Err(e) => println!("memory: {}: {e}", d.name()),
+        }
+    }
+    // The host side (CPU:0 tensors, data, and software adapters' buffers): peak RSS on Linux.
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        if let Some(line) = status.lines().find(|l| l.starts_with("VmHWM:")) {
+            let kb = line.trim_start_matches("VmHWM:").trim();
+            println!("memory: host peak RSS {kb}");
+        }
+    }
+}
+
+/// `./runs/YYYYMMDD-HHMMSS` (UTC).
+fn default_out_dir() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    Path::new("runs").join(format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+mod plot {
+    //! The learning curves: loss and accuracy per epoch, train and validation.
+
+    use std::path::Path;
+
+    use anygpu::nn::History;
+    use plotters::prelude::*;
+    use plotters::style::FontStyle;
+
+    const TRAIN: RGBColor = RGBColor(31, 119, 180);
+    const VALID: RGBColor = RGBColor(255, 127, 14);
+
+    /// Registers a sans-serif TTF found on this machine; `false` when there is none (the chart
+    /// is then drawn without text).
+    fn register_font() -> bool {
+        let candidates = [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+            "/System/Library/Fonts/Supplemental/Arial.ttf",
+            "/Library/Fonts/Arial.ttf",
+            "C:\\Windows\\Fonts\\arial.ttf",
+        ];
+        for path in candidates {
+            if let Ok(bytes) = std::fs::read(path) {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn range(series: &[&[f64]], floor_zero: bool) -> (f64, f64) {
+        let values = series
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .filter(|v| v.is_finite());
+        let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+        if !lo.is_finite() {
+            return (0.0, 1.0);
+        }
+        let pad = ((hi - lo) * 0.1).max(1e-3);
+        let lo = if floor_zero {
+            (lo - pad).max(0.0)
+        } else {
+            lo - pad
+        };
+        (lo, hi + pad)
+    }
+
+    pub fn learning_curves(path: &Path, h: &History) -> Result<(), String> {
+        let text = register_font();
+        let root = BitMapBackend::new(path, (1200, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (left, right) = root.split_horizontally(600);
+        let epochs = h.epochs().max(2) as f64;
+        let panels = [
+            (left, "loss", [&h.loss[..], &h.val_loss[..]]),
+            (right, "accuracy", [&h.accuracy[..], &h.val_accuracy[..]]),
+        ];
+        for (area, title, [train, valid]) in panels {
+            let (lo, hi) = range(&[train, valid], true);
+            let mut builder = ChartBuilder::on(&area);
+            builder.margin(20);
+            if text {
+                builder
+                    .caption(title, ("sans-serif", 24))
+                    .x_label_area_size(40)
+                    .y_label_area_size(55);
+            }
+            let mut chart = builder
+                .build_cartesian_2d(1.0..epochs, lo..hi)
+                .map_err(|e| e.to_string())?;
+            if text {
+                let whole_epochs = |x: &f64| format!("{x:.0}");
+                chart
+                    .configure_mesh()
+                    .x_labels(h.epochs().clamp(2, 12))
+                    .x_label_formatter(&whole_epochs)
+                    .x_desc("epoch")
+                    .y_desc(title)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            } else {
+                chart
+                    .plotting_area()
+                    .draw(&Rectangle::new(
+                        [(1.0, lo), (epochs, hi)],
+                        BLACK.stroke_width(1),
+                    ))
+                    .map_err(|e| e.to_string())?;
+            }
+            for (series, color, label) in [(train, TRAIN, "train"), (valid, VALID, "validation")] {
+                if series.is_empty() {
+                    continue;
+                }
+                let points: Vec<(f64, f64)> = series
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| ((i + 1) as f64, v))
+                    .collect();
+                let drawn = chart
+                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                    .map_err(|e| e.to_string())?;
+                if text {
+                    drawn.label(label).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                }
+                chart
+                    .draw_series(
+                        points
+                            .into_iter()
+                            .map(|p| Circle::new(p, 3, color.filled())),
+                    )
+                    .map_err(|e| e.to_string())?;
+            }
+            if text {
+                chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        root.present().map_err(|e| e.to_string())
+    }
+}

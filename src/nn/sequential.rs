@@ -1,0 +1,1320 @@
+//! `keras.Sequential`: a stack of layers, each on its own device, trained with `fit`.
+
+use std::fmt::{self, Write as _};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::data::{Batch, Dataset};
+use crate::device::LogicalDevice;
+use crate::error::{Error, Result};
+use crate::nn::activation::Activation;
+use crate::nn::history::{Evaluation, History};
+use crate::nn::init::derive_seed;
+use crate::nn::layers::{count_params, Layer};
+use crate::nn::loss::Loss;
+use crate::nn::metrics::Metric;
+use crate::nn::optimizer::{Optimizer, OptimizerState};
+use crate::ops;
+use crate::tensor::{DType, Tensor};
+
+/// How much [`Sequential::fit`] prints (Keras' `verbose=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Verbosity {
+    /// `verbose=0`: nothing.
+    Silent,
+    /// `verbose=1`: a progress bar per epoch (running loss, accuracy, images/s), then the
+    /// epoch's line.
+    #[default]
+    ProgressBar,
+    /// `verbose=2`: one line per epoch.
+    OneLinePerEpoch,
+}
+
+impl Verbosity {
+    /// Keras' numbers: 0 silent, 1 progress bar, 2 (or more) one line per epoch.
+    ///
+    /// ```
+    /// use anygpu::nn::Verbosity;
+    /// assert_eq!(Verbosity::from_level(0), Verbosity::Silent);
+    /// ```
+    pub fn from_level(level: u8) -> Verbosity {
+        match level {
+            0 => Verbosity::Silent,
+            1 => Verbosity::ProgressBar,
+            _ => Verbosity::OneLinePerEpoch,
+        }
+    }
+}
+
+/// One row of [`Sequential::summary`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerInfo {
+    /// The layer's name in the model: `conv2d`, `separable_conv2d_1`, ...
+    pub name: String,
+    /// Keras' class name: `Conv2D`, ...
+    pub class_name: &'static str,
+    /// Output shape without the batch axis; `None` before the layer is built.
+    pub output_shape: Option<Vec<usize>>,
+    /// Number of weights' elements.
+    pub params: usize,
+    /// The device holding the layer's weights and running it: `/device:GPU:0`.
+    pub device: String,
+}
+
+/// What one training step leaves on the device: the sum of the batch's per-example losses and
+/// its number of correct predictions. Nothing is read back until asked.
+#[derive(Clone, Debug)]
+pub struct StepOutput {
+    /// Sum of the per-example losses, a scalar `f32` tensor on the last layer's device.
+    pub loss_sum: Tensor,
+    /// Correct predictions (`f32`, shape `[1]`) when the model tracks accuracy.
+    pub correct: Option<Tensor>,
+    /// Examples in the batch.
+    pub batch_size: usize,
+}
+
+impl StepOutput {
+    /// Reads the mean loss of the batch (waits for the step).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn loss(&self) -> Result<f32> {
+        Ok(read_scalar(&self.loss_sum)? / self.batch_size.max(1) as f32)
+    }
+}
+
+/// A layer's name, device, and `(weight name, shape)` list, for the weights module.
+pub(crate) type LayerWeights = (String, LogicalDevice, Vec<(String, Vec<usize>)>);
+
+struct Entry {
+    name: String,
+    layer: Box<dyn Layer>,
+    device: LogicalDevice,
+    input_shape: Option<Vec<usize>>,
+    output_shape: Option<Vec<usize>>,
+}
+
+struct Compiled {
+    loss: Loss,
+    optimizer: OptimizerState,
+    accuracy: bool,
+}
+
+/// A linear stack of layers (`keras.Sequential`), each running on the device it was added on.
+///
+/// Layers added inside a device scope live on that device (their weights and optimizer state
+/// are created there); [`Sequential::add_on`] names the device explicitly. Between layers on
+/// different devices, activations go forward and gradients back by themselves
+/// ([`Tensor::to_device`]), so a model split over GPUs trains like one on a single device.
+///
+/// ```
+/// use anygpu::nn::{Activation, Conv2D, Dense, Flatten, Loss, MaxPool2D, Metric, Sequential, Sgd, Verbosity};
+/// use anygpu::ops::spec::Padding;
+/// use anygpu::{data::Dataset, Runtime};
+///
+/// let rt = Runtime::builder().build()?;
+/// let cpu = rt.cpu()?;
+/// let mut model = Sequential::with_seed(42);
+/// model.add_on(&cpu, Conv2D::new(4, 3).padding(Padding::Same).activation(Activation::Selu).input_shape(&[8, 8, 1]))?;
+/// model.add_on(&cpu, MaxPool2D::new())?;
+/// model.add_on(&cpu, Flatten::new())?;
+/// model.add_on(&cpu, Dense::new(3).activation(Activation::Softmax))?;
+/// assert_eq!(model.count_params(), 4 * 9 + 4 + 64 * 3 + 3);
+/// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.05), &[Metric::Accuracy])?;
+/// model.set_verbose(Verbosity::Silent);
+///
+/// let x: Vec<f32> = (0..16 * 64).map(|i| ((i * 37) % 11) as f32 / 11.0).collect();
+/// let y: Vec<i32> = (0..16).map(|i| i % 3).collect();
+/// let train = Dataset::from_tensor_slices(x, &[8, 8, 1], y)?.batch(8, false);
+/// let history = model.fit(&train, 2, None, None)?;
+/// assert_eq!(history.loss.len(), 2);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+pub struct Sequential {
+    name: String,
+    seed: u64,
+    entries: Vec<Entry>,
+    compiled: Option<Compiled>,
+    verbose: Verbosity,
+    log_every: usize,
+}
+
+impl fmt::Debug for Sequential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sequential")
+            .field("name", &self.name)
+            .field("seed", &self.seed)
+            .field(
+                "layers",
+                &self.entries.iter().map(|e| &e.name).collect::<Vec<_>>(),
+            )
+            .field("compiled", &self.compiled.is_some())
+            .finish()
+    }
+}
+
+impl Default for Sequential {
+    fn default() -> Self {
+        Sequential::new()
+    }
+}
+
+fn read_scalar(t: &Tensor) -> Result<f32> {
+    Ok(t.to_vec::<f32>()?.first().copied().unwrap_or(0.0))
+}
+
+fn shape_str(shape: Option<&[usize]>) -> String {
+    match shape {
+        None => "?".to_string(),
+        Some(s) => {
+            let mut out = String::from("(None");
+            for d in s {
+                let _ = write!(out, ", {d}");
+            }
+            out.push(')');
+            out
+        }
+    }
+}
+
+/// `184234` → `184,234`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The devices a model runs on, each once, in layer order.
+fn distinct_devices<'a>(
+    devices: impl Iterator<Item = &'a LogicalDevice>,
+) -> Vec<&'a LogicalDevice> {
+    let mut out: Vec<&LogicalDevice> = Vec::new();
+    for d in devices {
+        if !out.iter().any(|o| o.same_device(d)) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// Running sums of a loop over batches, kept on the device.
+#[derive(Default)]
+struct Accumulator {
+    loss_sum: Option<Tensor>,
+    correct: Option<Tensor>,
+    examples: usize,
+}
+
+impl Accumulator {
+    fn push(&mut self, step: StepOutput) -> Result<()> {
+        self.loss_sum = Some(match self.loss_sum.take() {
+            None => step.loss_sum,
+            Some(acc) => acc.add(&step.loss_sum)?,
+        });
+        if let Some(c) = step.correct {
+            self.correct = Some(match self.correct.take() {
+                None => c,
+                Some(acc) => acc.add(&c)?,
+            });
+        }
+        self.examples += step.batch_size;
+        Ok(())
+    }
+
+    /// Reads `(mean loss, accuracy)`; waits for the steps so far.
+    fn read(&self) -> Result<(f64, Option<f64>)> {
+        let n = self.examples.max(1) as f64;
+        let loss = match &self.loss_sum {
+            Some(t) => read_scalar(t)? as f64 / n,
+            None => f64::NAN,
+        };
+        let accuracy = match &self.correct {
+            Some(t) => Some(read_scalar(t)? as f64 / n),
+            None => None,
+        };
+        Ok((loss, accuracy))
+    }
+}
+
+impl Sequential {
+    /// An empty model named `sequential`, seed 0.
+    pub fn new() -> Sequential {
+        Sequential::with_seed(0)
+    }
+
+    /// An empty model whose weights are initialized from `seed`: layer `i` derives its own seed
+    /// from it, and each weight from its layer's, so the same seed gives the same weights
+    /// whatever devices the layers are on.
+    pub fn with_seed(seed: u64) -> Sequential {
+        Sequential {
+            name: "sequential".into(),
+            seed,
+            entries: Vec::new(),
+            compiled: None,
+            verbose: Verbosity::default(),
+            log_every: 10,
+        }
+    }
+
+    /// Renames the model (the summary's `Model: "..."` line).
+    pub fn set_name(&mut self, name: &str) {
+        self.name = name.to_string();
+    }
+
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The seed weights are initialized from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// What [`fit`](Sequential::fit) prints (Keras' `verbose=`).
+    pub fn set_verbose(&mut self, verbose: Verbosity) {
+        self.verbose = verbose;
+    }
+
+    /// How often, in steps, [`fit`](Sequential::fit) reads the running loss and accuracy back
+    /// from the device (default 10). Between reads nothing waits for the device; every read
+    /// waits for the steps before it.
+    pub fn set_log_every(&mut self, steps: usize) {
+        self.log_every = steps.max(1);
+    }
+
+    /// Number of layers.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the model has no layers.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Adds a layer on the device of the current scope (`with tf.device(...)`), or on the
+    /// default device (`GPU:0`, else `CPU:0`) outside any scope.
+    ///
+    /// The scope is resolved now, once: the layer stays on that device. The layer is built
+    /// (its weights created) as soon as its input shape is known: from its `input_shape` for
+    /// the first layer, from the layer before otherwise.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Sequential};
+    /// let mut model = Sequential::new();
+    /// {
+    ///     let _cpu = anygpu::with_device("/cpu:0")?;
+    ///     model.add(Dense::new(4).input_shape(&[3]))?;
+    /// }
+    /// assert_eq!(model.layer_infos()[0].device, "/device:CPU:0");
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`add_on`](Sequential::add_on).
+    pub fn add(&mut self, layer: impl Layer + 'static) -> Result<()> {
+        // Resolve the scope exactly as weight creation would: with a (tiny) constant.
+        let probe = Tensor::zeros(&[1])?;
+        let device = probe.device_handle().clone();
+        self.add_on(&device, layer)
+    }
+
+    /// Adds a layer on `device` explicitly, whatever the scope.
+    ///
+    /// # Errors
+    /// A shape error when the layer cannot take the previous layer's output (or its own
+    /// `input_shape`); [`Error::InvalidArgument`] when a layer follows a `softmax` layer; the
+    /// device's out-of-memory error. The model is unchanged on error.
+    pub fn add_on(&mut self, device: &LogicalDevice, layer: impl Layer + 'static) -> Result<()> {
+        self.add_boxed(device, Box::new(layer))
+    }
+
+    /// [`add_on`](Sequential::add_on) for a boxed layer.
+    ///
+    /// # Errors
+    /// As [`add_on`](Sequential::add_on).
+    pub fn add_boxed(&mut self, device: &LogicalDevice, mut layer: Box<dyn Layer>) -> Result<()> {
+        if let Some(last) = self.entries.last() {
+            if last.layer.activation() == Activation::Softmax {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot add {} after '{}': a softmax activation is supported on the last \
+                     layer only",
+                    layer.class_name(),
+                    last.name
+                )));
+            }
+        }
+        let input_shape = match self.entries.last() {
+            None => layer.declared_input_shape().map(<[usize]>::to_vec),
+            Some(prev) => {
+                if let (Some(declared), Some(prev_out)) =
+                    (layer.declared_input_shape(), prev.output_shape.as_deref())
+                {
+                    if declared != prev_out {
+                        return Err(Error::ShapeMismatch {
+                            op: "Sequential.add",
+                            lhs: prev_out.to_vec(),
+                            rhs: declared.to_vec(),
+                            hint: format!(
+                                ": {} declares input_shape {declared:?} but '{}' outputs \
+                                 {prev_out:?}",
+                                layer.class_name(),
+                                prev.name
+                            ),
+                        });
+                    }
+                }
+                prev.output_shape.clone()
+            }
+        };
+        let base = layer.base_name();
+        let same_kind = self
+            .entries
+            .iter()
+            .filter(|e| e.layer.base_name() == base)
+            .count();
+        let name = match same_kind {
+            0 => base.to_string(),
+            n => format!("{base}_{n}"),
+        };
+        let output_shape = match &input_shape {
+            Some(shape) => {
+                let seed = derive_seed(self.seed, self.entries.len() as u64);
+                layer.build(shape, seed, device)?;
+                Some(layer.compute_output_shape(shape)?)
+            }
+            None => None,
+        };
+        self.entries.push(Entry {
+            name,
+            layer,
+            device: device.clone(),
+            input_shape,
+            output_shape,
+        });
+        Ok(())
+    }
+
+    /// Builds the layers not built yet for examples of `input_shape` (Keras'
+    /// `model.build((None, *input_shape))`); needed only when the first layer has no
+    /// `input_shape`.
+    ///
+    /// # Errors
+    /// A shape error naming the first layer that cannot take its input.
+    pub fn build(&mut self, input_shape: &[usize]) -> Result<()> {
+        let mut shape = input_shape.to_vec();
+        for (i, e) in self.entries.iter_mut().enumerate() {
+            if e.input_shape.as_deref() != Some(&shape[..]) || e.output_shape.is_none() {
+                e.layer
+                    .build(&shape, derive_seed(self.seed, i as u64), &e.device)?;
+                e.input_shape = Some(shape.clone());
+                e.output_shape = Some(e.layer.compute_output_shape(&shape)?);
+            }
+            shape = e.output_shape.clone().unwrap_or_default();
+        }
+        Ok(())
+    }
+
+    /// The input shape of one example, once known.
+    pub fn input_shape(&self) -> Option<&[usize]> {
+        self.entries.first().and_then(|e| e.input_shape.as_deref())
+    }
+
+    /// The output shape of one example, once built.
+    pub fn output_shape(&self) -> Option<&[usize]> {
+        self.entries.last().and_then(|e| e.output_shape.as_deref())
+    }
+
+    fn is_built(&self) -> bool {
+        !self.entries.is_empty() && self.entries.iter().all(|e| e.output_shape.is_some())
+    }
+
+    fn require_built(&self, what: &str) -> Result<()> {
+        if self.entries.is_empty() {
+            return Err(Error::Model(format!("{what}: the model has no layers")));
+        }
+        if !self.is_built() {
+            return Err(Error::Model(format!(
+                "{what}: this model has not yet been built. Build the model first by giving \
+                 the first layer an input_shape or by calling build(input_shape)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The rows of the summary: name, class, output shape, parameters, device per layer.
+    pub fn layer_infos(&self) -> Vec<LayerInfo> {
+        self.entries
+            .iter()
+            .map(|e| LayerInfo {
+                name: e.name.clone(),
+                class_name: e.layer.class_name(),
+                output_shape: e.output_shape.clone(),
+                params: count_params(e.layer.as_ref()),
+                device: e.device.name().to_string(),
+            })
+            .collect()
+    }
+
+    /// The layer at `index`.
+    pub fn layer(&self, index: usize) -> Option<&dyn Layer> {
+        self.entries.get(index).map(|e| e.layer.as_ref())
+    }
+
+    /// The device of the layer at `index`.
+    pub fn layer_device(&self, index: usize) -> Option<&LogicalDevice> {
+        self.entries.get(index).map(|e| &e.device)
+    }
+
+    /// The distinct devices the model runs on, in layer order.
+    pub fn devices(&self) -> Vec<LogicalDevice> {
+        distinct_devices(self.entries.iter().map(|e| &e.device))
+            .into_iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Total number of weight elements (`model.count_params()`); all are trainable.
+    pub fn count_params(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| count_params(e.layer.as_ref()))
+            .sum()
+    }
+
+    /// The Keras-like summary table, with a device column:
+    ///
+    /// ```text
+    /// Model: "sequential"
+    /// ________________________________________________________________________________
+    ///  Layer (type)                        Output Shape          Param #   Device
+    /// ================================================================================
+    ///  conv2d (Conv2D)                     (None, 28, 28, 32)    320       /device:GPU:0
+    ///  ...
+    /// ================================================================================
+    /// Total params: 184,234
+    /// Trainable params: 184,234
+    /// Non-trainable params: 0
+    /// ________________________________________________________________________________
+    /// ```
+    ///
+    /// ```
+    /// let model = anygpu::nn::tutorial_cnn(42, &[])?;
+    /// let summary = model.summary();
+    /// assert!(summary.contains("separable_conv2d_1 (SeparableConv2D)"));
+    /// assert!(summary.contains("Total params: 184,234"));
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// Unbuilt layers show `?` as their output shape and 0 parameters.
+    pub fn summary(&self) -> String {
+        let headers = ["Layer (type)", "Output Shape", "Param #", "Device"];
+        let rows: Vec<[String; 4]> = self
+            .layer_infos()
+            .into_iter()
+            .map(|info| {
+                [
+                    format!("{} ({})", info.name, info.class_name),
+                    shape_str(info.output_shape.as_deref()),
+                    info.params.to_string(),
+                    info.device,
+                ]
+            })
+            .collect();
+        let mut widths = headers.map(str::len);
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let gap = 3;
+        let total_width = 1 + widths.iter().map(|w| w + gap).sum::<usize>();
+        let line = |row: [&str; 4]| {
+            let mut s = String::from(" ");
+            for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+                if i + 1 == row.len() {
+                    s.push_str(cell);
+                } else {
+                    let _ = write!(s, "{cell:<width$}", width = w + gap);
+                }
+            }
+            s.push('\n');
+            s
+        };
+        let total = self.count_params();
+        let mut out = format!("Model: \"{}\"\n", self.name);
+        out.push_str(&"_".repeat(total_width));
+        out.push('\n');
+        out.push_str(&line(headers));
+        out.push_str(&"=".repeat(total_width));
+        out.push('\n');
+        for row in &rows {
+            out.push_str(&line([&row[0], &row[1], &row[2], &row[3]]));
+        }
+        out.push_str(&"=".repeat(total_width));
+        out.push('\n');
+        let _ = writeln!(out, "Total params: {}", thousands(total));
+        let _ = writeln!(out, "Trainable params: {}", thousands(total));
+        out.push_str("Non-trainable params: 0\n");
+        out.push_str(&"_".repeat(total_width));
+        out.push('\n');
+        out
+    }
+
+    /// Prints [`summary`](Sequential::summary) to stdout (`model.summary()`).
+    pub fn print_summary(&self) {
+        print!("{}", self.summary());
+    }
+
+    /// Configures training (`model.compile(loss, optimizer, metrics)`); resets the optimizer
+    /// state.
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Loss, Metric, Sequential, Sgd};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(3).activation(Activation::Softmax).input_shape(&[4]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.01).momentum(0.9), &[Metric::Accuracy])?;
+    /// assert_eq!(model.optimizer().map(|o| o.name()), Some("SGD"));
+    /// // from_logits=true needs a linear last layer.
+    /// assert!(model.compile(Loss::SparseCategoricalCrossentropy { from_logits: true }, Sgd::default(), &[]).is_err());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad optimizer hyper-parameters, or a loss that does not
+    /// fit the last layer (see [`Loss::SparseCategoricalCrossentropy`]).
+    pub fn compile(
+        &mut self,
+        loss: Loss,
+        optimizer: impl Into<Optimizer>,
+        metrics: &[Metric],
+    ) -> Result<()> {
+        let optimizer = optimizer.into();
+        optimizer.validate()?;
+        self.check_loss(loss)?;
+        self.compiled = Some(Compiled {
+            loss,
+            optimizer: OptimizerState::new(optimizer, self.entries.len()),
+            accuracy: metrics.contains(&Metric::Accuracy),
+        });
+        Ok(())
+    }
+
+    /// The compiled optimizer, if any.
+    pub fn optimizer(&self) -> Option<&Optimizer> {
+        self.compiled.as_ref().map(|c| &c.optimizer.config)
+    }
+
+    /// Training steps run since `compile` (Keras' `optimizer.iterations`).
+    pub fn iterations(&self) -> u64 {
+        self.compiled.as_ref().map_or(0, |c| c.optimizer.iterations)
+    }
+
+    fn check_loss(&self, loss: Loss) -> Result<()> {
+        let Some(last) = self.entries.last() else {
+            return Ok(());
+        };
+        let act = last.layer.activation();
+        match loss {
+            Loss::SparseCategoricalCrossentropy { from_logits: false }
+                if act != Activation::Softmax =>
+            {
+                Err(Error::InvalidArgument(format!(
+                    "sparse_categorical_crossentropy with from_logits=false needs a final \
+                     softmax, but the last layer '{}' has activation '{act}'; add \
+                     activation=softmax or use from_logits=true",
+                    last.name
+                )))
+            }
+            Loss::SparseCategoricalCrossentropy { from_logits: true }
+                if act == Activation::Softmax =>
+            {
+                Err(Error::InvalidArgument(format!(
+                    "sparse_categorical_crossentropy with from_logits=true expects logits, but \
+                     the last layer '{}' applies softmax; use from_logits=false",
+                    last.name
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn compiled(&self, what: &str) -> Result<&Compiled> {
+        let compiled = self.compiled.as_ref().ok_or_else(|| {
+            Error::Model(format!(
+                "{what}: you must compile your model before training/testing. Use \
+                 `model.compile(loss, optimizer, metrics)`"
+            ))
+        })?;
+        self.check_loss(compiled.loss)?;
+        Ok(compiled)
+    }
+
+    fn check_batch(&self, what: &'static str, x: &Tensor, y: Option<&Tensor>) -> Result<usize> {
+        let input = self.input_shape().unwrap_or(&[]);
+        let shape = x.shape();
+        if shape.len() != input.len() + 1 || shape[1..] != *input {
+            return Err(Error::ShapeMismatch {
+                op: "Sequential",
+                lhs: shape.to_vec(),
+                rhs: input.to_vec(),
+                hint: format!(
+                    ": {what} expects a batch of shape [batch, {}]",
+                    input
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        x.expect_dtype(what, DType::F32)?;
+        let n = shape[0];
+        if let Some(y) = y {
+            y.expect_dtype("labels", DType::I32)?;
+            if y.shape() != [n] {
+                return Err(Error::ShapeMismatch {
+                    op: "Sequential",
+                    lhs: shape.to_vec(),
+                    rhs: y.shape().to_vec(),
+                    hint: format!(": {what} expects {n} integer labels of shape [{n}]"),
+                });
+            }
+        }
+        Ok(n)
+    }
+
+    /// The forward pass to the logits; keeps what backward needs when `keep`.
+    fn forward(&self, x: &Tensor, keep: bool) -> Result<(Tensor, Vec<Vec<Tensor>>)> {
+        let mut saved = Vec::with_capacity(if keep { self.entries.len() } else { 0 });
+        let mut h = x.clone();
+        for e in &self.entries {
+            let _scope = e.device.scope();
+            let input = h.to_device(&e.device)?;
+            let (out, s) = e.layer.forward(&input)?;
+            if keep {
+                saved.push(s);
+            }
+            h = out;
+        }
+        Ok((h, saved))
+    }
+
+    /// The loss terms on the last layer's device: per-example loss sum, gradient of the mean
+    /// loss w.r.t. the logits, correct count.
+    fn loss_terms(
+        &self,
+        logits: &Tensor,
+        y: &Tensor,
+        accuracy: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let last = &self.entries[self.entries.len() - 1].device;
+        let _scope = last.scope();
+        let labels = y.to_device(last)?;
+        let (per_example, dlogits) = ops::sparse_softmax_cross_entropy(logits, &labels)?;
+        let loss_sum = per_example.reduce_sum(None)?;
+        let correct = if accuracy {
+            Some(ops::accuracy_count(logits, &labels)?)
+        } else {
+            None
+        };
+        Ok((loss_sum, dlogits, correct))
+    }
+
+    /// Forward, loss, backward; with `update`, each layer's weights are updated as soon as its
+    /// gradients exist (its backward has already used them), else the gradients are returned.
+    fn step(&mut self, x: &Tensor, y: &Tensor, update: bool) -> Result<(StepOutput, Vec<Tensor>)> {
+        let what = if update { "fit" } else { "loss_and_gradients" };
+        self.require_built(what)?;
+        let accuracy = self.compiled(what)?.accuracy;
+        let n = self.check_batch(what, x, Some(y))?;
+        let (logits, mut saved) = self.forward(x, true)?;
+        let (loss_sum, dlogits, correct) = self.loss_terms(&logits, y, accuracy)?;
+        drop(logits);
+        let mut dy = dlogits;
+        let mut all_grads: Vec<Vec<Tensor>> = Vec::new();
+        for i in (0..self.entries.len()).rev() {
+            let e = &self.entries[i];
+            let _scope = e.device.scope();
+            let dy_here = dy.to_device(&e.device)?;
+            let layer_saved = std::mem::take(&mut saved[i]);
+            let (dx, grads) = e.layer.backward(&layer_saved, &dy_here, i > 0)?;
+            drop(layer_saved);
+            if update {
+                let weights: Vec<&Tensor> = e.layer.weights().into_iter().map(|(_, t)| t).collect();
+                let compiled = self
+                    .compiled
+                    .as_mut()
+                    .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
+                compiled.optimizer.apply(i, &weights, &grads)?;
+            } else {
+                all_grads.push(grads);
+            }
+            match dx {
+                Some(dx) => dy = dx,
+                None => break,
+            }
+        }
+        if update {
+            if let Some(c) = self.compiled.as_mut() {
+                c.optimizer.finish_step();
+            }
+        }
+        all_grads.reverse();
+        let out = StepOutput {
+            loss_sum,
+            correct,
+            batch_size: n,
+        };
+        Ok((out, all_grads.into_iter().flatten().collect()))
+    }
+
+    /// One training step on a batch: forward, loss, backward, optimizer update. Returns the
+    /// batch's loss sum and correct count as device tensors, without waiting for the device
+    /// (Keras' `train_step`).
+    ///
+    /// `x` is `[batch, ...input_shape]` f32 and `y` `[batch]` i32, on any device: they move to
+    /// the first and last layers' devices.
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Loss, Sequential, Sgd};
+    /// use anygpu::Tensor;
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::with_seed(1);
+    /// model.add(Dense::new(2).activation(Activation::Softmax).input_shape(&[3]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.5), &[])?;
+    /// let x = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0], &[2, 3])?;
+    /// let y = Tensor::from_vec(vec![0i32, 1], &[2])?;
+    /// let first = model.train_step(&x, &y)?.loss()?;
+    /// for _ in 0..20 {
+    ///     model.train_step(&x, &y)?; // nothing is read back here
+    /// }
+    /// assert!(model.train_on_batch(&x, &y)? < first);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile` or `build`; a shape error naming the expected batch
+    /// shape; device errors.
+    pub fn train_step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepOutput> {
+        Ok(self.step(x, y, true)?.0)
+    }
+
+    /// [`train_step`](Sequential::train_step), then reads the batch's mean loss (Keras'
+    /// `train_on_batch`).
+    ///
+    /// # Errors
+    /// As [`train_step`](Sequential::train_step).
+    pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
+        self.train_step(x, y)?.loss()
+    }
+
+    /// The mean loss on a batch and its gradient w.r.t. every weight, without updating them:
+    /// what `tf.GradientTape` gives for `loss(y, model(x))`. Gradients come in
+    /// [`weights`](Sequential::weights) order, each on its layer's device.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Loss, Sequential, Sgd};
+    /// use anygpu::Tensor;
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).input_shape(&[3]))?; // logits
+    /// model.compile(Loss::SparseCategoricalCrossentropy { from_logits: true }, Sgd::default(), &[])?;
+    /// model.set_weights(&[vec![0.0; 6], vec![0.0; 2]])?;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[1, 3])?;
+    /// let (loss, grads) = model.loss_and_gradients(&x, &Tensor::from_vec(vec![1i32], &[1])?)?;
+    /// assert!((loss - 2f32.ln()).abs() < 1e-6); // two equal logits
+    /// // d loss / d bias = softmax - one_hot = [0.5, -0.5].
+    /// assert_eq!(grads[1].to_vec::<f32>()?, [0.5, -0.5]);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`train_step`](Sequential::train_step).
+    pub fn loss_and_gradients(&mut self, x: &Tensor, y: &Tensor) -> Result<(f32, Vec<Tensor>)> {
+        let (out, grads) = self.step(x, y, false)?;
+        Ok((out.loss()?, grads))
+    }
+
+    /// Waits until every device of the model has finished its work (for timing).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn synchronize(&self) -> Result<()> {
+        for d in distinct_devices(self.entries.iter().map(|e| &e.device)) {
+            d.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn batch_tensors(&self, what: &str, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        let input = self.input_shape().unwrap_or(&[]);
+        if batch.x_shape.len() != input.len() + 1 {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the dataset yields elements of shape {:?}, not batches of examples of \
+                 shape {input:?}; call .batch(batch_size) on it",
+                batch.x_shape
+            )));
+        }
+        let first = &self.entries[0].device;
+        let last = &self.entries[self.entries.len() - 1].device;
+        let x = Tensor::from_slice_on(&batch.x, &batch.x_shape, first)?;
+        let y = Tensor::from_slice_on(&batch.y, &[batch.y.len()], last)?;
+        Ok((x, y))
+    }
+
+    /// Trains for `epochs` epochs (`model.fit(dataset, epochs, steps_per_epoch,
+    /// validation_data)`).
+    ///
+    /// Each epoch runs `steps_per_epoch` batches, or one pass over a finite dataset when it is
+    /// `None`. With `steps_per_epoch`, batches continue across epochs from one iterator over
+    /// the dataset, as Keras does with a repeated `tf.data` pipeline; if the dataset runs out,
+    /// a new pass starts. After each epoch the model is evaluated on `validation`.
+    ///
+    /// The per-step loss and correct count are accumulated on the device with
+    /// [`Tensor::add`] and read every [`set_log_every`](Sequential::set_log_every) steps and at
+    /// the end of the epoch, so the device is not stalled every step. With
+    /// [`Verbosity::ProgressBar`] each epoch shows a progress bar with the running loss,
+    /// accuracy and images/s, then a line such as
+    /// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: 0.8790 - val_loss: 0.3341`.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] for an unbatched or
+    /// empty dataset, or an infinite one without `steps_per_epoch`; shape and device errors.
+    pub fn fit(
+        &mut self,
+        dataset: &Dataset,
+        epochs: usize,
+        steps_per_epoch: Option<usize>,
+        validation: Option<&Dataset>,
+    ) -> Result<History> {
+        if self.input_shape().is_none() {
+            self.build(dataset.example_shape())?;
+        }
+        self.require_built("fit")?;
+        let accuracy = self.compiled("fit")?.accuracy;
+        let steps = match (steps_per_epoch, dataset.len()) {
+            (Some(0), _) => {
+                return Err(Error::InvalidArgument(
+                    "fit: steps_per_epoch must be positive".into(),
+                ))
+            }
+            (Some(s), _) => s,
+            (None, Some(0)) => {
+                return Err(Error::InvalidArgument(
+                    "fit: the dataset is empty; there is nothing to train on".into(),
+                ))
+            }
+            (None, Some(n)) => n,
+            (None, None) => {
+                return Err(Error::InvalidArgument(
+                    "fit: when providing an infinite dataset, you must specify the number of \
+                     steps to run (steps_per_epoch)"
+                        .into(),
+                ))
+            }
+        };
+        let mut history = History::default();
+        let mut iter = dataset.iter();
+        for epoch in 0..epochs {
+            if steps_per_epoch.is_none() && epoch > 0 {
+                iter = dataset.iter();
+            }
+            let bar = self.epoch_bar(epoch, epochs, steps);
+            let start = Instant::now();
+            let mut acc = Accumulator::default();
+            let mut last_read = (f64::NAN, None);
+            for step in 0..steps {
+                let batch = match iter.next() {
+                    Some(b) => b,
+                    None => {
+                        iter = dataset.iter();
+                        iter.next().ok_or_else(|| {
+                            Error::InvalidArgument("fit: the dataset is empty".into())
+                        })?
+                    }
+                };
+                let (x, y) = self.batch_tensors("fit", &batch)?;
+                let out = self.train_step(&x, &y)?;
+                acc.push(out)?;
+                let done = step + 1;
+                if done % self.log_every == 0 || done == steps {
+                    last_read = acc.read()?;
+                    if let Some(bar) = &bar {
+                        bar.set_position(done as u64);
+                        bar.set_message(progress_message(last_read, acc.examples, start.elapsed()));
+                    }
+                }
+            }
+            let elapsed = start.elapsed();
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            let (loss, acc_value) = last_read;
+            history.loss.push(loss);
+            if let (true, Some(a)) = (accuracy, acc_value) {
+                history.accuracy.push(a);
+            }
+            history.steps.push(steps);
+            let secs = elapsed.as_secs_f64();
+            history.epoch_seconds.push(secs);
+            history
+                .images_per_second
+                .push(acc.examples as f64 / secs.max(1e-9));
+            let val = match validation {
+                Some(v) => Some(self.evaluate(v, None)?),
+                None => None,
+            };
+            if let Some(v) = &val {
+                history.val_loss.push(v.loss);
+                if let Some(a) = v.accuracy {
+                    history.val_accuracy.push(a);
+                }
+            }
+            if self.verbose != Verbosity::Silent {
+                if self.verbose == Verbosity::OneLinePerEpoch {
+                    println!("Epoch {}/{epochs}", epoch + 1);
+                }
+                println!(
+                    "{}",
+                    epoch_line(steps, elapsed, (loss, acc_value), val.as_ref())
+                );
+            }
+        }
+        Ok(history)
+    }
+
+    fn epoch_bar(&self, epoch: usize, epochs: usize, steps: usize) -> Option<ProgressBar> {
+        if self.verbose != Verbosity::ProgressBar {
+            return None;
+        }
+        println!("Epoch {}/{epochs}", epoch + 1);
+        let bar = ProgressBar::new(steps as u64);
+        let style = ProgressStyle::with_template(
+            "{pos:>5}/{len:<5} [{bar:30.cyan/blue}] {elapsed_precise} - {msg}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Some(bar)
+    }
+
+    /// Mean loss and accuracy over a dataset (`model.evaluate(dataset, steps)`): one pass, or
+    /// `steps` batches.
+    ///
+    /// ```
+    /// use anygpu::data::Dataset;
+    /// use anygpu::nn::{Activation, Dense, Loss, Metric, Sequential, Sgd};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(3).activation(Activation::Softmax).input_shape(&[2]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[Metric::Accuracy])?;
+    /// let test = Dataset::from_tensor_slices(vec![0.5; 10], &[2], vec![0, 1, 2, 0, 1])?.batch(2, false);
+    /// let result = model.evaluate(&test, None)?;
+    /// assert_eq!(result.examples, 5);
+    /// assert!(result.loss > 0.0 && result.accuracy.is_some());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] for an empty, unbatched or
+    /// infinite (without `steps`) dataset.
+    pub fn evaluate(&self, dataset: &Dataset, steps: Option<usize>) -> Result<Evaluation> {
+        self.require_built("evaluate")?;
+        let accuracy = self.compiled("evaluate")?.accuracy;
+        if steps.is_none() && dataset.len().is_none() {
+            return Err(Error::InvalidArgument(
+                "evaluate: when providing an infinite dataset, you must specify the number of \
+                 steps to run"
+                    .into(),
+            ));
+        }
+        let mut acc = Accumulator::default();
+        for (i, batch) in dataset.iter().take(steps.unwrap_or(usize::MAX)).enumerate() {
+            let (x, y) = self.batch_tensors("evaluate", &batch)?;
+            self.check_batch("evaluate", &x, Some(&y))?;
+            let (logits, _) = self.forward(&x, false)?;
+            let (loss_sum, _, correct) = self.loss_terms(&logits, &y, accuracy)?;
+            acc.push(StepOutput {
+                loss_sum,
+                correct,
+                batch_size: batch.batch_size(),
+            })?;
+            if (i + 1) % self.log_every == 0 {
+                // Bounds how far the host runs ahead of the device.
+                acc.read()?;
+            }
+        }
+        if acc.examples == 0 {
+            return Err(Error::InvalidArgument(
+                "evaluate: the dataset is empty".into(),
+            ));
+        }
+        let (loss, accuracy) = acc.read()?;
+        Ok(Evaluation {
+            loss,
+            accuracy,
+            examples: acc.examples,
+        })
+    }
+
+    /// The model's output for a batch `x` of shape `[batch, ...input_shape]`
+    /// (`model.predict(x)`): class probabilities when the last layer has a softmax, else its
+    /// output. The result is on the last layer's device.
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Sequential};
+    /// use anygpu::Tensor;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(10).activation(Activation::Softmax).input_shape(&[4]))?;
+    /// let probs = model.predict(&Tensor::from_vec(vec![0.1f32; 8], &[2, 4])?)?;
+    /// assert_eq!(probs.shape(), &[2, 10]);
+    /// let first_row: f32 = probs.to_vec::<f32>()?[..10].iter().sum();
+    /// assert!((first_row - 1.0).abs() < 1e-5);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Model`] when the model is not built; a shape error for a batch of another
+    /// shape.
+    pub fn predict(&self, x: &Tensor) -> Result<Tensor> {
+        self.require_built("predict")?;
+        self.check_batch("predict", x, None)?;
+        let (out, _) = self.forward(x, false)?;
+        let last = &self.entries[self.entries.len() - 1];
+        if last.layer.activation() == Activation::Softmax {
+            let _scope = last.device.scope();
+            ops::softmax(&out)
+        } else {
+            Ok(out)
+        }
+    }
+
+    /// Every weight in layer order, each layer's in Keras' order (`model.weights`).
+    pub fn weights(&self) -> Vec<&Tensor> {
+        self.entries
+            .iter()
+            .flat_map(|e| e.layer.weights().into_iter().map(|(_, t)| t))
+            .collect()
+    }
+
+    /// Weights with their names, `layer_name/weight_name` (`conv2d/kernel`, ...).
+    pub fn named_weights(&self) -> Vec<(String, &Tensor)> {
+        self.entries
+            .iter()
+            .flat_map(|e| {
+                e.layer
+                    .weights()
+                    .into_iter()
+                    .map(move |(n, t)| (format!("{}/{n}", e.name), t))
+            })
+            .collect()
+    }
+
+    /// Host copies of every weight (`model.get_weights()`), in [`weights`](Sequential::weights)
+    /// order.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Sequential};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).input_shape(&[3]))?;
+    /// let weights = model.get_weights()?;
+    /// assert_eq!(weights.iter().map(Vec::len).collect::<Vec<_>>(), [6, 2]); // kernel, bias
+    /// model.set_weights(&[vec![1.0; 6], vec![0.5; 2]])?;
+    /// assert!(model.set_weights(&[vec![1.0; 6]]).is_err());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn get_weights(&self) -> Result<Vec<Vec<f32>>> {
+        self.weights().iter().map(|t| t.to_vec::<f32>()).collect()
+    }
+
+    /// Replaces every weight (`model.set_weights(...)`), in
+    /// [`weights`](Sequential::weights) order, on each layer's device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a wrong number of arrays, a shape error for an array of
+    /// the wrong length; the model is unchanged on error.
+    pub fn set_weights(&mut self, values: &[Vec<f32>]) -> Result<()> {
+        let named = self.named_weights();
+        if values.len() != named.len() {
+            return Err(Error::InvalidArgument(format!(
+                "set_weights: you called set_weights with a list of {} arrays, but the model \
+                 expects {}",
+                values.len(),
+                named.len()
+            )));
+        }
+        for ((name, t), v) in named.iter().zip(values) {
+            if v.len() != t.len() {
+                return Err(Error::ShapeMismatch {
+                    op: "set_weights",
+                    lhs: t.shape().to_vec(),
+                    rhs: vec![v.len()],
+                    hint: format!(": '{name}' needs {} values, got {}", t.len(), v.len()),
+                });
+            }
+        }
+        let mut k = 0;
+        for e in &mut self.entries {
+            let shapes: Vec<Vec<usize>> = e
+                .layer
+                .weights()
+                .iter()
+                .map(|(_, t)| t.shape().to_vec())
+                .collect();
+            for (j, shape) in shapes.iter().enumerate() {
+                let t = Tensor::from_slice_on(&values[k], shape, &e.device)?;
+                e.layer.set_weight(j, t)?;
+                k += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves every weight to a safetensors file (`model.save_weights(path)`), named
+    /// `layer_name/weight_name`, f32, with their shapes.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Sequential};
+    /// let path = std::env::temp_dir().join(format!("anygpu-doc-{}.safetensors", std::process::id()));
+    /// let mut a = Sequential::with_seed(1);
+    /// a.add(Dense::new(2).input_shape(&[3]))?;
+    /// a.save_weights(&path)?;
+    /// let mut b = Sequential::with_seed(2);
+    /// b.add(Dense::new(2).input_shape(&[3]))?;
+    /// b.load_weights(&path)?;
+    /// assert_eq!(a.get_weights()?, b.get_weights()?);
+    /// let mut wider = Sequential::new();
+    /// wider.add(Dense::new(5).input_shape(&[3]))?;
+    /// assert!(wider.load_weights(&path).unwrap_err().to_string().contains("dense/kernel"));
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be written; device errors.
+    pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        crate::nn::weights::save(self, path.as_ref())
+    }
+
+    /// Loads weights saved by [`save_weights`](Sequential::save_weights) into this model
+    /// (`model.load_weights(path)`), onto each layer's device. Every weight of the model must
+    /// be in the file with the same shape; nothing is changed unless all are.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for an unreadable file; [`Error::Model`] for a malformed file, a missing or
+    /// extra weight, a dtype other than f32, or a shape mismatch (naming the weight and both
+    /// shapes).
+    pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        crate::nn::weights::load(self, path.as_ref())
+    }
+
+    /// Replaces the weights of layer `layer` (for the weights module).
+    pub(crate) fn replace_weights(&mut self, layer: usize, values: Vec<Tensor>) -> Result<()> {
+        let e = self
+            .entries
+            .get_mut(layer)
+            .ok_or_else(|| Error::InvalidArgument(format!("no layer {layer}")))?;
+        for (j, t) in values.into_iter().enumerate() {
+            let t = t.to_device(&e.device)?;
+            e.layer.set_weight(j, t)?;
+        }
+        Ok(())
+    }
+
+    /// `(layer name, device, [(weight name, shape)])` per layer, for the weights module.
+    pub(crate) fn weight_layout(&self) -> Vec<LayerWeights> {
+        self.entries
+            .iter()
+            .map(|e| {
+                let ws = e
+                    .layer
+                    .weights()
+                    .into_iter()
+                    .map(|(n, t)| (format!("{}/{n}", e.name), t.shape().to_vec()))
+                    .collect();
+                (e.name.clone(), e.device.clone(), ws)
+            })
+            .collect()
+    }
+}
+
+fn fmt_metrics(prefix: &str, (loss, acc): (f64, Option<f64>)) -> String {
+    let mut s = String::new();
+    if let Some(a) = acc {
+        let _ = write!(s, " - {prefix}accuracy: {a:.4}");
+    }
+    let _ = write!(s, " - {prefix}loss: {loss:.4}");
+    s
+}
+
+fn progress_message(read: (f64, Option<f64>), examples: usize, elapsed: Duration) -> String {
+    let ips = examples as f64 / elapsed.as_secs_f64().max(1e-9);
+    let metrics = fmt_metrics("", read);
+    format!("{} - {ips:.0} images/s", metrics.trim_start_matches(" - "))
+}
+
+/// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: ... - val_loss: ...`
+fn epoch_line(
+    steps: usize,
+    elapsed: Duration,
+    train: (f64, Option<f64>),
+    val: Option<&Evaluation>,
+) -> String {
+    let secs = elapsed.as_secs_f64();
+    let mut line = format!(
+        "{steps}/{steps} - {:.0}s - {:.0}ms/step{}",
+        secs,
+        secs * 1e3 / steps.max(1) as f64,
+        fmt_metrics("", train)
+    );
+    if let Some(v) = val {
+        line.push_str(&fmt_metrics("val_", (v.loss, v.accuracy)));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(184_234), "184,234");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn epoch_line_reads_like_keras() {
+        let line = epoch_line(
+            429,
+            Duration::from_millis(12_012),
+            (0.38, Some(0.8622)),
+            None,
+        );
+        assert_eq!(
+            line,
+            "429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800"
+        );
+    }
+
+    #[test]
+    fn shapes_print_with_none_for_the_batch() {
+        assert_eq!(shape_str(Some(&[28, 28, 32])), "(None, 28, 28, 32)");
+        assert_eq!(shape_str(Some(&[1152])), "(None, 1152)");
+        assert_eq!(shape_str(None), "?");
+    }
+}
