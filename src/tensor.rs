@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::device::logical::{Backend, GpuRange};
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
-use crate::memory::Allocation;
+use crate::memory::{host, Allocation};
 use crate::placement::{self, OpInfo};
 
 /// Element types.
@@ -150,7 +150,11 @@ impl Tensor {
                 shape,
                 dtype,
                 device,
-                Storage::Cpu(RwLock::new(words.to_vec())),
+                Storage::Cpu(RwLock::new({
+                    let mut buffer = host::take(words.len());
+                    buffer.copy_from_slice(words);
+                    buffer
+                })),
             )),
             Backend::Gpu(g) => {
                 let t = Tensor::uninit(shape, dtype, device)?;
@@ -180,7 +184,7 @@ impl Tensor {
     pub(crate) fn uninit(shape: &[usize], dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
         let len: usize = shape.iter().product();
         let storage = match &device.0.backend {
-            Backend::Cpu => Storage::Cpu(RwLock::new(vec![0; len])),
+            Backend::Cpu => Storage::Cpu(RwLock::new(host::take(len))),
             Backend::Gpu(g) => {
                 let bytes = (len * dtype.size()) as u64;
                 let what = describe(shape, dtype);
@@ -207,6 +211,9 @@ impl Tensor {
         let t = Tensor::uninit(shape, dtype, device)?;
         if let (Backend::Gpu(g), Some(range)) = (&device.0.backend, t.gpu_range()) {
             g.ctx.clear(range, range.size);
+        }
+        if let Some(mut words) = t.host_write() {
+            words.fill(0);
         }
         Ok(t)
     }
@@ -370,6 +377,15 @@ impl Tensor {
             device: self.0.device.clone(),
             storage: Arc::clone(&self.0.storage),
         })))
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Storage::Cpu(words) = self {
+            let words = std::mem::take(words.get_mut().unwrap_or_else(|e| e.into_inner()));
+            host::give(words);
+        }
     }
 }
 

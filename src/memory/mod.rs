@@ -3,6 +3,7 @@
 
 pub(crate) mod arena;
 pub(crate) mod bfc;
+pub(crate) mod host;
 
 pub(crate) use arena::{Allocation, Arena, ArenaConfig};
 
