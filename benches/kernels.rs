@@ -1,1 +1,327 @@
-fn main() {}
+//! The CNN kernels at the Keras Fashion-MNIST tutorial's shapes (batch 128), forward and
+//! forward + backward, on every device.
+//!
+//! Benchmark ids are `{kernel}/{fwd|fwd+bwd}/{device}`, e.g. `conv2d_1x32_28/fwd/gpu0-lavapipe`
+//! or `sepconv_32x64_14/fwd+bwd/cpu0`; throughput is in flops (`Throughput::Elements`, so
+//! criterion's "elem/s" reads as FLOP/s) or, for pooling, bytes of input. Each timed region ends
+//! with `device.synchronize()`, so GPU times include the work, not just its recording.
+//!
+//! ```text
+//! cargo bench --bench kernels                              # everything, every device
+//! ANYGPU_BENCH_DEVICES=cpu,gpu0 cargo bench --bench kernels  # only CPU:0 and GPU:0
+//! cargo bench --bench kernels -- 'conv2d_1x32_28/fwd/'       # criterion's own filter
+//! WGPU_BACKEND=vulkan cargo bench --bench kernels -- --quick
+//! ```
+
+use std::time::{Duration, Instant};
+
+use anygpu::ops::reference::random_vec;
+use anygpu::ops::spec::{Activation, AdamParams, Padding};
+use anygpu::ops::{self};
+use anygpu::{DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+
+const BATCH: usize = 128;
+const ACT: Activation = Activation::Relu;
+
+/// `cpu0`, `gpu0-lavapipe`, `gpu1-llvmpipe`, ...
+fn tag(dev: &LogicalDevice) -> String {
+    match dev.device_type() {
+        DeviceKind::Cpu => format!("cpu{}", dev.index()),
+        DeviceKind::Gpu => {
+            let first = dev
+                .adapter_name()
+                .split(|c: char| !c.is_alphanumeric())
+                .next()
+                .unwrap_or("gpu")
+                .to_lowercase();
+            // Mesa's Vulkan software driver reports itself as llvmpipe; it is lavapipe.
+            let name = if first == "llvmpipe" && dev.backend() == Some(wgpu::Backend::Vulkan) {
+                "lavapipe".to_string()
+            } else {
+                first
+            };
+            format!("gpu{}-{name}", dev.index())
+        }
+    }
+}
+
+/// The devices to run on: all, or those `ANYGPU_BENCH_DEVICES` (`cpu,gpu0`) names.
+fn devices(rt: &Runtime) -> Vec<LogicalDevice> {
+    let all = rt
+        .list_logical_devices(KindFilter::All)
+        .expect("devices are listed");
+    let Ok(filter) = std::env::var("ANYGPU_BENCH_DEVICES") else {
+        return all;
+    };
+    let wanted: Vec<String> = filter
+        .split(',')
+        .map(|s| s.trim().to_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    all.into_iter()
+        .filter(|d| {
+            let kind = match d.device_type() {
+                DeviceKind::Cpu => "cpu",
+                DeviceKind::Gpu => "gpu",
+            };
+            let short = format!("{kind}{}", d.index());
+            wanted
+                .iter()
+                .any(|w| *w == kind || *w == short || tag(d) == *w)
+        })
+        .collect()
+}
+
+fn put(dev: &LogicalDevice, shape: &[usize], seed: u64, scale: f32) -> Tensor {
+    let len: usize = shape.iter().product();
+    let data: Vec<f32> = random_vec(len, seed).iter().map(|v| v * scale).collect();
+    Tensor::from_slice_on(&data, shape, dev).expect("upload")
+}
+
+/// Times `iters` runs of `f` on `dev`, waiting for the device at the end.
+fn timed(dev: &LogicalDevice, iters: u64, mut f: impl FnMut()) -> Duration {
+    dev.synchronize().expect("device");
+    let start = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    dev.synchronize().expect("device");
+    start.elapsed()
+}
+
+/// One benchmark: `name/mode/device` with `throughput`, running `f` in `dev`'s scope.
+fn bench(
+    c: &mut Criterion,
+    name: &str,
+    mode: &str,
+    throughput: Throughput,
+    dev: &LogicalDevice,
+    mut f: impl FnMut(),
+) {
+    let mut group = c.benchmark_group(name);
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .throughput(throughput);
+    group.bench_function(BenchmarkId::new(mode, tag(dev)), |b| {
+        b.iter_custom(|iters| {
+            let _s = dev.scope();
+            timed(dev, iters, &mut f)
+        })
+    });
+    group.finish();
+}
+
+fn conv2d_first_layer(c: &mut Criterion, dev: &LogicalDevice) {
+    let (h, cin, cout) = (28, 1, 32);
+    let x = put(dev, &[BATCH, h, h, cin], 1, 1.0);
+    let k = put(dev, &[3, 3, cin, cout], 2, 0.3);
+    let b = put(dev, &[cout], 3, 0.1);
+    let dy = put(dev, &[BATCH, h, h, cout], 4, 1.0);
+    let name = "conv2d_1x32_28";
+    let flops = (2 * BATCH * h * h * cout * 9 * cin) as u64;
+    let fwd = || ops::conv2d(&x, &k, Some(&b), Padding::Same, ACT).unwrap();
+    bench(c, name, "fwd", Throughput::Elements(flops), dev, || {
+        fwd();
+    });
+    // The first layer's backward pass needs no input gradient (Keras skips it).
+    bench(
+        c,
+        name,
+        "fwd+bwd",
+        Throughput::Elements(2 * flops),
+        dev,
+        || {
+            let y = fwd();
+            let dz = ops::activation_backward(&dy, &y, ACT).unwrap();
+            let _db = ops::bias_grad(&dz).unwrap();
+            let _dk =
+                ops::conv2d_backward_kernel(&x, &dz, &[3, 3, cin, cout], Padding::Same).unwrap();
+        },
+    );
+}
+
+fn sepconv(c: &mut Criterion, dev: &LogicalDevice, cin: usize, cout: usize, h: usize) {
+    let x = put(dev, &[BATCH, h, h, cin], 11, 1.0);
+    let kd = put(dev, &[3, 3, cin, 1], 12, 0.3);
+    let kp = put(dev, &[1, 1, cin, cout], 13, 0.2);
+    let b = put(dev, &[cout], 14, 0.1);
+    let dy = put(dev, &[BATCH, h, h, cout], 15, 1.0);
+    let name = format!("sepconv_{cin}x{cout}_{h}");
+    let rows = BATCH * h * h;
+    let flops = (2 * rows * cin * 9 + 2 * rows * cin * cout) as u64;
+    let fwd = || {
+        let d = ops::depthwise_conv2d(&x, &kd).unwrap();
+        let y = ops::pointwise_conv2d(&d, &kp, Some(&b), ACT).unwrap();
+        (d, y)
+    };
+    bench(c, &name, "fwd", Throughput::Elements(flops), dev, || {
+        fwd();
+    });
+    bench(
+        c,
+        &name,
+        "fwd+bwd",
+        Throughput::Elements(3 * flops),
+        dev,
+        || {
+            let (d, y) = fwd();
+            let dz = ops::activation_backward(&dy, &y, ACT).unwrap();
+            let _db = ops::bias_grad(&dz).unwrap();
+            // The pointwise gradients as 1×1 convolution gradients (several times faster on GPUs
+            // than matmul_transposed on the [rows, c] reshapes, which computes the same).
+            let _dkp =
+                ops::conv2d_backward_kernel(&d, &dz, &[1, 1, cin, cout], Padding::Valid).unwrap();
+            let dd = ops::conv2d_backward_input(&dz, &kp, d.shape(), Padding::Valid).unwrap();
+            let _dkd = ops::depthwise_conv2d_backward_kernel(&x, &dd, &[3, 3, cin, 1]).unwrap();
+            let _dx = ops::depthwise_conv2d_backward_input(&dd, &kd).unwrap();
+        },
+    );
+}
+
+fn maxpool(c: &mut Criterion, dev: &LogicalDevice) {
+    let (h, ch) = (28, 32);
+    let x = put(dev, &[BATCH, h, h, ch], 21, 1.0);
+    let dy = put(dev, &[BATCH, h / 2, h / 2, ch], 22, 1.0);
+    let bytes = (BATCH * h * h * ch * 4) as u64;
+    let name = "maxpool_32x28";
+    bench(c, name, "fwd", Throughput::Bytes(bytes), dev, || {
+        ops::max_pool2d(&x).unwrap();
+    });
+    bench(
+        c,
+        name,
+        "fwd+bwd",
+        Throughput::Bytes(2 * bytes),
+        dev,
+        || {
+            let _y = ops::max_pool2d(&x).unwrap();
+            let _dx = ops::max_pool2d_backward(&x, &dy).unwrap();
+        },
+    );
+}
+
+fn dense(c: &mut Criterion, dev: &LogicalDevice) {
+    let (n_in, n_out) = (1152, 128);
+    let x = put(dev, &[BATCH, n_in], 31, 1.0);
+    let w = put(dev, &[n_in, n_out], 32, 0.05);
+    let b = put(dev, &[n_out], 33, 0.1);
+    let dy = put(dev, &[BATCH, n_out], 34, 1.0);
+    let name = "dense_1152x128";
+    let flops = (2 * BATCH * n_in * n_out) as u64;
+    bench(c, name, "fwd", Throughput::Elements(flops), dev, || {
+        ops::dense(&x, &w, Some(&b), ACT).unwrap();
+    });
+    bench(
+        c,
+        name,
+        "fwd+bwd",
+        Throughput::Elements(3 * flops),
+        dev,
+        || {
+            let y = ops::dense(&x, &w, Some(&b), ACT).unwrap();
+            let dz = ops::activation_backward(&dy, &y, ACT).unwrap();
+            let _db = ops::bias_grad(&dz).unwrap();
+            let _dw = ops::matmul_transposed(&x, &dz, true, false).unwrap();
+            let _dx = ops::matmul_transposed(&dz, &w, false, true).unwrap();
+        },
+    );
+}
+
+fn head_and_update(c: &mut Criterion, dev: &LogicalDevice) {
+    // The loss and accuracy of a batch, and one Adam step on the Dense kernel.
+    let logits = put(dev, &[BATCH, 10], 41, 4.0);
+    let labels: Vec<i32> = (0..BATCH as i32).map(|i| i % 10).collect();
+    let labels = Tensor::from_slice_on(&labels, &[BATCH], dev).unwrap();
+    bench(
+        c,
+        "xent_128x10",
+        "fwd+bwd",
+        Throughput::Elements((BATCH * 10) as u64),
+        dev,
+        || {
+            let _l = ops::sparse_softmax_cross_entropy(&logits, &labels).unwrap();
+            let _a = ops::accuracy_count(&logits, &labels).unwrap();
+        },
+    );
+    let len = 1152 * 128;
+    let w = put(dev, &[len], 42, 0.05);
+    let g = put(dev, &[len], 43, 0.01);
+    let m = put(dev, &[len], 44, 0.0);
+    let v = put(dev, &[len], 45, 0.0);
+    let mut step = 0;
+    bench(
+        c,
+        "adam_147456",
+        "step",
+        Throughput::Elements(len as u64),
+        dev,
+        || {
+            step += 1;
+            let p = AdamParams {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-7,
+                step,
+            };
+            ops::adam_update(&w, &g, &m, &v, &p).unwrap();
+        },
+    );
+}
+
+fn matmul(c: &mut Criterion, dev: &LogicalDevice) {
+    let n = 1024;
+    let a = put(dev, &[n, n], 51, 1.0);
+    let b = put(dev, &[n, n], 52, 1.0);
+    bench(
+        c,
+        "matmul_1024",
+        "fwd",
+        Throughput::Elements(2 * (n * n * n) as u64),
+        dev,
+        || {
+            a.matmul(&b).unwrap();
+        },
+    );
+}
+
+fn kernels(c: &mut Criterion) {
+    let rt = Runtime::builder()
+        .memory_growth(true)
+        .build()
+        .expect("runtime");
+    for dev in devices(&rt) {
+        eprintln!(
+            "benchmarking {} as {} ({})",
+            dev.name(),
+            tag(&dev),
+            dev.adapter_name()
+        );
+        conv2d_first_layer(c, &dev);
+        for (cin, cout, h) in [
+            (32, 32, 28),
+            (32, 64, 14),
+            (64, 64, 14),
+            (64, 128, 7),
+            (128, 128, 7),
+        ] {
+            sepconv(c, &dev, cin, cout, h);
+        }
+        maxpool(c, &dev);
+        dense(c, &dev);
+        head_and_update(c, &dev);
+        matmul(c, &dev);
+    }
+}
+
+criterion_group! {
+    name = benches;
+    // No plots: they need system fonts (plotters' text rendering panics without them), and the
+    // numbers are what these runs are for.
+    config = Criterion::default().without_plots();
+    targets = kernels
+}
+criterion_main!(benches);

@@ -188,12 +188,14 @@ fn run(args: Args) -> Result<(), BoxError> {
     // too). With no --device and only software adapters (Mesa's llvmpipe, lavapipe: the CPU
     // rasterizing), CPU:0's native kernels are far faster, so the default goes there.
     let software_only = !physical.is_empty()
-        && config::get_visible_devices(DeviceKind::Gpu).iter().all(|pd| {
-            config::get_device_details(pd)
-                .ok()
-                .and_then(|d| d.gpu)
-                .is_some_and(|g| g.adapter_type == "Cpu")
-        });
+        && config::get_visible_devices(DeviceKind::Gpu)
+            .iter()
+            .all(|pd| {
+                config::get_device_details(pd)
+                    .ok()
+                    .and_then(|d| d.gpu)
+                    .is_some_and(|g| g.adapter_type == "Cpu")
+            });
     let layers_on_cpu = match args.device.as_deref() {
         Some(spec) => device_name(spec)? == "/device:CPU:0",
         None => {

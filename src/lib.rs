@@ -73,7 +73,9 @@ mod placement;
 pub mod runtime;
 mod tensor;
 
-pub use device::{DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice};
+pub use device::{
+    DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice,
+};
 pub use error::{Error, Result};
 pub use memory::{format_bytes, MemoryInfo, MemoryStats};
 pub use placement::{current_device_spec, device, with_device, DeviceScope, IntoDeviceScope};

@@ -112,7 +112,7 @@ fn hiding_gpu0_renumbers_the_rest_from_zero() {
     let second = gpu(&rt, 1);
     let second_name = rt.get_device_details(&second).unwrap().device_name;
     let second_backend = rt.get_device_details(&second).unwrap().backend;
-    rt.set_visible_devices(&[second.clone()], DeviceKind::Gpu)
+    rt.set_visible_devices(std::slice::from_ref(&second), DeviceKind::Gpu)
         .unwrap();
     assert_eq!(rt.get_visible_devices("GPU"), vec![second]);
     let gpus = rt.list_logical_devices("GPU").unwrap();
@@ -127,7 +127,7 @@ fn devices_not_listed_or_of_another_kind_are_unrecognized() {
     let rt = builder().configure().unwrap();
     let cpu = rt.list_physical_devices("CPU")[0].clone();
     let err = rt
-        .set_visible_devices(&[cpu.clone()], DeviceKind::Gpu)
+        .set_visible_devices(std::slice::from_ref(&cpu), DeviceKind::Gpu)
         .unwrap_err();
     assert!(
         err.to_string()

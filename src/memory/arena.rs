@@ -211,7 +211,12 @@ impl Arena {
             block.region.0,
             block.offset
         );
-        let buffer = state.buffers.get(&block.region).cloned();
+        // A zero-byte allocation has no range to bind: ops over empty tensors record nothing.
+        let buffer = if block.size == 0 {
+            None
+        } else {
+            state.buffers.get(&block.region).cloned()
+        };
         Ok(Allocation {
             arena: Arc::clone(self),
             block,

@@ -2,7 +2,7 @@
 //! backward, on every device. Layout NHWC, kernels HWIO (Keras), f32.
 
 use crate::error::{Error, Result};
-use crate::ops::gpu::{Kernel, ShaderFamily};
+use crate::ops::gpu::Kernel;
 use crate::ops::spec::{
     Activation, AdamParams, Conv2dShape, DepthwiseShape, Padding, PoolShape, SgdParams,
 };
@@ -64,8 +64,13 @@ pub(crate) trait NnKernels {
     /// `y = act(x)`.
     fn activation(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()>;
     /// `dz = dy * act'(z)`, computed from the activation's output `y`.
-    fn activation_backward(&self, dy: &Tensor, y: &Tensor, dz: &Tensor, act: Activation)
-        -> Result<()>;
+    fn activation_backward(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        act: Activation,
+    ) -> Result<()>;
     /// Row-wise softmax of `[rows, cols]`.
     fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()>;
     /// Sparse categorical cross-entropy fused with softmax: per-row loss and the gradient of
@@ -93,6 +98,724 @@ pub(crate) trait NnKernels {
     /// Keras' momentum / Nesterov update with velocity `v`.
     fn sgd_momentum(&self, w: &Tensor, g: &Tensor, v: &Tensor, p: &SgdParams) -> Result<()>;
     /// Keras' Adam update with moments `m`, `v`.
-    fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams)
-        -> Result<()>;
+    fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Front-ends: check dtypes and shapes, place the op, allocate the output on its device (always
+// before any scratch, so an output takes the arena chunk freed last), call the kernels.
+
+use crate::ops::basic::matmul_ex;
+use crate::ops::gpu::nn as gn;
+use crate::DeviceKind;
+
+const fn op(name: &'static str, gpu: &'static [Kernel]) -> OpInfo {
+    OpInfo {
+        name,
+        gpu: Some(gpu),
+    }
+}
+
+const CONV2D: OpInfo = op("Conv2D", gn::CONV2D);
+const CONV2D_BACKWARD_INPUT: OpInfo = op("Conv2DBackpropInput", gn::CONV2D_BACKWARD_INPUT);
+const CONV2D_BACKWARD_KERNEL: OpInfo = op("Conv2DBackpropFilter", gn::CONV2D_BACKWARD_KERNEL);
+const BIAS_GRAD: OpInfo = op("BiasAddGrad", gn::BIAS_GRAD);
+const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
+const DEPTHWISE_BACKWARD_INPUT: OpInfo = op("DepthwiseConv2dNativeBackpropInput", gn::DEPTHWISE);
+const DEPTHWISE_BACKWARD_KERNEL: OpInfo = op(
+    "DepthwiseConv2dNativeBackpropFilter",
+    gn::DEPTHWISE_BACKWARD_KERNEL,
+);
+const MAXPOOL: OpInfo = op("MaxPool", gn::MAXPOOL);
+const MAXPOOL_BACKWARD: OpInfo = op("MaxPoolGrad", gn::MAXPOOL_BACKWARD);
+const ACTIVATIONS: [OpInfo; 3] = [
+    op("Identity", gn::ACTIVATION),
+    op("Relu", gn::ACTIVATION),
+    op("Selu", gn::ACTIVATION),
+];
+const ACTIVATION_GRADS: [OpInfo; 3] = [
+    op("Identity", gn::ACTIVATION_BACKWARD),
+    op("ReluGrad", gn::ACTIVATION_BACKWARD),
+    op("SeluGrad", gn::ACTIVATION_BACKWARD),
+];
+const SOFTMAX: OpInfo = op("Softmax", gn::SOFTMAX);
+const SPARSE_XENT: OpInfo = op("SparseSoftmaxCrossEntropyWithLogits", gn::SPARSE_XENT);
+const ACCURACY_COUNT: OpInfo = op("AccuracyCount", gn::ACCURACY_COUNT);
+const SGD_UPDATE: OpInfo = op("ResourceApplyGradientDescent", gn::SGD_UPDATE);
+const MOMENTUM_UPDATE: OpInfo = op("ResourceApplyKerasMomentum", gn::MOMENTUM_UPDATE);
+const ADAM_UPDATE: OpInfo = op("ResourceApplyAdam", gn::ADAM_UPDATE);
+
+/// The op's placement-log entry for `act` (forward or gradient).
+fn act_info(act: Activation, grad: bool) -> &'static OpInfo {
+    let table = if grad {
+        &ACTIVATION_GRADS
+    } else {
+        &ACTIVATIONS
+    };
+    &table[act.code() as usize]
+}
+
+fn mismatch(op: &'static str, lhs: &[usize], rhs: &[usize], hint: impl Into<String>) -> Error {
+    Error::ShapeMismatch {
+        op,
+        lhs: lhs.to_vec(),
+        rhs: rhs.to_vec(),
+        hint: hint.into(),
+    }
+}
+
+/// `[a, b, c, d]` of a rank-4 tensor shape, or a mismatch naming both operands.
+fn rank4(op: &'static str, shape: &[usize], other: &[usize], what: &str) -> Result<[usize; 4]> {
+    <[usize; 4]>::try_from(shape).map_err(|_| {
+        mismatch(
+            op,
+            shape,
+            other,
+            format!(": {what} must be rank 4, got rank {}", shape.len()),
+        )
+    })
+}
+
+/// A convolution's shape from its input `[n, h, w, c_in]` and kernel `[kh, kw, c_in, c_out]`
+/// shapes, checked.
+fn conv_shape(op: &'static str, x: &[usize], k: &[usize], padding: Padding) -> Result<Conv2dShape> {
+    let [n, h, w, c_in] = rank4(op, x, k, "the input (NHWC)")?;
+    let [kh, kw, kc, c_out] = rank4(op, k, x, "the kernel (HWIO)")?;
+    if kc != c_in {
+        return Err(mismatch(
+            op,
+            x,
+            k,
+            format!(": the input has {c_in} channels but the kernel expects {kc}"),
+        ));
+    }
+    if kh == 0 || kw == 0 {
+        return Err(mismatch(op, x, k, ": the kernel must be at least 1x1"));
+    }
+    if c_in == 0 {
+        return Err(mismatch(op, x, k, ": the input has no channels"));
+    }
+    Ok(Conv2dShape {
+        n,
+        h,
+        w,
+        c_in,
+        c_out,
+        kh,
+        kw,
+        padding,
+    })
+}
+
+/// A depthwise convolution's shape from `x` `[n, h, w, c]` and the kernel `[kh, kw, c, 1]`.
+fn depthwise_shape(op: &'static str, x: &[usize], k: &[usize]) -> Result<DepthwiseShape> {
+    let [n, h, w, c] = rank4(op, x, k, "the input (NHWC)")?;
+    let [kh, kw, kc, mult] = rank4(op, k, x, "the kernel ([kh, kw, c, 1])")?;
+    if kc != c || mult != 1 {
+        return Err(mismatch(
+            op,
+            x,
+            k,
+            format!(": the kernel must be [kh, kw, {c}, 1] (depth multiplier 1) for {c} channels"),
+        ));
+    }
+    if kh == 0 || kw == 0 {
+        return Err(mismatch(op, x, k, ": the kernel must be at least 1x1"));
+    }
+    Ok(DepthwiseShape { n, h, w, c, kh, kw })
+}
+
+fn expect_f32(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
+    tensors
+        .iter()
+        .try_for_each(|t| t.expect_dtype(op, DType::F32))
+}
+
+/// 2-D convolution, stride 1, with bias and activation fused: `act(conv2d(x, kernel) + bias)`.
+///
+/// Keras `Conv2D(filters, (kh, kw), padding=..., activation=...)`, i.e.
+/// `tf.nn.conv2d(x, kernel, strides=1, padding="SAME"|"VALID")` + `tf.nn.bias_add` + the
+/// activation. `x` is `[n, h, w, c_in]` (NHWC), `kernel` `[kh, kw, c_in, c_out]` (HWIO),
+/// `bias` `[c_out]`; the output is `[n, h, w, c_out]` ('same') or
+/// `[n, h - kh + 1, w - kw + 1, c_out]` ('valid'; empty when the kernel is larger than the input).
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together (named in the message).
+pub fn conv2d(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    padding: Padding,
+    act: Activation,
+) -> Result<Tensor> {
+    let name = CONV2D.name;
+    expect_f32(name, &[x, kernel])?;
+    let s = conv_shape(name, x.shape(), kernel.shape(), padding)?;
+    if let Some(b) = bias {
+        b.expect_dtype("BiasAdd", DType::F32)?;
+        if b.shape() != [s.c_out] {
+            return Err(mismatch(
+                "BiasAdd",
+                kernel.shape(),
+                b.shape(),
+                format!(": the bias must have shape [{}]", s.c_out),
+            ));
+        }
+    }
+    let (oh, ow) = s.out_hw();
+    let mut inputs = vec![x, kernel];
+    inputs.extend(bias);
+    run(&CONV2D, &inputs, |device, moved| {
+        let y = Tensor::uninit(&[s.n, oh, ow, s.c_out], DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.conv2d(&moved[0], &moved[1], moved.get(2), &y, &s, act)
+        })?;
+        Ok(y)
+    })
+}
+
+/// Gradient of a 2-D convolution w.r.t. its input: `tf.nn.conv2d_transpose`-like
+/// (`tf.raw_ops.Conv2DBackpropInput`), from `dz`, the gradient w.r.t. the convolution's
+/// pre-activation output `[n, oh, ow, c_out]` (apply [`activation_backward`] first).
+///
+/// `input_shape` is the forward input's `[n, h, w, c_in]`; `kernel` `[kh, kw, c_in, c_out]`.
+///
+/// # Errors
+/// Non-f32 tensors; a `dz` whose shape is not the forward output's.
+pub fn conv2d_backward_input(
+    dz: &Tensor,
+    kernel: &Tensor,
+    input_shape: &[usize],
+    padding: Padding,
+) -> Result<Tensor> {
+    let name = CONV2D_BACKWARD_INPUT.name;
+    expect_f32(name, &[dz, kernel])?;
+    let s = conv_shape(name, input_shape, kernel.shape(), padding)?;
+    let (oh, ow) = s.out_hw();
+    let expected = [s.n, oh, ow, s.c_out];
+    if dz.shape() != expected {
+        return Err(mismatch(
+            name,
+            dz.shape(),
+            kernel.shape(),
+            format!(
+                ": dz must have the forward output's shape {expected:?} (input {input_shape:?})"
+            ),
+        ));
+    }
+    run(&CONV2D_BACKWARD_INPUT, &[dz, kernel], |device, moved| {
+        let dx = Tensor::uninit(input_shape, DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.conv2d_backward_input(&moved[0], &moved[1], &dx, &s)
+        })?;
+        Ok(dx)
+    })
+}
+
+/// Gradient of a 2-D convolution w.r.t. its kernel (`tf.raw_ops.Conv2DBackpropFilter`):
+/// `dk[a, b, c, o] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] · dz[n, i, j, o]`.
+///
+/// `kernel_shape` is `[kh, kw, c_in, c_out]`; `dz` the gradient w.r.t. the pre-activation output.
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn conv2d_backward_kernel(
+    x: &Tensor,
+    dz: &Tensor,
+    kernel_shape: &[usize],
+    padding: Padding,
+) -> Result<Tensor> {
+    let name = CONV2D_BACKWARD_KERNEL.name;
+    expect_f32(name, &[x, dz])?;
+    let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
+    let (oh, ow) = s.out_hw();
+    let expected = [s.n, oh, ow, s.c_out];
+    if dz.shape() != expected {
+        return Err(mismatch(
+            name,
+            x.shape(),
+            dz.shape(),
+            format!(
+                ": dz must have the forward output's shape {expected:?} (kernel {kernel_shape:?})"
+            ),
+        ));
+    }
+    run(&CONV2D_BACKWARD_KERNEL, &[x, dz], |device, moved| {
+        let dk = Tensor::uninit(kernel_shape, DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.conv2d_backward_kernel(&moved[0], &moved[1], &dk, &s)
+        })?;
+        Ok(dk)
+    })
+}
+
+/// Bias gradient: the sum of `dz` over every axis but the last (`tf.raw_ops.BiasAddGrad`,
+/// NHWC), e.g. `[n, h, w, c] → [c]` or `[batch, units] → [units]`.
+///
+/// # Errors
+/// A non-f32 tensor or a scalar.
+pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
+    let name = BIAS_GRAD.name;
+    dz.expect_dtype(name, DType::F32)?;
+    let Some(&cols) = dz.shape().last() else {
+        return Err(Error::InvalidArgument(format!(
+            "{name}: the gradient must have at least one axis, got a scalar"
+        )));
+    };
+    let rows = dz.len().checked_div(cols).unwrap_or(0);
+    run(&BIAS_GRAD, &[dz], |device, moved| {
+        let db = Tensor::uninit(&[cols], DType::F32, device)?;
+        if cols > 0 {
+            with_kernels(device, |k, _| k.sum_rows(&moved[0], rows, cols, &db))?;
+        }
+        Ok(db)
+    })
+}
+
+/// Depthwise 2-D convolution, 'same' padding, stride 1, depth multiplier 1, no bias: the first
+/// half of Keras' `SeparableConv2D` (`tf.nn.depthwise_conv2d(x, kernel, [1, 1, 1, 1], "SAME")`).
+///
+/// `x` `[n, h, w, c]`, `kernel` `[kh, kw, c, 1]`; the output has `x`'s shape.
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
+    let name = DEPTHWISE.name;
+    expect_f32(name, &[x, kernel])?;
+    let s = depthwise_shape(name, x.shape(), kernel.shape())?;
+    run(&DEPTHWISE, &[x, kernel], |device, moved| {
+        let y = Tensor::uninit(x.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.depthwise(&moved[0], &moved[1], &y, &s))?;
+        Ok(y)
+    })
+}
+
+/// Gradient of [`depthwise_conv2d`] w.r.t. its input
+/// (`tf.raw_ops.DepthwiseConv2dNativeBackpropInput`); `dy` has the input's shape.
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn depthwise_conv2d_backward_input(dy: &Tensor, kernel: &Tensor) -> Result<Tensor> {
+    let name = DEPTHWISE_BACKWARD_INPUT.name;
+    expect_f32(name, &[dy, kernel])?;
+    let s = depthwise_shape(name, dy.shape(), kernel.shape())?;
+    run(&DEPTHWISE_BACKWARD_INPUT, &[dy, kernel], |device, moved| {
+        let dx = Tensor::uninit(dy.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.depthwise_backward_input(&moved[0], &moved[1], &dx, &s)
+        })?;
+        Ok(dx)
+    })
+}
+
+/// Gradient of [`depthwise_conv2d`] w.r.t. its kernel
+/// (`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`); `kernel_shape` is `[kh, kw, c, 1]`.
+///
+/// # Errors
+/// Non-f32 tensors; `x` and `dy` of different shapes; a kernel shape that does not fit.
+pub fn depthwise_conv2d_backward_kernel(
+    x: &Tensor,
+    dy: &Tensor,
+    kernel_shape: &[usize],
+) -> Result<Tensor> {
+    let name = DEPTHWISE_BACKWARD_KERNEL.name;
+    expect_f32(name, &[x, dy])?;
+    if x.shape() != dy.shape() {
+        return Err(mismatch(
+            name,
+            x.shape(),
+            dy.shape(),
+            ": dy must have the input's shape ('same' padding)",
+        ));
+    }
+    let s = depthwise_shape(name, x.shape(), kernel_shape)?;
+    run(&DEPTHWISE_BACKWARD_KERNEL, &[x, dy], |device, moved| {
+        let dk = Tensor::uninit(kernel_shape, DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.depthwise_backward_kernel(&moved[0], &moved[1], &dk, &s)
+        })?;
+        Ok(dk)
+    })
+}
+
+/// Pointwise (1×1) convolution with bias and activation: the second half of Keras'
+/// `SeparableConv2D` (`tf.nn.conv2d(x, kernel, 1, "VALID")` with a `[1, 1, c_in, c_out]`
+/// kernel), i.e. the matrix product `[n*h*w, c_in] · [c_in, c_out]`. It runs the convolution
+/// kernels (logged as `Conv2D`): on GPUs their register blocking makes them several times faster
+/// than the general matrix product. Its gradients are [`conv2d_backward_input`] and
+/// [`conv2d_backward_kernel`] with the `[1, 1, c_in, c_out]` kernel shape (or, equivalently,
+/// [`matmul_transposed`] on the `[n*h*w, c]` reshapes).
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn pointwise_conv2d(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<Tensor> {
+    let name = CONV2D.name;
+    expect_f32(name, &[x, kernel])?;
+    let s = conv_shape(name, x.shape(), kernel.shape(), Padding::Valid)?;
+    if s.kh != 1 || s.kw != 1 {
+        return Err(mismatch(
+            name,
+            x.shape(),
+            kernel.shape(),
+            ": a pointwise kernel must be [1, 1, c_in, c_out]",
+        ));
+    }
+    conv2d(x, kernel, bias, Padding::Valid, act)
+}
+
+fn pool_shape(op: &'static str, x: &Tensor, other: &[usize]) -> Result<PoolShape> {
+    let [n, h, w, c] = rank4(op, x.shape(), other, "the input (NHWC)")?;
+    Ok(PoolShape { n, h, w, c })
+}
+
+/// 2×2 max-pooling, stride 2, 'valid' (Keras `MaxPooling2D()` defaults,
+/// `tf.nn.max_pool2d(x, 2, 2, "VALID")`): `[n, h, w, c] → [n, h / 2, w / 2, c]` (an odd last
+/// row or column is dropped).
+///
+/// # Errors
+/// A non-f32 or non-rank-4 input.
+pub fn max_pool2d(x: &Tensor) -> Result<Tensor> {
+    let name = MAXPOOL.name;
+    x.expect_dtype(name, DType::F32)?;
+    let s = pool_shape(name, x, &[2, 2])?;
+    let (oh, ow) = s.out_hw();
+    run(&MAXPOOL, &[x], |device, moved| {
+        let y = Tensor::uninit(&[s.n, oh, ow, s.c], DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.maxpool(&moved[0], &y, &s))?;
+        Ok(y)
+    })
+}
+
+/// Gradient of [`max_pool2d`] (`tf.raw_ops.MaxPoolGrad`): each `dy` element goes to the first
+/// maximum of its window (row-major order, recomputed from `x`), everything else is 0.
+///
+/// # Errors
+/// Non-f32 tensors; a `dy` whose shape is not the pooled output's.
+pub fn max_pool2d_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let name = MAXPOOL_BACKWARD.name;
+    expect_f32(name, &[x, dy])?;
+    let s = pool_shape(name, x, dy.shape())?;
+    let (oh, ow) = s.out_hw();
+    if dy.shape() != [s.n, oh, ow, s.c] {
+        return Err(mismatch(
+            name,
+            x.shape(),
+            dy.shape(),
+            format!(": dy must have the pooled shape {:?}", [s.n, oh, ow, s.c]),
+        ));
+    }
+    run(&MAXPOOL_BACKWARD, &[x, dy], |device, moved| {
+        let dx = Tensor::uninit(x.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.maxpool_backward(&moved[0], &moved[1], &dx, &s)
+        })?;
+        Ok(dx)
+    })
+}
+
+/// `act(x)` element-wise (`tf.nn.relu`, `tf.nn.selu`, or the identity for `Linear`; logged as
+/// `Relu`, `Selu`, `Identity`).
+///
+/// # Errors
+/// A non-f32 tensor.
+pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
+    let info = act_info(act, false);
+    x.expect_dtype(info.name, DType::F32)?;
+    run(info, &[x], |device, moved| {
+        let y = Tensor::uninit(x.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.activation(&moved[0], &y, act))?;
+        Ok(y)
+    })
+}
+
+/// `dz = dy · act'(z)`, computed from the activation's OUTPUT `y` (`tf.raw_ops.ReluGrad`,
+/// `SeluGrad`; `Linear` passes `dy` through, logged as `Identity`).
+///
+/// # Errors
+/// Non-f32 tensors; `dy` and `y` of different shapes.
+pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<Tensor> {
+    let info = act_info(act, true);
+    expect_f32(info.name, &[dy, y])?;
+    if dy.shape() != y.shape() {
+        return Err(mismatch(
+            info.name,
+            dy.shape(),
+            y.shape(),
+            ": the gradient and the activation output must have the same shape",
+        ));
+    }
+    run(info, &[dy, y], |device, moved| {
+        let dz = Tensor::uninit(dy.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.activation_backward(&moved[0], &moved[1], &dz, act)
+        })?;
+        Ok(dz)
+    })
+}
+
+/// A dense layer, `act(x · w + b)` (Keras `Dense(units, activation=...)`): `x` `[batch, in]`,
+/// `w` `[in, units]`, `b` `[units]`. Logged as `MatMul` (bias and activation are fused).
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn dense(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Result<Tensor> {
+    matmul_ex(x, w, false, false, b, act)
+}
+
+/// `op(a) · op(b)` with optional transposes (`tf.linalg.matmul(a, b, transpose_a, transpose_b)`),
+/// for gradients: a dense layer's `dx = dz · wᵀ` is `matmul_transposed(dz, w, false, true)` and
+/// `dw = xᵀ · dz` is `matmul_transposed(x, dz, true, false)`.
+///
+/// # Errors
+/// Non-f32 or non-2-D tensors; inner dimensions that differ.
+pub fn matmul_transposed(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+    matmul_ex(a, b, trans_a, trans_b, None, Activation::Linear)
+}
+
+/// `[rows, cols]` of a tensor whose last axis holds the classes.
+fn rows_cols(op: &'static str, logits: &Tensor) -> Result<(usize, usize)> {
+    let Some(&cols) = logits.shape().last() else {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: logits must have at least one axis, got a scalar"
+        )));
+    };
+    Ok((logits.len().checked_div(cols).unwrap_or(0), cols))
+}
+
+/// Softmax over the last axis (`tf.nn.softmax(logits, axis=-1)`), shifted by each row's
+/// maximum so any magnitude is safe.
+///
+/// # Errors
+/// A non-f32 tensor or a scalar.
+pub fn softmax(logits: &Tensor) -> Result<Tensor> {
+    let name = SOFTMAX.name;
+    logits.expect_dtype(name, DType::F32)?;
+    let (rows, cols) = rows_cols(name, logits)?;
+    run(&SOFTMAX, &[logits], |device, moved| {
+        let probs = Tensor::uninit(logits.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.softmax(&moved[0], &probs, rows, cols))?;
+        Ok(probs)
+    })
+}
+
+/// Checks `[rows, cols]` logits (f32) against `[rows]` labels (i32).
+fn logits_labels(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<(usize, usize)> {
+    logits.expect_dtype(op, DType::F32)?;
+    labels.expect_dtype(op, DType::I32)?;
+    let &[rows, cols] = logits.shape() else {
+        return Err(mismatch(
+            op,
+            logits.shape(),
+            labels.shape(),
+            ": logits must be [batch, classes] and labels [batch]",
+        ));
+    };
+    if labels.shape() != [rows] {
+        return Err(mismatch(
+            op,
+            logits.shape(),
+            labels.shape(),
+            format!(": labels must have shape [{rows}], one class index per row"),
+        ));
+    }
+    Ok((rows, cols))
+}
+
+/// Labels outside `[0, classes)`, in TensorFlow's words (checked where labels are on the host).
+fn check_labels(labels: &Tensor, cols: usize) -> Result<()> {
+    let values = labels.to_vec::<i32>()?;
+    if let Some(&bad) = values
+        .iter()
+        .find(|&&l| usize::try_from(l).map_or(true, |l| l >= cols))
+    {
+        let shown: Vec<String> = values.iter().take(16).map(i32::to_string).collect();
+        return Err(Error::InvalidArgument(format!(
+            "Received a label value of {bad} which is outside the valid range of [0, {cols}).  \
+             Label values: {}{}",
+            shown.join(" "),
+            if values.len() > 16 { " ..." } else { "" }
+        )));
+    }
+    Ok(())
+}
+
+/// Sparse categorical cross-entropy on logits, fused with softmax
+/// (`tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)`; Keras'
+/// `SparseCategoricalCrossentropy(from_logits=True)` is the mean of the loss).
+///
+/// `logits` `[batch, classes]` f32, `labels` `[batch]` i32. Returns `(loss, dlogits)`: the
+/// per-row loss `[batch]` and the gradient of the MEAN loss w.r.t. the logits,
+/// `(softmax − onehot) / batch`.
+///
+/// Out-of-range labels behave as in TensorFlow: where the op runs on the CPU they are an
+/// `InvalidArgument` error (the labels are checked on the host before the kernel runs); on a GPU
+/// they are not read back (that would stall the device), and the affected rows' loss and
+/// gradient are NaN.
+///
+/// # Errors
+/// Wrong dtypes; shapes that do not fit together; no classes with a non-empty batch; on the
+/// CPU, labels outside `[0, classes)`.
+pub fn sparse_softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+    let name = SPARSE_XENT.name;
+    let (rows, cols) = logits_labels(name, logits, labels)?;
+    if cols == 0 && rows > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{name}: logits of shape {:?} have no classes",
+            logits.shape()
+        )));
+    }
+    run(&SPARSE_XENT, &[logits, labels], |device, moved| {
+        if device.device_type() == DeviceKind::Cpu {
+            check_labels(&moved[1], cols)?;
+        }
+        let loss = Tensor::uninit(&[rows], DType::F32, device)?;
+        let dlogits = Tensor::uninit(&[rows, cols], DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.softmax_cross_entropy(&moved[0], &moved[1], &loss, &dlogits, rows, cols)
+        })?;
+        Ok((loss, dlogits))
+    })
+}
+
+/// How many rows' arg max (the first maximum on ties) equals the label, as a `[1]` f32 tensor
+/// that stays on the device (Keras' `sparse_categorical_accuracy` times the batch size; sum it
+/// over batches and read it once per epoch). Labels outside `[0, classes)` never match.
+///
+/// # Errors
+/// Wrong dtypes; shapes that do not fit together.
+pub fn accuracy_count(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let name = ACCURACY_COUNT.name;
+    let (rows, cols) = logits_labels(name, logits, labels)?;
+    run(&ACCURACY_COUNT, &[logits, labels], |device, moved| {
+        let out = Tensor::uninit(&[1], DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.accuracy_count(&moved[0], &moved[1], &out, rows, cols)
+        })?;
+        Ok(out)
+    })
+}
+
+/// Whether two non-empty tensors are views of the same memory.
+fn same_memory(a: &Tensor, b: &Tensor) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    match (a.gpu_range(), b.gpu_range()) {
+        (Some(x), Some(y)) => x.buffer == y.buffer && x.offset == y.offset,
+        (None, None) => {
+            // One lock at a time: two read locks of one tensor are fine, but not needed.
+            let pa = a.host_read().map(|d| d.as_ptr());
+            let pb = b.host_read().map(|d| d.as_ptr());
+            pa.is_some() && pa == pb
+        }
+        _ => false,
+    }
+}
+
+/// Runs an in-place update of `w` (and its `slots`) on `w`'s device, whatever the current
+/// scope says: parameters never move (TensorFlow colocates `ResourceApply*` ops with their
+/// variable). The gradient is brought to that device; the placement is logged as usual.
+fn update_in_place(
+    info: &'static OpInfo,
+    w: &Tensor,
+    g: &Tensor,
+    slots: &[&Tensor],
+    f: impl FnOnce(&dyn NnKernels, &Tensor) -> Result<()>,
+) -> Result<()> {
+    let name = info.name;
+    expect_f32(name, &[w, g])?;
+    expect_f32(name, slots)?;
+    for t in std::iter::once(&g).chain(slots) {
+        if t.shape() != w.shape() {
+            return Err(mismatch(
+                name,
+                w.shape(),
+                t.shape(),
+                ": the gradient and the optimizer slots must have the variable's shape",
+            ));
+        }
+    }
+    // Every written tensor must own its memory: a write lock and a read of the same storage
+    // would deadlock on the CPU, and the kernels read each element once before writing it.
+    let written: Vec<&Tensor> = std::iter::once(w).chain(slots.iter().copied()).collect();
+    for (i, a) in written.iter().enumerate() {
+        for b in written[i + 1..].iter().chain(std::iter::once(&g)) {
+            if same_memory(a, b) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: the variable, its gradient and its slots must be distinct tensors"
+                )));
+            }
+        }
+    }
+    let home = w.device_handle();
+    for s in slots {
+        if !s.device_handle().same_device(home) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: an optimizer slot is on {} but its variable is on {}; slots live with \
+                 their variable",
+                s.device_handle().name(),
+                home.name()
+            )));
+        }
+    }
+    if let Err(missing) = crate::placement::can_run(home, info) {
+        return Err(Error::Unsupported {
+            op: name,
+            device: home.full_name().to_string(),
+            missing,
+        });
+    }
+    let _scope = home.scope();
+    run(info, &[w, g], |device, moved| {
+        if !device.same_device(home) {
+            return Err(Error::Unsupported {
+                op: name,
+                device: home.full_name().to_string(),
+                missing: format!("the update was placed on {} instead", device.name()),
+            });
+        }
+        with_kernels(device, |_, nk| f(nk, &moved[1]))
+    })
+}
+
+/// One Keras SGD step on `w`, in place, on `w`'s device (`tf.raw_ops.ResourceApplyGradientDescent`,
+/// or `ResourceApplyKerasMomentum` with a velocity): without momentum `w -= lr * g`; with a
+/// `velocity` slot `v = momentum * v - lr * g; w += v` (Nesterov: `w += momentum * v - lr * g`).
+/// `g` is copied to `w`'s device if it is elsewhere; the velocity must already be there.
+///
+/// # Errors
+/// Wrong dtypes or shapes; a momentum without a velocity slot; a velocity on another device;
+/// `w`, `g` and the velocity sharing memory.
+pub fn sgd_update(w: &Tensor, g: &Tensor, velocity: Option<&Tensor>, p: &SgdParams) -> Result<()> {
+    match velocity {
+        None if p.momentum != 0.0 => Err(Error::InvalidArgument(format!(
+            "{}: momentum {} needs a velocity slot",
+            MOMENTUM_UPDATE.name, p.momentum
+        ))),
+        None => update_in_place(&SGD_UPDATE, w, g, &[], |nk, g| nk.sgd(w, g, p)),
+        Some(v) => update_in_place(&MOMENTUM_UPDATE, w, g, &[v], |nk, g| {
+            nk.sgd_momentum(w, g, v, p)
+        }),
+    }
+}
+
+/// One Keras 3 Adam step on `w`, in place, on `w`'s device (`tf.raw_ops.ResourceApplyAdam`):
+/// `m += (g - m)(1 - β1); v += (g² - v)(1 - β2); w -= α m / (√v + ε)` with
+/// `α = lr √(1 - β2^t) / (1 - β1^t)` (computed in f64), `t = p.step`, 1-based.
+///
+/// # Errors
+/// Wrong dtypes or shapes; step 0; slots on another device; tensors sharing memory.
+pub fn adam_update(w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()> {
+    if p.step == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the step count is 1-based; step 0 has no bias correction",
+            ADAM_UPDATE.name
+        )));
+    }
+    update_in_place(&ADAM_UPDATE, w, g, &[m, v], |nk, g| nk.adam(w, g, m, v, p))
 }

@@ -1,34 +1,727 @@
-//! PLACEHOLDER (being replaced by the WGSL CNN kernels): every CNN op reports that this device
-//! has no kernel for it, so placement runs it on the CPU.
+//! [`NnKernels`] on a GPU: the WGSL of `conv2d.wgsl`, `depthwise.wgsl`, `pool.wgsl`,
+//! `softmax.wgsl` and `optim.wgsl`, plus the general kernels of [`super::kernels`] (activations,
+//! `sum_rows` for the partial sums of the kernel gradients).
+//!
+//! Each method packs a `#[repr(C)]` mirror of its shader's `Params`, picks the entry point (the
+//! `_v4` ones read and write `vec4<f32>` views and need channel counts that are multiples of 4),
+//! and records one dispatch (two or three with the partial-sum reduction). Nothing waits.
+//! The `pub(crate) const` lists say which kernels each op may dispatch, for placement.
+//!
+//! Design notes:
+//! * Every output is written by exactly one invocation (no atomics, no zero-fill first); the
+//!   kernel gradients reduce over pixels as partial sums in a scratch `[chunks, len]` tensor,
+//!   summed by `sum_rows`. Outputs are allocated by the front-ends before any scratch.
+//! * The input gradient of a convolution is the forward correlation of `dz` with the flipped,
+//!   channel-swapped kernel (`conv2d_flip`, a small transpose into scratch), so one register-
+//!   blocked kernel serves both directions.
+//! * Loads dominate on software adapters (lavapipe/llvmpipe run 8 invocations per SIMD batch and
+//!   load per lane), and memory traffic on hardware: the convolutions keep 4 pixels × 32 output
+//!   channels per invocation in registers, with the kernel read at one address per workgroup.
+//!   Measured on lavapipe, a 1×1 convolution through `conv2d_v4` is 3–8× faster than the same
+//!   product through `matmul.wgsl`, which is why [`crate::ops::pointwise_conv2d`] uses it.
 
-use crate::error::{Error, Result};
-use crate::ops::gpu::kernels::GpuKernels;
-use crate::ops::spec::*;
-use crate::ops::NnKernels;
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::Result;
+use crate::ops::gpu::kernels::{self as gk, GpuKernels};
+use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
+use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
+use crate::ops::{Kernels, NnKernels};
 use crate::tensor::Tensor;
 
+const fn conv(entry: &'static str) -> Kernel {
+    Kernel::new(ShaderFamily::Conv2d, entry)
+}
+const fn dw(entry: &'static str) -> Kernel {
+    Kernel::new(ShaderFamily::Depthwise, entry)
+}
+const fn pool(entry: &'static str) -> Kernel {
+    Kernel::new(ShaderFamily::Pool, entry)
+}
+const fn sm(entry: &'static str) -> Kernel {
+    Kernel::new(ShaderFamily::Softmax, entry)
+}
+const fn opt(entry: &'static str) -> Kernel {
+    Kernel::new(ShaderFamily::Optim, entry)
+}
+
+pub(crate) const CONV2D_S: Kernel = conv("conv2d_s");
+pub(crate) const CONV2D_V4: Kernel = conv("conv2d_v4");
+pub(crate) const CONV2D_FLIP: Kernel = conv("conv2d_flip");
+pub(crate) const CONV2D_DK_S: Kernel = conv("conv2d_dk_s");
+pub(crate) const CONV2D_DK_V4: Kernel = conv("conv2d_dk_v4");
+pub(crate) const DEPTHWISE_S: Kernel = dw("depthwise_s");
+pub(crate) const DEPTHWISE_V4: Kernel = dw("depthwise_v4");
+pub(crate) const DEPTHWISE3X3_V4: Kernel = dw("depthwise3x3_v4");
+pub(crate) const DEPTHWISE_DK_S: Kernel = dw("depthwise_dk_s");
+pub(crate) const DEPTHWISE_DK_V4: Kernel = dw("depthwise_dk_v4");
+pub(crate) const DEPTHWISE3X3_DK_V4: Kernel = dw("depthwise3x3_dk_v4");
+pub(crate) const MAXPOOL_S: Kernel = pool("maxpool_s");
+pub(crate) const MAXPOOL_V4: Kernel = pool("maxpool_v4");
+pub(crate) const MAXPOOL_BWD_S: Kernel = pool("maxpool_bwd_s");
+pub(crate) const MAXPOOL_BWD_V4: Kernel = pool("maxpool_bwd_v4");
+pub(crate) const SOFTMAX_ROWS: Kernel = sm("softmax_rows");
+pub(crate) const SOFTMAX_XENT: Kernel = sm("softmax_xent");
+pub(crate) const ACCURACY: Kernel = sm("accuracy");
+pub(crate) const SGD: Kernel = opt("sgd");
+pub(crate) const SGD_MOMENTUM: Kernel = opt("sgd_momentum");
+pub(crate) const ADAM: Kernel = opt("adam");
+
+/// Kernels of `Conv2D`.
+pub(crate) const CONV2D: &[Kernel] = &[CONV2D_S, CONV2D_V4];
+/// Kernels of `Conv2DBackpropInput`.
+pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[CONV2D_FLIP, CONV2D_S, CONV2D_V4];
+/// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
+pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[CONV2D_DK_S, CONV2D_DK_V4, gk::SUM_ROWS];
+/// Kernels of `BiasAddGrad`.
+pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS];
+/// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation).
+pub(crate) const DEPTHWISE: &[Kernel] = &[DEPTHWISE_S, DEPTHWISE_V4, DEPTHWISE3X3_V4];
+/// Kernels of `DepthwiseConv2dNativeBackpropFilter`.
+pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
+    DEPTHWISE_DK_S,
+    DEPTHWISE_DK_V4,
+    DEPTHWISE3X3_DK_V4,
+    gk::SUM_ROWS,
+];
+/// Kernels of `MaxPool`.
+pub(crate) const MAXPOOL: &[Kernel] = &[MAXPOOL_S, MAXPOOL_V4];
+/// Kernels of `MaxPoolGrad`.
+pub(crate) const MAXPOOL_BACKWARD: &[Kernel] = &[MAXPOOL_BWD_S, MAXPOOL_BWD_V4];
+/// Kernels of `Relu` / `Selu` / `Identity`.
+pub(crate) const ACTIVATION: &[Kernel] = &[gk::ACTIVATION];
+/// Kernels of `ReluGrad` / `SeluGrad`.
+pub(crate) const ACTIVATION_BACKWARD: &[Kernel] = &[gk::ACTIVATION_BACKWARD];
+/// Kernels of `Softmax`.
+pub(crate) const SOFTMAX: &[Kernel] = &[SOFTMAX_ROWS];
+/// Kernels of `SparseSoftmaxCrossEntropyWithLogits`.
+pub(crate) const SPARSE_XENT: &[Kernel] = &[SOFTMAX_XENT];
+/// Kernels of `AccuracyCount`.
+pub(crate) const ACCURACY_COUNT: &[Kernel] = &[ACCURACY];
+/// Kernels of `ResourceApplyGradientDescent`.
+pub(crate) const SGD_UPDATE: &[Kernel] = &[SGD];
+/// Kernels of `ResourceApplyKerasMomentum`.
+pub(crate) const MOMENTUM_UPDATE: &[Kernel] = &[SGD_MOMENTUM];
+/// Kernels of `ResourceApplyAdam`.
+pub(crate) const ADAM_UPDATE: &[Kernel] = &[ADAM];
+
+/// Invocations a partial-sum pass aims for: enough to fill a GPU (and both lavapipe threads),
+/// few enough that the partials stay small.
+const PARTIAL_TARGET: usize = 32_768;
+/// Fewest pixels (or image rows for the 3×3 depthwise filter gradient) one partial sums.
+const MIN_CHUNK: usize = 32;
+
+fn u(x: usize) -> u32 {
+    // Shapes on a GPU are bounded by max_storage_buffer_binding_size (< 4 GiB), so every
+    // element count and index fits in u32.
+    x as u32
+}
+
+/// Mirror of `Params` in conv2d.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct ConvParams {
+    n: u32,
+    h: u32,
+    w: u32,
+    ci: u32,
+    co: u32,
+    kh: u32,
+    kw: u32,
+    oh: u32,
+    ow: u32,
+    pt: u32,
+    pl: u32,
+    act: u32,
+    has_bias: u32,
+    _pad0: u32,
+    wblocks: u32,
+    items: u32,
+    chunk: u32,
+    pixels: u32,
+    taps: u32,
+    _pad: u32,
+}
+
+/// Mirror of `Params` in depthwise.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct DepthwiseParams {
+    n: u32,
+    h: u32,
+    w: u32,
+    c: u32,
+    kh: u32,
+    kw: u32,
+    pt: u32,
+    pl: u32,
+    flip: u32,
+    wblocks: u32,
+    hblocks: u32,
+    items: u32,
+    chunk: u32,
+    total: u32,
+    units: u32,
+    _pad: u32,
+}
+
+/// Mirror of `Params` in pool.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct PoolParams {
+    n: u32,
+    h: u32,
+    w: u32,
+    c: u32,
+    oh: u32,
+    ow: u32,
+    hb: u32,
+    wb: u32,
+    items: u32,
+}
+
+/// Mirror of `Params` in softmax.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SoftmaxParams {
+    rows: u32,
+    cols: u32,
+    nan_bits: u32,
+    inv_rows: f32,
+}
+
+/// Mirror of `Params` in optim.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct OptimParams {
+    n: u32,
+    lr: f32,
+    momentum: f32,
+    nesterov: u32,
+    alpha: f32,
+    one_minus_b1: f32,
+    one_minus_b2: f32,
+    eps: f32,
+}
+
+/// How a reduction over `total` positions is cut for `units` independent sums: `(chunk,
+/// chunks)`, `chunk` positions per partial.
+fn chunking(units: usize, total: usize, min_chunk: usize) -> (usize, usize) {
+    let max_chunks = total.div_ceil(min_chunk).max(1);
+    let chunks = PARTIAL_TARGET.div_ceil(units.max(1)).clamp(1, max_chunks);
+    let chunk = total.div_ceil(chunks).max(1);
+    (chunk, total.div_ceil(chunk).max(1))
+}
+
+/// One stride-1 correlation `out[n, i, j, o] = Σ in[n, i + a - pt, j + b - pl, c] · k[a, b, c, o]`
+/// between `in` `[n, h, w, ci]` and `out` `[n, oh, ow, co]`.
+struct Correlation {
+    n: usize,
+    h: usize,
+    w: usize,
+    ci: usize,
+    co: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    pt: usize,
+    pl: usize,
+}
+
 impl GpuKernels<'_> {
-    fn none(&self, op: &'static str) -> Result<()> {
-        Err(Error::Unsupported { op, device: self.name.to_string(), missing: "no GPU kernel".into() })
+    /// Runs `out = act(correlate(input, kernel) + bias)`: `conv2d_v4` when `co` is a multiple
+    /// of 4, `conv2d_s` otherwise.
+    fn correlate(
+        &self,
+        g: &Correlation,
+        input: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        act: Activation,
+    ) -> Result<()> {
+        let v4 = g.co % 4 == 0;
+        // Output pixels per invocation along a row, and output channels per invocation.
+        let (width, channels, entry) = if v4 {
+            (4, 32, CONV2D_V4)
+        } else {
+            (4, 4, CONV2D_S)
+        };
+        let wblocks = g.ow.div_ceil(width);
+        let items = g.n * g.oh * wblocks;
+        let p = ConvParams {
+            n: u(g.n),
+            h: u(g.h),
+            w: u(g.w),
+            ci: u(g.ci),
+            co: u(g.co),
+            kh: u(g.kh),
+            kw: u(g.kw),
+            oh: u(g.oh),
+            ow: u(g.ow),
+            pt: u(g.pt),
+            pl: u(g.pl),
+            act: act.code(),
+            has_bias: u32::from(bias.is_some()),
+            wblocks: u(wblocks),
+            items: u(items),
+            ..Default::default()
+        };
+        let [gx, gy, _] = grid_1d(items, 64);
+        let gz = u(g.co.div_ceil(channels));
+        // Without a bias the (unread) bias binding takes the output.
+        let b = bias.unwrap_or(out);
+        self.launch(entry, &p, &[input, kernel, b, out], [gx, gy, gz])
+    }
+
+    /// Zeros a whole tensor.
+    fn clear(&self, t: &Tensor) {
+        if let Some(range) = t.gpu_range() {
+            self.dev.ctx.clear(range, range.size);
+        }
+    }
+
+    /// Dispatches a partial-sum kernel writing `[chunks, len]` partials and reduces them into
+    /// `out` (`[len]`); with one chunk the kernel writes `out` directly.
+    fn partial_sums(
+        &self,
+        kernel: Kernel,
+        params: &impl Pod,
+        inputs: [&Tensor; 2],
+        out: &Tensor,
+        items: usize,
+        chunks: usize,
+    ) -> Result<()> {
+        let len = out.len();
+        if chunks == 1 {
+            return self.launch(
+                kernel,
+                params,
+                &[inputs[0], inputs[1], out],
+                grid_1d(items, 64),
+            );
+        }
+        let partials = self.scratch(&[chunks, len], out)?;
+        self.launch(
+            kernel,
+            params,
+            &[inputs[0], inputs[1], &partials],
+            grid_1d(items, 64),
+        )?;
+        self.sum_rows(&partials, chunks, len, out)
+    }
+
+    /// The depthwise correlation over `s`: the forward pass, or with `flip` the input gradient
+    /// (the flipped kernel and the complementary padding).
+    fn depthwise_launch(
+        &self,
+        input: &Tensor,
+        kernel: &Tensor,
+        out: &Tensor,
+        s: &DepthwiseShape,
+        flip: bool,
+    ) -> Result<()> {
+        if s.input_len() == 0 {
+            return Ok(());
+        }
+        let (pt, pl) = s.pad_top_left();
+        let (pt, pl) = if flip {
+            (s.kh - 1 - pt, s.kw - 1 - pl)
+        } else {
+            (pt, pl)
+        };
+        let v4 = s.c % 4 == 0;
+        let c = if v4 { s.c / 4 } else { s.c };
+        let wblocks = s.w.div_ceil(4);
+        let hblocks = s.h.div_ceil(2);
+        let (kernel_entry, items) = if v4 && s.kh == 3 && s.kw == 3 {
+            (DEPTHWISE3X3_V4, s.n * hblocks * wblocks * c)
+        } else if v4 {
+            (DEPTHWISE_V4, s.n * s.h * wblocks * c)
+        } else {
+            (DEPTHWISE_S, s.n * s.h * wblocks * c)
+        };
+        let p = DepthwiseParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            pt: u(pt),
+            pl: u(pl),
+            flip: u32::from(flip),
+            wblocks: u(wblocks),
+            hblocks: u(hblocks),
+            items: u(items),
+            ..Default::default()
+        };
+        self.launch(kernel_entry, &p, &[input, kernel, out], grid_1d(items, 64))
     }
 }
 
-#[allow(unused_variables)]
 impl NnKernels for GpuKernels<'_> {
-    fn conv2d(&self, x: &Tensor, kernel: &Tensor, bias: Option<&Tensor>, y: &Tensor, s: &Conv2dShape, act: Activation) -> Result<()> { self.none("Conv2D") }
-    fn conv2d_backward_input(&self, dz: &Tensor, kernel: &Tensor, dx: &Tensor, s: &Conv2dShape) -> Result<()> { self.none("Conv2DBackpropInput") }
-    fn conv2d_backward_kernel(&self, x: &Tensor, dz: &Tensor, dk: &Tensor, s: &Conv2dShape) -> Result<()> { self.none("Conv2DBackpropFilter") }
-    fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()> { self.none("DepthwiseConv2dNative") }
-    fn depthwise_backward_input(&self, dy: &Tensor, kernel: &Tensor, dx: &Tensor, s: &DepthwiseShape) -> Result<()> { self.none("x") }
-    fn depthwise_backward_kernel(&self, x: &Tensor, dy: &Tensor, dk: &Tensor, s: &DepthwiseShape) -> Result<()> { self.none("x") }
-    fn maxpool(&self, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> { self.none("x") }
-    fn maxpool_backward(&self, x: &Tensor, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()> { self.none("x") }
-    fn activation(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> { self.activation_impl(x, y, act) }
-    fn activation_backward(&self, dy: &Tensor, y: &Tensor, dz: &Tensor, act: Activation) -> Result<()> { self.activation_backward_impl(dy, y, dz, act) }
-    fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()> { self.none("x") }
-    fn softmax_cross_entropy(&self, logits: &Tensor, labels: &Tensor, loss: &Tensor, dlogits: &Tensor, rows: usize, cols: usize) -> Result<()> { self.none("x") }
-    fn accuracy_count(&self, logits: &Tensor, labels: &Tensor, out: &Tensor, rows: usize, cols: usize) -> Result<()> { self.none("x") }
-    fn sgd(&self, w: &Tensor, g: &Tensor, p: &SgdParams) -> Result<()> { self.none("x") }
-    fn sgd_momentum(&self, w: &Tensor, g: &Tensor, v: &Tensor, p: &SgdParams) -> Result<()> { self.none("x") }
-    fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()> { self.none("x") }
+    fn conv2d(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        s: &Conv2dShape,
+        act: Activation,
+    ) -> Result<()> {
+        if s.output_len() == 0 {
+            return Ok(());
+        }
+        let (oh, ow) = s.out_hw();
+        let (pt, pl) = s.pad_top_left();
+        let g = Correlation {
+            n: s.n,
+            h: s.h,
+            w: s.w,
+            ci: s.c_in,
+            co: s.c_out,
+            kh: s.kh,
+            kw: s.kw,
+            oh,
+            ow,
+            pt,
+            pl,
+        };
+        // No input channels: x and the kernel have no buffers and the tap loops do not run;
+        // bind the output in their place.
+        let xin = if x.is_empty() { y } else { x };
+        let kin = if kernel.is_empty() { y } else { kernel };
+        self.correlate(&g, xin, kin, bias, y, act)
+    }
+
+    fn conv2d_backward_input(
+        &self,
+        dz: &Tensor,
+        kernel: &Tensor,
+        dx: &Tensor,
+        s: &Conv2dShape,
+    ) -> Result<()> {
+        if s.input_len() == 0 {
+            return Ok(());
+        }
+        if dz.is_empty() || kernel.is_empty() {
+            // No output pixels or no output channels: nothing flows back.
+            self.clear(dx);
+            return Ok(());
+        }
+        let (oh, ow) = s.out_hw();
+        let (pt, pl) = s.pad_top_left();
+        // kt[a, b, o, c] = kernel[kh-1-a, kw-1-b, c, o]: dx is the forward correlation of dz
+        // with kt and the complementary padding.
+        let kt = self.scratch(&[s.kh, s.kw, s.c_out, s.c_in], kernel)?;
+        let items = s.kernel_len();
+        let p = ConvParams {
+            ci: u(s.c_in),
+            co: u(s.c_out),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            items: u(items),
+            ..Default::default()
+        };
+        self.launch(CONV2D_FLIP, &p, &[kernel, &kt], grid_1d(items, 256))?;
+        let g = Correlation {
+            n: s.n,
+            h: oh,
+            w: ow,
+            ci: s.c_out,
+            co: s.c_in,
+            kh: s.kh,
+            kw: s.kw,
+            oh: s.h,
+            ow: s.w,
+            pt: s.kh - 1 - pt,
+            pl: s.kw - 1 - pl,
+        };
+        self.correlate(&g, dz, &kt, None, dx, Activation::Linear)
+    }
+
+    fn conv2d_backward_kernel(
+        &self,
+        x: &Tensor,
+        dz: &Tensor,
+        dk: &Tensor,
+        s: &Conv2dShape,
+    ) -> Result<()> {
+        if dk.is_empty() {
+            return Ok(());
+        }
+        let (oh, ow) = s.out_hw();
+        let pixels = s.n * oh * ow;
+        if pixels == 0 {
+            self.clear(dk);
+            return Ok(());
+        }
+        let (pt, pl) = s.pad_top_left();
+        let taps = s.kh * s.kw * s.c_in;
+        let v4 = s.c_out % 4 == 0;
+        let obs = if v4 {
+            (s.c_out / 4).div_ceil(4)
+        } else {
+            s.c_out.div_ceil(4)
+        };
+        // Flattened taps per unit: 8 in conv2d_dk_v4, 4 in conv2d_dk_s.
+        let units = taps.div_ceil(if v4 { 8 } else { 4 }) * obs;
+        let (chunk, chunks) = chunking(units, pixels, MIN_CHUNK);
+        let items = units * chunks;
+        let p = ConvParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            ci: u(s.c_in),
+            co: u(s.c_out),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            oh: u(oh),
+            ow: u(ow),
+            pt: u(pt),
+            pl: u(pl),
+            items: u(items),
+            chunk: u(chunk),
+            pixels: u(pixels),
+            taps: u(taps),
+            ..Default::default()
+        };
+        let entry = if v4 { CONV2D_DK_V4 } else { CONV2D_DK_S };
+        self.partial_sums(entry, &p, [x, dz], dk, items, chunks)
+    }
+
+    fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()> {
+        self.depthwise_launch(x, kernel, y, s, false)
+    }
+
+    fn depthwise_backward_input(
+        &self,
+        dy: &Tensor,
+        kernel: &Tensor,
+        dx: &Tensor,
+        s: &DepthwiseShape,
+    ) -> Result<()> {
+        self.depthwise_launch(dy, kernel, dx, s, true)
+    }
+
+    fn depthwise_backward_kernel(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dk: &Tensor,
+        s: &DepthwiseShape,
+    ) -> Result<()> {
+        if dk.is_empty() {
+            return Ok(());
+        }
+        let pixels = s.n * s.h * s.w;
+        if pixels == 0 {
+            self.clear(dk);
+            return Ok(());
+        }
+        let (pt, pl) = s.pad_top_left();
+        let v4 = s.c % 4 == 0;
+        let c = if v4 { s.c / 4 } else { s.c };
+        let mut p = DepthwiseParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            pt: u(pt),
+            pl: u(pl),
+            ..Default::default()
+        };
+        let (entry, units, chunk, chunks) = if v4 && s.kh == 3 && s.kw == 3 {
+            // Chunks of whole image rows.
+            let rows = s.n * s.h;
+            let (chunk, chunks) = chunking(c, rows, 1);
+            p.total = u(rows);
+            (DEPTHWISE3X3_DK_V4, c, chunk, chunks)
+        } else {
+            let units = (s.kh * s.kw).div_ceil(4) * c;
+            let (chunk, chunks) = chunking(units, pixels, MIN_CHUNK);
+            p.total = u(pixels);
+            let entry = if v4 { DEPTHWISE_DK_V4 } else { DEPTHWISE_DK_S };
+            (entry, units, chunk, chunks)
+        };
+        let items = units * chunks;
+        p.units = u(units);
+        p.chunk = u(chunk);
+        p.items = u(items);
+        self.partial_sums(entry, &p, [x, dy], dk, items, chunks)
+    }
+
+    fn maxpool(&self, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
+        if s.output_len() == 0 {
+            return Ok(());
+        }
+        let (oh, ow) = s.out_hw();
+        let v4 = s.c % 4 == 0;
+        let c = if v4 { s.c / 4 } else { s.c };
+        let items = s.n * oh * ow * c;
+        let p = PoolParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            oh: u(oh),
+            ow: u(ow),
+            items: u(items),
+            ..Default::default()
+        };
+        let entry = if v4 { MAXPOOL_V4 } else { MAXPOOL_S };
+        self.launch(entry, &p, &[x, y], grid_1d(items, 64))
+    }
+
+    fn maxpool_backward(&self, x: &Tensor, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()> {
+        if s.input_len() == 0 {
+            return Ok(());
+        }
+        let (oh, ow) = s.out_hw();
+        let (hb, wb) = (s.h.div_ceil(2), s.w.div_ceil(2));
+        let v4 = s.c % 4 == 0;
+        let c = if v4 { s.c / 4 } else { s.c };
+        let items = s.n * hb * wb * c;
+        let p = PoolParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            oh: u(oh),
+            ow: u(ow),
+            hb: u(hb),
+            wb: u(wb),
+            items: u(items),
+        };
+        // Every window is partial when dy is empty; it is never read then.
+        let dy = if dy.is_empty() { dx } else { dy };
+        let entry = if v4 { MAXPOOL_BWD_V4 } else { MAXPOOL_BWD_S };
+        self.launch(entry, &p, &[x, dy, dx], grid_1d(items, 64))
+    }
+
+    fn activation(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> {
+        self.activation_impl(x, y, act)
+    }
+
+    fn activation_backward(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        act: Activation,
+    ) -> Result<()> {
+        self.activation_backward_impl(dy, y, dz, act)
+    }
+
+    fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()> {
+        if rows * cols == 0 {
+            return Ok(());
+        }
+        let p = SoftmaxParams {
+            rows: u(rows),
+            cols: u(cols),
+            nan_bits: f32::NAN.to_bits(),
+            inv_rows: 1.0 / rows as f32,
+        };
+        self.launch(SOFTMAX_ROWS, &p, &[logits, probs], grid_1d(rows, 64))
+    }
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        loss: &Tensor,
+        dlogits: &Tensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        if rows * cols == 0 {
+            return Ok(());
+        }
+        let p = SoftmaxParams {
+            rows: u(rows),
+            cols: u(cols),
+            nan_bits: f32::NAN.to_bits(),
+            inv_rows: 1.0 / rows as f32,
+        };
+        self.launch(
+            SOFTMAX_XENT,
+            &p,
+            &[logits, labels, loss, dlogits],
+            grid_1d(rows, 64),
+        )
+    }
+
+    fn accuracy_count(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        out: &Tensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let p = SoftmaxParams {
+            rows: u(rows),
+            cols: u(cols),
+            nan_bits: f32::NAN.to_bits(),
+            inv_rows: 0.0,
+        };
+        // An empty batch (or class axis) counts 0; the kernel then reads neither input.
+        let logits = if logits.is_empty() { out } else { logits };
+        let labels = if labels.is_empty() { out } else { labels };
+        self.launch(ACCURACY, &p, &[logits, labels, out], [1, 1, 1])
+    }
+
+    fn sgd(&self, w: &Tensor, g: &Tensor, p: &SgdParams) -> Result<()> {
+        let n = w.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let params = OptimParams {
+            n: u(n),
+            lr: p.lr,
+            ..Default::default()
+        };
+        self.launch(SGD, &params, &[w, g], grid_1d(n, 256))
+    }
+
+    fn sgd_momentum(&self, w: &Tensor, g: &Tensor, v: &Tensor, p: &SgdParams) -> Result<()> {
+        let n = w.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let params = OptimParams {
+            n: u(n),
+            lr: p.lr,
+            momentum: p.momentum,
+            nesterov: u32::from(p.nesterov),
+            ..Default::default()
+        };
+        self.launch(SGD_MOMENTUM, &params, &[w, g, v], grid_1d(n, 256))
+    }
+
+    fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()> {
+        let n = w.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // The bias correction in f64, as the CPU kernel and Keras compute it.
+        let t = i32::try_from(p.step).unwrap_or(i32::MAX);
+        let (b1, b2) = (f64::from(p.beta1), f64::from(p.beta2));
+        let alpha = f64::from(p.lr) * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
+        let params = OptimParams {
+            n: u(n),
+            lr: p.lr,
+            alpha: alpha as f32,
+            one_minus_b1: 1.0 - p.beta1,
+            one_minus_b2: 1.0 - p.beta2,
+            eps: p.epsilon,
+            ..Default::default()
+        };
+        self.launch(ADAM, &params, &[w, g, m, v], grid_1d(n, 256))
+    }
 }

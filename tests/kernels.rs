@@ -1,0 +1,793 @@
+//! Every CNN op on every device — `CPU:0` and each GPU adapter found (`WGPU_BACKEND=vulkan,gl`:
+//! lavapipe and llvmpipe here) — against the f64 oracle of `anygpu::ops::reference`, on random
+//! data (never zeros) with shapes of 1, 3, 7, 13 and 28, batches 1 and 3, channels 1, 3 and 32,
+//! 'same' and 'valid', kernels 1×1 to 5×5, relative tolerance 1e-4.
+//!
+//! GPU outputs are NaN-trapped: right before each op, the test allocates NaN-filled tensors of
+//! the op's output sizes on the device and drops them, so the arena's best fit hands exactly
+//! those chunks, stale NaNs included, to the op's outputs (allocated first, in the same order):
+//! any element a kernel forgets to write fails the comparison. `nan_trap_reuses_the_chunk`
+//! checks that reuse with the allocator's statistics. Tests hold one lock so no other test's
+//! allocation can take a trap's chunk in between.
+//!
+//! With `ANYGPU_REQUIRE_ADAPTER=1`, finding no GPU adapter is a failure, not a CPU-only run.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use anygpu::ops;
+use anygpu::ops::reference::{self as r, assert_close, random_vec, to_f64};
+use anygpu::ops::spec::{
+    Activation, AdamParams, Conv2dShape, DepthwiseShape, Padding, PoolShape, SgdParams,
+};
+use anygpu::{DeviceKind, Error, KindFilter, LogicalDevice, Runtime, RuntimeBuilder, Tensor};
+
+const TOL: f64 = 1e-4;
+const ACTS: [Activation; 3] = [Activation::Linear, Activation::Relu, Activation::Selu];
+
+fn builder() -> RuntimeBuilder {
+    Runtime::builder()
+        .env("WGPU_BACKEND", Some("vulkan,gl"))
+        .memory_growth(true)
+}
+
+struct Env {
+    rt: Runtime,
+    devices: Vec<LogicalDevice>,
+}
+
+/// The runtime every test shares, and its devices (CPU:0 first, then the GPUs).
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let rt = builder().build().expect("the runtime initializes");
+        let devices = rt
+            .list_logical_devices(KindFilter::All)
+            .expect("devices are listed");
+        require_gpu(&devices);
+        Env { rt, devices }
+    })
+}
+
+/// Panics when `ANYGPU_REQUIRE_ADAPTER=1` and there is no GPU among `devices`.
+fn require_gpu(devices: &[LogicalDevice]) {
+    let gpus = devices
+        .iter()
+        .filter(|d| d.device_type() == DeviceKind::Gpu)
+        .count();
+    if std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() == Ok("1") {
+        assert!(
+            gpus > 0,
+            "ANYGPU_REQUIRE_ADAPTER=1 but no GPU adapter was found (WGPU_BACKEND=vulkan,gl)"
+        );
+    } else if gpus == 0 {
+        eprintln!("no GPU adapter found: only CPU:0 is tested");
+    }
+}
+
+/// One test at a time: the NaN traps rely on nobody else allocating between trap and op.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn put(dev: &LogicalDevice, data: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice_on(data, shape, dev).expect("upload")
+}
+
+fn put_i32(dev: &LogicalDevice, data: &[i32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice_on(data, shape, dev).expect("upload")
+}
+
+fn get(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<f32>().expect("readback")
+}
+
+/// Allocates NaN-filled tensors of these element counts on a GPU device and drops them: the
+/// op's outputs, allocated next in the same order, take these chunks with the NaNs in them.
+fn trap(dev: &LogicalDevice, lens: &[usize]) {
+    if dev.device_type() != DeviceKind::Gpu {
+        return;
+    }
+    let traps: Vec<Tensor> = lens
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| put(dev, &vec![f32::NAN; n], &[n]))
+        .collect();
+    drop(traps);
+}
+
+/// Fails unless `t` lives on `dev` (soft placement must not have moved the op elsewhere).
+fn on(t: &Tensor, dev: &LogicalDevice) {
+    assert_eq!(
+        t.device(),
+        dev.full_name(),
+        "the op ran on {} instead of {}",
+        t.device(),
+        dev.full_name()
+    );
+}
+
+fn label(dev: &LogicalDevice) -> String {
+    format!("{} ({})", dev.name(), dev.adapter_name())
+}
+
+/// Values in [-scale, scale), never zero.
+fn scaled(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    random_vec(len, seed).iter().map(|v| v * scale).collect()
+}
+
+#[test]
+fn devices_are_found() {
+    let _g = serial();
+    let e = env();
+    assert!(e.devices.iter().any(|d| d.device_type() == DeviceKind::Cpu));
+    for d in &e.devices {
+        eprintln!("testing {}", label(d));
+    }
+}
+
+#[test]
+fn nan_trap_reuses_the_chunk() {
+    let _g = serial();
+    // A runtime of its own: its arenas start empty, so every placement below is known.
+    let rt = builder().build().expect("runtime");
+    let gpus = rt.list_logical_devices(DeviceKind::Gpu).expect("devices");
+    require_gpu(&gpus);
+    for dev in &gpus {
+        let _s = dev.scope();
+        let name = dev.name();
+        let s = PoolShape {
+            n: 2,
+            h: 8,
+            w: 8,
+            c: 32,
+        };
+        let out = s.output_len();
+        let x = put(dev, &random_vec(s.input_len(), 1), &[2, 8, 8, 32]);
+        // A hole of exactly the output's size, in front of a blocker; the rest of the region
+        // is one large free block.
+        let filler = put(dev, &vec![1.0; out], &[out]);
+        let blocker = put(dev, &[1.0; 64], &[64]);
+        drop(filler);
+        let largest = || {
+            rt.get_memory_stats(name)
+                .expect("stats")
+                .largest_free_block_bytes
+        };
+        let before = largest();
+        let nan = put(dev, &vec![f32::NAN; out], &[out]);
+        assert_eq!(largest(), before, "{name}: the trap did not take the hole");
+        drop(nan);
+        // The op's output takes the trap's chunk: the large block stays whole ...
+        let y = ops::max_pool2d(&x).expect("max_pool2d");
+        on(&y, dev);
+        assert_eq!(
+            largest(),
+            before,
+            "{name}: the output did not reuse the trap's chunk"
+        );
+        // ... whereas the same allocation with the hole taken comes out of the large block,
+        // so the check above can tell the two apart.
+        let other = put(dev, &vec![1.0; out], &[out]);
+        assert!(
+            largest() < before,
+            "{name}: the statistics cannot see placement"
+        );
+        assert_close(
+            &get(&y),
+            &r::maxpool_forward(&to_f64(&get(&x)), &s),
+            0.0,
+            "maxpool after the trap",
+        );
+        drop((other, blocker));
+    }
+}
+
+#[test]
+fn conv2d_forward_and_gradients() {
+    let _g = serial();
+    use Padding::{Same, Valid};
+    // (n, h, w, c_in, c_out, kh, kw, padding)
+    let cases = [
+        (1, 1, 1, 1, 1, 1, 1, Same),
+        (1, 7, 7, 3, 32, 3, 3, Same),
+        (3, 13, 7, 3, 7, 5, 5, Valid),
+        (3, 28, 28, 1, 32, 3, 3, Same),
+        (1, 13, 13, 32, 3, 3, 3, Valid),
+        (3, 7, 13, 32, 32, 1, 1, Same),
+        (1, 3, 28, 32, 13, 5, 3, Same),
+        (1, 7, 7, 3, 4, 2, 2, Same),
+        (1, 13, 1, 3, 8, 5, 1, Same),
+        (3, 28, 28, 32, 32, 3, 3, Valid),
+        (1, 2, 3, 3, 4, 3, 3, Valid),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c_in, c_out, kh, kw, padding)) in cases.iter().enumerate() {
+            let s = Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out,
+                kh,
+                kw,
+                padding,
+            };
+            let (oh, ow) = s.out_hw();
+            let act = ACTS[t % 3];
+            let with_bias = t % 2 == 0;
+            let seed = 100 + 10 * t as u64;
+            let x = random_vec(s.input_len(), seed);
+            let k = random_vec(s.kernel_len(), seed + 1);
+            let b = random_vec(c_out, seed + 2);
+            let dz = random_vec(s.output_len(), seed + 3);
+            let (x64, k64, dz64) = (to_f64(&x), to_f64(&k), to_f64(&dz));
+            let xt = put(dev, &x, &[n, h, w, c_in]);
+            let kt = put(dev, &k, &[kh, kw, c_in, c_out]);
+            let bt = put(dev, &b, &[c_out]);
+            let dzt = put(dev, &dz, &[n, oh, ow, c_out]);
+            let what = format!("{} {s:?} {act:?} bias={with_bias}", label(dev));
+
+            trap(dev, &[s.output_len()]);
+            let y = ops::conv2d(&xt, &kt, with_bias.then_some(&bt), padding, act).unwrap();
+            on(&y, dev);
+            assert_eq!(y.shape(), [n, oh, ow, c_out]);
+            let b64 = with_bias.then(|| to_f64(&b));
+            let expected = r::conv2d_forward(&x64, &k64, b64.as_deref(), &s, act);
+            assert_close(&get(&y), &expected, TOL, &format!("conv2d {what}"));
+
+            trap(dev, &[s.input_len()]);
+            let dx = ops::conv2d_backward_input(&dzt, &kt, &[n, h, w, c_in], padding).unwrap();
+            on(&dx, dev);
+            let expected = r::conv2d_backward_input(&dz64, &k64, &s);
+            assert_close(&get(&dx), &expected, TOL, &format!("conv2d dx {what}"));
+
+            trap(dev, &[s.kernel_len()]);
+            let dk =
+                ops::conv2d_backward_kernel(&xt, &dzt, &[kh, kw, c_in, c_out], padding).unwrap();
+            on(&dk, dev);
+            let expected = r::conv2d_backward_kernel(&x64, &dz64, &s);
+            assert_close(&get(&dk), &expected, TOL, &format!("conv2d dk {what}"));
+
+            trap(dev, &[c_out]);
+            let db = ops::bias_grad(&dzt).unwrap();
+            on(&db, dev);
+            let expected = r::bias_grad(&dz64, c_out);
+            assert_close(&get(&db), &expected, TOL, &format!("bias grad {what}"));
+        }
+    }
+}
+
+#[test]
+fn depthwise_forward_and_gradients() {
+    let _g = serial();
+    // (n, h, w, c, kh, kw)
+    let cases = [
+        (1, 1, 1, 1, 1, 1),
+        (1, 7, 7, 3, 3, 3),
+        (3, 13, 7, 32, 3, 3),
+        (3, 28, 28, 32, 3, 3),
+        (1, 7, 13, 32, 5, 5),
+        (3, 13, 28, 3, 5, 3),
+        (1, 3, 3, 4, 2, 2),
+        (1, 2, 1, 8, 3, 3),
+        (1, 1, 7, 32, 3, 3),
+        (3, 7, 7, 12, 1, 3),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c, kh, kw)) in cases.iter().enumerate() {
+            let s = DepthwiseShape { n, h, w, c, kh, kw };
+            let seed = 300 + 10 * t as u64;
+            let x = random_vec(s.input_len(), seed);
+            let k = random_vec(s.kernel_len(), seed + 1);
+            let dy = random_vec(s.input_len(), seed + 2);
+            let (x64, k64, dy64) = (to_f64(&x), to_f64(&k), to_f64(&dy));
+            let xt = put(dev, &x, &[n, h, w, c]);
+            let kt = put(dev, &k, &[kh, kw, c, 1]);
+            let dyt = put(dev, &dy, &[n, h, w, c]);
+            let what = format!("{} {s:?}", label(dev));
+
+            trap(dev, &[s.input_len()]);
+            let y = ops::depthwise_conv2d(&xt, &kt).unwrap();
+            on(&y, dev);
+            let expected = r::depthwise_forward(&x64, &k64, &s);
+            assert_close(&get(&y), &expected, TOL, &format!("depthwise {what}"));
+
+            trap(dev, &[s.input_len()]);
+            let dx = ops::depthwise_conv2d_backward_input(&dyt, &kt).unwrap();
+            on(&dx, dev);
+            let expected = r::depthwise_backward_input(&dy64, &k64, &s);
+            assert_close(&get(&dx), &expected, TOL, &format!("depthwise dx {what}"));
+
+            trap(dev, &[s.kernel_len()]);
+            let dk = ops::depthwise_conv2d_backward_kernel(&xt, &dyt, &[kh, kw, c, 1]).unwrap();
+            on(&dk, dev);
+            let expected = r::depthwise_backward_kernel(&x64, &dy64, &s);
+            assert_close(&get(&dk), &expected, TOL, &format!("depthwise dk {what}"));
+        }
+    }
+}
+
+#[test]
+fn separable_pointwise_and_dense() {
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        let what = label(dev);
+        // Pointwise: [3, 7, 7, 32] · [1, 1, 32, 64] + bias, relu.
+        let s = Conv2dShape {
+            n: 3,
+            h: 7,
+            w: 7,
+            c_in: 32,
+            c_out: 64,
+            kh: 1,
+            kw: 1,
+            padding: Padding::Valid,
+        };
+        let x = random_vec(s.input_len(), 501);
+        let k = random_vec(s.kernel_len(), 502);
+        let b = random_vec(64, 503);
+        let xt = put(dev, &x, &[3, 7, 7, 32]);
+        let kt = put(dev, &k, &[1, 1, 32, 64]);
+        let bt = put(dev, &b, &[64]);
+        trap(dev, &[s.output_len()]);
+        let y = ops::pointwise_conv2d(&xt, &kt, Some(&bt), Activation::Relu).unwrap();
+        on(&y, dev);
+        assert_eq!(y.shape(), [3, 7, 7, 64]);
+        let expected = r::conv2d_forward(
+            &to_f64(&x),
+            &to_f64(&k),
+            Some(&to_f64(&b)),
+            &s,
+            Activation::Relu,
+        );
+        assert_close(&get(&y), &expected, TOL, &format!("pointwise {what}"));
+
+        // Dense 1152 → 128 (the tutorial's), selu, batch 3.
+        let (m, kk, nn) = (3, 1152, 128);
+        let a = scaled(m * kk, 504, 0.1);
+        let wv = random_vec(kk * nn, 505);
+        let bv = random_vec(nn, 506);
+        let (at, wt, bt) = (
+            put(dev, &a, &[m, kk]),
+            put(dev, &wv, &[kk, nn]),
+            put(dev, &bv, &[nn]),
+        );
+        for (t, act) in ACTS.into_iter().enumerate() {
+            let bias = (t != 1).then_some(&bt);
+            trap(dev, &[m * nn]);
+            let y = ops::dense(&at, &wt, bias, act).unwrap();
+            on(&y, dev);
+            let b64 = bias.map(|_| to_f64(&bv));
+            let expected =
+                r::matmul_bias_act(&to_f64(&a), &to_f64(&wv), b64.as_deref(), m, kk, nn, act);
+            assert_close(&get(&y), &expected, TOL, &format!("dense {act:?} {what}"));
+        }
+
+        // The gradient products, every transpose combination.
+        let (m, kk, nn) = (7, 13, 3);
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let a = random_vec(m * kk, 507);
+            let bm = random_vec(kk * nn, 508);
+            let ashape = if ta { [kk, m] } else { [m, kk] };
+            let bshape = if tb { [nn, kk] } else { [kk, nn] };
+            trap(dev, &[m * nn]);
+            let y = ops::matmul_transposed(&put(dev, &a, &ashape), &put(dev, &bm, &bshape), ta, tb)
+                .unwrap();
+            on(&y, dev);
+            let expected = r::matmul(&to_f64(&a), &to_f64(&bm), m, kk, nn, ta, tb);
+            assert_close(
+                &get(&y),
+                &expected,
+                TOL,
+                &format!("matmul {ta} {tb} {what}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn max_pool_forward_and_gradient() {
+    let _g = serial();
+    let cases = [
+        (1, 1, 1, 1),
+        (1, 2, 2, 1),
+        (3, 7, 7, 3),
+        (1, 13, 28, 32),
+        (3, 28, 28, 32),
+        (1, 3, 1, 3),
+        (1, 1, 7, 3),
+        (3, 28, 13, 1),
+        (1, 7, 5, 8),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c)) in cases.iter().enumerate() {
+            let s = PoolShape { n, h, w, c };
+            let (oh, ow) = s.out_hw();
+            let x = random_vec(s.input_len(), 800 + t as u64);
+            let dy = random_vec(s.output_len(), 810 + t as u64);
+            let xt = put(dev, &x, &[n, h, w, c]);
+            let dyt = put(dev, &dy, &[n, oh, ow, c]);
+            let what = format!("{} {s:?}", label(dev));
+            trap(dev, &[s.output_len()]);
+            let y = ops::max_pool2d(&xt).unwrap();
+            on(&y, dev);
+            assert_eq!(y.shape(), [n, oh, ow, c]);
+            let expected = r::maxpool_forward(&to_f64(&x), &s);
+            assert_close(&get(&y), &expected, 0.0, &format!("maxpool {what}"));
+            trap(dev, &[s.input_len()]);
+            let dx = ops::max_pool2d_backward(&xt, &dyt).unwrap();
+            on(&dx, dev);
+            let expected = r::maxpool_backward(&to_f64(&x), &to_f64(&dy), &s);
+            assert_close(&get(&dx), &expected, 0.0, &format!("maxpool dx {what}"));
+        }
+        // Ties go to the first maximum in row-major window order.
+        #[rustfmt::skip]
+        let x = [
+            1.0, 0.0,  1.0, 0.0,   0.0, 1.0,  5.0, 2.0,
+            1.0, 3.0,  1.0, 3.0,   4.0, 3.0,  5.0, 4.0,
+        ];
+        #[rustfmt::skip]
+        let expected = [
+            10.0, 0.0,  0.0, 0.0,   0.0, 0.0,  30.0, 0.0,
+            0.0, 20.0,  0.0, 0.0,   0.0, 0.0,  0.0, 40.0,
+        ];
+        let dx = ops::max_pool2d_backward(
+            &put(dev, &x, &[1, 2, 4, 2]),
+            &put(dev, &[10.0, 20.0, 30.0, 40.0], &[1, 1, 2, 2]),
+        )
+        .unwrap();
+        assert_eq!(get(&dx), expected, "maxpool ties {}", label(dev));
+    }
+}
+
+#[test]
+fn activations_forward_and_backward() {
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, shape) in [vec![1], vec![3, 7], vec![3, 13, 28, 32]]
+            .iter()
+            .enumerate()
+        {
+            let len: usize = shape.iter().product();
+            let x = scaled(len, 900 + t as u64, 3.0);
+            let dy = random_vec(len, 950 + t as u64);
+            let (xt, dyt) = (put(dev, &x, shape), put(dev, &dy, shape));
+            for act in ACTS {
+                let what = format!("{} {shape:?} {act:?}", label(dev));
+                trap(dev, &[len]);
+                let y = ops::activation(&xt, act).unwrap();
+                on(&y, dev);
+                let y64 = r::activation(&to_f64(&x), act);
+                assert_close(&get(&y), &y64, TOL, &format!("activation {what}"));
+                trap(dev, &[len]);
+                let dz = ops::activation_backward(&dyt, &y, act).unwrap();
+                on(&dz, dev);
+                let expected = r::activation_backward(&to_f64(&dy), &to_f64(&get(&y)), act);
+                assert_close(
+                    &get(&dz),
+                    &expected,
+                    TOL,
+                    &format!("activation grad {what}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_cross_entropy_and_accuracy() {
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (rows, cols) in [(1, 1), (3, 7), (13, 10), (128, 10), (3000, 13)] {
+            let what = format!("{} [{rows}, {cols}]", label(dev));
+            let logits = scaled(rows * cols, rows as u64, 8.0);
+            let labels: Vec<i32> = (0..rows).map(|r| ((r * 7 + 3) % cols) as i32).collect();
+            let l64 = to_f64(&logits);
+            let lt = put(dev, &logits, &[rows, cols]);
+            let labt = put_i32(dev, &labels, &[rows]);
+
+            trap(dev, &[rows * cols]);
+            let probs = ops::softmax(&lt).unwrap();
+            on(&probs, dev);
+            let expected = r::softmax(&l64, rows, cols);
+            assert_close(&get(&probs), &expected, TOL, &format!("softmax {what}"));
+
+            trap(dev, &[rows, rows * cols]);
+            let (loss, grad) = ops::sparse_softmax_cross_entropy(&lt, &labt).unwrap();
+            on(&loss, dev);
+            on(&grad, dev);
+            let (eloss, egrad) = r::softmax_cross_entropy(&l64, &labels, rows, cols);
+            assert_close(&get(&loss), &eloss, TOL, &format!("xent loss {what}"));
+            // The gradient is divided by rows: compare it scaled back up.
+            let scaled_grad: Vec<f32> = get(&grad).iter().map(|g| g * rows as f32).collect();
+            let escaled: Vec<f64> = egrad.iter().map(|g| g * rows as f64).collect();
+            assert_close(&scaled_grad, &escaled, TOL, &format!("xent grad {what}"));
+
+            trap(dev, &[1]);
+            let hits = ops::accuracy_count(&lt, &labt).unwrap();
+            on(&hits, dev);
+            let expected = r::accuracy_count(&l64, &labels, rows, cols);
+            assert_eq!(get(&hits), [expected as f32], "accuracy {what}");
+        }
+
+        // Logits of ±1e4 stay finite.
+        let logits = [1e4f32, -1e4, 0.0, -1e4, 1e4, 1e4, 3e4, -3e4, 2e4];
+        let labels = [1, 0, 2];
+        let lt = put(dev, &logits, &[3, 3]);
+        let (loss, grad) =
+            ops::sparse_softmax_cross_entropy(&lt, &put_i32(dev, &labels, &[3])).unwrap();
+        let (eloss, egrad) = r::softmax_cross_entropy(&to_f64(&logits), &labels, 3, 3);
+        assert_close(&get(&loss), &eloss, 1e-6, "huge loss");
+        assert_close(&get(&grad), &egrad, 1e-6, "huge grad");
+        let probs = ops::softmax(&lt).unwrap();
+        assert_close(
+            &get(&probs),
+            &r::softmax(&to_f64(&logits), 3, 3),
+            1e-6,
+            "huge probs",
+        );
+
+        // Accuracy takes the first maximum on ties; empty batches count 0.
+        let lt = put(dev, &[1.0, 3.0, 3.0, 0.0, 0.0, 0.0], &[2, 3]);
+        let count =
+            |labels: &[i32]| get(&ops::accuracy_count(&lt, &put_i32(dev, labels, &[2])).unwrap());
+        assert_eq!(count(&[1, 0]), [2.0]);
+        assert_eq!(count(&[2, 1]), [0.0]);
+        let empty =
+            ops::accuracy_count(&put(dev, &[], &[0, 10]), &put_i32(dev, &[], &[0])).unwrap();
+        assert_eq!(get(&empty), [0.0]);
+
+        // Out-of-range labels: an error on the CPU, NaN rows on a GPU (as in TensorFlow).
+        let lt = put(dev, &random_vec(9, 7), &[3, 3]);
+        let bad = put_i32(dev, &[0, 3, -1], &[3]);
+        match dev.device_type() {
+            DeviceKind::Cpu => {
+                let err = ops::sparse_softmax_cross_entropy(&lt, &bad).unwrap_err();
+                assert!(
+                    err.to_string()
+                        .contains("outside the valid range of [0, 3)"),
+                    "{err}"
+                );
+            }
+            DeviceKind::Gpu => {
+                let (loss, grad) = ops::sparse_softmax_cross_entropy(&lt, &bad).unwrap();
+                let (loss, grad) = (get(&loss), get(&grad));
+                assert!(loss[0].is_finite() && loss[1].is_nan() && loss[2].is_nan());
+                assert!(grad[..3].iter().all(|g| g.is_finite()));
+                assert!(grad[3..].iter().all(|g| g.is_nan()));
+            }
+        }
+        assert_eq!(get(&ops::accuracy_count(&lt, &bad).unwrap()).len(), 1);
+    }
+}
+
+#[test]
+fn optimizer_steps() {
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for len in [1, 3, 7, 13, 28, 100_003] {
+            let what = format!("{} len {len}", label(dev));
+            let w = random_vec(len, 1);
+            let g = random_vec(len, 2);
+            let v0 = random_vec(len, 3);
+            let (w64, g64, v64) = (to_f64(&w), to_f64(&g), to_f64(&v0));
+            let gt = put(dev, &g, &[len]);
+
+            let p = SgdParams {
+                lr: 0.01,
+                momentum: 0.0,
+                nesterov: false,
+            };
+            let wt = put(dev, &w, &[len]);
+            ops::sgd_update(&wt, &gt, None, &p).unwrap();
+            on(&wt, dev);
+            assert_close(
+                &get(&wt),
+                &r::sgd(&w64, &g64, &p),
+                1e-6,
+                &format!("sgd {what}"),
+            );
+
+            for nesterov in [false, true] {
+                let p = SgdParams {
+                    lr: 0.01,
+                    momentum: 0.9,
+                    nesterov,
+                };
+                let (wt, vt) = (put(dev, &w, &[len]), put(dev, &v0, &[len]));
+                ops::sgd_update(&wt, &gt, Some(&vt), &p).unwrap();
+                let (ew, ev) = r::sgd_momentum(&w64, &g64, &v64, &p);
+                assert_close(
+                    &get(&wt),
+                    &ew,
+                    1e-6,
+                    &format!("momentum w {nesterov} {what}"),
+                );
+                assert_close(
+                    &get(&vt),
+                    &ev,
+                    1e-6,
+                    &format!("momentum v {nesterov} {what}"),
+                );
+            }
+
+            let m0 = scaled(len, 4, 0.1);
+            let s0: Vec<f32> = random_vec(len, 5).iter().map(|v| 0.01 * v.abs()).collect();
+            for step in [1, 2, 1000] {
+                let p = AdamParams {
+                    lr: 0.001,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    epsilon: 1e-7,
+                    step,
+                };
+                let wt = put(dev, &w, &[len]);
+                let (mt, vt) = (put(dev, &m0, &[len]), put(dev, &s0, &[len]));
+                ops::adam_update(&wt, &gt, &mt, &vt, &p).unwrap();
+                let (ew, em, es) = r::adam(&w64, &g64, &to_f64(&m0), &to_f64(&s0), &p);
+                assert_close(&get(&wt), &ew, 1e-6, &format!("adam w {step} {what}"));
+                assert_close(&get(&mt), &em, 1e-6, &format!("adam m {step} {what}"));
+                assert_close(&get(&vt), &es, 1e-6, &format!("adam v {step} {what}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn optimizer_updates_stay_on_the_variables_device() {
+    let _g = serial();
+    let e = env();
+    let cpu = e.rt.cpu().unwrap();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    e.rt.set_placement_callback(Some(move |rec: &anygpu::PlacementRecord| {
+        sink.lock()
+            .unwrap()
+            .push((rec.op.to_string(), rec.device.clone()));
+    }));
+    e.rt.set_log_device_placement(true);
+    for dev in &e.devices {
+        let w = random_vec(37, 11);
+        let g = random_vec(37, 12);
+        let wt = put(dev, &w, &[37]);
+        // The gradient on the CPU and a scope that says CPU: the update still runs where the
+        // variable is, and writes the variable itself.
+        let gt = put(&cpu, &g, &[37]);
+        let other = e
+            .devices
+            .iter()
+            .find(|d| !d.same_device(dev))
+            .unwrap_or(dev);
+        let _s = other.scope();
+        seen.lock().unwrap().clear();
+        let p = SgdParams {
+            lr: 0.5,
+            momentum: 0.0,
+            nesterov: false,
+        };
+        ops::sgd_update(&wt, &gt, None, &p).unwrap();
+        on(&wt, dev);
+        assert_close(
+            &get(&wt),
+            &r::sgd(&to_f64(&w), &to_f64(&g), &p),
+            1e-6,
+            "cross-device sgd",
+        );
+        let log = seen.lock().unwrap().clone();
+        assert!(
+            log.contains(&(
+                "ResourceApplyGradientDescent".to_string(),
+                dev.full_name().to_string()
+            )),
+            "{log:?}"
+        );
+        // Slots must live with the variable.
+        let m = put(other, &[0.0; 37], &[37]);
+        let v = put(dev, &[0.0; 37], &[37]);
+        let adam = AdamParams {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-7,
+            step: 1,
+        };
+        if !other.same_device(dev) {
+            assert!(ops::adam_update(&wt, &gt, &m, &v, &adam).is_err());
+        }
+    }
+    e.rt.set_log_device_placement(false);
+    e.rt.set_placement_callback(None::<fn(&anygpu::PlacementRecord)>);
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        let x = put(dev, &random_vec(2 * 5 * 5 * 3, 1), &[2, 5, 5, 3]);
+        let k = put(dev, &random_vec(3 * 3 * 4 * 8, 2), &[3, 3, 4, 8]);
+        let shape_error = |e: Error, lhs: &[usize], rhs: &[usize]| match e {
+            Error::ShapeMismatch { lhs: l, rhs: r, .. } => {
+                assert_eq!((l.as_slice(), r.as_slice()), (lhs, rhs));
+            }
+            other => panic!("expected a shape mismatch, got {other}"),
+        };
+        let err = ops::conv2d(&x, &k, None, Padding::Same, Activation::Linear).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("[2, 5, 5, 3]") && text.contains("[3, 3, 4, 8]"),
+            "{text}"
+        );
+        shape_error(err, &[2, 5, 5, 3], &[3, 3, 4, 8]);
+        let k3 = put(dev, &random_vec(3 * 3 * 3 * 8, 2), &[3, 3, 3, 8]);
+        let bad_bias = put(dev, &[1.0; 7], &[7]);
+        assert!(ops::conv2d(&x, &k3, Some(&bad_bias), Padding::Same, Activation::Relu).is_err());
+        let dz = put(dev, &random_vec(2 * 5 * 5 * 8, 3), &[2, 5, 5, 8]);
+        assert!(ops::conv2d_backward_input(&dz, &k3, &[2, 5, 5, 3], Padding::Valid).is_err());
+        assert!(ops::conv2d_backward_kernel(&x, &dz, &[3, 3, 3, 7], Padding::Same).is_err());
+        let no_channels = put(dev, &[], &[2, 5, 5, 0]);
+        let k0 = put(dev, &[], &[3, 3, 0, 8]);
+        assert!(ops::conv2d(&no_channels, &k0, None, Padding::Same, Activation::Linear).is_err());
+        let dw = put(dev, &random_vec(9 * 3 * 2, 4), &[3, 3, 3, 2]);
+        shape_error(
+            ops::depthwise_conv2d(&x, &dw).unwrap_err(),
+            &[2, 5, 5, 3],
+            &[3, 3, 3, 2],
+        );
+        let flat = put(dev, &random_vec(6, 5), &[6]);
+        assert!(ops::max_pool2d(&flat).is_err());
+        assert!(ops::max_pool2d_backward(&x, &x).is_err());
+        // dtypes
+        let ints = put_i32(dev, &[1, 2, 3, 4], &[1, 2, 2, 1]);
+        assert!(matches!(ops::max_pool2d(&ints), Err(Error::DType { .. })));
+        let logits = put(dev, &random_vec(6, 6), &[2, 3]);
+        let float_labels = put(dev, &[0.0, 1.0], &[2]);
+        assert!(matches!(
+            ops::sparse_softmax_cross_entropy(&logits, &float_labels),
+            Err(Error::DType { .. })
+        ));
+        let short_labels = put_i32(dev, &[0], &[1]);
+        shape_error(
+            ops::accuracy_count(&logits, &short_labels).unwrap_err(),
+            &[2, 3],
+            &[1],
+        );
+        // optimizers
+        let w = put(dev, &[1.0; 4], &[4]);
+        let g = put(dev, &[1.0; 5], &[5]);
+        let p = SgdParams {
+            lr: 0.1,
+            momentum: 0.9,
+            nesterov: false,
+        };
+        assert!(ops::sgd_update(&w, &g, None, &p).is_err());
+        let g4 = put(dev, &[1.0; 4], &[4]);
+        assert!(matches!(
+            ops::sgd_update(&w, &g4, None, &p),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(ops::sgd_update(&w, &w, Some(&g4), &p).is_err());
+        let adam = AdamParams {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-7,
+            step: 0,
+        };
+        let (m, v) = (put(dev, &[0.0; 4], &[4]), put(dev, &[0.0; 4], &[4]));
+        assert!(ops::adam_update(&w, &g4, &m, &v, &adam).is_err());
+        assert_eq!(
+            get(&w),
+            [1.0; 4],
+            "a rejected update leaves the variable alone"
+        );
+    }
+}
