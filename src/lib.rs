@@ -70,6 +70,7 @@ pub(crate) mod memory;
 pub mod nn;
 pub mod ops;
 mod placement;
+mod rng;
 pub mod runtime;
 mod tensor;
 

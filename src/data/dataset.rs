@@ -55,6 +55,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::rng::SplitMix64;
 use crate::{Error, Result};
 
 /// One element of a [`Dataset`]: a batch of examples (or a single example when the pipeline
@@ -591,36 +592,6 @@ fn mix(a: u64, b: u64) -> u64 {
     SplitMix64::new(a ^ SplitMix64::new(b).next_u64()).next_u64()
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): the small, fast, statistically solid generator that
-/// also seeds xoshiro. Deterministic across platforms.
-#[derive(Debug, Clone)]
-pub(crate) struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform integer in `0..n` (Lemire's multiply-shift; the bias is below 2^-40 here).
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
-    }
-
-    /// A uniform `f64` in `[0, 1)`.
-    #[cfg(test)]
-    pub(crate) fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -828,7 +799,7 @@ mod tests {
         for c in counts {
             assert!((9_500..10_500).contains(&c), "{counts:?}");
         }
-        let f = r.next_f64();
+        let f = r.uniform();
         assert!((0.0..1.0).contains(&f));
     }
 }

@@ -192,7 +192,7 @@ fn rows(len: usize, n_features: usize, op: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::dataset::SplitMix64;
+    use crate::rng::SplitMix64;
 
     #[test]
     fn matches_a_direct_f64_computation() {
@@ -202,7 +202,7 @@ mod tests {
         let data: Vec<f32> = (0..n * f)
             .map(|k| {
                 let j = k % f;
-                (rng.next_f64() * (j as f64 + 0.5) + 1000.0 * j as f64) as f32
+                (rng.uniform() * (j as f64 + 0.5) + 1000.0 * j as f64) as f32
             })
             .collect();
         let mut s = StandardScaler::new();

@@ -12,7 +12,8 @@
 
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
-use crate::tensor::{DType, SplitMix64, Tensor};
+use crate::rng::SplitMix64;
+use crate::tensor::{DType, Tensor};
 
 /// `(fan_in, fan_out)` of a kernel shape, as Keras computes them.
 pub(crate) fn compute_fans(shape: &[usize]) -> (usize, usize) {
