@@ -2,7 +2,13 @@
 //   out[m, n] = act(op(A) · op(B) + bias)
 // where op(A) is A [m, k] or, with trans_a, the transpose of a stored [k, m] (likewise B).
 //
-// Entry point: matmul, @workgroup_size(16, 16). Each invocation computes a 4×4 block of
+// Entry points, both @workgroup_size(16, 16), dispatch (ceil(n / 64), ceil(m / 64), 1):
+//   matmul     any shapes and transposes (scalar loads);
+//   matmul_v4  n and k multiples of 4, no transposes: each invocation computes 4 rows × one
+//              vec4 of 4 adjacent columns, loading A, B and storing C as vec4 (bindings 7, 5, 6
+//              view a, b and out as array<vec4<f32>>).
+//
+// matmul: Each invocation computes a 4×4 block of
 // outputs held in registers; a workgroup covers 64×64. Rows and columns of a block are
 // interleaved with stride 16 so that neighbouring invocations read neighbouring addresses of B
 // and write neighbouring outputs. Dispatch: (ceil(n / 64), ceil(m / 64), 1).
@@ -30,6 +36,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> b4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> a4: array<vec4<f32>>;
 
 const SELU_ALPHA: f32 = 1.6732632423543772;
 const SELU_SCALE: f32 = 1.0507009873554805;
@@ -77,5 +86,45 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
             if (p.has_bias != 0u) { v += bias[c]; }
             out[r * p.n + c] = act(v, p.act);
         }
+    }
+}
+
+fn act4(v: vec4<f32>, kind: u32) -> vec4<f32> {
+    return vec4<f32>(act(v.x, kind), act(v.y, kind), act(v.z, kind), act(v.w, kind));
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    // k a multiple of 4 and A not transposed too: A is read as vec4 along k, so each step of
+    // the loop does 4 × 4 × 4 multiply-adds from 4 loads of A and 4 of B.
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let cv = wg.x * 16u + lid.x;
+    let row0 = wg.y * 64u + lid.y;
+    let cvc = min(cv, n4 - 1u);
+    var arow: array<u32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        arow[i] = min(row0 + 16u * i, p.m - 1u) * k4;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var l4 = 0u; l4 < k4; l4++) {
+        let b0 = b4[(4u * l4) * n4 + cvc];
+        let b1 = b4[(4u * l4 + 1u) * n4 + cvc];
+        let b2 = b4[(4u * l4 + 2u) * n4 + cvc];
+        let b3 = b4[(4u * l4 + 3u) * n4 + cvc];
+        for (var i = 0u; i < 4u; i++) {
+            let av = a4[arow[i] + l4];
+            acc[i] += av.x * b0 + av.y * b1 + av.z * b2 + av.w * b3;
+        }
+    }
+    if (cv >= n4) { return; }
+    var bias4 = vec4<f32>(0.0);
+    if (p.has_bias != 0u) {
+        bias4 = vec4<f32>(bias[4u * cv], bias[4u * cv + 1u], bias[4u * cv + 2u], bias[4u * cv + 3u]);
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + 16u * i;
+        if (r >= p.m) { break; }
+        out4[r * n4 + cv] = act4(acc[i] + bias4, p.act);
     }
 }

@@ -298,7 +298,14 @@ fn basic_ops_match_the_f64_reference_on_every_device() {
     let rt = builder().build().unwrap();
     for device in rt.list_logical_devices(anygpu::KindFilter::All).unwrap() {
         let _s = device.scope();
-        for (m, k, n) in [(1, 1, 1), (3, 7, 13), (28, 13, 7), (65, 3, 129)] {
+        for (m, k, n) in [
+            (1, 1, 1),
+            (3, 7, 13),
+            (28, 13, 7),
+            (65, 3, 129),
+            (1, 5, 4),
+            (67, 33, 132),
+        ] {
             let a = r::random_vec(m * k, 1);
             let b = r::random_vec(k * n, 2);
             let c = Tensor::from_slice(&a, &[m, k])

@@ -10,7 +10,7 @@ use crate::tensor::{DType, Tensor};
 
 const MATMUL: OpInfo = OpInfo {
     name: "MatMul",
-    gpu: Some(&[gk::MATMUL]),
+    gpu: Some(&[gk::MATMUL, gk::MATMUL_V4]),
 };
 const BINARY: [OpInfo; 3] = [
     OpInfo {

@@ -16,6 +16,7 @@ pub(crate) const ACTIVATION: Kernel = Kernel::new(ShaderFamily::Elementwise, "ac
 pub(crate) const ACTIVATION_BACKWARD: Kernel =
     Kernel::new(ShaderFamily::Elementwise, "activation_backward");
 pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
+pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
@@ -214,12 +215,13 @@ impl Kernels for GpuKernels<'_> {
                 [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1],
             );
         }
-        self.launch(
-            MATMUL,
-            &p,
-            &[a, b, bias.unwrap_or(out), out],
-            [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1],
-        )
+        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+        if d.n % 4 == 0 && d.k % 4 == 0 && !d.trans_a && !d.trans_b {
+            // Bindings 3, 5, 6, 7: bias, then b, out and a as vec4 (ranges are 256-byte
+            // aligned and sized, so the vec4 views are valid).
+            return self.launch(MATMUL_V4, &p, &[bias.unwrap_or(out), b, out, a], grid);
+        }
+        self.launch(MATMUL, &p, &[a, b, bias.unwrap_or(out), out], grid)
     }
 
     fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
