@@ -103,17 +103,7 @@ impl IntoDeviceScope for &String {
 
 impl IntoDeviceScope for &LogicalDevice {
     fn enter(self, _runtime: Option<&Runtime>) -> Result<DeviceScope> {
-        let spec = DeviceSpec {
-            job: Some("localhost".into()),
-            replica: Some(0),
-            task: Some(0),
-            ..DeviceSpec::new(self.device_type(), self.index())
-        };
-        Ok(push(
-            spec,
-            self.name().to_string(),
-            Some(self.0.runtime.clone()),
-        ))
+        Ok(self.scope())
     }
 }
 
@@ -169,7 +159,13 @@ impl Runtime {
 impl LogicalDevice {
     /// A scope that places ops on this device.
     pub fn scope(&self) -> DeviceScope {
-        let spec = DeviceSpec::new(self.device_type(), self.index());
+        // Fully qualified, so nested partial specs merge into this exact device.
+        let spec = DeviceSpec {
+            job: Some("localhost".into()),
+            replica: Some(0),
+            task: Some(0),
+            ..DeviceSpec::new(self.device_type(), self.index())
+        };
         push(spec, self.name().to_string(), Some(self.0.runtime.clone()))
     }
 }

@@ -353,7 +353,7 @@ impl Tensor {
                 (self.gpu_range(), out.gpu_range(), device.gpu())
             {
                 g.ctx
-                    .copy(src, dst, (self.len() * 4).div_ceil(4) as u64 * 4);
+                    .copy(src, dst, (self.len() * self.dtype().size()) as u64);
             }
             return Ok(out);
         }

@@ -290,6 +290,20 @@ impl GpuContext {
         Some(self.queue.submit([encoder.finish()]))
     }
 
+    /// Records one command into the pending encoder (created on demand) and submits, without
+    /// waiting, once [`SUBMIT_THRESHOLD`] commands are pending.
+    fn record(&self, stream: &mut Stream, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let encoder = stream.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        command(encoder);
+        stream.recorded += 1;
+        if stream.recorded >= SUBMIT_THRESHOLD {
+            self.submit(stream);
+        }
+    }
+
     /// Records one compute dispatch: `params` (a `#[repr(C)]` struct's bytes) go to binding 0 as a
     /// uniform, `tensors` to bindings 1.. as read-write storage ranges.
     pub(crate) fn dispatch(
@@ -341,11 +355,7 @@ impl GpuContext {
             layout: &pipeline.layout,
             entries: &entries,
         });
-        let device = &self.device;
-        let encoder = stream.encoder.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-        });
-        {
+        self.record(&mut stream, |encoder| {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: None,
@@ -353,39 +363,23 @@ impl GpuContext {
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        }
-        stream.recorded += 1;
-        if stream.recorded >= SUBMIT_THRESHOLD {
-            self.submit(&mut stream);
-        }
+        });
     }
 
     /// Records a copy between two device ranges (virtual siblings share the context).
     pub(crate) fn copy(&self, src: GpuRange<'_>, dst: GpuRange<'_>, bytes: u64) {
         let mut stream = self.stream();
-        let device = &self.device;
-        let encoder = stream.encoder.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        self.record(&mut stream, |encoder| {
+            encoder.copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, bytes)
         });
-        encoder.copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, bytes);
-        stream.recorded += 1;
-        if stream.recorded >= SUBMIT_THRESHOLD {
-            self.submit(&mut stream);
-        }
     }
 
     /// Records a zero fill of `bytes` (a multiple of 4) at `dst`.
     pub(crate) fn clear(&self, dst: GpuRange<'_>, bytes: u64) {
         let mut stream = self.stream();
-        let device = &self.device;
-        let encoder = stream.encoder.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        self.record(&mut stream, |encoder| {
+            encoder.clear_buffer(dst.buffer, dst.offset, Some(bytes))
         });
-        encoder.clear_buffer(dst.buffer, dst.offset, Some(bytes));
-        stream.recorded += 1;
-        if stream.recorded >= SUBMIT_THRESHOLD {
-            self.submit(&mut stream);
-        }
     }
 
     /// Writes host bytes into a device range, after everything recorded so far.
@@ -423,11 +417,9 @@ impl GpuContext {
         });
         let submission = {
             let mut stream = self.stream();
-            let device = &self.device;
-            let encoder = stream.encoder.get_or_insert_with(|| {
-                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            self.record(&mut stream, |encoder| {
+                encoder.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, padded)
             });
-            encoder.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, padded);
             self.submit(&mut stream)
         };
         let (tx, rx) = std::sync::mpsc::channel();

@@ -331,8 +331,7 @@ impl GpuKernels<'_> {
         } else {
             (pt, pl)
         };
-        let v4 = s.c % 4 == 0;
-        let c = if v4 { s.c / 4 } else { s.c };
+        let (v4, c) = channel_lanes(s.c);
         let wblocks = s.w.div_ceil(4);
         let hblocks = s.h.div_ceil(2);
         let (kernel_entry, items) = if v4 && s.kh == 3 && s.kw == 3 {
@@ -522,8 +521,7 @@ impl NnKernels for GpuKernels<'_> {
             return Ok(());
         }
         let (pt, pl) = s.pad_top_left();
-        let v4 = s.c % 4 == 0;
-        let c = if v4 { s.c / 4 } else { s.c };
+        let (v4, c) = channel_lanes(s.c);
         let mut p = DepthwiseParams {
             n: u(s.n),
             h: u(s.h),
@@ -560,8 +558,7 @@ impl NnKernels for GpuKernels<'_> {
             return Ok(());
         }
         let (oh, ow) = s.out_hw();
-        let v4 = s.c % 4 == 0;
-        let c = if v4 { s.c / 4 } else { s.c };
+        let (v4, c) = channel_lanes(s.c);
         let items = s.n * oh * ow * c;
         let p = PoolParams {
             n: u(s.n),
@@ -583,8 +580,7 @@ impl NnKernels for GpuKernels<'_> {
         }
         let (oh, ow) = s.out_hw();
         let (hb, wb) = (s.h.div_ceil(2), s.w.div_ceil(2));
-        let v4 = s.c % 4 == 0;
-        let c = if v4 { s.c / 4 } else { s.c };
+        let (v4, c) = channel_lanes(s.c);
         let items = s.n * hb * wb * c;
         let p = PoolParams {
             n: u(s.n),
@@ -723,5 +719,15 @@ impl NnKernels for GpuKernels<'_> {
             ..Default::default()
         };
         self.launch(ADAM, &params, &[w, g, m, v], grid_1d(n, 256))
+    }
+}
+
+/// Whether `channels` can be processed as vec4 lanes, and the count of elements per pixel the
+/// kernel then steps over (channels, or groups of four).
+fn channel_lanes(channels: usize) -> (bool, usize) {
+    if channels % 4 == 0 {
+        (true, channels / 4)
+    } else {
+        (false, channels)
     }
 }
