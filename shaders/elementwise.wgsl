@@ -7,6 +7,9 @@
 //   scale               out[i] = alpha * a[i]                  bindings a, out
 //   activation          out[i] = act(a[i])                     bindings a, out
 //   activation_backward out[i] = dact(b[i] = dy, a[i] = y)     bindings a (y), b (dy), out
+//   copy_range          out[act + i] = a[m + i], i < n         bindings a, out
+//                       (a copy between two ranges of one buffer, which copy_buffer_to_buffer
+//                       refuses; m and act carry the source and destination offsets)
 //
 // Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 out: storage read_write array<f32>, flat.
 // All storage is read_write: two tensors of one dispatch may be ranges of one arena buffer.
@@ -88,4 +91,11 @@ fn activation_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let i = flat(gid, nwg);
     if (i >= p.n) { return; }
     out[i] = act_grad(b[i], a[i], p.act);
+}
+
+@compute @workgroup_size(256)
+fn copy_range(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    out[p.act + i] = a[p.m + i];
 }

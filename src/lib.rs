@@ -65,6 +65,7 @@
 pub mod config;
 pub mod data;
 mod device;
+pub mod distribute;
 mod error;
 pub(crate) mod memory;
 pub mod nn;

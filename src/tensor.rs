@@ -8,6 +8,7 @@ use crate::device::logical::{Backend, GpuRange};
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::memory::{host, Allocation};
+use crate::ops::gpu::kernels::GpuKernels;
 use crate::placement::{self, OpInfo};
 use crate::rng::SplitMix64;
 
@@ -92,6 +93,37 @@ const CONST_OP: OpInfo = OpInfo {
     name: "_EagerConst",
     gpu: Some(&[]),
 };
+
+/// Which way [`Tensor::assign_flat`] copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// From the parts into the flat tensor (pack).
+    FromParts,
+    /// From the flat tensor into the parts (unpack).
+    IntoParts,
+}
+
+/// `len` 32-bit elements of `range` from element `offset`.
+fn sub_range(range: GpuRange<'_>, offset: usize, len: usize) -> GpuRange<'_> {
+    GpuRange {
+        buffer: range.buffer,
+        offset: range.offset + offset as u64 * 4,
+        size: len as u64 * 4,
+    }
+}
+
+/// Fills `out` from little-endian bytes (a mapped readback: aligned in practice, but not
+/// promised).
+pub(crate) fn words_from_bytes(bytes: &[u8], out: &mut [u32]) {
+    match bytemuck::try_cast_slice::<u8, u32>(bytes) {
+        Ok(words) => out.copy_from_slice(words),
+        Err(_) => {
+            for (w, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+    }
+}
 
 /// `"tensor with shape[1000,1000] and type float"`, TF's wording in OOM messages.
 pub(crate) fn describe(shape: &[usize], dtype: DType) -> String {
@@ -333,8 +365,11 @@ impl Tensor {
                     .gpu()
                     .expect("GPU storage implies a GPU device")
                     .ctx;
-                let bytes = ctx.read(range, (self.len() * 4) as u64)?;
-                Ok(bytemuck::pod_collect_to_vec(&bytes))
+                let mut words = vec![0u32; self.len()];
+                ctx.read_with(range, (self.len() * 4) as u64, |bytes| {
+                    words_from_bytes(bytes, &mut words)
+                })?;
+                Ok(words)
             }
         }
     }
@@ -359,6 +394,223 @@ impl Tensor {
         }
         let words = self.words()?;
         Tensor::from_words(&words, self.shape(), self.dtype(), device)
+    }
+
+    /// Overwrites every element with host words (an upload on a GPU), allocating nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the lengths differ.
+    pub(crate) fn write_words(&self, words: &[u32]) -> Result<()> {
+        if words.len() != self.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} words cannot fill {self:?}",
+                words.len()
+            )));
+        }
+        match (self.gpu_range(), self.host_write()) {
+            (Some(range), _) => {
+                if let Some(g) = self.0.device.gpu() {
+                    g.ctx.upload(range, bytemuck::cast_slice(words));
+                }
+            }
+            (None, Some(mut host)) => host.copy_from_slice(words),
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// Overwrites this tensor's elements with `value`'s, in place, wherever both live
+    /// (TensorFlow's `Variable.assign`). Every clone of this tensor sees the new values; nothing
+    /// is allocated on this tensor's device.
+    ///
+    /// ```
+    /// use anygpu::Tensor;
+    /// let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// let alias = w.clone();
+    /// w.assign(&Tensor::from_vec(vec![5.0f32, 6.0], &[2])?)?;
+    /// assert_eq!(alias.to_vec::<f32>()?, [5.0, 6.0]);
+    /// assert!(w.assign(&Tensor::from_vec(vec![1.0f32], &[1])?).is_err());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A shape mismatch for another shape or dtype; a device error.
+    pub fn assign(&self, value: &Tensor) -> Result<()> {
+        if value.shape() != self.shape() || value.dtype() != self.dtype() {
+            return Err(Error::ShapeMismatch {
+                op: "Assign",
+                lhs: self.shape().to_vec(),
+                rhs: value.shape().to_vec(),
+                hint: format!(
+                    ": cannot assign a {} to a {}",
+                    describe(value.shape(), value.dtype()),
+                    describe(self.shape(), self.dtype())
+                ),
+            });
+        }
+        value.copy_elements_to(0, self, 0, self.len())
+    }
+
+    /// Overwrites `len` elements of `dst` from `dst_offset` with those of `self` from
+    /// `src_offset`, allocating nothing on `dst`'s device: a buffer copy between virtual
+    /// siblings (or within one device), else one read of the source range to the host and one
+    /// write into the destination. The packing and broadcasting of mirrored training are built
+    /// on it, so that a failure cannot leave a replica half-updated for want of memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for ranges outside either tensor or different dtypes; a device
+    /// error from the read.
+    pub(crate) fn copy_elements_to(
+        &self,
+        src_offset: usize,
+        dst: &Tensor,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if self.dtype() != dst.dtype()
+            || src_offset + len > self.len()
+            || dst_offset + len > dst.len()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "copy of {len} elements from {src_offset} of {self:?} to {dst_offset} of {dst:?}: \
+                 out of range or different dtypes"
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let bytes = (len * self.dtype().size()) as u64;
+        // Same storage on the CPU: one lock, or the read and write guards would deadlock.
+        if Arc::ptr_eq(&self.0.storage, &dst.0.storage) {
+            if let Some(mut words) = dst.host_write() {
+                words.copy_within(src_offset..src_offset + len, dst_offset);
+                return Ok(());
+            }
+        }
+        match (self.gpu_range(), dst.gpu_range()) {
+            (Some(src), Some(to))
+                if self.0.device.shares_context_with(&dst.0.device)
+                    || self.0.device.same_device(&dst.0.device) =>
+            {
+                let g = dst
+                    .0
+                    .device
+                    .gpu()
+                    .expect("GPU storage implies a GPU device");
+                if src.buffer == to.buffer {
+                    GpuKernels::new(g, dst.0.device.name())
+                        .copy_range(self, src_offset, dst, dst_offset, len)
+                } else {
+                    let (from, into) = (
+                        sub_range(src, src_offset, len),
+                        sub_range(to, dst_offset, len),
+                    );
+                    g.ctx.copy(from, into, bytes);
+                    Ok(())
+                }
+            }
+            (Some(src), to) => {
+                let ctx = &self
+                    .0
+                    .device
+                    .gpu()
+                    .expect("GPU storage implies a GPU device")
+                    .ctx;
+                // Straight from the mapped readback into the destination: one host touch.
+                ctx.read_with(sub_range(src, src_offset, len), bytes, |data| match to {
+                    Some(to) => {
+                        let g = dst
+                            .0
+                            .device
+                            .gpu()
+                            .expect("GPU storage implies a GPU device");
+                        g.ctx.upload(sub_range(to, dst_offset, len), data);
+                    }
+                    None => {
+                        if let Some(mut words) = dst.host_write() {
+                            words_from_bytes(data, &mut words[dst_offset..dst_offset + len]);
+                        }
+                    }
+                })
+            }
+            (None, Some(to)) => {
+                let g = dst
+                    .0
+                    .device
+                    .gpu()
+                    .expect("GPU storage implies a GPU device");
+                if let Some(words) = self.host_read() {
+                    g.ctx.upload(
+                        sub_range(to, dst_offset, len),
+                        bytemuck::cast_slice(&words[src_offset..src_offset + len]),
+                    );
+                }
+                Ok(())
+            }
+            (None, None) => {
+                if let (Some(from), Some(mut to)) = (self.host_read(), dst.host_write()) {
+                    to[dst_offset..dst_offset + len]
+                        .copy_from_slice(&from[src_offset..src_offset + len]);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The tensors' elements one after the other in a new 1-D tensor on `device` (each part
+    /// copied once; see [`Tensor::copy_elements_to`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for mixed dtypes or no parts; the device's out-of-memory
+    /// error.
+    pub(crate) fn concat_flat(parts: &[&Tensor], device: &LogicalDevice) -> Result<Tensor> {
+        let dtype = parts
+            .first()
+            .map(|t| t.dtype())
+            .ok_or_else(|| Error::InvalidArgument("concat_flat: nothing to concatenate".into()))?;
+        let total = parts.iter().map(|t| t.len()).sum::<usize>();
+        let out = Tensor::uninit(&[total], dtype, device)?;
+        out.assign_flat(parts, Direction::FromParts)?;
+        Ok(out)
+    }
+
+    /// Copies between this 1-D tensor and `parts` laid end to end in it: into `self`
+    /// ([`Direction::FromParts`]) or out of it into the parts' existing memory
+    /// ([`Direction::IntoParts`]). Allocates nothing on either side.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the parts do not add up to this tensor; device errors.
+    pub(crate) fn assign_flat(&self, parts: &[&Tensor], direction: Direction) -> Result<()> {
+        let total = parts.iter().map(|t| t.len()).sum::<usize>();
+        if total != self.len() {
+            return Err(Error::InvalidArgument(format!(
+                "a flat tensor of {} elements cannot hold parts of {total} in all",
+                self.len()
+            )));
+        }
+        let mut offset = 0;
+        for part in parts {
+            match direction {
+                Direction::FromParts => part.copy_elements_to(0, self, offset, part.len())?,
+                Direction::IntoParts => self.copy_elements_to(offset, part, 0, part.len())?,
+            }
+            offset += part.len();
+        }
+        Ok(())
+    }
+
+    /// Consecutive slices of this tensor's elements, copied into new tensors of `shapes` on
+    /// the same device.
+    ///
+    /// # Errors
+    /// As [`Tensor::assign_flat`], and the device's out-of-memory error.
+    pub(crate) fn split_flat(&self, shapes: &[Vec<usize>]) -> Result<Vec<Tensor>> {
+        let parts = shapes
+            .iter()
+            .map(|s| Tensor::uninit(s, self.dtype(), self.device_handle()))
+            .collect::<Result<Vec<_>>>()?;
+        self.assign_flat(&parts.iter().collect::<Vec<_>>(), Direction::IntoParts)?;
+        Ok(parts)
     }
 
     /// The same data with another shape of as many elements (`tf.reshape`).

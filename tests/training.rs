@@ -21,19 +21,6 @@ fn cpu_runtime(cpus: usize) -> Runtime {
         .expect("a runtime of virtual CPUs builds")
 }
 
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 /// A small CNN with every layer type, its three blocks on `devices[0..3]` (as the tutorial
 /// splits its model): input 8×8×1, 3 classes.
 fn small_cnn(seed: u64, devices: [&LogicalDevice; 3]) -> anygpu::Result<Sequential> {
@@ -54,23 +41,6 @@ fn small_cnn(seed: u64, devices: [&LogicalDevice; 3]) -> anygpu::Result<Sequenti
     m.add_on(devices[2], Dense::new(12).activation(selu))?;
     m.add_on(devices[2], Dense::new(3).activation(Activation::Softmax))?;
     Ok(m)
-}
-
-/// `n` examples of 8×8×1: class `k` brightens band `k` of rows, plus noise.
-fn synthetic(n: usize, seed: u64) -> (Vec<f32>, Vec<i32>) {
-    let noise = values(n * 64, seed);
-    let mut x = Vec::with_capacity(n * 64);
-    let mut y = Vec::with_capacity(n);
-    for i in 0..n {
-        let class = (i * 7 + seed as usize) % 3;
-        for p in 0..64 {
-            let row = p / 8;
-            let signal = if row / 3 == class { 1.0 } else { -0.3 };
-            x.push(signal + 0.3 * noise[i * 64 + p]);
-        }
-        y.push(class as i32);
-    }
-    (x, y)
 }
 
 fn temp_path(name: &str) -> std::path::PathBuf {
@@ -282,12 +252,12 @@ fn backward_pass_matches_finite_differences_on_a_tiny_cnn() {
     let mut weights = model.get_weights().unwrap();
     for (i, w) in weights.iter_mut().enumerate() {
         for (j, v) in w.iter_mut().enumerate() {
-            *v += 0.1 * values(1, (i * 1000 + j) as u64 + 11)[0];
+            *v += 0.1 * common::values(1, (i * 1000 + j) as u64 + 11)[0];
         }
     }
     model.set_weights(&weights).unwrap();
 
-    let x = Tensor::from_slice_on(&values(4 * 6 * 6 * 2, 5), &[4, 6, 6, 2], &cpu).unwrap();
+    let x = Tensor::from_slice_on(&common::values(4 * 6 * 6 * 2, 5), &[4, 6, 6, 2], &cpu).unwrap();
     let y = Tensor::from_slice_on(&[0i32, 2, 1, 2], &[4], &cpu).unwrap();
     let (loss, grads) = model.loss_and_gradients(&x, &y).unwrap();
     assert!(loss.is_finite() && loss > 0.0);
@@ -346,7 +316,7 @@ fn sgd_reduces_the_loss_on_a_small_synthetic_problem() {
         )
         .unwrap();
     model.set_verbose(Verbosity::Silent);
-    let (x, y) = synthetic(64, 1);
+    let (x, y) = common::synthetic(64, 1);
     let train = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
         .unwrap()
         .shuffle(64, 3)
@@ -368,7 +338,7 @@ fn sgd_reduces_the_loss_on_a_small_synthetic_problem() {
 
 /// Trains `model` on fixed batches and returns each step's loss.
 fn losses(model: &mut Sequential, device: &LogicalDevice, steps: usize) -> Vec<f32> {
-    let (x, y) = synthetic(8 * steps, 5);
+    let (x, y) = common::synthetic(8 * steps, 5);
     (0..steps)
         .map(|s| {
             let xb = Tensor::from_slice_on(&x[s * 8 * 64..(s + 1) * 8 * 64], &[8, 8, 8, 1], device)
@@ -474,7 +444,7 @@ fn weights_round_trip_through_a_safetensors_file() {
     assert!(fresh.weights()[0].device().ends_with("CPU:1"));
     assert!(fresh.weights().last().unwrap().device().ends_with("CPU:0"));
     // The same predictions.
-    let x = Tensor::from_slice_on(&values(2 * 64, 9), &[2, 8, 8, 1], &c0).unwrap();
+    let x = Tensor::from_slice_on(&common::values(2 * 64, 9), &[2, 8, 8, 1], &c0).unwrap();
     let (p, q) = (trained.predict(&x).unwrap(), fresh.predict(&x).unwrap());
     assert_eq!(p.to_vec::<f32>().unwrap(), q.to_vec::<f32>().unwrap());
     let _ = std::fs::remove_file(&path);
@@ -534,7 +504,7 @@ fn evaluate_and_predict_return_keras_shapes() {
             &[Metric::Accuracy],
         )
         .unwrap();
-    let (x, y) = synthetic(10, 4);
+    let (x, y) = common::synthetic(10, 4);
     let data = Dataset::from_tensor_slices(x.clone(), &[8, 8, 1], y)
         .unwrap()
         .batch(4, false);
@@ -566,7 +536,7 @@ fn misuse_is_an_error_not_a_panic() {
     let rt = cpu_runtime(1);
     let cpu = rt.cpu().unwrap();
     let mut model = small_cnn(2, [&cpu, &cpu, &cpu]).unwrap();
-    let (x, y) = synthetic(4, 4);
+    let (x, y) = common::synthetic(4, 4);
     let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y).unwrap();
     // fit before compile.
     assert!(matches!(

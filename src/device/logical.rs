@@ -116,6 +116,12 @@ impl LogicalDevice {
         }
     }
 
+    /// The adapter's identity (`None` for the CPU): equal for logical devices that run the
+    /// same compiled kernels.
+    pub(crate) fn adapter_info(&self) -> Option<&wgpu::AdapterInfo> {
+        self.gpu().map(|g| &g.ctx.adapter.info)
+    }
+
     pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
         match &self.0.backend {
             Backend::Cpu => None,
@@ -403,11 +409,17 @@ impl GpuContext {
     }
 
     /// Reads `bytes` bytes of a device range back to the host, waiting for the commands that
-    /// produce them (and, the queue being in order, those before).
-    pub(crate) fn read(&self, src: GpuRange<'_>, bytes: u64) -> Result<Vec<u8>> {
+    /// produce them (and, the queue being in order, those before), and hands the mapped bytes
+    /// to `consume`: the one host-side touch of the data (a reduction sums straight from it).
+    pub(crate) fn read_with<R>(
+        &self,
+        src: GpuRange<'_>,
+        bytes: u64,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
         let padded = bytes.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
         if padded == 0 {
-            return Ok(Vec::new());
+            return Ok(consume(&[]));
         }
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("anygpu readback"),
@@ -440,10 +452,17 @@ impl GpuContext {
         let view = staging
             .get_mapped_range(..)
             .map_err(|e| self.gpu_error(format!("reading the readback buffer failed: {e}")))?;
-        let out = view[..bytes as usize].to_vec();
+        let out = consume(&view[..bytes as usize]);
         drop(view);
         staging.unmap();
         Ok(out)
+    }
+
+    /// Submits the recorded commands without waiting, so the device works while the host
+    /// goes on (before waiting on another device, for instance).
+    pub(crate) fn flush(&self) {
+        let mut stream = self.stream();
+        self.submit(&mut stream);
     }
 
     /// Submits what is pending and waits for the queue to drain.

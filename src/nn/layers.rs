@@ -33,7 +33,7 @@ use crate::tensor::Tensor;
 /// assert_eq!(conv.compute_output_shape(&[28, 28, 1])?, [28, 28, 32]);
 /// # Ok::<(), anygpu::Error>(())
 /// ```
-pub trait Layer: fmt::Debug + Send {
+pub trait Layer: fmt::Debug + Send + Sync {
     /// Keras' class name, shown in the summary: `Conv2D`, `SeparableConv2D`, ...
     fn class_name(&self) -> &'static str;
 
@@ -90,6 +90,11 @@ pub trait Layer: fmt::Debug + Send {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)>;
+
+    /// A copy of the layer: its configuration, and its weights as handles to the same
+    /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
+    /// replicas this way, then gives each copy its own weights on its replica's device.
+    fn boxed_clone(&self) -> Box<dyn Layer>;
 }
 
 /// Number of elements of the weights of a layer.
@@ -238,6 +243,10 @@ impl Conv2D {
 }
 
 impl Layer for Conv2D {
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
     fn class_name(&self) -> &'static str {
         "Conv2D"
     }
@@ -393,6 +402,10 @@ impl SeparableConv2D {
 }
 
 impl Layer for SeparableConv2D {
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
     fn class_name(&self) -> &'static str {
         "SeparableConv2D"
     }
@@ -531,6 +544,10 @@ impl Default for MaxPool2D {
 }
 
 impl Layer for MaxPool2D {
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
     fn class_name(&self) -> &'static str {
         "MaxPooling2D"
     }
@@ -619,6 +636,10 @@ impl Flatten {
 }
 
 impl Layer for Flatten {
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
     fn class_name(&self) -> &'static str {
         "Flatten"
     }
@@ -720,6 +741,10 @@ impl Dense {
 }
 
 impl Layer for Dense {
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
     fn class_name(&self) -> &'static str {
         "Dense"
     }

@@ -42,7 +42,9 @@ mod init;
 mod layers;
 mod loss;
 mod metrics;
+mod mirrored;
 mod optimizer;
+mod pass;
 mod sequential;
 mod weights;
 
@@ -113,10 +115,14 @@ pub fn tutorial_cnn(seed: u64, devices: &[LogicalDevice]) -> Result<Sequential> 
         (2, Box::new(Dense::new(128).activation(selu))),
         (2, Box::new(Dense::new(10).activation(Activation::Softmax))),
     ];
-    // Without devices, resolve the current scope once, as `add` would.
+    // Without devices, resolve the current scope once, as `add` would (under a strategy, its
+    // primary replica: the layers are mirrored from there).
     let scoped;
     let devices = if devices.is_empty() {
-        scoped = [crate::tensor::Tensor::zeros(&[1])?.device_handle().clone()];
+        scoped = [match model.strategy() {
+            Some(strategy) => strategy.devices()[0].clone(),
+            None => crate::tensor::Tensor::zeros(&[1])?.device_handle().clone(),
+        }];
         &scoped[..]
     } else {
         devices

@@ -251,17 +251,8 @@ impl OptimizerState {
                 weights.len()
             )));
         }
-        if self.slots.len() <= layer {
-            self.slots.resize_with(layer + 1, Vec::new);
-        }
-        let slots = &mut self.slots[layer];
-        if slots.len() != weights.len() {
-            *slots = weights
-                .iter()
-                .map(|w| new_slots(&self.config, w))
-                .collect::<Result<_>>()?;
-        }
-        for ((w, g), slot) in weights.iter().zip(grads).zip(slots.iter()) {
+        self.ensure_slots(layer, weights)?;
+        for ((w, g), slot) in weights.iter().zip(grads).zip(self.slots[layer].iter()) {
             let _scope = w.device_handle().scope();
             match (&self.config, slot) {
                 (Optimizer::Sgd(s), slot) => {
@@ -292,6 +283,37 @@ impl OptimizerState {
             }
         }
         Ok(())
+    }
+
+    /// Creates the slots of layer `layer` (zeros on each weight's device) unless they exist:
+    /// the only allocation of an update, so a caller can make it before touching any weight.
+    pub(crate) fn ensure_slots(&mut self, layer: usize, weights: &[&Tensor]) -> Result<()> {
+        if self.slots.len() <= layer {
+            self.slots.resize_with(layer + 1, Vec::new);
+        }
+        let slots = &mut self.slots[layer];
+        if slots.len() != weights.len() {
+            *slots = weights
+                .iter()
+                .map(|w| new_slots(&self.config, w))
+                .collect::<Result<_>>()?;
+        }
+        Ok(())
+    }
+
+    /// The slot tensors of layer `layer` (velocities, or Adam's moments), in a fixed order.
+    pub(crate) fn slot_tensors(&self, layer: usize) -> Vec<&Tensor> {
+        let Some(slots) = self.slots.get(layer) else {
+            return Vec::new();
+        };
+        slots
+            .iter()
+            .flat_map(|s| match s {
+                Slots::None => vec![],
+                Slots::Velocity(v) => vec![v],
+                Slots::Moments(m, v) => vec![m, v],
+            })
+            .collect()
     }
 
     /// Counts a finished step.

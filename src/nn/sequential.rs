@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::data::{Batch, Dataset};
 use crate::device::LogicalDevice;
+use crate::distribute::{self, MirroredStrategy};
 use crate::error::{Error, Result};
 use crate::nn::activation::Activation;
 use crate::nn::history::{Evaluation, History};
@@ -14,7 +15,9 @@ use crate::nn::init::derive_seed;
 use crate::nn::layers::{count_params, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
+use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
 use crate::nn::optimizer::{Optimizer, OptimizerState};
+use crate::nn::pass::{self, Stage};
 use crate::ops;
 use crate::tensor::{DType, Tensor};
 
@@ -62,25 +65,57 @@ pub struct LayerInfo {
     pub device: String,
 }
 
-/// What one training step leaves on the device: the sum of the batch's per-example losses and
-/// its number of correct predictions. Nothing is read back until asked.
+/// What one training step leaves on the device(s): the sum of the batch's per-example losses
+/// and its number of correct predictions — one part per replica under a
+/// [`MirroredStrategy`]. Nothing is read back until asked.
 #[derive(Clone, Debug)]
 pub struct StepOutput {
-    /// Sum of the per-example losses, a scalar `f32` tensor on the last layer's device.
-    pub loss_sum: Tensor,
+    parts: Vec<StepPart>,
+    batch_size: usize,
+}
+
+/// One device's share of a [`StepOutput`].
+#[derive(Clone, Debug)]
+pub(crate) struct StepPart {
+    /// Sum of the per-example losses, a scalar `f32` tensor.
+    pub(crate) loss_sum: Tensor,
     /// Correct predictions (`f32`, shape `[1]`) when the model tracks accuracy.
-    pub correct: Option<Tensor>,
-    /// Examples in the batch.
-    pub batch_size: usize,
+    pub(crate) correct: Option<Tensor>,
 }
 
 impl StepOutput {
+    pub(crate) fn new(parts: Vec<StepPart>, batch_size: usize) -> StepOutput {
+        StepOutput { parts, batch_size }
+    }
+
+    /// Examples in the batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
     /// Reads the mean loss of the batch (waits for the step).
     ///
     /// # Errors
     /// A device error.
     pub fn loss(&self) -> Result<f32> {
-        Ok(read_scalar(&self.loss_sum)? / self.batch_size.max(1) as f32)
+        let mut sum = 0.0;
+        for p in &self.parts {
+            sum += read_scalar(&p.loss_sum)?;
+        }
+        Ok(sum / self.batch_size.max(1) as f32)
+    }
+
+    /// Reads the fraction of correct predictions, when the model tracks accuracy (waits for
+    /// the step).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn accuracy(&self) -> Result<Option<f32>> {
+        let mut sum = None;
+        for c in self.parts.iter().filter_map(|p| p.correct.as_ref()) {
+            *sum.get_or_insert(0.0) += read_scalar(c)?;
+        }
+        Ok(sum.map(|s| s / self.batch_size.max(1) as f32))
     }
 }
 
@@ -138,6 +173,8 @@ pub struct Sequential {
     compiled: Option<Compiled>,
     verbose: Verbosity,
     log_every: usize,
+    /// The other replicas' copies, for a model created inside a strategy's scope.
+    mirrors: Option<Mirrors>,
 }
 
 impl fmt::Debug for Sequential {
@@ -150,6 +187,7 @@ impl fmt::Debug for Sequential {
                 &self.entries.iter().map(|e| &e.name).collect::<Vec<_>>(),
             )
             .field("compiled", &self.compiled.is_some())
+            .field("strategy", &self.strategy())
             .finish()
     }
 }
@@ -204,25 +242,31 @@ fn distinct_devices<'a>(
     out
 }
 
-/// Running sums of a loop over batches, kept on the device.
+/// Running sums of a loop over batches, kept on the devices: one part per device.
 #[derive(Default)]
 struct Accumulator {
-    loss_sum: Option<Tensor>,
-    correct: Option<Tensor>,
+    parts: Vec<StepPart>,
     examples: usize,
 }
 
 impl Accumulator {
     fn push(&mut self, step: StepOutput) -> Result<()> {
-        self.loss_sum = Some(match self.loss_sum.take() {
-            None => step.loss_sum,
-            Some(acc) => acc.add(&step.loss_sum)?,
-        });
-        if let Some(c) = step.correct {
-            self.correct = Some(match self.correct.take() {
-                None => c,
-                Some(acc) => acc.add(&c)?,
-            });
+        for part in step.parts {
+            let device = part.loss_sum.device_handle();
+            match self
+                .parts
+                .iter_mut()
+                .find(|p| p.loss_sum.device_handle().same_device(device))
+            {
+                None => self.parts.push(part),
+                Some(acc) => {
+                    acc.loss_sum = acc.loss_sum.add(&part.loss_sum)?;
+                    acc.correct = match (acc.correct.take(), part.correct) {
+                        (Some(a), Some(c)) => Some(a.add(&c)?),
+                        (a, c) => a.or(c),
+                    };
+                }
+            }
         }
         self.examples += step.batch_size;
         Ok(())
@@ -230,16 +274,11 @@ impl Accumulator {
 
     /// Reads `(mean loss, accuracy)`; waits for the steps so far.
     fn read(&self) -> Result<(f64, Option<f64>)> {
-        let n = self.examples.max(1) as f64;
-        let loss = match &self.loss_sum {
-            Some(t) => read_scalar(t)? as f64 / n,
-            None => f64::NAN,
-        };
-        let accuracy = match &self.correct {
-            Some(t) => Some(read_scalar(t)? as f64 / n),
-            None => None,
-        };
-        Ok((loss, accuracy))
+        if self.parts.is_empty() {
+            return Ok((f64::NAN, None));
+        }
+        let total = StepOutput::new(self.parts.clone(), self.examples);
+        Ok((total.loss()? as f64, total.accuracy()?.map(f64::from)))
     }
 }
 
@@ -260,7 +299,83 @@ impl Sequential {
             compiled: None,
             verbose: Verbosity::default(),
             log_every: 10,
+            mirrors: distribute::get_strategy().map(Mirrors::new),
         }
+    }
+
+    /// The strategy the model was created under ([`MirroredStrategy::scope`]), if any: then
+    /// every layer is mirrored on each of its replicas, and `fit`, `evaluate` and `predict`
+    /// split each batch among them.
+    pub fn strategy(&self) -> Option<&MirroredStrategy> {
+        self.mirrors.as_ref().map(|m| &m.strategy)
+    }
+
+    /// Host copies of the weights of replica `replica` (0 is the primary, as
+    /// [`get_weights`](Sequential::get_weights)); they equal the primary's bit for bit after
+    /// every step.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a replica the model does not have; device errors.
+    pub fn replica_weights(&self, replica: usize) -> Result<Vec<Vec<f32>>> {
+        if replica == 0 {
+            return self.get_weights();
+        }
+        let mirror = self
+            .mirrors
+            .as_ref()
+            .and_then(|m| m.replicas.get(replica - 1))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "replica {replica}: the model has {} replica(s)",
+                    self.mirrors.as_ref().map_or(1, |m| m.replicas.len() + 1)
+                ))
+            })?;
+        mirror
+            .layers
+            .iter()
+            .flat_map(|l| l.weights().into_iter().map(|(_, t)| t.to_vec::<f32>()))
+            .collect()
+    }
+
+    /// Every replica's layers, the primary first, for passes that update nothing.
+    fn replica_layers(&self) -> Vec<ReplicaView<'_>> {
+        let Some(first) = self.entries.first() else {
+            return Vec::new();
+        };
+        let mut views = vec![ReplicaView {
+            device: &first.device,
+            layers: self.entries.iter().map(|e| e.layer.as_ref()).collect(),
+            optimizer: None,
+        }];
+        if let Some(m) = &self.mirrors {
+            views.extend(m.replicas.iter().map(|r| ReplicaView {
+                device: &r.device,
+                layers: r.layers.iter().map(AsRef::as_ref).collect(),
+                optimizer: None,
+            }));
+        }
+        views
+    }
+
+    /// Every replica as a training step sees it, the primary first.
+    fn replica_views(&mut self) -> Vec<ReplicaView<'_>> {
+        let primary_device = match self.entries.first() {
+            Some(e) => &e.device,
+            None => return Vec::new(),
+        };
+        let mut views = vec![ReplicaView {
+            device: primary_device,
+            layers: self.entries.iter().map(|e| e.layer.as_ref()).collect(),
+            optimizer: self.compiled.as_mut().map(|c| &mut c.optimizer),
+        }];
+        if let Some(m) = self.mirrors.as_mut() {
+            views.extend(m.replicas.iter_mut().map(|r| ReplicaView {
+                device: &r.device,
+                layers: r.layers.iter().map(AsRef::as_ref).collect(),
+                optimizer: r.optimizer.as_mut(),
+            }));
+        }
+        views
     }
 
     /// Renames the model (the summary's `Model: "..."` line).
@@ -321,9 +436,11 @@ impl Sequential {
     /// # Errors
     /// As [`add_on`](Sequential::add_on).
     pub fn add(&mut self, layer: impl Layer + 'static) -> Result<()> {
-        // Resolve the scope exactly as weight creation would: with a (tiny) constant.
-        let probe = Tensor::zeros(&[1])?;
-        let device = probe.device_handle().clone();
+        let device = match self.strategy() {
+            Some(strategy) => strategy.devices()[0].clone(),
+            // Resolve the scope exactly as weight creation would: with a (tiny) constant.
+            None => Tensor::zeros(&[1])?.device_handle().clone(),
+        };
         self.add_on(&device, layer)
     }
 
@@ -342,6 +459,21 @@ impl Sequential {
     /// # Errors
     /// As [`add_on`](Sequential::add_on).
     pub fn add_boxed(&mut self, device: &LogicalDevice, mut layer: Box<dyn Layer>) -> Result<()> {
+        if let Some(strategy) = self.strategy() {
+            if !strategy.devices()[0].same_device(device) {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot add {} on {device}: this model was created under a \
+                     MirroredStrategy, which mirrors every layer on each of its replicas {:?}; \
+                     add layers with add()",
+                    layer.class_name(),
+                    strategy
+                        .devices()
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                )));
+            }
+        }
         if let Some(last) = self.entries.last() {
             if last.layer.activation() == Activation::Softmax {
                 return Err(Error::InvalidArgument(format!(
@@ -400,7 +532,23 @@ impl Sequential {
             input_shape,
             output_shape,
         });
+        let index = self.entries.len() - 1;
+        if let Err(e) = self.mirror_layer(index) {
+            self.entries.pop();
+            if let Some(m) = self.mirrors.as_mut() {
+                m.truncate(index);
+            }
+            return Err(e);
+        }
         Ok(())
+    }
+
+    /// Copies layer `index`, as it is now, to the other replicas (a no-op without a strategy).
+    fn mirror_layer(&mut self, index: usize) -> Result<()> {
+        match (self.mirrors.as_mut(), self.entries.get(index)) {
+            (Some(m), Some(e)) => m.mirror_layer(index, e.layer.as_ref()),
+            _ => Ok(()),
+        }
     }
 
     /// Builds the layers not built yet for examples of `input_shape` (Keras'
@@ -417,6 +565,9 @@ impl Sequential {
                     .build(&shape, derive_seed(self.seed, i as u64), &e.device)?;
                 e.input_shape = Some(shape.clone());
                 e.output_shape = Some(e.layer.compute_output_shape(&shape)?);
+                if let Some(m) = self.mirrors.as_mut() {
+                    m.mirror_layer(i, e.layer.as_ref())?;
+                }
             }
             shape = e.output_shape.clone().unwrap_or_default();
         }
@@ -474,8 +625,11 @@ impl Sequential {
         self.entries.get(index).map(|e| &e.device)
     }
 
-    /// The distinct devices the model runs on, in layer order.
+    /// The distinct devices the model runs on: in layer order, or its strategy's replicas.
     pub fn devices(&self) -> Vec<LogicalDevice> {
+        if let Some(strategy) = self.strategy() {
+            return strategy.devices().to_vec();
+        }
         distinct_devices(self.entries.iter().map(|e| &e.device))
             .into_iter()
             .cloned()
@@ -564,6 +718,15 @@ impl Sequential {
         let _ = writeln!(out, "Total params: {}", thousands(total));
         let _ = writeln!(out, "Trainable params: {}", thousands(total));
         out.push_str("Non-trainable params: 0\n");
+        if let Some(strategy) = self.strategy() {
+            let names: Vec<&str> = strategy.devices().iter().map(|d| d.name()).collect();
+            let _ = writeln!(
+                out,
+                "Mirrored on {} replica(s): {}",
+                names.len(),
+                names.join(", ")
+            );
+        }
         out.push_str(&"_".repeat(total_width));
         out.push('\n');
         out
@@ -600,6 +763,9 @@ impl Sequential {
         let optimizer = optimizer.into();
         optimizer.validate()?;
         self.check_loss(loss)?;
+        if let Some(m) = self.mirrors.as_mut() {
+            m.compile(&optimizer, self.entries.len());
+        }
         self.compiled = Some(Compiled {
             loss,
             optimizer: OptimizerState::new(optimizer, self.entries.len()),
@@ -692,89 +858,82 @@ impl Sequential {
         Ok(n)
     }
 
-    /// The forward pass to the logits; keeps what backward needs when `keep`.
-    fn forward(&self, x: &Tensor, keep: bool) -> Result<(Tensor, Vec<Vec<Tensor>>)> {
-        let mut saved = Vec::with_capacity(if keep { self.entries.len() } else { 0 });
-        let mut h = x.clone();
-        for e in &self.entries {
-            let _scope = e.device.scope();
-            let input = h.to_device(&e.device)?;
-            let (out, s) = e.layer.forward(&input)?;
-            if keep {
-                saved.push(s);
-            }
-            h = out;
-        }
-        Ok((h, saved))
+    /// The primary replica's layers with their devices (the whole model when not mirrored).
+    fn stages(&self) -> Vec<Stage<'_>> {
+        self.entries
+            .iter()
+            .map(|e| Stage {
+                layer: e.layer.as_ref(),
+                device: &e.device,
+            })
+            .collect()
     }
 
-    /// The loss terms on the last layer's device: per-example loss sum, gradient of the mean
-    /// loss w.r.t. the logits, correct count.
-    fn loss_terms(
-        &self,
-        logits: &Tensor,
-        y: &Tensor,
-        accuracy: bool,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let last = &self.entries[self.entries.len() - 1].device;
-        let _scope = last.scope();
-        let labels = y.to_device(last)?;
-        let (per_example, dlogits) = ops::sparse_softmax_cross_entropy(logits, &labels)?;
-        let loss_sum = per_example.reduce_sum(None)?;
-        let correct = if accuracy {
-            Some(ops::accuracy_count(logits, &labels)?)
-        } else {
-            None
-        };
-        Ok((loss_sum, dlogits, correct))
-    }
-
-    /// Forward, loss, backward; with `update`, each layer's weights are updated as soon as its
-    /// gradients exist (its backward has already used them), else the gradients are returned.
+    /// Forward, loss, backward on the primary replica; with `update`, each layer's weights are
+    /// updated as soon as its gradients exist (its backward has already used them), else the
+    /// gradients are returned.
     fn step(&mut self, x: &Tensor, y: &Tensor, update: bool) -> Result<(StepOutput, Vec<Tensor>)> {
         let what = if update { "fit" } else { "loss_and_gradients" };
         self.require_built(what)?;
         let accuracy = self.compiled(what)?.accuracy;
         let n = self.check_batch(what, x, Some(y))?;
-        let (logits, mut saved) = self.forward(x, true)?;
-        let (loss_sum, dlogits, correct) = self.loss_terms(&logits, y, accuracy)?;
+        let stages: Vec<Stage<'_>> = self
+            .entries
+            .iter()
+            .map(|e| Stage {
+                layer: e.layer.as_ref(),
+                device: &e.device,
+            })
+            .collect();
+        // (Built from the fields, not `self.stages()`, so `compiled` can be borrowed apart.)
+        let last = stages[stages.len() - 1].device;
+        let (logits, saved) = pass::forward(&stages, x, true)?;
+        let terms = pass::loss_terms(last, &logits, y, accuracy)?;
         drop(logits);
-        let mut dy = dlogits;
-        let mut all_grads: Vec<Vec<Tensor>> = Vec::new();
-        for i in (0..self.entries.len()).rev() {
-            let e = &self.entries[i];
-            let _scope = e.device.scope();
-            let dy_here = dy.to_device(&e.device)?;
-            let layer_saved = std::mem::take(&mut saved[i]);
-            let (dx, grads) = e.layer.backward(&layer_saved, &dy_here, i > 0)?;
-            drop(layer_saved);
+        let mut all_grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
+        let compiled = &mut self.compiled;
+        pass::backward(&stages, saved, terms.dlogits, |i, grads| {
             if update {
-                let weights: Vec<&Tensor> = e.layer.weights().into_iter().map(|(_, t)| t).collect();
-                let compiled = self
-                    .compiled
+                let weights: Vec<&Tensor> = stages[i]
+                    .layer
+                    .weights()
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect();
+                let compiled = compiled
                     .as_mut()
                     .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
-                compiled.optimizer.apply(i, &weights, &grads)?;
+                compiled.optimizer.apply(i, &weights, &grads)
             } else {
-                all_grads.push(grads);
+                all_grads[i] = grads;
+                Ok(())
             }
-            match dx {
-                Some(dx) => dy = dx,
-                None => break,
-            }
-        }
+        })?;
         if update {
             if let Some(c) = self.compiled.as_mut() {
                 c.optimizer.finish_step();
             }
         }
-        all_grads.reverse();
-        let out = StepOutput {
-            loss_sum,
-            correct,
-            batch_size: n,
-        };
+        let out = StepOutput::new(
+            vec![StepPart {
+                loss_sum: terms.loss_sum,
+                correct: terms.correct,
+            }],
+            n,
+        );
         Ok((out, all_grads.into_iter().flatten().collect()))
+    }
+
+    /// A data-parallel step over the strategy's replicas.
+    fn mirrored_step(&mut self, batch: HostBatch<'_>) -> Result<StepOutput> {
+        let what = "fit";
+        self.require_built(what)?;
+        let accuracy = self.compiled(what)?.accuracy;
+        let Some(strategy) = self.strategy().cloned() else {
+            return Err(Error::Model("fit: the model has no strategy".into()));
+        };
+        let mut views = self.replica_views();
+        mirrored::train_step(&strategy, &mut views, batch, accuracy)
     }
 
     /// One training step on a batch: forward, loss, backward, optimizer update. Returns the
@@ -805,7 +964,53 @@ impl Sequential {
     /// [`Error::Model`] before `compile` or `build`; a shape error naming the expected batch
     /// shape; device errors.
     pub fn train_step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepOutput> {
-        Ok(self.step(x, y, true)?.0)
+        if self.mirrors.is_none() {
+            return Ok(self.step(x, y, true)?.0);
+        }
+        self.require_built("fit")?;
+        self.check_batch("fit", x, Some(y))?;
+        let (xs, ys) = (x.to_vec::<f32>()?, y.to_vec::<i32>()?);
+        self.mirrored_step(HostBatch {
+            x: &xs,
+            x_shape: x.shape(),
+            y: &ys,
+        })
+    }
+
+    /// One training step on a batch from a [`Dataset`]: under a strategy each replica takes
+    /// its examples straight from the host batch.
+    fn train_batch(&mut self, batch: &Batch) -> Result<StepOutput> {
+        if self.mirrors.is_some() {
+            self.check_host_batch("fit", batch)?;
+            return self.mirrored_step(HostBatch::from(batch));
+        }
+        let (x, y) = self.batch_tensors("fit", batch)?;
+        self.train_step(&x, &y)
+    }
+
+    /// Checks a host batch's shape as [`check_batch`](Sequential::check_batch) does a tensor's.
+    fn check_host_batch(&self, what: &'static str, batch: &Batch) -> Result<()> {
+        let input = self.input_shape().unwrap_or(&[]);
+        let shape = &batch.x_shape;
+        if shape.len() != input.len() + 1 {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the dataset yields elements of shape {shape:?}, not batches of examples \
+                 of shape {input:?}; call .batch(batch_size) on it"
+            )));
+        }
+        if shape[1..] != *input || batch.y.len() != shape[0] {
+            return Err(Error::ShapeMismatch {
+                op: "Sequential",
+                lhs: shape.clone(),
+                rhs: input.to_vec(),
+                hint: format!(
+                    ": {what} expects batches of shape [batch, {input:?}] with one label per \
+                     example, got {} labels",
+                    batch.y.len()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// [`train_step`](Sequential::train_step), then reads the batch's mean loss (Keras'
@@ -849,7 +1054,7 @@ impl Sequential {
     /// # Errors
     /// A device error.
     pub fn synchronize(&self) -> Result<()> {
-        for d in distinct_devices(self.entries.iter().map(|e| &e.device)) {
+        for d in self.devices() {
             d.synchronize()?;
         }
         Ok(())
@@ -942,8 +1147,7 @@ impl Sequential {
                         })?
                     }
                 };
-                let (x, y) = self.batch_tensors("fit", &batch)?;
-                let out = self.train_step(&x, &y)?;
+                let out = self.train_batch(&batch)?;
                 acc.push(out)?;
                 let done = step + 1;
                 if done % self.log_every == 0 || done == steps {
@@ -1037,16 +1241,27 @@ impl Sequential {
             ));
         }
         let mut acc = Accumulator::default();
+        let replicas = self.replica_layers();
         for (i, batch) in dataset.iter().take(steps.unwrap_or(usize::MAX)).enumerate() {
-            let (x, y) = self.batch_tensors("evaluate", &batch)?;
-            self.check_batch("evaluate", &x, Some(&y))?;
-            let (logits, _) = self.forward(&x, false)?;
-            let (loss_sum, _, correct) = self.loss_terms(&logits, &y, accuracy)?;
-            acc.push(StepOutput {
-                loss_sum,
-                correct,
-                batch_size: batch.batch_size(),
-            })?;
+            self.check_host_batch("evaluate", &batch)?;
+            let out = match self.strategy() {
+                Some(strategy) => {
+                    mirrored::evaluate_batch(strategy, &replicas, (&batch).into(), accuracy)?
+                }
+                None => {
+                    let (x, y) = self.batch_tensors("evaluate", &batch)?;
+                    let stages = self.stages();
+                    let (logits, _) = pass::forward(&stages, &x, false)?;
+                    let last = stages[stages.len() - 1].device;
+                    let terms = pass::loss_terms(last, &logits, &y, accuracy)?;
+                    let part = StepPart {
+                        loss_sum: terms.loss_sum,
+                        correct: terms.correct,
+                    };
+                    StepOutput::new(vec![part], batch.batch_size())
+                }
+            };
+            acc.push(out)?;
             if (i + 1) % self.log_every == 0 {
                 // Bounds how far the host runs ahead of the device.
                 acc.read()?;
@@ -1087,10 +1302,19 @@ impl Sequential {
     pub fn predict(&self, x: &Tensor) -> Result<Tensor> {
         self.require_built("predict")?;
         self.check_batch("predict", x, None)?;
-        let (out, _) = self.forward(x, false)?;
+        let out = match self.strategy() {
+            Some(strategy) => mirrored::predict(
+                strategy,
+                &self.replica_layers(),
+                &x.to_vec::<f32>()?,
+                x.shape(),
+                self.output_shape().unwrap_or(&[]),
+            )?,
+            None => pass::forward(&self.stages(), x, false)?.0,
+        };
         let last = &self.entries[self.entries.len() - 1];
         if last.layer.activation() == Activation::Softmax {
-            let _scope = last.device.scope();
+            let _scope = out.device_handle().scope();
             ops::softmax(&out)
         } else {
             Ok(out)
@@ -1178,6 +1402,9 @@ impl Sequential {
                 k += 1;
             }
         }
+        for i in 0..self.entries.len() {
+            self.mirror_layer(i)?;
+        }
         Ok(())
     }
 
@@ -1229,7 +1456,7 @@ impl Sequential {
             let t = t.to_device(&e.device)?;
             e.layer.set_weight(j, t)?;
         }
-        Ok(())
+        self.mirror_layer(layer)
     }
 
     /// `(layer name, device, [(weight name, shape)])` per layer, for the weights module.

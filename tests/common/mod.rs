@@ -46,3 +46,33 @@ pub fn gpus_at_least(min: usize, test: &str) -> Option<usize> {
     eprintln!("SKIPPED {test}: needs {min} GPU(s), found {n}");
     None
 }
+
+/// Deterministic values in [-1, 1).
+pub fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `n` examples of 8×8×1: class `k` brightens band `k` of rows, plus noise.
+pub fn synthetic(n: usize, seed: u64) -> (Vec<f32>, Vec<i32>) {
+    let noise = values(n * 64, seed);
+    let mut x = Vec::with_capacity(n * 64);
+    let mut y = Vec::with_capacity(n);
+    for i in 0..n {
+        let class = (i * 7 + seed as usize) % 3;
+        for p in 0..64 {
+            let row = p / 8;
+            let signal = if row / 3 == class { 1.0 } else { -0.3 };
+            x.push(signal + 0.3 * noise[i * 64 + p]);
+        }
+        y.push(class as i32);
+    }
+    (x, y)
+}

@@ -1,0 +1,324 @@
+//! `tf.distribute.MirroredStrategy`: the replica devices, the strategy scope, and how a global
+//! batch is cut among the replicas.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::device::LogicalDevice;
+use crate::distribute::cross_device::{CrossDeviceOps, HierarchicalAllReduce};
+use crate::error::{Error, Result};
+use crate::runtime::Runtime;
+
+thread_local! {
+    /// The strategies whose scope this thread is in, innermost last.
+    static CURRENT: RefCell<Vec<MirroredStrategy>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Synchronous data parallelism over several logical devices (TensorFlow's
+/// `tf.distribute.MirroredStrategy`).
+///
+/// A model created inside [`scope`](MirroredStrategy::scope) is *mirrored*: every replica
+/// device holds a copy of each weight and optimizer slot, identical at creation. Each training
+/// step cuts the global batch among the replicas (the first `batch % replicas` get one example
+/// more), runs forward and backward on all of them at once — one thread per replica, so
+/// replicas on different adapters really compute concurrently — sums the gradients across
+/// replicas with the [`CrossDeviceOps`] (into the mean over the global batch) and applies the
+/// same update on every replica. After every step the replicas' weights are bit-identical.
+///
+/// Any logical devices can be replicas: GPUs of different vendors, software adapters, virtual
+/// GPUs cut from one adapter, the CPU. Virtual siblings share their adapter's queue, so they
+/// add no compute: two virtual GPUs on one adapter train no faster than one, they only split
+/// its memory.
+///
+/// ```
+/// use anygpu::distribute::MirroredStrategy;
+/// use anygpu::nn::{self, Adam, Loss, Metric, Verbosity};
+/// use anygpu::{data::Dataset, Runtime};
+///
+/// let rt = Runtime::builder().virtual_cpus(2).build()?;
+/// let strategy = MirroredStrategy::with_devices(&rt.list_logical_devices("CPU")?)?;
+/// assert_eq!(strategy.num_replicas_in_sync(), 2);
+/// let mut model = strategy.scope(|| -> anygpu::Result<_> {
+///     let mut model = nn::tutorial_cnn(0, &[])?;
+///     model.compile(Loss::sparse_categorical_crossentropy(), Adam::default(), &[Metric::Accuracy])?;
+///     Ok(model)
+/// })??;
+/// model.set_verbose(Verbosity::Silent);
+/// // A global batch of 5: 3 examples on CPU:0, 2 on CPU:1.
+/// assert_eq!(strategy.replica_batch_sizes(5), [3, 2]);
+/// let data = Dataset::from_tensor_slices(vec![0.5f32; 5 * 784], &[28, 28, 1], vec![0, 1, 2, 3, 4])?;
+/// model.fit(&data.batch(5, false), 1, None, None)?;
+/// assert_eq!(model.replica_weights(1)?, model.get_weights()?);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct MirroredStrategy(Arc<Inner>);
+
+struct Inner {
+    devices: Vec<LogicalDevice>,
+    cross_device_ops: Arc<dyn CrossDeviceOps>,
+}
+
+impl fmt::Debug for MirroredStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MirroredStrategy")
+            .field("devices", &self.0.devices)
+            .field("cross_device_ops", &self.0.cross_device_ops)
+            .finish()
+    }
+}
+
+/// `('/job:localhost/replica:0/task:0/device:GPU:0', ...)`, as TensorFlow prints device tuples.
+fn device_tuple(devices: &[LogicalDevice]) -> String {
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| format!("'{}'", d.full_name()))
+        .collect();
+    match names.len() {
+        1 => format!("({},)", names[0]),
+        _ => format!("({})", names.join(", ")),
+    }
+}
+
+impl MirroredStrategy {
+    /// Every visible logical GPU of the process-wide runtime ([`crate::config`]) as a replica
+    /// — virtual GPUs count — or `CPU:0` when there is none
+    /// (`tf.distribute.MirroredStrategy()`).
+    ///
+    /// # Errors
+    /// The runtime's initialization errors.
+    pub fn new() -> Result<MirroredStrategy> {
+        MirroredStrategy::for_runtime(crate::config::runtime())
+    }
+
+    /// [`new`](MirroredStrategy::new) for an explicit runtime.
+    ///
+    /// ```
+    /// use anygpu::distribute::MirroredStrategy;
+    /// let rt = anygpu::Runtime::builder().visible_gpus(&[]).build()?;
+    /// let strategy = MirroredStrategy::for_runtime(&rt)?;
+    /// assert_eq!(strategy.devices()[0].name(), "/device:CPU:0");
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The runtime's initialization errors.
+    pub fn for_runtime(runtime: &Runtime) -> Result<MirroredStrategy> {
+        let mut devices = runtime.list_logical_devices("GPU")?;
+        if devices.is_empty() {
+            devices.push(runtime.cpu()?);
+        }
+        MirroredStrategy::with_devices(&devices)
+    }
+
+    /// The given devices as replicas, in this order; the first is the *primary*, where
+    /// [`crate::nn::Sequential::get_weights`] and friends read (`MirroredStrategy(devices=[...])`).
+    ///
+    /// ```
+    /// use anygpu::distribute::MirroredStrategy;
+    /// let err = MirroredStrategy::with_devices(&[]).unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "Got an empty `devices` list. Please make sure the `devices` you pass in is not empty."
+    /// );
+    /// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
+    /// let err = MirroredStrategy::with_devices(&[cpu.clone(), cpu]).unwrap_err();
+    /// assert!(err.to_string().starts_with("No duplicates allowed in `devices` argument: "));
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list, a device listed twice (TensorFlow's
+    /// messages), or devices of different runtimes.
+    pub fn with_devices(devices: &[LogicalDevice]) -> Result<MirroredStrategy> {
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument(
+                "Got an empty `devices` list. Please make sure the `devices` you pass in is not \
+                 empty."
+                    .into(),
+            ));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].iter().any(|e| e.same_device(d)) {
+                return Err(Error::InvalidArgument(format!(
+                    "No duplicates allowed in `devices` argument: {}",
+                    device_tuple(devices)
+                )));
+            }
+        }
+        let runtime = devices[0].runtime();
+        let same_runtime = |d: &LogicalDevice| match (d.runtime(), &runtime) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a, b),
+            _ => false,
+        };
+        if !devices.iter().all(same_runtime) {
+            return Err(Error::InvalidArgument(format!(
+                "the devices of a MirroredStrategy must come from one runtime: {}",
+                device_tuple(devices)
+            )));
+        }
+        log::info!(
+            "Using MirroredStrategy with devices {}",
+            device_tuple(devices)
+        );
+        Ok(MirroredStrategy(Arc::new(Inner {
+            devices: devices.to_vec(),
+            cross_device_ops: Arc::new(HierarchicalAllReduce),
+        })))
+    }
+
+    /// The devices named (`"/gpu:0"`, `"GPU:1"`, `"/cpu:0"`, ...) in the process-wide runtime
+    /// (`MirroredStrategy(devices=["/gpu:0", "/gpu:1"])`).
+    ///
+    /// ```
+    /// use anygpu::distribute::MirroredStrategy;
+    /// let strategy = MirroredStrategy::with_device_names(&["/cpu:0"])?;
+    /// assert_eq!(strategy.num_replicas_in_sync(), 1);
+    /// assert!(MirroredStrategy::with_device_names(&["/gpu:99"]).is_err());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A name that matches no device; then as [`with_devices`](MirroredStrategy::with_devices).
+    pub fn with_device_names(names: &[&str]) -> Result<MirroredStrategy> {
+        let runtime = crate::config::runtime();
+        let devices = names
+            .iter()
+            .map(|n| runtime.device(n))
+            .collect::<Result<Vec<_>>>()?;
+        MirroredStrategy::with_devices(&devices)
+    }
+
+    /// The same replicas, summing gradients with `ops` instead of the default
+    /// [`HierarchicalAllReduce`] (`MirroredStrategy(cross_device_ops=...)`).
+    pub fn with_cross_device_ops(self, ops: impl CrossDeviceOps + 'static) -> MirroredStrategy {
+        MirroredStrategy(Arc::new(Inner {
+            devices: self.0.devices.clone(),
+            cross_device_ops: Arc::new(ops),
+        }))
+    }
+
+    /// The number of replicas (`strategy.num_replicas_in_sync`).
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.0.devices.len()
+    }
+
+    /// The replica devices, the primary first (`strategy.extended.worker_devices`).
+    pub fn devices(&self) -> &[LogicalDevice] {
+        &self.0.devices
+    }
+
+    /// What sums the gradients across replicas.
+    pub fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
+        self.0.cross_device_ops.as_ref()
+    }
+
+    /// How a global batch of `global` examples is cut: replica `i` takes `global / n` examples,
+    /// one more for the first `global % n` replicas, so nothing is dropped (a replica may get
+    /// none when the batch is smaller than the number of replicas).
+    ///
+    /// ```
+    /// # use anygpu::distribute::MirroredStrategy;
+    /// # let rt = anygpu::Runtime::builder().virtual_cpus(3).build()?;
+    /// let strategy = MirroredStrategy::with_devices(&rt.list_logical_devices("CPU")?)?;
+    /// assert_eq!(strategy.replica_batch_sizes(128), [43, 43, 42]);
+    /// assert_eq!(strategy.replica_batch_sizes(2), [1, 1, 0]);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn replica_batch_sizes(&self, global: usize) -> Vec<usize> {
+        let n = self.num_replicas_in_sync();
+        (0..n)
+            .map(|i| global / n + usize::from(i < global % n))
+            .collect()
+    }
+
+    /// Whether every replica runs the same compiled kernels — all on the CPU, or all on
+    /// adapters that report the same device and driver — so that the same update from the
+    /// same inputs gives the same bits everywhere. Mixed replicas may differ in the last bit
+    /// (fused multiply-adds, a GPU's `sqrt` and division precision); for them the primary's
+    /// updated weights are copied to the others instead.
+    pub(crate) fn same_kernels(&self) -> bool {
+        let first = self.0.devices[0].adapter_info();
+        self.0.devices.iter().all(|d| d.adapter_info() == first)
+    }
+
+    /// Runs `f` inside the strategy's scope (`with strategy.scope():`): a
+    /// [`crate::nn::Sequential`] created there is mirrored on every replica.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when this thread is already in the scope of another strategy
+    /// (TensorFlow's "Mixing different tf.distribute.Strategy objects").
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
+        let _scope = self.enter()?;
+        Ok(f())
+    }
+
+    /// Enters the scope until the guard is dropped (the RAII form of
+    /// [`scope`](MirroredStrategy::scope)).
+    ///
+    /// ```
+    /// use anygpu::distribute::{self, MirroredStrategy};
+    /// let strategy = MirroredStrategy::with_device_names(&["/cpu:0"])?;
+    /// {
+    ///     let _scope = strategy.enter()?;
+    ///     assert!(distribute::has_strategy());
+    /// }
+    /// assert!(!distribute::has_strategy());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`scope`](MirroredStrategy::scope).
+    pub fn enter(&self) -> Result<StrategyScope> {
+        CURRENT.with(|c| {
+            let mut stack = c.borrow_mut();
+            if let Some(outer) = stack.last() {
+                if !Arc::ptr_eq(&outer.0, &self.0) {
+                    return Err(Error::InvalidArgument(format!(
+                        "Mixing different tf.distribute.Strategy objects: {self:?} is not {outer:?}"
+                    )));
+                }
+            }
+            stack.push(self.clone());
+            Ok(StrategyScope {
+                depth: stack.len() - 1,
+                _not_send: PhantomData,
+            })
+        })
+    }
+}
+
+/// The scope of a [`MirroredStrategy`], left when dropped.
+#[must_use = "the scope ends when the guard is dropped"]
+pub struct StrategyScope {
+    depth: usize,
+    // Scopes are per thread: the guard must not cross threads.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for StrategyScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StrategyScope")
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl Drop for StrategyScope {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.borrow_mut().truncate(self.depth));
+    }
+}
+
+/// The strategy whose scope this thread is in, if any (`tf.distribute.get_strategy()`, which
+/// returns a default strategy where we return `None`).
+pub fn get_strategy() -> Option<MirroredStrategy> {
+    CURRENT.with(|c| c.borrow().last().cloned())
+}
+
+/// Whether this thread is inside a strategy's scope (`tf.distribute.has_strategy()`).
+pub fn has_strategy() -> bool {
+    CURRENT.with(|c| !c.borrow().is_empty())
+}

@@ -1,0 +1,455 @@
+//! A model under [`MirroredStrategy`]: the copies of its layers on the other replicas, and the
+//! data-parallel training step, evaluation and prediction.
+//!
+//! A step runs in four phases, so that a failure — a replica out of memory, say — leaves every
+//! replica as it was:
+//! 1. every replica, on its own thread, takes its slice of the batch through forward, loss and
+//!    backward, and packs its weight gradients into one flat tensor;
+//! 2. the strategy's [`CrossDeviceOps`] sums the flat gradients;
+//! 3. everything the update needs is allocated: the summed gradients unpacked per weight, the
+//!    optimizer slots, the buffers that carry the primary's state to the others;
+//! 4. the updates, which allocate nothing: on every replica when all run the same kernels;
+//!    otherwise on the primary, whose weights and slots are then copied to the others.
+
+use std::thread;
+
+use crate::data::Batch;
+use crate::device::LogicalDevice;
+use crate::distribute::MirroredStrategy;
+use crate::error::{Error, Result};
+use crate::nn::layers::Layer;
+use crate::nn::optimizer::{Optimizer, OptimizerState};
+use crate::nn::pass::{self, Stage};
+use crate::nn::sequential::{StepOutput, StepPart};
+use crate::tensor::{DType, Direction, Tensor};
+
+/// The replicas of a mirrored model after the first (the model's own layers are replica 0).
+pub(crate) struct Mirrors {
+    pub(crate) strategy: MirroredStrategy,
+    pub(crate) replicas: Vec<Replica>,
+}
+
+/// One more copy of the model: every layer, with its own weights and optimizer state.
+pub(crate) struct Replica {
+    pub(crate) device: LogicalDevice,
+    pub(crate) layers: Vec<Box<dyn Layer>>,
+    pub(crate) optimizer: Option<OptimizerState>,
+}
+
+/// A replica as a training step sees it.
+pub(crate) struct ReplicaView<'a> {
+    pub(crate) device: &'a LogicalDevice,
+    pub(crate) layers: Vec<&'a dyn Layer>,
+    pub(crate) optimizer: Option<&'a mut OptimizerState>,
+}
+
+impl ReplicaView<'_> {
+    fn stages(&self) -> Vec<Stage<'_>> {
+        self.layers
+            .iter()
+            .map(|&layer| Stage {
+                layer,
+                device: self.device,
+            })
+            .collect()
+    }
+
+    /// Every weight, in model order.
+    fn weights(&self) -> Vec<&Tensor> {
+        self.layers
+            .iter()
+            .flat_map(|l| l.weights().into_iter().map(|(_, t)| t))
+            .collect()
+    }
+
+    /// Weights and optimizer slots, layer by layer: what must be equal on every replica.
+    fn state(&self) -> Vec<&Tensor> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            out.extend(l.weights().into_iter().map(|(_, t)| t));
+            if let Some(opt) = &self.optimizer {
+                out.extend(opt.slot_tensors(i));
+            }
+        }
+        out
+    }
+
+    fn optimizer(&mut self) -> Result<&mut OptimizerState> {
+        self.optimizer.as_deref_mut().ok_or_else(|| {
+            Error::Model(format!(
+                "fit: the replica on {} has no optimizer; compile the model",
+                self.device
+            ))
+        })
+    }
+}
+
+/// A copy of `layer` whose weights live on `device`.
+fn copy_layer(layer: &dyn Layer, device: &LogicalDevice) -> Result<Box<dyn Layer>> {
+    let mut copy = layer.boxed_clone();
+    let weights = layer
+        .weights()
+        .into_iter()
+        .map(|(_, w)| w.to_device(device))
+        .collect::<Result<Vec<_>>>()?;
+    for (j, w) in weights.into_iter().enumerate() {
+        copy.set_weight(j, w)?;
+    }
+    Ok(copy)
+}
+
+impl Mirrors {
+    /// No layers yet, on every device of `strategy` but the first.
+    pub(crate) fn new(strategy: MirroredStrategy) -> Mirrors {
+        let replicas = strategy.devices()[1..]
+            .iter()
+            .map(|d| Replica {
+                device: d.clone(),
+                layers: Vec::new(),
+                optimizer: None,
+            })
+            .collect();
+        Mirrors { strategy, replicas }
+    }
+
+    /// Copies the primary's layer `index` (appended, or replacing the old copy) onto every
+    /// replica. All copies are made before any is installed: on error nothing changes.
+    pub(crate) fn mirror_layer(&mut self, index: usize, primary: &dyn Layer) -> Result<()> {
+        let copies = self
+            .replicas
+            .iter()
+            .map(|r| copy_layer(primary, &r.device))
+            .collect::<Result<Vec<_>>>()?;
+        for (r, copy) in self.replicas.iter_mut().zip(copies) {
+            match r.layers.get_mut(index) {
+                Some(slot) => *slot = copy,
+                None => r.layers.push(copy),
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the copies of layers `len..` (undoing an `add` that failed).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        for r in &mut self.replicas {
+            r.layers.truncate(len);
+        }
+    }
+
+    /// A fresh optimizer state on every replica.
+    pub(crate) fn compile(&mut self, config: &Optimizer, layers: usize) {
+        for r in &mut self.replicas {
+            r.optimizer = Some(OptimizerState::new(*config, layers));
+        }
+    }
+}
+
+/// The host slices of a global batch.
+#[derive(Clone, Copy)]
+pub(crate) struct HostBatch<'a> {
+    pub(crate) x: &'a [f32],
+    pub(crate) x_shape: &'a [usize],
+    pub(crate) y: &'a [i32],
+}
+
+impl<'a> From<&'a Batch> for HostBatch<'a> {
+    fn from(b: &'a Batch) -> Self {
+        HostBatch {
+            x: &b.x,
+            x_shape: &b.x_shape,
+            y: &b.y,
+        }
+    }
+}
+
+/// One replica's slice of a batch: `rows` examples from example `first`.
+#[derive(Clone, Copy)]
+struct Shard {
+    first: usize,
+    rows: usize,
+}
+
+impl HostBatch<'_> {
+    fn shards(&self, strategy: &MirroredStrategy) -> Vec<Shard> {
+        let mut first = 0;
+        strategy
+            .replica_batch_sizes(self.y.len())
+            .into_iter()
+            .map(|rows| {
+                let s = Shard { first, rows };
+                first += rows;
+                s
+            })
+            .collect()
+    }
+
+    /// The shard's examples and labels on `device`.
+    fn upload(&self, shard: Shard, device: &LogicalDevice) -> Result<(Tensor, Tensor)> {
+        let example: usize = self.x_shape[1..].iter().product();
+        let mut shape = self.x_shape.to_vec();
+        shape[0] = shard.rows;
+        let rows = shard.first..shard.first + shard.rows;
+        let x = Tensor::from_slice_on(
+            &self.x[rows.start * example..rows.end * example],
+            &shape,
+            device,
+        )?;
+        let y = Tensor::from_slice_on(&self.y[rows], &[shard.rows], device)?;
+        Ok((x, y))
+    }
+}
+
+/// Runs one job per replica, each on its own thread (inline when there is one), and returns
+/// their results in replica order, or the first replica's error.
+fn on_every_replica<'a, T: Send>(
+    jobs: Vec<Box<dyn FnOnce() -> Result<T> + Send + 'a>>,
+) -> Result<Vec<T>> {
+    if jobs.len() == 1 {
+        return jobs.into_iter().map(|job| job()).collect();
+    }
+    let results: Vec<Result<T>> = thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .enumerate()
+            .map(|(i, job)| {
+                thread::Builder::new()
+                    .name(format!("anygpu replica {i}"))
+                    .spawn_scoped(s, job)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Model("a replica's thread panicked".into()))),
+                Err(e) => Err(Error::Model(format!(
+                    "could not start a replica's thread: {e}"
+                ))),
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// What a replica's forward and backward leave: its loss terms and packed gradients.
+struct ReplicaGrads {
+    part: StepPart,
+    flat: Tensor,
+}
+
+/// Forward, loss and backward of one replica's shard. The loss gradient is scaled by
+/// `rows / global`, so that the replicas' gradients add up to that of the global batch's mean
+/// loss.
+fn replica_gradients(
+    replica: &ReplicaView<'_>,
+    batch: HostBatch<'_>,
+    shard: Shard,
+    accuracy: bool,
+) -> Result<ReplicaGrads> {
+    let device = replica.device;
+    let stages = replica.stages();
+    let (x, y) = batch.upload(shard, device)?;
+    let (logits, saved) = pass::forward(&stages, &x, true)?;
+    let terms = pass::loss_terms(device, &logits, &y, accuracy)?;
+    drop(logits);
+    let global = batch.y.len();
+    let dlogits = if shard.rows == global {
+        terms.dlogits
+    } else {
+        let _scope = device.scope();
+        terms.dlogits.scale(shard.rows as f32 / global as f32)?
+    };
+    let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
+    pass::backward(&stages, saved, dlogits, |i, g| {
+        grads[i] = g;
+        Ok(())
+    })?;
+    let parts: Vec<&Tensor> = grads.iter().flatten().collect();
+    Ok(ReplicaGrads {
+        part: StepPart {
+            loss_sum: terms.loss_sum,
+            correct: terms.correct,
+        },
+        flat: Tensor::concat_flat(&parts, device)?,
+    })
+}
+
+/// One synchronous data-parallel training step over `replicas` (the primary first).
+pub(crate) fn train_step(
+    strategy: &MirroredStrategy,
+    replicas: &mut [ReplicaView<'_>],
+    batch: HostBatch<'_>,
+    accuracy: bool,
+) -> Result<StepOutput> {
+    let shards = batch.shards(strategy);
+    let params: usize = replicas[0].weights().iter().map(|w| w.len()).sum();
+    if params == 0 {
+        return Err(Error::Model(
+            "fit: the model has no weights to train".into(),
+        ));
+    }
+
+    // 1. Forward and backward, every replica at once.
+    let jobs: Vec<Box<dyn FnOnce() -> Result<Option<ReplicaGrads>> + Send + '_>> = replicas
+        .iter()
+        .zip(&shards)
+        .map(|(r, &shard)| {
+            let r: &ReplicaView<'_> = r;
+            Box::new(move || match shard.rows {
+                0 => Ok(None),
+                _ => replica_gradients(r, batch, shard, accuracy).map(Some),
+            }) as Box<dyn FnOnce() -> Result<Option<ReplicaGrads>> + Send + '_>
+        })
+        .collect();
+    let results = on_every_replica(jobs)?;
+    let mut parts = Vec::new();
+    let mut flats = Vec::with_capacity(replicas.len());
+    for (r, result) in replicas.iter().zip(results) {
+        match result {
+            Some(g) => {
+                parts.push(g.part);
+                flats.push(g.flat);
+            }
+            // A replica without examples contributes zeros.
+            None => flats.push(Tensor::zeros_on(&[params], DType::F32, r.device)?),
+        }
+    }
+
+    // 2. The sum over replicas, where the updates will run.
+    let everywhere = strategy.same_kernels();
+    let destinations: Vec<LogicalDevice> = if everywhere {
+        replicas.iter().map(|r| r.device.clone()).collect()
+    } else {
+        vec![replicas[0].device.clone()]
+    };
+    let reduced = strategy
+        .cross_device_ops()
+        .reduce_sum(&flats, &destinations)?;
+    drop(flats);
+
+    // 3. Every allocation of the update.
+    let shapes: Vec<Vec<usize>> = replicas[0]
+        .weights()
+        .iter()
+        .map(|w| w.shape().to_vec())
+        .collect();
+    let grads = reduced
+        .iter()
+        .map(|flat| flat.split_flat(&shapes))
+        .collect::<Result<Vec<_>>>()?;
+    for r in replicas.iter_mut() {
+        let layers = r.layers.clone();
+        let opt = r.optimizer()?;
+        for (i, l) in layers.iter().enumerate() {
+            let weights: Vec<&Tensor> = l.weights().into_iter().map(|(_, t)| t).collect();
+            opt.ensure_slots(i, &weights)?;
+        }
+    }
+    let carriers = if everywhere {
+        Vec::new()
+    } else {
+        let len: usize = replicas[0].state().iter().map(|t| t.len()).sum();
+        replicas
+            .iter()
+            .map(|r| Tensor::empty_on(&[len], DType::F32, r.device))
+            .collect::<Result<Vec<_>>>()?
+    };
+
+    // 4. The updates.
+    for (r, grads) in replicas.iter_mut().zip(&grads) {
+        let layers = r.layers.clone();
+        let opt = r.optimizer()?;
+        let mut next = grads.iter();
+        for (i, l) in layers.iter().enumerate() {
+            let weights: Vec<&Tensor> = l.weights().into_iter().map(|(_, t)| t).collect();
+            let layer_grads: Vec<Tensor> = next.by_ref().take(weights.len()).cloned().collect();
+            opt.apply(i, &weights, &layer_grads)?;
+        }
+    }
+    if !everywhere && replicas.len() > 1 {
+        carriers[0].assign_flat(&replicas[0].state(), Direction::FromParts)?;
+        strategy
+            .cross_device_ops()
+            .broadcast_into(&carriers[0], &carriers[1..])?;
+        for (r, carrier) in replicas.iter().zip(&carriers).skip(1) {
+            carrier.assign_flat(&r.state(), Direction::IntoParts)?;
+        }
+    }
+    for r in replicas.iter_mut() {
+        r.optimizer()?.finish_step();
+    }
+    Ok(StepOutput::new(parts, batch.y.len()))
+}
+
+/// The loss terms of a batch, each replica taking its shard (no gradients).
+pub(crate) fn evaluate_batch(
+    strategy: &MirroredStrategy,
+    replicas: &[ReplicaView<'_>],
+    batch: HostBatch<'_>,
+    accuracy: bool,
+) -> Result<StepOutput> {
+    let jobs: Vec<Box<dyn FnOnce() -> Result<Option<StepPart>> + Send + '_>> = replicas
+        .iter()
+        .zip(batch.shards(strategy))
+        .map(|(r, shard)| {
+            Box::new(move || {
+                if shard.rows == 0 {
+                    return Ok(None);
+                }
+                let (x, y) = batch.upload(shard, r.device)?;
+                let (logits, _) = pass::forward(&r.stages(), &x, false)?;
+                let terms = pass::loss_terms(r.device, &logits, &y, accuracy)?;
+                Ok(Some(StepPart {
+                    loss_sum: terms.loss_sum,
+                    correct: terms.correct,
+                }))
+            }) as Box<dyn FnOnce() -> Result<Option<StepPart>> + Send + '_>
+        })
+        .collect();
+    let parts = on_every_replica(jobs)?.into_iter().flatten().collect();
+    Ok(StepOutput::new(parts, batch.y.len()))
+}
+
+/// The model's last-layer output for a batch, each replica taking its shard, gathered in
+/// order on the primary.
+pub(crate) fn predict(
+    strategy: &MirroredStrategy,
+    replicas: &[ReplicaView<'_>],
+    x: &[f32],
+    x_shape: &[usize],
+    output_shape: &[usize],
+) -> Result<Tensor> {
+    let rows = x_shape.first().copied().unwrap_or(0);
+    let labels = vec![0i32; rows];
+    let batch = HostBatch {
+        x,
+        x_shape,
+        y: &labels,
+    };
+    let shards = batch.shards(strategy);
+    let jobs: Vec<Box<dyn FnOnce() -> Result<Option<Tensor>> + Send + '_>> = replicas
+        .iter()
+        .zip(&shards)
+        .map(|(r, &shard)| {
+            Box::new(move || {
+                if shard.rows == 0 {
+                    return Ok(None);
+                }
+                let (x, _) = batch.upload(shard, r.device)?;
+                Ok(Some(pass::forward(&r.stages(), &x, false)?.0))
+            }) as Box<dyn FnOnce() -> Result<Option<Tensor>> + Send + '_>
+        })
+        .collect();
+    let outputs = on_every_replica(jobs)?;
+    let per_row: usize = output_shape.iter().product();
+    let mut shape = vec![rows];
+    shape.extend_from_slice(output_shape);
+    let out = Tensor::empty_on(&shape, DType::F32, replicas[0].device)?;
+    for (shard, output) in shards.iter().zip(outputs) {
+        if let Some(o) = output {
+            o.copy_elements_to(0, &out, shard.first * per_row, shard.rows * per_row)?;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,95 @@
+//! One pass through a stack of layers — forward, the loss at the top, backward — shared by a
+//! plain model and by every replica of a mirrored one.
+
+use crate::device::LogicalDevice;
+use crate::error::Result;
+use crate::nn::layers::Layer;
+use crate::ops;
+use crate::tensor::Tensor;
+
+/// A layer and the device it runs on.
+#[derive(Clone, Copy)]
+pub(crate) struct Stage<'a> {
+    pub(crate) layer: &'a dyn Layer,
+    pub(crate) device: &'a LogicalDevice,
+}
+
+/// The forward pass to the last layer's output (logits for a softmax model), and, when
+/// `keep`, what each layer's backward needs. Inputs move to each layer's device.
+pub(crate) fn forward(
+    stages: &[Stage<'_>],
+    x: &Tensor,
+    keep: bool,
+) -> Result<(Tensor, Vec<Vec<Tensor>>)> {
+    let mut saved = Vec::with_capacity(if keep { stages.len() } else { 0 });
+    let mut h = x.clone();
+    for s in stages {
+        let _scope = s.device.scope();
+        let input = h.to_device(s.device)?;
+        let (out, kept) = s.layer.forward(&input)?;
+        if keep {
+            saved.push(kept);
+        }
+        h = out;
+    }
+    Ok((h, saved))
+}
+
+/// The loss of a batch, on the device of the last layer.
+pub(crate) struct LossTerms {
+    /// Sum of the per-example losses, a scalar.
+    pub(crate) loss_sum: Tensor,
+    /// Gradient of the batch's MEAN loss w.r.t. the logits.
+    pub(crate) dlogits: Tensor,
+    /// Correct predictions (`[1]`), when accuracy is tracked.
+    pub(crate) correct: Option<Tensor>,
+}
+
+/// Softmax cross-entropy of `logits` against `y` (moved to `device` first).
+pub(crate) fn loss_terms(
+    device: &LogicalDevice,
+    logits: &Tensor,
+    y: &Tensor,
+    accuracy: bool,
+) -> Result<LossTerms> {
+    let _scope = device.scope();
+    let labels = y.to_device(device)?;
+    let (per_example, dlogits) = ops::sparse_softmax_cross_entropy(logits, &labels)?;
+    let loss_sum = per_example.reduce_sum(None)?;
+    let correct = if accuracy {
+        Some(ops::accuracy_count(logits, &labels)?)
+    } else {
+        None
+    };
+    Ok(LossTerms {
+        loss_sum,
+        dlogits,
+        correct,
+    })
+}
+
+/// Back from `dlogits` through the stages, handing each layer's weight gradients to
+/// `on_grads(layer index, gradients)` as soon as they exist, last layer first. Each layer's
+/// saved tensors are freed once its backward has run.
+pub(crate) fn backward(
+    stages: &[Stage<'_>],
+    mut saved: Vec<Vec<Tensor>>,
+    dlogits: Tensor,
+    mut on_grads: impl FnMut(usize, Vec<Tensor>) -> Result<()>,
+) -> Result<()> {
+    let mut dy = dlogits;
+    for i in (0..stages.len()).rev() {
+        let s = stages[i];
+        let _scope = s.device.scope();
+        let dy_here = dy.to_device(s.device)?;
+        let layer_saved = std::mem::take(&mut saved[i]);
+        let (dx, grads) = s.layer.backward(&layer_saved, &dy_here, i > 0)?;
+        drop(layer_saved);
+        on_grads(i, grads)?;
+        match dx {
+            Some(dx) => dy = dx,
+            None => break,
+        }
+    }
+    Ok(())
+}
