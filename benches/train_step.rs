@@ -12,12 +12,14 @@
 //! WGPU_BACKEND=vulkan cargo bench --bench train_step -- gpu0
 //! ```
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use anygpu::nn::{self, Loss, Metric, Sgd, Verbosity};
 use anygpu::ops::reference::random_vec;
 use anygpu::{DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
-use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion};
 
 const BATCH: usize = 128;
 
@@ -88,32 +90,16 @@ fn train_step(c: &mut Criterion) {
         .expect("the batch fits");
         let labels: Vec<i32> = (0..BATCH as i32).map(|i| i % 10).collect();
         let y = Tensor::from_slice_on(&labels, &[BATCH], &device).expect("the labels fit");
-        // Warm up: pipelines compiled, arenas grown.
-        for _ in 0..2 {
-            model.train_step(&x, &y).expect("a training step runs");
-        }
-        model.synchronize().expect("the device finishes");
-
         let slow = device.device_type() == DeviceKind::Gpu
             && device.adapter_name().to_lowercase().contains("llvmpipe");
-        let mut group = c.benchmark_group(format!("train_step/{}", tag(&device)));
-        group
-            .sample_size(10)
-            .sampling_mode(SamplingMode::Flat)
-            .warm_up_time(Duration::from_secs(1))
-            .measurement_time(Duration::from_secs(if slow { 40 } else { 5 }))
-            .throughput(Throughput::Elements(BATCH as u64));
-        group.bench_function("tutorial_cnn_batch128_sgd", |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    model.train_step(&x, &y).expect("a training step runs");
-                    model.synchronize().expect("the device finishes");
-                }
-                start.elapsed()
-            })
-        });
-        group.finish();
+        common::time_train_steps(
+            c,
+            &format!("train_step/{}", tag(&device)),
+            "tutorial_cnn_batch128_sgd",
+            Duration::from_secs(if slow { 40 } else { 5 }),
+            &mut model,
+            (&x, &y),
+        );
     }
 }
 

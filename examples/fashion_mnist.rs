@@ -10,6 +10,8 @@
 //!                             no GPU or only software adapters)
 //!   --split                   conv blocks on GPU:0, the 128-filter block on GPU:1, the dense
 //!                             layers on GPU:2 (wrapping when fewer GPUs exist)
+//!   --strategy mirrored       tf.distribute.MirroredStrategy: the whole model on every logical
+//!                             GPU, each batch split among them (CPU:0 when there is no GPU)
 //!   --memory-growth           tf.config.experimental.set_memory_growth(gpu, True) on every GPU
 //!   --visible 1,0             tf.config.set_visible_devices(gpus[1], gpus[0])
 //!   --virtual 3072,3072       cut GPU:0 into logical GPUs of these MiB
@@ -62,6 +64,10 @@
 //! memory: host peak RSS 1522784 kB
 //! ```
 //!
+//! With `--strategy mirrored --virtual 512,512` the model is mirrored on two logical GPUs cut
+//! from GPU:0 and each takes half of every batch; with `WGPU_BACKEND=vulkan,gl` and no
+//! `--virtual`, on lavapipe and llvmpipe side by side.
+//!
 //! The GPUs reserve their whole budget at start (TensorFlow's default); `--memory-growth`
 //! reserves as needed instead. With `--virtual 512,512,512 --split`, the three blocks train on
 //! three logical GPUs cut from GPU:0, and the memory lines show each one's share.
@@ -71,6 +77,7 @@ use std::time::Instant;
 
 use anygpu::config;
 use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
+use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{self, Adam, Loss, Metric, Optimizer, Sequential, Sgd};
 use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, Tensor};
 use clap::Parser;
@@ -92,6 +99,9 @@ struct Args {
     /// Spread the model's three blocks over GPU:0, GPU:1 and GPU:2, as the tutorial does.
     #[arg(long)]
     split: bool,
+    /// `mirrored`: data parallelism over every logical GPU (tf.distribute.MirroredStrategy).
+    #[arg(long, value_enum)]
+    strategy: Option<Strategy>,
     /// Log where ops run while the model is created and for one forward/backward pass.
     #[arg(long)]
     log_placement: bool,
@@ -124,6 +134,13 @@ struct Args {
     out: Option<PathBuf>,
 }
 
+/// The `--strategy` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Strategy {
+    /// `tf.distribute.MirroredStrategy`.
+    Mirrored,
+}
+
 #[derive(Serialize)]
 struct EpochLog {
     epoch: usize,
@@ -148,6 +165,8 @@ struct HistoryJson {
     devices: Vec<String>,
     adapters: Vec<String>,
     layer_devices: Vec<(String, String)>,
+    /// The replicas under `--strategy mirrored` (empty otherwise).
+    replicas: Vec<String>,
     optimizer: String,
     batch_size: usize,
     steps_per_epoch: usize,
@@ -170,6 +189,14 @@ fn run(args: Args) -> Result<(), BoxError> {
         return Err("--batch-size and --epochs must be positive".into());
     }
     let optimizer = optimizer(&args)?;
+    let mirrored = args.strategy == Some(Strategy::Mirrored);
+    if mirrored && (args.split || args.device.is_some()) {
+        return Err(
+            "--strategy mirrored puts the whole model on every logical GPU; it does not combine \
+             with --split or --device"
+                .into(),
+        );
+    }
     // tf.config, before anything touches a device.
     let physical = config::list_physical_devices(DeviceKind::Gpu);
     println!("Num GPUs Available: {}", physical.len());
@@ -199,7 +226,7 @@ fn run(args: Args) -> Result<(), BoxError> {
     let layers_on_cpu = match args.device.as_deref() {
         Some(spec) => device_name(spec)? == "/device:CPU:0",
         None => {
-            let cpu_default = software_only && !args.split && args.r#virtual.is_none();
+            let cpu_default = software_only && !args.split && !mirrored && args.r#virtual.is_none();
             if cpu_default {
                 println!(
                     "Every GPU is a software adapter: training on /device:CPU:0 \
@@ -285,15 +312,38 @@ fn run(args: Args) -> Result<(), BoxError> {
         .steps_per_epoch
         .unwrap_or((train_len / args.batch_size).max(1));
 
-    // The model.
-    let mut model = nn::tutorial_cnn(args.seed, &devices)?;
+    // The model: built and compiled inside the strategy's scope when there is one.
+    let strategy = match mirrored {
+        true => Some(MirroredStrategy::new()?),
+        false => None,
+    };
+    let build = || -> anygpu::Result<Sequential> {
+        let mut model = nn::tutorial_cnn(args.seed, if mirrored { &[] } else { &devices })?;
+        model.compile(
+            Loss::sparse_categorical_crossentropy(),
+            optimizer,
+            &[Metric::Accuracy],
+        )?;
+        Ok(model)
+    };
+    let mut model = match &strategy {
+        Some(strategy) => {
+            println!("Number of devices: {}", strategy.num_replicas_in_sync());
+            let sizes = strategy.replica_batch_sizes(args.batch_size);
+            for (d, n) in strategy.devices().iter().zip(&sizes) {
+                println!(
+                    "  replica {} on {}: {n} examples per batch",
+                    d.name(),
+                    d.adapter_name()
+                );
+            }
+            strategy.scope(build)??
+        }
+        None => build()?,
+    };
+    let devices = model.devices();
     model.print_summary();
     println!("optimizer: {optimizer}");
-    model.compile(
-        Loss::sparse_categorical_crossentropy(),
-        optimizer,
-        &[Metric::Accuracy],
-    )?;
 
     if args.log_placement {
         // One forward/backward pass with the log on (no update), then quiet for training.
@@ -337,6 +387,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         })
         .collect();
     let mean_ips = history.images_per_second.iter().sum::<f64>() / history.epochs().max(1) as f64;
+    println!("throughput: {mean_ips:.0} images/s in fit");
     let json = HistoryJson {
         epochs,
         loss: history.loss.clone(),
@@ -356,6 +407,10 @@ fn run(args: Args) -> Result<(), BoxError> {
             .into_iter()
             .map(|l| (l.name, l.device))
             .collect(),
+        replicas: model
+            .strategy()
+            .map(|s| s.devices().iter().map(|d| d.name().to_string()).collect())
+            .unwrap_or_default(),
         optimizer: optimizer.to_string(),
         batch_size: args.batch_size,
         steps_per_epoch,
@@ -422,8 +477,13 @@ fn time_steps(
     batch: usize,
 ) -> Result<(), BoxError> {
     let devices = model.devices();
-    let first = &devices[0];
-    let last = &devices[devices.len() - 1];
+    // A mirrored model takes each batch from the host and splits it; elsewhere the batch goes
+    // to the first layer's device and the labels to the last's.
+    let host = config::runtime().cpu()?;
+    let (first, last) = match model.strategy() {
+        Some(_) => (&host, &host),
+        None => (&devices[0], &devices[devices.len() - 1]),
+    };
     let mut batches = train.iter();
     let mut step = |model: &mut Sequential| -> Result<f64, BoxError> {
         let b = batches.next().ok_or("the training set is empty")?;
@@ -447,11 +507,12 @@ fn time_steps(
         .map(|d| format!("{} ({})", d.name(), d.adapter_name()))
         .collect();
     println!(
-        "median train step: {median:.1} ms (batch {batch}, device {}; min {:.1}, max {:.1} over {} steps)",
+        "median train step: {median:.1} ms (batch {batch}, device {}; min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
         names.join(" + "),
         times[0],
         times[times.len() - 1],
-        times.len()
+        times.len(),
+        batch as f64 * 1e3 / median
     );
     Ok(())
 }
