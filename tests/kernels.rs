@@ -311,6 +311,66 @@ fn depthwise_forward_and_gradients() {
 }
 
 #[test]
+fn register_blocked_matmuls_cover_ragged_edges() {
+    // n and k multiples of 4 take the vec4 kernels (matmul_16x8 on software adapters, whose
+    // workgroups cover 128 × 64 outputs; matmul_v4 elsewhere, 64 × 64), other shapes and the
+    // transposed products matmul_tall (128 × 64) or matmul (64 × 64): shapes below, at and past
+    // those tiles, with bias and an activation.
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (i, &(m, kk, nn)) in [
+            (1, 4, 4),
+            (13, 8, 12),
+            (130, 36, 68),
+            (257, 4, 132),
+            (128, 64, 64),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let seed = 900 + 10 * i as u64;
+            let a = random_vec(m * kk, seed);
+            let w = random_vec(kk * nn, seed + 1);
+            let b = random_vec(nn, seed + 2);
+            let (at, wt, bt) = (
+                put(dev, &a, &[m, kk]),
+                put(dev, &w, &[kk, nn]),
+                put(dev, &b, &[nn]),
+            );
+            trap(dev, &[m * nn]);
+            let y = ops::dense(&at, &wt, Some(&bt), Activation::Selu).unwrap();
+            on(&y, dev);
+            let expected = r::matmul_bias_act(
+                &to_f64(&a),
+                &to_f64(&w),
+                Some(&to_f64(&b)),
+                m,
+                kk,
+                nn,
+                Activation::Selu,
+            );
+            let what = format!("dense {m}x{kk}x{nn} {}", label(dev));
+            assert_close(&get(&y), &expected, TOL, &what);
+        }
+        let (m, kk, nn) = (130, 37, 70);
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let a = random_vec(m * kk, 950);
+            let bm = random_vec(kk * nn, 951);
+            let ashape = if ta { [kk, m] } else { [m, kk] };
+            let bshape = if tb { [nn, kk] } else { [kk, nn] };
+            trap(dev, &[m * nn]);
+            let y = ops::matmul_transposed(&put(dev, &a, &ashape), &put(dev, &bm, &bshape), ta, tb)
+                .unwrap();
+            on(&y, dev);
+            let expected = r::matmul(&to_f64(&a), &to_f64(&bm), m, kk, nn, ta, tb);
+            let what = format!("matmul {m}x{kk}x{nn} {ta} {tb} {}", label(dev));
+            assert_close(&get(&y), &expected, TOL, &what);
+        }
+    }
+}
+
+#[test]
 fn separable_pointwise_and_dense() {
     let _g = serial();
     for dev in &env().devices {

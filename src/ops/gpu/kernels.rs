@@ -18,10 +18,16 @@ pub(crate) const ACTIVATION_BACKWARD: Kernel =
 pub(crate) const COPY_RANGE: Kernel = Kernel::new(ShaderFamily::Elementwise, "copy_range");
 pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
 pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
+pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_tall");
+pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
 pub(crate) const ADD_INTO: Kernel = Kernel::new(ShaderFamily::Reduce, "add_into");
+
+/// Output rows and columns one `matmul_16x8` workgroup covers.
+const TALL_ROWS: usize = 128;
+const TALL_COLS: usize = 64;
 
 /// Rows of one `sum_rows` chunk: long enough to amortize the launch, short enough that the
 /// chunks spread over the device.
@@ -239,8 +245,18 @@ impl Kernels for GpuKernels<'_> {
         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
         if d.n % 4 == 0 && d.k % 4 == 0 && !d.trans_a && !d.trans_b {
             // Bindings 3, 5, 6, 7: bias, then b, out and a as vec4 (ranges are 256-byte
-            // aligned and sized, so the vec4 views are valid).
+            // aligned and sized, so the vec4 views are valid). Software adapters get the tall
+            // register block (see matmul.wgsl for the measurements); GPUs the 4×4 one, with
+            // 16 times more invocations to hide latency (not measured here: no GPU).
+            if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
+                let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
+                return self.launch(MATMUL_16X8, &p, &[bias.unwrap_or(out), b, out, a], grid);
+            }
             return self.launch(MATMUL_V4, &p, &[bias.unwrap_or(out), b, out, a], grid);
+        }
+        if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
+            let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
+            return self.launch(MATMUL_TALL, &p, &[a, b, bias.unwrap_or(out), out], grid);
         }
         self.launch(MATMUL, &p, &[a, b, bias.unwrap_or(out), out], grid)
     }
