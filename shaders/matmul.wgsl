@@ -164,38 +164,8 @@ fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let r13 = min(row0 + 104u, p.m - 1u) * k4;
     let r14 = min(row0 + 112u, p.m - 1u) * k4;
     let r15 = min(row0 + 120u, p.m - 1u) * k4;
-    var acc0_0 = vec4<f32>(0.0);
-    var acc0_1 = vec4<f32>(0.0);
-    var acc1_0 = vec4<f32>(0.0);
-    var acc1_1 = vec4<f32>(0.0);
-    var acc2_0 = vec4<f32>(0.0);
-    var acc2_1 = vec4<f32>(0.0);
-    var acc3_0 = vec4<f32>(0.0);
-    var acc3_1 = vec4<f32>(0.0);
-    var acc4_0 = vec4<f32>(0.0);
-    var acc4_1 = vec4<f32>(0.0);
-    var acc5_0 = vec4<f32>(0.0);
-    var acc5_1 = vec4<f32>(0.0);
-    var acc6_0 = vec4<f32>(0.0);
-    var acc6_1 = vec4<f32>(0.0);
-    var acc7_0 = vec4<f32>(0.0);
-    var acc7_1 = vec4<f32>(0.0);
-    var acc8_0 = vec4<f32>(0.0);
-    var acc8_1 = vec4<f32>(0.0);
-    var acc9_0 = vec4<f32>(0.0);
-    var acc9_1 = vec4<f32>(0.0);
-    var acc10_0 = vec4<f32>(0.0);
-    var acc10_1 = vec4<f32>(0.0);
-    var acc11_0 = vec4<f32>(0.0);
-    var acc11_1 = vec4<f32>(0.0);
-    var acc12_0 = vec4<f32>(0.0);
-    var acc12_1 = vec4<f32>(0.0);
-    var acc13_0 = vec4<f32>(0.0);
-    var acc13_1 = vec4<f32>(0.0);
-    var acc14_0 = vec4<f32>(0.0);
-    var acc14_1 = vec4<f32>(0.0);
-    var acc15_0 = vec4<f32>(0.0);
-    var acc15_1 = vec4<f32>(0.0);
+    // The accumulators, indexed by constants only, so they stay in registers.
+    var acc: array<vec4<f32>, 32>;
     var bo = 0u;
     for (var l4 = 0u; l4 < k4; l4++) {
         let b0_0 = b4[bo + cc0];
@@ -208,53 +178,53 @@ fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         let b3_1 = b4[bo + 3u * n4 + cc1];
         bo += 4u * n4;
         let av0 = a4[r0 + l4];
-        acc0_0 += av0.x * b0_0 + av0.y * b1_0 + av0.z * b2_0 + av0.w * b3_0;
-        acc0_1 += av0.x * b0_1 + av0.y * b1_1 + av0.z * b2_1 + av0.w * b3_1;
+        acc[0] += av0.x * b0_0 + av0.y * b1_0 + av0.z * b2_0 + av0.w * b3_0;
+        acc[1] += av0.x * b0_1 + av0.y * b1_1 + av0.z * b2_1 + av0.w * b3_1;
         let av1 = a4[r1 + l4];
-        acc1_0 += av1.x * b0_0 + av1.y * b1_0 + av1.z * b2_0 + av1.w * b3_0;
-        acc1_1 += av1.x * b0_1 + av1.y * b1_1 + av1.z * b2_1 + av1.w * b3_1;
+        acc[2] += av1.x * b0_0 + av1.y * b1_0 + av1.z * b2_0 + av1.w * b3_0;
+        acc[3] += av1.x * b0_1 + av1.y * b1_1 + av1.z * b2_1 + av1.w * b3_1;
         let av2 = a4[r2 + l4];
-        acc2_0 += av2.x * b0_0 + av2.y * b1_0 + av2.z * b2_0 + av2.w * b3_0;
-        acc2_1 += av2.x * b0_1 + av2.y * b1_1 + av2.z * b2_1 + av2.w * b3_1;
+        acc[4] += av2.x * b0_0 + av2.y * b1_0 + av2.z * b2_0 + av2.w * b3_0;
+        acc[5] += av2.x * b0_1 + av2.y * b1_1 + av2.z * b2_1 + av2.w * b3_1;
         let av3 = a4[r3 + l4];
-        acc3_0 += av3.x * b0_0 + av3.y * b1_0 + av3.z * b2_0 + av3.w * b3_0;
-        acc3_1 += av3.x * b0_1 + av3.y * b1_1 + av3.z * b2_1 + av3.w * b3_1;
+        acc[6] += av3.x * b0_0 + av3.y * b1_0 + av3.z * b2_0 + av3.w * b3_0;
+        acc[7] += av3.x * b0_1 + av3.y * b1_1 + av3.z * b2_1 + av3.w * b3_1;
         let av4 = a4[r4 + l4];
-        acc4_0 += av4.x * b0_0 + av4.y * b1_0 + av4.z * b2_0 + av4.w * b3_0;
-        acc4_1 += av4.x * b0_1 + av4.y * b1_1 + av4.z * b2_1 + av4.w * b3_1;
+        acc[8] += av4.x * b0_0 + av4.y * b1_0 + av4.z * b2_0 + av4.w * b3_0;
+        acc[9] += av4.x * b0_1 + av4.y * b1_1 + av4.z * b2_1 + av4.w * b3_1;
         let av5 = a4[r5 + l4];
-        acc5_0 += av5.x * b0_0 + av5.y * b1_0 + av5.z * b2_0 + av5.w * b3_0;
-        acc5_1 += av5.x * b0_1 + av5.y * b1_1 + av5.z * b2_1 + av5.w * b3_1;
+        acc[10] += av5.x * b0_0 + av5.y * b1_0 + av5.z * b2_0 + av5.w * b3_0;
+        acc[11] += av5.x * b0_1 + av5.y * b1_1 + av5.z * b2_1 + av5.w * b3_1;
         let av6 = a4[r6 + l4];
-        acc6_0 += av6.x * b0_0 + av6.y * b1_0 + av6.z * b2_0 + av6.w * b3_0;
-        acc6_1 += av6.x * b0_1 + av6.y * b1_1 + av6.z * b2_1 + av6.w * b3_1;
+        acc[12] += av6.x * b0_0 + av6.y * b1_0 + av6.z * b2_0 + av6.w * b3_0;
+        acc[13] += av6.x * b0_1 + av6.y * b1_1 + av6.z * b2_1 + av6.w * b3_1;
         let av7 = a4[r7 + l4];
-        acc7_0 += av7.x * b0_0 + av7.y * b1_0 + av7.z * b2_0 + av7.w * b3_0;
-        acc7_1 += av7.x * b0_1 + av7.y * b1_1 + av7.z * b2_1 + av7.w * b3_1;
+        acc[14] += av7.x * b0_0 + av7.y * b1_0 + av7.z * b2_0 + av7.w * b3_0;
+        acc[15] += av7.x * b0_1 + av7.y * b1_1 + av7.z * b2_1 + av7.w * b3_1;
         let av8 = a4[r8 + l4];
-        acc8_0 += av8.x * b0_0 + av8.y * b1_0 + av8.z * b2_0 + av8.w * b3_0;
-        acc8_1 += av8.x * b0_1 + av8.y * b1_1 + av8.z * b2_1 + av8.w * b3_1;
+        acc[16] += av8.x * b0_0 + av8.y * b1_0 + av8.z * b2_0 + av8.w * b3_0;
+        acc[17] += av8.x * b0_1 + av8.y * b1_1 + av8.z * b2_1 + av8.w * b3_1;
         let av9 = a4[r9 + l4];
-        acc9_0 += av9.x * b0_0 + av9.y * b1_0 + av9.z * b2_0 + av9.w * b3_0;
-        acc9_1 += av9.x * b0_1 + av9.y * b1_1 + av9.z * b2_1 + av9.w * b3_1;
+        acc[18] += av9.x * b0_0 + av9.y * b1_0 + av9.z * b2_0 + av9.w * b3_0;
+        acc[19] += av9.x * b0_1 + av9.y * b1_1 + av9.z * b2_1 + av9.w * b3_1;
         let av10 = a4[r10 + l4];
-        acc10_0 += av10.x * b0_0 + av10.y * b1_0 + av10.z * b2_0 + av10.w * b3_0;
-        acc10_1 += av10.x * b0_1 + av10.y * b1_1 + av10.z * b2_1 + av10.w * b3_1;
+        acc[20] += av10.x * b0_0 + av10.y * b1_0 + av10.z * b2_0 + av10.w * b3_0;
+        acc[21] += av10.x * b0_1 + av10.y * b1_1 + av10.z * b2_1 + av10.w * b3_1;
         let av11 = a4[r11 + l4];
-        acc11_0 += av11.x * b0_0 + av11.y * b1_0 + av11.z * b2_0 + av11.w * b3_0;
-        acc11_1 += av11.x * b0_1 + av11.y * b1_1 + av11.z * b2_1 + av11.w * b3_1;
+        acc[22] += av11.x * b0_0 + av11.y * b1_0 + av11.z * b2_0 + av11.w * b3_0;
+        acc[23] += av11.x * b0_1 + av11.y * b1_1 + av11.z * b2_1 + av11.w * b3_1;
         let av12 = a4[r12 + l4];
-        acc12_0 += av12.x * b0_0 + av12.y * b1_0 + av12.z * b2_0 + av12.w * b3_0;
-        acc12_1 += av12.x * b0_1 + av12.y * b1_1 + av12.z * b2_1 + av12.w * b3_1;
+        acc[24] += av12.x * b0_0 + av12.y * b1_0 + av12.z * b2_0 + av12.w * b3_0;
+        acc[25] += av12.x * b0_1 + av12.y * b1_1 + av12.z * b2_1 + av12.w * b3_1;
         let av13 = a4[r13 + l4];
-        acc13_0 += av13.x * b0_0 + av13.y * b1_0 + av13.z * b2_0 + av13.w * b3_0;
-        acc13_1 += av13.x * b0_1 + av13.y * b1_1 + av13.z * b2_1 + av13.w * b3_1;
+        acc[26] += av13.x * b0_0 + av13.y * b1_0 + av13.z * b2_0 + av13.w * b3_0;
+        acc[27] += av13.x * b0_1 + av13.y * b1_1 + av13.z * b2_1 + av13.w * b3_1;
         let av14 = a4[r14 + l4];
-        acc14_0 += av14.x * b0_0 + av14.y * b1_0 + av14.z * b2_0 + av14.w * b3_0;
-        acc14_1 += av14.x * b0_1 + av14.y * b1_1 + av14.z * b2_1 + av14.w * b3_1;
+        acc[28] += av14.x * b0_0 + av14.y * b1_0 + av14.z * b2_0 + av14.w * b3_0;
+        acc[29] += av14.x * b0_1 + av14.y * b1_1 + av14.z * b2_1 + av14.w * b3_1;
         let av15 = a4[r15 + l4];
-        acc15_0 += av15.x * b0_0 + av15.y * b1_0 + av15.z * b2_0 + av15.w * b3_0;
-        acc15_1 += av15.x * b0_1 + av15.y * b1_1 + av15.z * b2_1 + av15.w * b3_1;
+        acc[30] += av15.x * b0_0 + av15.y * b1_0 + av15.z * b2_0 + av15.w * b3_0;
+        acc[31] += av15.x * b0_1 + av15.y * b1_1 + av15.z * b2_1 + av15.w * b3_1;
     }
     var bias0 = vec4<f32>(0.0);
     var bias1 = vec4<f32>(0.0);
@@ -263,68 +233,68 @@ fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         bias1 = vec4<f32>(bias[4u * cc1], bias[4u * cc1 + 1u], bias[4u * cc1 + 2u], bias[4u * cc1 + 3u]);
     }
     if (row0 + 0u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 0u) * n4 + c0 + 0u] = act4(acc0_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 0u) * n4 + c0 + 8u] = act4(acc0_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 0u) * n4 + c0 + 0u] = act4(acc[0] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 0u) * n4 + c0 + 8u] = act4(acc[1] + bias1, p.act); }
     }
     if (row0 + 8u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 8u) * n4 + c0 + 0u] = act4(acc1_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 8u) * n4 + c0 + 8u] = act4(acc1_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 8u) * n4 + c0 + 0u] = act4(acc[2] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 8u) * n4 + c0 + 8u] = act4(acc[3] + bias1, p.act); }
     }
     if (row0 + 16u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 16u) * n4 + c0 + 0u] = act4(acc2_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 16u) * n4 + c0 + 8u] = act4(acc2_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 16u) * n4 + c0 + 0u] = act4(acc[4] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 16u) * n4 + c0 + 8u] = act4(acc[5] + bias1, p.act); }
     }
     if (row0 + 24u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 24u) * n4 + c0 + 0u] = act4(acc3_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 24u) * n4 + c0 + 8u] = act4(acc3_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 24u) * n4 + c0 + 0u] = act4(acc[6] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 24u) * n4 + c0 + 8u] = act4(acc[7] + bias1, p.act); }
     }
     if (row0 + 32u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 32u) * n4 + c0 + 0u] = act4(acc4_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 32u) * n4 + c0 + 8u] = act4(acc4_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 32u) * n4 + c0 + 0u] = act4(acc[8] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 32u) * n4 + c0 + 8u] = act4(acc[9] + bias1, p.act); }
     }
     if (row0 + 40u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 40u) * n4 + c0 + 0u] = act4(acc5_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 40u) * n4 + c0 + 8u] = act4(acc5_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 40u) * n4 + c0 + 0u] = act4(acc[10] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 40u) * n4 + c0 + 8u] = act4(acc[11] + bias1, p.act); }
     }
     if (row0 + 48u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 48u) * n4 + c0 + 0u] = act4(acc6_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 48u) * n4 + c0 + 8u] = act4(acc6_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 48u) * n4 + c0 + 0u] = act4(acc[12] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 48u) * n4 + c0 + 8u] = act4(acc[13] + bias1, p.act); }
     }
     if (row0 + 56u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 56u) * n4 + c0 + 0u] = act4(acc7_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 56u) * n4 + c0 + 8u] = act4(acc7_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 56u) * n4 + c0 + 0u] = act4(acc[14] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 56u) * n4 + c0 + 8u] = act4(acc[15] + bias1, p.act); }
     }
     if (row0 + 64u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 64u) * n4 + c0 + 0u] = act4(acc8_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 64u) * n4 + c0 + 8u] = act4(acc8_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 64u) * n4 + c0 + 0u] = act4(acc[16] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 64u) * n4 + c0 + 8u] = act4(acc[17] + bias1, p.act); }
     }
     if (row0 + 72u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 72u) * n4 + c0 + 0u] = act4(acc9_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 72u) * n4 + c0 + 8u] = act4(acc9_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 72u) * n4 + c0 + 0u] = act4(acc[18] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 72u) * n4 + c0 + 8u] = act4(acc[19] + bias1, p.act); }
     }
     if (row0 + 80u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 80u) * n4 + c0 + 0u] = act4(acc10_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 80u) * n4 + c0 + 8u] = act4(acc10_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 80u) * n4 + c0 + 0u] = act4(acc[20] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 80u) * n4 + c0 + 8u] = act4(acc[21] + bias1, p.act); }
     }
     if (row0 + 88u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 88u) * n4 + c0 + 0u] = act4(acc11_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 88u) * n4 + c0 + 8u] = act4(acc11_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 88u) * n4 + c0 + 0u] = act4(acc[22] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 88u) * n4 + c0 + 8u] = act4(acc[23] + bias1, p.act); }
     }
     if (row0 + 96u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 96u) * n4 + c0 + 0u] = act4(acc12_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 96u) * n4 + c0 + 8u] = act4(acc12_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 96u) * n4 + c0 + 0u] = act4(acc[24] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 96u) * n4 + c0 + 8u] = act4(acc[25] + bias1, p.act); }
     }
     if (row0 + 104u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 104u) * n4 + c0 + 0u] = act4(acc13_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 104u) * n4 + c0 + 8u] = act4(acc13_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 104u) * n4 + c0 + 0u] = act4(acc[26] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 104u) * n4 + c0 + 8u] = act4(acc[27] + bias1, p.act); }
     }
     if (row0 + 112u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 112u) * n4 + c0 + 0u] = act4(acc14_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 112u) * n4 + c0 + 8u] = act4(acc14_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 112u) * n4 + c0 + 0u] = act4(acc[28] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 112u) * n4 + c0 + 8u] = act4(acc[29] + bias1, p.act); }
     }
     if (row0 + 120u < p.m) {
-        if (c0 + 0u < n4) { out4[(row0 + 120u) * n4 + c0 + 0u] = act4(acc15_0 + bias0, p.act); }
-        if (c0 + 8u < n4) { out4[(row0 + 120u) * n4 + c0 + 8u] = act4(acc15_1 + bias1, p.act); }
+        if (c0 + 0u < n4) { out4[(row0 + 120u) * n4 + c0 + 0u] = act4(acc[30] + bias0, p.act); }
+        if (c0 + 8u < n4) { out4[(row0 + 120u) * n4 + c0 + 8u] = act4(acc[31] + bias1, p.act); }
     }
 }
 
@@ -353,108 +323,78 @@ fn matmul_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let ra13 = min(row0 + 104u, p.m - 1u) * p.a_rs;
     let ra14 = min(row0 + 112u, p.m - 1u) * p.a_rs;
     let ra15 = min(row0 + 120u, p.m - 1u) * p.a_rs;
-    var acc0_0 = vec4<f32>(0.0);
-    var acc0_1 = vec4<f32>(0.0);
-    var acc1_0 = vec4<f32>(0.0);
-    var acc1_1 = vec4<f32>(0.0);
-    var acc2_0 = vec4<f32>(0.0);
-    var acc2_1 = vec4<f32>(0.0);
-    var acc3_0 = vec4<f32>(0.0);
-    var acc3_1 = vec4<f32>(0.0);
-    var acc4_0 = vec4<f32>(0.0);
-    var acc4_1 = vec4<f32>(0.0);
-    var acc5_0 = vec4<f32>(0.0);
-    var acc5_1 = vec4<f32>(0.0);
-    var acc6_0 = vec4<f32>(0.0);
-    var acc6_1 = vec4<f32>(0.0);
-    var acc7_0 = vec4<f32>(0.0);
-    var acc7_1 = vec4<f32>(0.0);
-    var acc8_0 = vec4<f32>(0.0);
-    var acc8_1 = vec4<f32>(0.0);
-    var acc9_0 = vec4<f32>(0.0);
-    var acc9_1 = vec4<f32>(0.0);
-    var acc10_0 = vec4<f32>(0.0);
-    var acc10_1 = vec4<f32>(0.0);
-    var acc11_0 = vec4<f32>(0.0);
-    var acc11_1 = vec4<f32>(0.0);
-    var acc12_0 = vec4<f32>(0.0);
-    var acc12_1 = vec4<f32>(0.0);
-    var acc13_0 = vec4<f32>(0.0);
-    var acc13_1 = vec4<f32>(0.0);
-    var acc14_0 = vec4<f32>(0.0);
-    var acc14_1 = vec4<f32>(0.0);
-    var acc15_0 = vec4<f32>(0.0);
-    var acc15_1 = vec4<f32>(0.0);
+    // The accumulators, indexed by constants only, so they stay in registers.
+    var acc: array<vec4<f32>, 32>;
     for (var l = 0u; l < p.k; l++) {
         let bo = l * p.b_rs;
         let ao = l * p.a_cs;
         let bv0 = vec4<f32>(b[bo + bc0.x], b[bo + bc0.y], b[bo + bc0.z], b[bo + bc0.w]);
         let bv1 = vec4<f32>(b[bo + bc1.x], b[bo + bc1.y], b[bo + bc1.z], b[bo + bc1.w]);
         let av0 = a[ra0 + ao];
-        acc0_0 += av0 * bv0;
-        acc0_1 += av0 * bv1;
+        acc[0] += av0 * bv0;
+        acc[1] += av0 * bv1;
         let av1 = a[ra1 + ao];
-        acc1_0 += av1 * bv0;
-        acc1_1 += av1 * bv1;
+        acc[2] += av1 * bv0;
+        acc[3] += av1 * bv1;
         let av2 = a[ra2 + ao];
-        acc2_0 += av2 * bv0;
-        acc2_1 += av2 * bv1;
+        acc[4] += av2 * bv0;
+        acc[5] += av2 * bv1;
         let av3 = a[ra3 + ao];
-        acc3_0 += av3 * bv0;
-        acc3_1 += av3 * bv1;
+        acc[6] += av3 * bv0;
+        acc[7] += av3 * bv1;
         let av4 = a[ra4 + ao];
-        acc4_0 += av4 * bv0;
-        acc4_1 += av4 * bv1;
+        acc[8] += av4 * bv0;
+        acc[9] += av4 * bv1;
         let av5 = a[ra5 + ao];
-        acc5_0 += av5 * bv0;
-        acc5_1 += av5 * bv1;
+        acc[10] += av5 * bv0;
+        acc[11] += av5 * bv1;
         let av6 = a[ra6 + ao];
-        acc6_0 += av6 * bv0;
-        acc6_1 += av6 * bv1;
+        acc[12] += av6 * bv0;
+        acc[13] += av6 * bv1;
         let av7 = a[ra7 + ao];
-        acc7_0 += av7 * bv0;
-        acc7_1 += av7 * bv1;
+        acc[14] += av7 * bv0;
+        acc[15] += av7 * bv1;
         let av8 = a[ra8 + ao];
-        acc8_0 += av8 * bv0;
-        acc8_1 += av8 * bv1;
+        acc[16] += av8 * bv0;
+        acc[17] += av8 * bv1;
         let av9 = a[ra9 + ao];
-        acc9_0 += av9 * bv0;
-        acc9_1 += av9 * bv1;
+        acc[18] += av9 * bv0;
+        acc[19] += av9 * bv1;
         let av10 = a[ra10 + ao];
-        acc10_0 += av10 * bv0;
-        acc10_1 += av10 * bv1;
+        acc[20] += av10 * bv0;
+        acc[21] += av10 * bv1;
         let av11 = a[ra11 + ao];
-        acc11_0 += av11 * bv0;
-        acc11_1 += av11 * bv1;
+        acc[22] += av11 * bv0;
+        acc[23] += av11 * bv1;
         let av12 = a[ra12 + ao];
-        acc12_0 += av12 * bv0;
-        acc12_1 += av12 * bv1;
+        acc[24] += av12 * bv0;
+        acc[25] += av12 * bv1;
         let av13 = a[ra13 + ao];
-        acc13_0 += av13 * bv0;
-        acc13_1 += av13 * bv1;
+        acc[26] += av13 * bv0;
+        acc[27] += av13 * bv1;
         let av14 = a[ra14 + ao];
-        acc14_0 += av14 * bv0;
-        acc14_1 += av14 * bv1;
+        acc[28] += av14 * bv0;
+        acc[29] += av14 * bv1;
         let av15 = a[ra15 + ao];
-        acc15_0 += av15 * bv0;
-        acc15_1 += av15 * bv1;
+        acc[30] += av15 * bv0;
+        acc[31] += av15 * bv1;
     }
-    store_tall(row0 + 0u, col0, acc0_0, acc0_1);
-    store_tall(row0 + 8u, col0, acc1_0, acc1_1);
-    store_tall(row0 + 16u, col0, acc2_0, acc2_1);
-    store_tall(row0 + 24u, col0, acc3_0, acc3_1);
-    store_tall(row0 + 32u, col0, acc4_0, acc4_1);
-    store_tall(row0 + 40u, col0, acc5_0, acc5_1);
-    store_tall(row0 + 48u, col0, acc6_0, acc6_1);
-    store_tall(row0 + 56u, col0, acc7_0, acc7_1);
-    store_tall(row0 + 64u, col0, acc8_0, acc8_1);
-    store_tall(row0 + 72u, col0, acc9_0, acc9_1);
-    store_tall(row0 + 80u, col0, acc10_0, acc10_1);
-    store_tall(row0 + 88u, col0, acc11_0, acc11_1);
-    store_tall(row0 + 96u, col0, acc12_0, acc12_1);
-    store_tall(row0 + 104u, col0, acc13_0, acc13_1);
-    store_tall(row0 + 112u, col0, acc14_0, acc14_1);
-    store_tall(row0 + 120u, col0, acc15_0, acc15_1);
+    store_tall(row0 + 0u, col0, acc[0], acc[1]);
+    store_tall(row0 + 8u, col0, acc[2], acc[3]);
+    store_tall(row0 + 16u, col0, acc[4], acc[5]);
+    store_tall(row0 + 24u, col0, acc[6], acc[7]);
+    store_tall(row0 + 32u, col0, acc[8], acc[9]);
+    store_tall(row0 + 40u, col0, acc[10], acc[11]);
+    store_tall(row0 + 48u, col0, acc[12], acc[13]);
+    store_tall(row0 + 56u, col0, acc[14], acc[15]);
+    store_tall(row0 + 64u, col0, acc[16], acc[17]);
+    store_tall(row0 + 72u, col0, acc[18], acc[19]);
+    store_tall(row0 + 80u, col0, acc[20], acc[21]);
+    store_tall(row0 + 88u, col0, acc[22], acc[23]);
+    store_tall(row0 + 96u, col0, acc[24], acc[25]);
+    store_tall(row0 + 104u, col0, acc[26], acc[27]);
+    store_tall(row0 + 112u, col0, acc[28], acc[29]);
+    store_tall(row0 + 120u, col0, acc[30], acc[31]);
 }
 
 // One row of matmul_tall's block: columns col0 + 8j, j < 8, those in range.

@@ -310,6 +310,23 @@ fn depthwise_forward_and_gradients() {
     }
 }
 
+/// `op(A) · op(B)` of shape `m × n` over `k`, for the four combinations of transposes.
+fn matmul_every_transpose(dev: &LogicalDevice, (m, kk, nn): (usize, usize, usize), seed: u64) {
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = random_vec(m * kk, seed);
+        let bm = random_vec(kk * nn, seed + 1);
+        let ashape = if ta { [kk, m] } else { [m, kk] };
+        let bshape = if tb { [nn, kk] } else { [kk, nn] };
+        trap(dev, &[m * nn]);
+        let y = ops::matmul_transposed(&put(dev, &a, &ashape), &put(dev, &bm, &bshape), ta, tb)
+            .unwrap();
+        on(&y, dev);
+        let expected = r::matmul(&to_f64(&a), &to_f64(&bm), m, kk, nn, ta, tb);
+        let what = format!("matmul {m}x{kk}x{nn} {ta} {tb} {}", label(dev));
+        assert_close(&get(&y), &expected, TOL, &what);
+    }
+}
+
 #[test]
 fn register_blocked_matmuls_cover_ragged_edges() {
     // n and k multiples of 4 take the vec4 kernels (matmul_16x8 on software adapters, whose
@@ -353,20 +370,7 @@ fn register_blocked_matmuls_cover_ragged_edges() {
             let what = format!("dense {m}x{kk}x{nn} {}", label(dev));
             assert_close(&get(&y), &expected, TOL, &what);
         }
-        let (m, kk, nn) = (130, 37, 70);
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let a = random_vec(m * kk, 950);
-            let bm = random_vec(kk * nn, 951);
-            let ashape = if ta { [kk, m] } else { [m, kk] };
-            let bshape = if tb { [nn, kk] } else { [kk, nn] };
-            trap(dev, &[m * nn]);
-            let y = ops::matmul_transposed(&put(dev, &a, &ashape), &put(dev, &bm, &bshape), ta, tb)
-                .unwrap();
-            on(&y, dev);
-            let expected = r::matmul(&to_f64(&a), &to_f64(&bm), m, kk, nn, ta, tb);
-            let what = format!("matmul {m}x{kk}x{nn} {ta} {tb} {}", label(dev));
-            assert_close(&get(&y), &expected, TOL, &what);
-        }
+        matmul_every_transpose(dev, (130, 37, 70), 950);
     }
 }
 
@@ -428,24 +432,7 @@ fn separable_pointwise_and_dense() {
         }
 
         // The gradient products, every transpose combination.
-        let (m, kk, nn) = (7, 13, 3);
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let a = random_vec(m * kk, 507);
-            let bm = random_vec(kk * nn, 508);
-            let ashape = if ta { [kk, m] } else { [m, kk] };
-            let bshape = if tb { [nn, kk] } else { [kk, nn] };
-            trap(dev, &[m * nn]);
-            let y = ops::matmul_transposed(&put(dev, &a, &ashape), &put(dev, &bm, &bshape), ta, tb)
-                .unwrap();
-            on(&y, dev);
-            let expected = r::matmul(&to_f64(&a), &to_f64(&bm), m, kk, nn, ta, tb);
-            assert_close(
-                &get(&y),
-                &expected,
-                TOL,
-                &format!("matmul {ta} {tb} {what}"),
-            );
-        }
+        matmul_every_transpose(dev, (7, 13, 3), 507);
     }
 }
 
