@@ -476,12 +476,17 @@ impl Tensor {
                  out of range or different dtypes"
             )));
         }
-        if len == 0 {
+        let same_storage = Arc::ptr_eq(&self.0.storage, &dst.0.storage);
+        if len == 0 || (same_storage && src_offset == dst_offset) {
             return Ok(());
         }
+        debug_assert!(
+            !same_storage || src_offset + len <= dst_offset || dst_offset + len <= src_offset,
+            "overlapping ranges of one tensor"
+        );
         let bytes = (len * self.dtype().size()) as u64;
         // Same storage on the CPU: one lock, or the read and write guards would deadlock.
-        if Arc::ptr_eq(&self.0.storage, &dst.0.storage) {
+        if same_storage {
             if let Some(mut words) = dst.host_write() {
                 words.copy_within(src_offset..src_offset + len, dst_offset);
                 return Ok(());

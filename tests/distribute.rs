@@ -195,6 +195,9 @@ fn a_cpu_replica_next_to_a_gpu_trains_like_one_device() {
         return;
     };
     let devices = vec![rt.cpu().expect("CPU:0"), rt.device("GPU:0").expect("GPU:0")];
+    // SGD's step is proportional to the gradient, so a mis-scaled sum shows; Adam's slots take
+    // the primary-to-replica copy of mixed kernels.
+    mirrored_trains_like_one_device(&devices[0], &devices, 11, Sgd::new(0.1).into());
     mirrored_trains_like_one_device(&devices[0], &devices, 11, Adam::default().into());
 }
 
@@ -217,11 +220,11 @@ fn fit_evaluate_and_predict_under_the_strategy_match_one_device() {
         .batch(16, false);
 
     let mut single = cpus[0]
-        .scope_run(|| compiled(small_cnn(5)?, Adam::default().into()))
+        .scope_run(|| compiled(small_cnn(5)?, Sgd::new(0.05).momentum(0.9).into()))
         .expect("single");
     let strategy = MirroredStrategy::with_devices(&cpus).expect("strategy");
     let mut mirrored = strategy
-        .scope(|| compiled(small_cnn(5)?, Adam::default().into()))
+        .scope(|| compiled(small_cnn(5)?, Sgd::new(0.05).momentum(0.9).into()))
         .expect("scope")
         .expect("mirrored");
 
@@ -278,6 +281,68 @@ fn weights_set_or_loaded_reach_every_replica() {
     model.set_weights(&new).expect("set_weights");
     assert_eq!(model.replica_weights(1).expect("r1"), new);
     assert!(model.replica_weights(2).is_err());
+
+    // A weight file reaches every replica too.
+    let path = std::env::temp_dir().join(format!(
+        "anygpu-distribute-{}.safetensors",
+        std::process::id()
+    ));
+    let saved = cpus[0].scope_run(|| small_cnn(9)).expect("another model");
+    saved.save_weights(&path).expect("save");
+    model.load_weights(&path).expect("load");
+    std::fs::remove_file(&path).ok();
+    let want = saved.get_weights().expect("saved weights");
+    assert_eq!(model.get_weights().expect("r0"), want);
+    assert_eq!(model.replica_weights(1).expect("r1"), want);
+}
+
+#[test]
+fn a_model_built_on_first_fit_is_mirrored_then() {
+    let rt = common::builder().virtual_cpus(2).build().expect("2 CPUs");
+    let cpus = rt.list_logical_devices("CPU").expect("CPUs");
+    let strategy = MirroredStrategy::with_devices(&cpus).expect("strategy");
+    let mut model = strategy
+        .scope(|| -> anygpu::Result<Sequential> {
+            let mut m = Sequential::with_seed(4);
+            m.add(Flatten::new())?; // no input_shape: built by fit
+            m.add(Dense::new(3).activation(Activation::Softmax))?;
+            compiled(m, Sgd::new(0.1).into())
+        })
+        .expect("scope")
+        .expect("model");
+    assert!(model.get_weights().expect("none yet").is_empty());
+    let (x, y) = common::synthetic(12, 5);
+    let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
+        .expect("data")
+        .batch(6, false);
+    model
+        .fit(&data, 1, None, None)
+        .expect("fit builds and trains");
+    assert_eq!(model.get_weights().expect("r0").len(), 2);
+    assert_eq!(
+        model.replica_weights(1).expect("r1"),
+        model.get_weights().expect("r0")
+    );
+}
+
+#[test]
+fn compiling_in_a_scope_a_model_made_outside_it_is_an_error() {
+    let rt = common::builder().virtual_cpus(2).build().expect("2 CPUs");
+    let cpus = rt.list_logical_devices("CPU").expect("CPUs");
+    let strategy = MirroredStrategy::with_devices(&cpus).expect("strategy");
+    let mut model = cpus[0].scope_run(|| small_cnn(0)).expect("a plain model");
+    let err = strategy
+        .scope(|| compiled(small_cnn(0).expect("unused"), Sgd::default().into()).map(|_| ()))
+        .expect("scope");
+    assert!(err.is_ok(), "a model made inside the scope compiles there");
+    let err = strategy
+        .scope(|| model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[]))
+        .expect("scope")
+        .expect_err("made outside, compiled inside");
+    assert!(
+        err.to_string().contains("not created in the scope"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -366,6 +431,20 @@ fn a_replica_out_of_memory_fails_the_step_and_changes_no_replica() {
     assert!(err.to_string().contains("GPU:1"), "{err}");
     assert_eq!(model.replica_weights(0).expect("r0"), before);
     assert_eq!(model.replica_weights(1).expect("r1"), before);
+    // Setting weights writes in place: it works on a replica with no memory to spare.
+    let mut filler = Vec::new();
+    while let Ok(t) = Tensor::zeros_on(&[16 * 1024], anygpu::DType::F32, &gpus[1]) {
+        filler.push(t);
+    }
+    let new: Vec<Vec<f32>> = before
+        .iter()
+        .map(|w| w.iter().map(|v| v * 0.5).collect())
+        .collect();
+    model
+        .set_weights(&new)
+        .expect("set_weights allocates nothing");
+    assert_eq!(model.replica_weights(1).expect("r1"), new);
+    drop(filler);
     // A batch that fits trains, and the replicas stay equal.
     let small =
         Tensor::from_slice_on(&common::synthetic(8, 4).0, &[8, 8, 8, 1], &gpus[0]).expect("x");

@@ -19,18 +19,22 @@ use crate::tensor::{words_from_bytes, DType, Tensor};
 /// keep the replicas' weights identical.
 pub trait CrossDeviceOps: Send + Sync + fmt::Debug {
     /// The element-wise sum of `values` — one tensor per replica, equal shapes, `f32`, each on
-    /// its replica's device — as a new tensor on each device of `destinations`, in order.
+    /// its replica's device — on each device of `destinations`, in order. A result may be one
+    /// of `values` itself when there is nothing to add to it (a single replica): treat the
+    /// results as read-only.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no values or unequal shapes; device errors, and the
-    /// destinations' out-of-memory errors.
+    /// [`Error::InvalidArgument`] for no values, [`Error::ShapeMismatch`] for unequal shapes,
+    /// [`Error::DType`] for a tensor that is not `f32`; device errors, and the destinations'
+    /// out-of-memory errors.
     fn reduce_sum(&self, values: &[Tensor], destinations: &[LogicalDevice]) -> Result<Vec<Tensor>>;
 
     /// Overwrites each of `destinations` (tensors of `value`'s shape) with `value`'s elements,
     /// allocating nothing on their devices.
     ///
     /// # Errors
-    /// A shape mismatch; device errors.
+    /// [`Error::ShapeMismatch`] when a destination has another shape, before anything is
+    /// written; device errors.
     fn broadcast_into(&self, value: &Tensor, destinations: &[Tensor]) -> Result<()>;
 }
 
@@ -99,6 +103,18 @@ fn check_values(values: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
+/// The sum of CPU tensors into a new one on `device`, read in place: no copies first.
+fn sum_on_host(members: &[&Tensor], device: &LogicalDevice) -> Result<Tensor> {
+    if members.len() == 1 {
+        return Ok(members[0].clone());
+    }
+    let mut acc: Option<Vec<f32>> = None;
+    for m in members {
+        accumulate_on_host(m, &mut acc)?;
+    }
+    Tensor::from_slice_on(&acc.unwrap_or_default(), members[0].shape(), device)
+}
+
 /// Adds a partial sum into `acc` (or starts it), straight from where the partial lives.
 fn accumulate_on_host(partial: &Tensor, acc: &mut Option<Vec<f32>>) -> Result<()> {
     let add = |acc: &mut Option<Vec<f32>>, words: &[u32]| match acc {
@@ -141,12 +157,18 @@ impl CrossDeviceOps for HierarchicalAllReduce {
         let mut partials = Vec::with_capacity(groups.len());
         for g in &groups {
             let leader = devices[g.members[0]];
-            let _scope = leader.scope();
-            let mut sum = values[g.members[0]].clone();
-            for &m in &g.members[1..] {
-                sum = sum.add(&values[m].to_device(leader)?)?;
-            }
-            partials.push(sum);
+            let members: Vec<&Tensor> = g.members.iter().map(|&m| &values[m]).collect();
+            partials.push(match leader.gpu() {
+                Some(_) => {
+                    let _scope = leader.scope();
+                    let mut sum = members[0].clone();
+                    for m in &members[1..] {
+                        sum = sum.add(&m.to_device(leader)?)?;
+                    }
+                    sum
+                }
+                None => sum_on_host(&members, leader)?,
+            });
         }
         // Level 2: with one group the sum is already complete where it is; otherwise the
         // partials meet on the host. Start every device first, so they run side by side
@@ -196,17 +218,17 @@ impl CrossDeviceOps for HierarchicalAllReduce {
     fn broadcast_into(&self, value: &Tensor, destinations: &[Tensor]) -> Result<()> {
         // Destinations sharing memory with the value (or with one already written) take a
         // device copy; the first of every other memory group takes the one host read.
+        if let Some(dest) = destinations.iter().find(|d| d.shape() != value.shape()) {
+            return Err(Error::ShapeMismatch {
+                op: "broadcast",
+                lhs: value.shape().to_vec(),
+                rhs: dest.shape().to_vec(),
+                hint: ": every destination must have the value's shape".into(),
+            });
+        }
         let mut host: Option<Vec<u32>> = None;
         let mut written: Vec<&Tensor> = Vec::new();
         for dest in destinations {
-            if dest.shape() != value.shape() {
-                return Err(Error::ShapeMismatch {
-                    op: "broadcast",
-                    lhs: value.shape().to_vec(),
-                    rhs: dest.shape().to_vec(),
-                    hint: ": every destination must have the value's shape".into(),
-                });
-            }
             let near = std::iter::once(value)
                 .chain(written.iter().copied())
                 .find(|t| same_memory(t.device_handle(), dest.device_handle()));

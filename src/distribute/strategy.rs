@@ -70,6 +70,16 @@ impl fmt::Debug for MirroredStrategy {
     }
 }
 
+/// Two handles are equal when they are clones of one strategy (the same replicas alone do not
+/// make two strategies equal, as in TensorFlow).
+impl PartialEq for MirroredStrategy {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for MirroredStrategy {}
+
 /// `('/job:localhost/replica:0/task:0/device:GPU:0', ...)`, as TensorFlow prints device tuples.
 fn device_tuple(devices: &[LogicalDevice]) -> String {
     let names: Vec<String> = devices

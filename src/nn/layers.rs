@@ -93,7 +93,9 @@ pub trait Layer: fmt::Debug + Send + Sync {
 
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
-    /// replicas this way, then gives each copy its own weights on its replica's device.
+    /// replicas this way, then gives each copy its own weights on its replica's device through
+    /// [`set_weight`](Layer::set_weight) — so every tensor the layer updates must be one of its
+    /// [`weights`](Layer::weights), or the copies would share it.
     fn boxed_clone(&self) -> Box<dyn Layer>;
 }
 

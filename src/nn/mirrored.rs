@@ -1,16 +1,20 @@
 //! A model under [`MirroredStrategy`]: the copies of its layers on the other replicas, and the
 //! data-parallel training step, evaluation and prediction.
 //!
-//! A step runs in four phases, so that a failure — a replica out of memory, say — leaves every
-//! replica as it was:
+//! A step runs in four phases, so that running out of memory on any replica leaves every replica
+//! as it was:
 //! 1. every replica, on its own thread, takes its slice of the batch through forward, loss and
-//!    backward, and packs its weight gradients into one flat tensor;
-//! 2. the strategy's [`CrossDeviceOps`] sums the flat gradients;
+//!    backward, and packs its weight gradients into flat tensors (one per 8 Mi elements);
+//! 2. the strategy's [`CrossDeviceOps`](crate::distribute::CrossDeviceOps) sums them;
 //! 3. everything the update needs is allocated: the summed gradients unpacked per weight, the
 //!    optimizer slots, the buffers that carry the primary's state to the others;
 //! 4. the updates, which allocate nothing: on every replica when all run the same kernels;
 //!    otherwise on the primary, whose weights and slots are then copied to the others.
+//!
+//! What phase 4 cannot survive is a device lost halfway through it: the error says which, and
+//! the replicas may then differ until the weights are set again.
 
+use std::ops::Range;
 use std::thread;
 
 use crate::data::Batch;
@@ -199,32 +203,40 @@ impl HostBatch<'_> {
     }
 }
 
+/// A replica's job: its device's name (for messages) and the work.
+type Job<'a, T> = (&'a str, Box<dyn FnOnce() -> Result<T> + Send + 'a>);
+
 /// Runs one job per replica, each on its own thread (inline when there is one), and returns
 /// their results in replica order, or the first replica's error.
-fn on_every_replica<'a, T: Send>(
-    jobs: Vec<Box<dyn FnOnce() -> Result<T> + Send + 'a>>,
-) -> Result<Vec<T>> {
+fn on_every_replica<T: Send>(jobs: Vec<Job<'_, T>>) -> Result<Vec<T>> {
     if jobs.len() == 1 {
-        return jobs.into_iter().map(|job| job()).collect();
+        return jobs.into_iter().map(|(_, job)| job()).collect();
     }
     let results: Vec<Result<T>> = thread::scope(|s| {
         let handles: Vec<_> = jobs
             .into_iter()
-            .enumerate()
-            .map(|(i, job)| {
-                thread::Builder::new()
-                    .name(format!("anygpu replica {i}"))
-                    .spawn_scoped(s, job)
+            .map(|(device, job)| {
+                let handle = thread::Builder::new()
+                    .name(format!("anygpu replica {device}"))
+                    .spawn_scoped(s, job);
+                (device, handle)
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| match h {
-                Ok(h) => h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Model("a replica's thread panicked".into()))),
+            .map(|(device, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(Error::Model(format!(
+                        "the replica on {device} panicked: {why}"
+                    )))
+                }),
                 Err(e) => Err(Error::Model(format!(
-                    "could not start a replica's thread: {e}"
+                    "could not start a thread for the replica on {device}: {e}"
                 ))),
             })
             .collect()
@@ -232,10 +244,44 @@ fn on_every_replica<'a, T: Send>(
     results.into_iter().collect()
 }
 
+/// Elements per packed transfer: well under the 128 MiB that every adapter can bind at once
+/// (WebGPU's default `max_storage_buffer_binding_size`), so a model of any size can be packed.
+const PACK_ELEMENTS: usize = 8 << 20;
+
+/// Consecutive runs of tensors (by index) of at most [`PACK_ELEMENTS`] elements in all; a
+/// larger tensor travels alone.
+fn packs(lens: &[usize]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut total) = (0, 0);
+    for (i, &len) in lens.iter().enumerate() {
+        if i > start && total + len > PACK_ELEMENTS {
+            out.push(start..i);
+            (start, total) = (i, 0);
+        }
+        total += len;
+    }
+    if start < lens.len() {
+        out.push(start..lens.len());
+    }
+    out
+}
+
+/// The tensors of each pack, laid end to end in new flat tensors on `device`.
+fn pack(
+    tensors: &[&Tensor],
+    packs: &[Range<usize>],
+    device: &LogicalDevice,
+) -> Result<Vec<Tensor>> {
+    packs
+        .iter()
+        .map(|r| Tensor::concat_flat(&tensors[r.clone()], device))
+        .collect()
+}
+
 /// What a replica's forward and backward leave: its loss terms and packed gradients.
 struct ReplicaGrads {
     part: StepPart,
-    flat: Tensor,
+    packed: Vec<Tensor>,
 }
 
 /// Forward, loss and backward of one replica's shard. The loss gradient is scaled by
@@ -246,6 +292,7 @@ fn replica_gradients(
     batch: HostBatch<'_>,
     shard: Shard,
     accuracy: bool,
+    packs: &[Range<usize>],
 ) -> Result<ReplicaGrads> {
     let device = replica.device;
     let stages = replica.stages();
@@ -265,13 +312,13 @@ fn replica_gradients(
         grads[i] = g;
         Ok(())
     })?;
-    let parts: Vec<&Tensor> = grads.iter().flatten().collect();
+    let all: Vec<&Tensor> = grads.iter().flatten().collect();
     Ok(ReplicaGrads {
         part: StepPart {
             loss_sum: terms.loss_sum,
             correct: terms.correct,
         },
-        flat: Tensor::concat_flat(&parts, device)?,
+        packed: pack(&all, packs, device)?,
     })
 }
 
@@ -283,36 +330,57 @@ pub(crate) fn train_step(
     accuracy: bool,
 ) -> Result<StepOutput> {
     let shards = batch.shards(strategy);
-    let params: usize = replicas[0].weights().iter().map(|w| w.len()).sum();
-    if params == 0 {
+    let shapes: Vec<Vec<usize>> = replicas[0]
+        .weights()
+        .iter()
+        .map(|w| w.shape().to_vec())
+        .collect();
+    if shapes.is_empty() {
         return Err(Error::Model(
             "fit: the model has no weights to train".into(),
         ));
     }
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let grad_packs = packs(&lens);
 
     // 1. Forward and backward, every replica at once.
-    let jobs: Vec<Box<dyn FnOnce() -> Result<Option<ReplicaGrads>> + Send + '_>> = replicas
+    let jobs: Vec<Job<'_, Option<ReplicaGrads>>> = replicas
         .iter()
         .zip(&shards)
         .map(|(r, &shard)| {
             let r: &ReplicaView<'_> = r;
-            Box::new(move || match shard.rows {
+            let packs = &grad_packs;
+            let job = move || match shard.rows {
                 0 => Ok(None),
-                _ => replica_gradients(r, batch, shard, accuracy).map(Some),
-            }) as Box<dyn FnOnce() -> Result<Option<ReplicaGrads>> + Send + '_>
+                _ => replica_gradients(r, batch, shard, accuracy, packs).map(Some),
+            };
+            (
+                r.device.name(),
+                Box::new(job) as Box<dyn FnOnce() -> _ + Send>,
+            )
         })
         .collect();
     let results = on_every_replica(jobs)?;
     let mut parts = Vec::new();
-    let mut flats = Vec::with_capacity(replicas.len());
+    // packed[pack][replica]
+    let mut packed: Vec<Vec<Tensor>> = vec![Vec::with_capacity(replicas.len()); grad_packs.len()];
     for (r, result) in replicas.iter().zip(results) {
-        match result {
+        let tensors = match result {
             Some(g) => {
                 parts.push(g.part);
-                flats.push(g.flat);
+                g.packed
             }
             // A replica without examples contributes zeros.
-            None => flats.push(Tensor::zeros_on(&[params], DType::F32, r.device)?),
+            None => grad_packs
+                .iter()
+                .map(|p| {
+                    let len = lens[p.clone()].iter().sum::<usize>();
+                    Tensor::zeros_on(&[len], DType::F32, r.device)
+                })
+                .collect::<Result<_>>()?,
+        };
+        for (pack, t) in packed.iter_mut().zip(tensors) {
+            pack.push(t);
         }
     }
 
@@ -323,21 +391,23 @@ pub(crate) fn train_step(
     } else {
         vec![replicas[0].device.clone()]
     };
-    let reduced = strategy
-        .cross_device_ops()
-        .reduce_sum(&flats, &destinations)?;
-    drop(flats);
-
-    // 3. Every allocation of the update.
-    let shapes: Vec<Vec<usize>> = replicas[0]
-        .weights()
+    let ops = strategy.cross_device_ops();
+    // reduced[pack][destination]
+    let reduced = packed
         .iter()
-        .map(|w| w.shape().to_vec())
-        .collect();
-    let grads = reduced
-        .iter()
-        .map(|flat| flat.split_flat(&shapes))
+        .map(|values| ops.reduce_sum(values, &destinations))
         .collect::<Result<Vec<_>>>()?;
+    drop(packed);
+
+    // 3. Every allocation of the update: the gradients per weight on each destination, the
+    // optimizer slots, and (mixed kernels) the buffers that carry the primary's state.
+    let mut grads: Vec<Vec<Tensor>> = vec![Vec::with_capacity(shapes.len()); destinations.len()];
+    for (pack, sums) in grad_packs.iter().zip(&reduced) {
+        for (dest, sum) in grads.iter_mut().zip(sums) {
+            dest.extend(sum.split_flat(&shapes[pack.clone()])?);
+        }
+    }
+    drop(reduced);
     for r in replicas.iter_mut() {
         let layers = r.layers.clone();
         let opt = r.optimizer()?;
@@ -346,13 +416,21 @@ pub(crate) fn train_step(
             opt.ensure_slots(i, &weights)?;
         }
     }
-    let carriers = if everywhere {
+    let state_lens: Vec<usize> = replicas[0].state().iter().map(|t| t.len()).collect();
+    let state_packs = packs(&state_lens);
+    // carriers[pack][replica]
+    let carriers = if everywhere || replicas.len() == 1 {
         Vec::new()
     } else {
-        let len: usize = replicas[0].state().iter().map(|t| t.len()).sum();
-        replicas
+        state_packs
             .iter()
-            .map(|r| Tensor::empty_on(&[len], DType::F32, r.device))
+            .map(|p| {
+                let len = state_lens[p.clone()].iter().sum::<usize>();
+                replicas
+                    .iter()
+                    .map(|r| Tensor::empty_on(&[len], DType::F32, r.device))
+                    .collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<Vec<_>>>()?
     };
 
@@ -367,13 +445,14 @@ pub(crate) fn train_step(
             opt.apply(i, &weights, &layer_grads)?;
         }
     }
-    if !everywhere && replicas.len() > 1 {
-        carriers[0].assign_flat(&replicas[0].state(), Direction::FromParts)?;
-        strategy
-            .cross_device_ops()
-            .broadcast_into(&carriers[0], &carriers[1..])?;
-        for (r, carrier) in replicas.iter().zip(&carriers).skip(1) {
-            carrier.assign_flat(&r.state(), Direction::IntoParts)?;
+    if !carriers.is_empty() {
+        let states: Vec<Vec<&Tensor>> = replicas.iter().map(ReplicaView::state).collect();
+        for (pack, carrier) in state_packs.iter().zip(&carriers) {
+            carrier[0].assign_flat(&states[0][pack.clone()], Direction::FromParts)?;
+            ops.broadcast_into(&carrier[0], &carrier[1..])?;
+            for (state, c) in states.iter().zip(carrier).skip(1) {
+                c.assign_flat(&state[pack.clone()], Direction::IntoParts)?;
+            }
         }
     }
     for r in replicas.iter_mut() {
@@ -389,11 +468,11 @@ pub(crate) fn evaluate_batch(
     batch: HostBatch<'_>,
     accuracy: bool,
 ) -> Result<StepOutput> {
-    let jobs: Vec<Box<dyn FnOnce() -> Result<Option<StepPart>> + Send + '_>> = replicas
+    let jobs: Vec<Job<'_, Option<StepPart>>> = replicas
         .iter()
         .zip(batch.shards(strategy))
         .map(|(r, shard)| {
-            Box::new(move || {
+            let job = Box::new(move || {
                 if shard.rows == 0 {
                     return Ok(None);
                 }
@@ -404,7 +483,8 @@ pub(crate) fn evaluate_batch(
                     loss_sum: terms.loss_sum,
                     correct: terms.correct,
                 }))
-            }) as Box<dyn FnOnce() -> Result<Option<StepPart>> + Send + '_>
+            });
+            (r.device.name(), job as Box<dyn FnOnce() -> _ + Send>)
         })
         .collect();
     let parts = on_every_replica(jobs)?.into_iter().flatten().collect();
@@ -428,17 +508,18 @@ pub(crate) fn predict(
         y: &labels,
     };
     let shards = batch.shards(strategy);
-    let jobs: Vec<Box<dyn FnOnce() -> Result<Option<Tensor>> + Send + '_>> = replicas
+    let jobs: Vec<Job<'_, Option<Tensor>>> = replicas
         .iter()
         .zip(&shards)
         .map(|(r, &shard)| {
-            Box::new(move || {
+            let job = Box::new(move || {
                 if shard.rows == 0 {
                     return Ok(None);
                 }
                 let (x, _) = batch.upload(shard, r.device)?;
                 Ok(Some(pass::forward(&r.stages(), &x, false)?.0))
-            }) as Box<dyn FnOnce() -> Result<Option<Tensor>> + Send + '_>
+            });
+            (r.device.name(), job as Box<dyn FnOnce() -> _ + Send>)
         })
         .collect();
     let outputs = on_every_replica(jobs)?;
@@ -452,4 +533,19 @@ pub(crate) fn predict(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packs_stay_under_the_limit_and_keep_order() {
+        assert_eq!(packs(&[3, 4, 5]), vec![0..3]);
+        assert!(packs(&[]).is_empty());
+        let big = PACK_ELEMENTS;
+        // A tensor above the limit travels alone; the others fill packs in order.
+        assert_eq!(packs(&[1, big + 1, 1, 1]), [0..1, 1..2, 2..4]);
+        assert_eq!(packs(&[big / 2, big / 2, 1]), [0..2, 2..3]);
+    }
 }

@@ -561,13 +561,17 @@ impl Sequential {
         let mut shape = input_shape.to_vec();
         for (i, e) in self.entries.iter_mut().enumerate() {
             if e.input_shape.as_deref() != Some(&shape[..]) || e.output_shape.is_none() {
+                // Unbuilt until every replica has the layer: a failure here (a replica out of
+                // memory) leaves it to be built again, not half built.
+                e.output_shape = None;
                 e.layer
                     .build(&shape, derive_seed(self.seed, i as u64), &e.device)?;
-                e.input_shape = Some(shape.clone());
-                e.output_shape = Some(e.layer.compute_output_shape(&shape)?);
+                let output = e.layer.compute_output_shape(&shape)?;
                 if let Some(m) = self.mirrors.as_mut() {
                     m.mirror_layer(i, e.layer.as_ref())?;
                 }
+                e.input_shape = Some(shape.clone());
+                e.output_shape = Some(output);
             }
             shape = e.output_shape.clone().unwrap_or_default();
         }
@@ -752,8 +756,9 @@ impl Sequential {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for bad optimizer hyper-parameters, or a loss that does not
-    /// fit the last layer (see [`Loss::SparseCategoricalCrossentropy`]).
+    /// [`Error::InvalidArgument`] for bad optimizer hyper-parameters, a loss that does not fit
+    /// the last layer (see [`Loss::SparseCategoricalCrossentropy`]), or a call inside a
+    /// strategy's scope for a model created outside it.
     pub fn compile(
         &mut self,
         loss: Loss,
@@ -762,6 +767,21 @@ impl Sequential {
     ) -> Result<()> {
         let optimizer = optimizer.into();
         optimizer.validate()?;
+        if let Some(current) = distribute::get_strategy() {
+            if self.strategy() != Some(&current) {
+                return Err(Error::InvalidArgument(format!(
+                    "compile: this model was not created in the scope of the MirroredStrategy \
+                     being used ({:?}), so its weights are not mirrored. Create the model \
+                     inside the scope too: strategy.scope(|| {{ build the model; \
+                     model.compile(...) }})",
+                    current
+                        .devices()
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                )));
+            }
+        }
         self.check_loss(loss)?;
         if let Some(m) = self.mirrors.as_mut() {
             m.compile(&optimizer, self.entries.len());
@@ -938,7 +958,9 @@ impl Sequential {
 
     /// One training step on a batch: forward, loss, backward, optimizer update. Returns the
     /// batch's loss sum and correct count as device tensors, without waiting for the device
-    /// (Keras' `train_step`).
+    /// (Keras' `train_step`). Under a [`MirroredStrategy`] the batch is first read to the host
+    /// to be split among the replicas (which waits for whatever produced it); `fit` takes its
+    /// batches from the host directly.
     ///
     /// `x` is `[batch, ...input_shape]` f32 and `y` `[batch]` i32, on any device: they move to
     /// the first and last layers' devices.
@@ -1322,6 +1344,11 @@ impl Sequential {
     }
 
     /// Every weight in layer order, each layer's in Keras' order (`model.weights`).
+    ///
+    /// Under a [`MirroredStrategy`] these are the primary replica's tensors: change a mirrored
+    /// model's weights with [`set_weights`](Sequential::set_weights) or
+    /// [`load_weights`](Sequential::load_weights), which reach every replica, not with
+    /// [`Tensor::assign`] on these.
     pub fn weights(&self) -> Vec<&Tensor> {
         self.entries
             .iter()
@@ -1388,22 +1415,21 @@ impl Sequential {
                 });
             }
         }
-        let mut k = 0;
-        for e in &mut self.entries {
-            let shapes: Vec<Vec<usize>> = e
-                .layer
-                .weights()
+        self.write_weights(values)
+    }
+
+    /// Writes checked values (in [`weights`](Sequential::weights) order) into every weight of
+    /// every replica, in place: nothing is allocated, so no replica can be left behind for
+    /// want of memory.
+    pub(crate) fn write_weights(&self, values: &[Vec<f32>]) -> Result<()> {
+        for replica in self.replica_layers() {
+            let weights = replica
+                .layers
                 .iter()
-                .map(|(_, t)| t.shape().to_vec())
-                .collect();
-            for (j, shape) in shapes.iter().enumerate() {
-                let t = Tensor::from_slice_on(&values[k], shape, &e.device)?;
-                e.layer.set_weight(j, t)?;
-                k += 1;
+                .flat_map(|l| l.weights().into_iter().map(|(_, t)| t));
+            for (t, v) in weights.zip(values) {
+                t.write_words(bytemuck::cast_slice(v))?;
             }
-        }
-        for i in 0..self.entries.len() {
-            self.mirror_layer(i)?;
         }
         Ok(())
     }
@@ -1444,19 +1470,6 @@ impl Sequential {
     /// shapes).
     pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
         crate::nn::weights::load(self, path.as_ref())
-    }
-
-    /// Replaces the weights of layer `layer` (for the weights module).
-    pub(crate) fn replace_weights(&mut self, layer: usize, values: Vec<Tensor>) -> Result<()> {
-        let e = self
-            .entries
-            .get_mut(layer)
-            .ok_or_else(|| Error::InvalidArgument(format!("no layer {layer}")))?;
-        for (j, t) in values.into_iter().enumerate() {
-            let t = t.to_device(&e.device)?;
-            e.layer.set_weight(j, t)?;
-        }
-        self.mirror_layer(layer)
     }
 
     /// `(layer name, device, [(weight name, shape)])` per layer, for the weights module.

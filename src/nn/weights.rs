@@ -9,7 +9,6 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use crate::error::{Error, Result};
 use crate::nn::sequential::Sequential;
-use crate::tensor::Tensor;
 
 fn model_err(path: &Path, message: String) -> Error {
     Error::Model(format!("load_weights('{}'): {message}", path.display()))
@@ -61,9 +60,8 @@ pub(crate) fn load(model: &mut Sequential, path: &Path) -> Result<()> {
         ));
     }
     // Check everything before changing anything.
-    let mut staged: Vec<Vec<Tensor>> = Vec::with_capacity(layout.len());
-    for (_, device, weights) in &layout {
-        let mut layer_values = Vec::with_capacity(weights.len());
+    let mut staged: Vec<Vec<f32>> = Vec::new();
+    for (_, _, weights) in &layout {
         for (name, shape) in weights {
             let view = file.tensor(name).map_err(|_| {
                 model_err(path, format!("weight '{name}' is missing from the file"))
@@ -89,9 +87,8 @@ pub(crate) fn load(model: &mut Sequential, path: &Path) -> Result<()> {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
-            layer_values.push(Tensor::from_slice_on(&values, shape, device)?);
+            staged.push(values);
         }
-        staged.push(layer_values);
     }
     let mut extra: Vec<String> = file
         .names()
@@ -113,8 +110,6 @@ pub(crate) fn load(model: &mut Sequential, path: &Path) -> Result<()> {
             ),
         ));
     }
-    for (i, values) in staged.into_iter().enumerate() {
-        model.replace_weights(i, values)?;
-    }
-    Ok(())
+    // In place, on every replica of a mirrored model.
+    model.write_weights(&staged)
 }
