@@ -31,8 +31,8 @@
 //! ```text
 //! Num GPUs Available: 2
 //! 2 Physical GPUs, 2 Logical GPUs
-//!   /device:GPU:0 on llvmpipe (LLVM 15.0.6, 256 bits)
-//!   /device:GPU:1 on llvmpipe (LLVM 15.0.6, 256 bits)
+//!   /device:GPU:0 on llvmpipe (LLVM 15.0.6, 256 bits), Vulkan
+//!   /device:GPU:1 on llvmpipe (LLVM 15.0.6, 256 bits), Gl
 //! Model: "sequential"
 //! _______________________________________________________________________________________
 //!  Layer (type)                           Output Shape         Param #   Device
@@ -266,7 +266,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         logical.len()
     );
     for d in &logical {
-        println!("  {} on {}", d.name(), d.adapter_name());
+        println!("  {} on {}", d.name(), adapter(d));
     }
 
     // Where the layers go.
@@ -334,7 +334,7 @@ fn run(args: Args) -> Result<(), BoxError> {
                 println!(
                     "  replica {} on {}: {n} examples per batch",
                     d.name(),
-                    d.adapter_name()
+                    adapter(d)
                 );
             }
             strategy.scope(build)??
@@ -432,6 +432,15 @@ fn run(args: Args) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `llvmpipe (LLVM 15.0.6, 256 bits), Vulkan`: the adapter and its backend (Mesa names its
+/// Vulkan and GL software drivers alike).
+fn adapter(d: &LogicalDevice) -> String {
+    match d.backend() {
+        Some(b) => format!("{}, {b:?}", d.adapter_name()),
+        None => d.adapter_name().to_string(),
+    }
+}
+
 /// `cpu` → `/device:CPU:0`, `gpu:1` → `/device:GPU:1`; full names pass through.
 fn device_name(spec: &str) -> Result<String, BoxError> {
     let s = spec.trim().to_ascii_lowercase();
@@ -504,7 +513,7 @@ fn time_steps(
     let median = times[times.len() / 2];
     let names: Vec<String> = devices
         .iter()
-        .map(|d| format!("{} ({})", d.name(), d.adapter_name()))
+        .map(|d| format!("{} ({})", d.name(), adapter(d)))
         .collect();
     println!(
         "median train step: {median:.1} ms (batch {batch}, device {}; min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
