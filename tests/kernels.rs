@@ -328,6 +328,55 @@ fn matmul_every_transpose(dev: &LogicalDevice, (m, kk, nn): (usize, usize, usize
 }
 
 #[test]
+fn fused_dense_gradients() {
+    // FusedDenseGrad against the oracle's separate steps: dz = dy * act'(y), db = Σ dz,
+    // dw = xᵀ dz, dx = dz wᵀ. Shapes from one row to several CPU blocks and parallel ranges.
+    let _g = serial();
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (i, &(m, kk, nn)) in [(1, 3, 2), (7, 13, 5), (300, 32, 32), (2100, 64, 36)]
+            .iter()
+            .enumerate()
+        {
+            for act in ACTS {
+                let seed = 1000 + 10 * i as u64;
+                let x = random_vec(m * kk, seed);
+                let w = random_vec(kk * nn, seed + 1);
+                // An activation's output: selu's is above -1.76, relu's not negative.
+                let y: Vec<f32> = random_vec(m * nn, seed + 2)
+                    .iter()
+                    .map(|&v| match act {
+                        Activation::Relu => v.max(0.0),
+                        _ => v,
+                    })
+                    .collect();
+                let dy = random_vec(m * nn, seed + 3);
+                let (xt, wt) = (put(dev, &x, &[m, kk]), put(dev, &w, &[kk, nn]));
+                let (yt, dyt) = (put(dev, &y, &[m, nn]), put(dev, &dy, &[m, nn]));
+                trap(dev, &[m * kk, kk * nn, nn]);
+                let (dx, dw, db) = ops::dense_backward(&xt, &wt, &yt, &dyt, act, true).unwrap();
+                let dx = dx.expect("dx was asked for");
+                on(&dw, dev);
+                let dz = r::activation_backward(&to_f64(&dy), &to_f64(&y), act);
+                let what = format!("{m}x{kk}x{nn} {act:?} {}", label(dev));
+                assert_close(
+                    &get(&db),
+                    &r::bias_grad(&dz, nn),
+                    TOL,
+                    &format!("db {what}"),
+                );
+                let want_dw = r::matmul(&to_f64(&x), &dz, kk, m, nn, true, false);
+                assert_close(&get(&dw), &want_dw, TOL, &format!("dw {what}"));
+                let want_dx = r::matmul(&dz, &to_f64(&w), m, nn, kk, false, true);
+                assert_close(&get(&dx), &want_dx, TOL, &format!("dx {what}"));
+                let (none, _, _) = ops::dense_backward(&xt, &wt, &yt, &dyt, act, false).unwrap();
+                assert!(none.is_none());
+            }
+        }
+    }
+}
+
+#[test]
 fn register_blocked_matmuls_cover_ragged_edges() {
     // n and k multiples of 4 take the vec4 kernels (matmul_16x8 on software adapters, whose
     // workgroups cover 128 × 64 outputs; matmul_v4 elsewhere, 64 × 64), other shapes and the

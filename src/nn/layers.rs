@@ -477,25 +477,29 @@ impl Layer for SeparableConv2D {
             return Err(not_built("SeparableConv2D"));
         };
         let [x, d, y] = saved::<3>("SeparableConv2D", saved_tensors)?;
-        let dz = activation_grad(dy, &y, self.activation)?;
-        let db = ops::bias_grad(&dz)?;
-        let (dp, dd) = if dz.device_handle().device_type() == crate::DeviceKind::Gpu {
+        let (dp, dd, db) = if dy.device_handle().device_type() == crate::DeviceKind::Gpu {
             // On a GPU the 1×1 convolution kernels beat the generic matrix product 3-8×.
+            let dz = activation_grad(dy, &y, self.activation)?;
             (
                 ops::conv2d_backward_kernel(&d, &dz, pointwise.shape(), Padding::Same)?,
                 ops::conv2d_backward_input(&dz, pointwise, d.shape(), Padding::Same)?,
+                ops::bias_grad(&dz)?,
             )
         } else {
-            // On the CPU it is a GEMM over the pixels: [n*h*w, c_in] · [c_in, filters].
+            // On the CPU the pointwise half is a dense layer over the pixels,
+            // [n*h*w, c_in] · [c_in, filters], and its gradients one fused pass.
             let c_in = d.shape()[3];
             let pixels = d.len() / c_in.max(1);
-            let d2 = d.reshape(&[pixels, c_in])?;
-            let dz2 = dz.reshape(&[pixels, self.filters])?;
-            let p2 = pointwise.reshape(&[c_in, self.filters])?;
-            (
-                ops::matmul_transposed(&d2, &dz2, true, false)?.reshape(pointwise.shape())?,
-                ops::matmul_transposed(&dz2, &p2, false, true)?.reshape(d.shape())?,
-            )
+            let (dd, dp, db) = ops::dense_backward(
+                &d.reshape(&[pixels, c_in])?,
+                &pointwise.reshape(&[c_in, self.filters])?,
+                &y.reshape(&[pixels, self.filters])?,
+                &dy.reshape(&[pixels, self.filters])?,
+                self.activation.fused(),
+                true,
+            )?;
+            let dd = dd.ok_or_else(|| Error::Model("dense_backward gave no dx".into()))?;
+            (dp.reshape(pointwise.shape())?, dd.reshape(d.shape())?, db)
         };
         let dk = ops::depthwise_conv2d_backward_kernel(&x, &dd, depthwise.shape())?;
         let dx = if need_dx {
@@ -813,14 +817,8 @@ impl Layer for Dense {
             return Err(not_built("Dense"));
         };
         let [x, y] = saved::<2>("Dense", saved_tensors)?;
-        let dz = activation_grad(dy, &y, self.activation)?;
-        let dk = ops::matmul_transposed(&x, &dz, true, false)?;
-        let db = ops::bias_grad(&dz)?;
-        let dx = if need_dx {
-            Some(ops::matmul_transposed(&dz, kernel, false, true)?)
-        } else {
-            None
-        };
+        let (dx, dk, db) =
+            ops::dense_backward(&x, kernel, &y, dy, self.activation.fused(), need_dx)?;
         Ok((dx, vec![dk, db]))
     }
 }

@@ -8,7 +8,7 @@ use crate::ops::cpu;
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
-use crate::ops::{Kernels, MatmulDims, NnKernels};
+use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels};
 use crate::tensor::Tensor;
 
 /// The CPU device's kernels.
@@ -215,6 +215,24 @@ impl NnKernels for HostKernels {
         act: Activation,
     ) -> Result<()> {
         cpu::activation_backward(read(dy).f32(), read(y).f32(), write(dz).f32(), act);
+        Ok(())
+    }
+
+    fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
+        let (x, w, y, dy) = (read(g.x), read(g.w), read(g.y), read(g.dy));
+        let (mut dw, mut db) = (write(g.dw), write(g.db));
+        let mut dx = g.dx.map(write);
+        cpu::dense_backward(
+            x.f32(),
+            w.f32(),
+            y.f32(),
+            dy.f32(),
+            dx.as_mut().map(|d| d.f32()),
+            dw.f32(),
+            db.f32(),
+            (g.m, g.k, g.n),
+            g.act,
+        );
         Ok(())
     }
 

@@ -99,6 +99,24 @@ pub(crate) trait NnKernels {
     fn sgd_momentum(&self, w: &Tensor, g: &Tensor, v: &Tensor, p: &SgdParams) -> Result<()>;
     /// Keras' Adam update with moments `m`, `v`.
     fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()>;
+    /// The gradients of a dense layer (see [`dense_backward`]).
+    fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()>;
+}
+
+/// The tensors of [`NnKernels::dense_backward`]: inputs `x` `[m, k]`, `w` `[k, n]`, the
+/// activated output `y` and its gradient `dy` `[m, n]`; outputs `dx` (optional), `dw`, `db`.
+pub(crate) struct DenseGrads<'a> {
+    pub(crate) x: &'a Tensor,
+    pub(crate) w: &'a Tensor,
+    pub(crate) y: &'a Tensor,
+    pub(crate) dy: &'a Tensor,
+    pub(crate) dx: Option<&'a Tensor>,
+    pub(crate) dw: &'a Tensor,
+    pub(crate) db: &'a Tensor,
+    pub(crate) m: usize,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) act: Activation,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -120,6 +138,7 @@ const CONV2D: OpInfo = op("Conv2D", gn::CONV2D);
 const CONV2D_BACKWARD_INPUT: OpInfo = op("Conv2DBackpropInput", gn::CONV2D_BACKWARD_INPUT);
 const CONV2D_BACKWARD_KERNEL: OpInfo = op("Conv2DBackpropFilter", gn::CONV2D_BACKWARD_KERNEL);
 const BIAS_GRAD: OpInfo = op("BiasAddGrad", gn::BIAS_GRAD);
+const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
 const DEPTHWISE_BACKWARD_INPUT: OpInfo = op("DepthwiseConv2dNativeBackpropInput", gn::DEPTHWISE);
 const DEPTHWISE_BACKWARD_KERNEL: OpInfo = op(
@@ -575,6 +594,88 @@ pub fn dense(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Res
 /// Non-f32 or non-2-D tensors; inner dimensions that differ.
 pub fn matmul_transposed(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
     matmul_ex(a, b, trans_a, trans_b, None, Activation::Linear)
+}
+
+/// The gradients of a dense layer `y = act(x · w + b)` from `dy`, the gradient w.r.t. its
+/// activated output `y`: with `dz = dy * act'(y)`, returns `(dx, dw, db)` = `(dz · wᵀ, xᵀ · dz,
+/// Σ_rows dz)`, `dx` only when `need_dx`. `x` is `[m, k]`, `w` `[k, n]`, `y` and `dy` `[m, n]`.
+///
+/// One op for what is otherwise an activation gradient, a bias gradient and two matrix
+/// products: on the CPU it runs block by block over the rows, so `dz` never goes through
+/// memory (TensorFlow fuses the forward direction the same way, `_FusedMatMul`).
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 2])?;
+/// let w = Tensor::from_vec(vec![0.5f32, -1.0], &[2, 1])?;
+/// let y = Tensor::from_vec(vec![3.0f32], &[1, 1])?; // relu output, positive
+/// let dy = Tensor::from_vec(vec![2.0f32], &[1, 1])?;
+/// let (dx, dw, db) = ops::dense_backward(&x, &w, &y, &dy, Activation::Relu, true)?;
+/// assert_eq!(dx.unwrap().to_vec::<f32>()?, [1.0, -2.0]);
+/// assert_eq!(dw.to_vec::<f32>()?, [2.0, 4.0]);
+/// assert_eq!(db.to_vec::<f32>()?, [2.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn dense_backward(
+    x: &Tensor,
+    w: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+    let name = DENSE_BACKWARD.name;
+    expect_f32(name, &[x, w, y, dy])?;
+    let (m, k, n) = match (x.shape(), w.shape()) {
+        (&[m, k], &[k2, n]) if k == k2 => (m, k, n),
+        _ => {
+            return Err(mismatch(
+                name,
+                x.shape(),
+                w.shape(),
+                ": x must be [m, k] and the kernel [k, n]",
+            ))
+        }
+    };
+    for t in [y, dy] {
+        if t.shape() != [m, n] {
+            return Err(mismatch(
+                name,
+                t.shape(),
+                &[m, n],
+                ": the output and its gradient must be [m, n]",
+            ));
+        }
+    }
+    run(&DENSE_BACKWARD, &[x, w, y, dy], |device, moved| {
+        let dx = if need_dx {
+            Some(Tensor::uninit(&[m, k], DType::F32, device)?)
+        } else {
+            None
+        };
+        let dw = Tensor::uninit(&[k, n], DType::F32, device)?;
+        let db = Tensor::uninit(&[n], DType::F32, device)?;
+        let grads = DenseGrads {
+            x: &moved[0],
+            w: &moved[1],
+            y: &moved[2],
+            dy: &moved[3],
+            dx: dx.as_ref(),
+            dw: &dw,
+            db: &db,
+            m,
+            k,
+            n,
+            act,
+        };
+        with_kernels(device, |_, nk| nk.dense_backward(&grads))?;
+        Ok((dx, dw, db))
+    })
 }
 
 /// `[rows, cols]` of a tensor whose last axis holds the classes.

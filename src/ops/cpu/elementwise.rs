@@ -148,7 +148,7 @@ pub(crate) fn act_in_place<const FMA: bool>(y: &mut [f32], act: Activation) {
 
 multiversion! {
     /// `dz[i] = dy[i] * act'(.)` from the activated output `y`, on one chunk.
-    fn act_backward_leaf(dy: &[f32], y: &[f32], dz: &mut [f32], act: Activation) {
+    pub(crate) fn act_backward_leaf(dy: &[f32], y: &[f32], dz: &mut [f32], act: Activation) {
         match act {
             Activation::Linear => dz.copy_from_slice(dy),
             Activation::Relu => {

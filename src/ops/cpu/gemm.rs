@@ -5,8 +5,12 @@ use rayon::prelude::*;
 
 use crate::ops::spec::Activation;
 
-use super::elementwise::{act_in_place, bias_act_rows};
+use super::elementwise::{act_backward_leaf, act_in_place, bias_act_rows};
 use super::{madd, V8};
+
+/// Floats of input and output rows per row block of a fused product: blocks small enough to
+/// stay in a core's L2 between the product and its epilogue.
+const BLOCK_FLOATS: usize = 16 * 1024;
 
 /// Multiply-adds (`m * n * k`) from which a product is worth splitting over rayon's pool.
 const PAR_MIN_MACS: usize = 1 << 17;
@@ -183,9 +187,9 @@ pub(crate) fn matmul_bias_act(
         bias_act_rows(out, bias, n, act);
         return;
     }
-    // Row blocks in parallel, each product followed by its epilogue while still in cache.
-    let threads = rayon::current_num_threads();
-    let rows_per_task = m.div_ceil(threads * 2).max(16);
+    // Row blocks in parallel, each product followed by its epilogue while still in cache:
+    // blocks of about 64 KiB of input and output rows (L2 holds several).
+    let rows_per_task = (BLOCK_FLOATS / (n + k)).max(16);
     out.par_chunks_mut(rows_per_task * n)
         .zip(a.par_chunks(rows_per_task * k))
         .for_each(|(out, a)| {
@@ -193,6 +197,118 @@ pub(crate) fn matmul_bias_act(
             gemm_strided(out, rows, n, k, Strided::row_major(a, k), rhs, false, false);
             bias_act_rows(out, bias, n, act);
         });
+}
+
+/// The gradients of `y = act(x · w + b)` from `dy`, in one pass over the rows: with
+/// `dz = dy * act'(y)` (from the activated output `y`), `db = Σ_rows dz`, `dw = xᵀ · dz` and,
+/// when `dx` is given, `dx = dz · wᵀ`. `x` is `[m, k]`, `w` `[k, n]`, `y`, `dy` `[m, n]`, all
+/// row-major.
+///
+/// Separate passes would stream `dz` through memory four times; here each block of rows goes
+/// through all four steps while it is in cache. Row ranges run in parallel, each with its own
+/// partial `dw` and `db`, added in range order at the end (the same result on every run with
+/// the same number of threads).
+#[allow(clippy::too_many_arguments)] // the four tensors of the layer and their gradients
+pub(crate) fn dense_backward(
+    x: &[f32],
+    w: &[f32],
+    y: &[f32],
+    dy: &[f32],
+    dx: Option<&mut [f32]>,
+    dw: &mut [f32],
+    db: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    act: Activation,
+) {
+    assert!(
+        x.len() == m * k && w.len() == k * n && y.len() == m * n && dy.len() == m * n,
+        "dense_backward: inputs do not match m = {m}, k = {k}, n = {n}"
+    );
+    assert!(
+        dw.len() == k * n && db.len() == n && dx.as_ref().is_none_or(|dx| dx.len() == m * k),
+        "dense_backward: outputs do not match m = {m}, k = {k}, n = {n}"
+    );
+    dw.fill(0.0);
+    db.fill(0.0);
+    if m == 0 || n == 0 {
+        if let Some(dx) = dx {
+            dx.fill(0.0);
+        }
+        return;
+    }
+    if m < 4 * k {
+        // Few rows for the size of `w` (a dense layer's batch): `dz` is small, and splitting
+        // the rows would give every task a partial `dw` as large as the whole work. Whole
+        // products instead, each parallel inside.
+        let mut dz = vec![0.0f32; m * n];
+        act_backward_leaf(dy, y, &mut dz, act);
+        for row in dz.chunks_exact(n) {
+            db.iter_mut().zip(row).for_each(|(acc, &v)| *acc += v);
+        }
+        let dz_view = Strided::row_major(&dz, n);
+        gemm_strided(dw, k, n, m, Strided::transposed(x, k), dz_view, false, true);
+        if let Some(dx) = dx {
+            gemm_strided(dx, m, k, n, dz_view, Strided::transposed(w, n), false, true);
+        }
+        return;
+    }
+    let tasks = if m * n * k < PAR_MIN_MACS {
+        1
+    } else {
+        (2 * rayon::current_num_threads()).min(m.div_ceil(16))
+    };
+    let rows_per_task = m.div_ceil(tasks);
+    let dx_parts: Vec<Option<&mut [f32]>> = match dx {
+        // (With k = 0 there is no dx to write.)
+        Some(dx) if k > 0 => dx.chunks_mut(rows_per_task * k).map(Some).collect(),
+        _ => (0..m.div_ceil(rows_per_task)).map(|_| None).collect(),
+    };
+    // Larger blocks than the forward's: each block's `dw` product must be long enough in its
+    // inner dimension to run near the machine's peak.
+    let block = (BLOCK_FLOATS / (n + k)).max(256);
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
+        .into_par_iter()
+        .enumerate()
+        .map(|(t, mut dx)| {
+            let rows = t * rows_per_task..((t + 1) * rows_per_task).min(m);
+            let (mut dw_t, mut db_t) = (vec![0.0f32; k * n], vec![0.0f32; n]);
+            let mut dz = vec![0.0f32; block * n];
+            for (b, r0) in rows.clone().step_by(block).enumerate() {
+                let r1 = (r0 + block).min(rows.end);
+                let len = r1 - r0;
+                let dz = &mut dz[..len * n];
+                act_backward_leaf(&dy[r0 * n..r1 * n], &y[r0 * n..r1 * n], dz, act);
+                for row in dz.chunks_exact(n) {
+                    for (acc, &v) in db_t.iter_mut().zip(row) {
+                        *acc += v;
+                    }
+                }
+                let x_rows = &x[r0 * k..r1 * k];
+                let dz = &*dz;
+                gemm_strided(
+                    &mut dw_t,
+                    k,
+                    n,
+                    len,
+                    Strided::transposed(x_rows, k),
+                    Strided::row_major(dz, n),
+                    b > 0,
+                    false,
+                );
+                if let Some(dx) = dx.as_deref_mut() {
+                    let at = (r0 - rows.start) * k;
+                    let rhs = Strided::transposed(w, n);
+                    let out = &mut dx[at..at + len * k];
+                    gemm_strided(out, len, k, n, Strided::row_major(dz, n), rhs, false, false);
+                }
+            }
+            (dw_t, db_t)
+        })
+        .collect();
+    for (dw_t, db_t) in &partials {
+        dw.iter_mut().zip(dw_t).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(db_t).for_each(|(a, b)| *a += b);
+    }
 }
 
 /// Inner dimension up to which [`small_k_bias_act`] beats the gemm crate (whose packing does

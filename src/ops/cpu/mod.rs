@@ -96,7 +96,7 @@ pub(crate) use depthwise::{
     depthwise_backward_input, depthwise_backward_kernel, depthwise_forward,
 };
 pub(crate) use elementwise::{activation_backward, activation_forward, add_n, binary, scale};
-pub(crate) use gemm::{matmul, matmul_bias_act};
+pub(crate) use gemm::{dense_backward, matmul, matmul_bias_act};
 pub(crate) use optim::{adam, sgd, sgd_momentum};
 pub(crate) use pool::{maxpool_backward, maxpool_forward};
 pub(crate) use reduce::{argmax_rows, sum_all, sum_rows};

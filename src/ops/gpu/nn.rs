@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
-use crate::ops::{Kernels, NnKernels};
+use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels};
 use crate::tensor::Tensor;
 
 const fn conv(entry: &'static str) -> Kernel {
@@ -75,6 +75,13 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[CONV2D_FLIP, CONV2D_S, CON
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[CONV2D_DK_S, CONV2D_DK_V4, gk::SUM_ROWS];
 /// Kernels of `BiasAddGrad`.
 pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS];
+/// Kernels of `FusedDenseGrad`: the activation gradient, its column sums, two products.
+pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
+    gk::ACTIVATION_BACKWARD,
+    gk::SUM_ROWS,
+    gk::MATMUL,
+    gk::MATMUL_TALL,
+];
 /// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation).
 pub(crate) const DEPTHWISE: &[Kernel] = &[DEPTHWISE_S, DEPTHWISE_V4, DEPTHWISE3X3_V4];
 /// Kernels of `DepthwiseConv2dNativeBackpropFilter`.
@@ -611,6 +618,38 @@ impl NnKernels for GpuKernels<'_> {
         act: Activation,
     ) -> Result<()> {
         self.activation_backward_impl(dy, y, dz, act)
+    }
+
+    fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
+        // The unfused sequence: on a GPU each step is its own dispatch anyway.
+        let dz = match g.act {
+            Activation::Linear => g.dy.clone(),
+            act => {
+                let dz = self.scratch(&[g.m, g.n], g.y)?;
+                self.activation_backward_impl(g.dy, g.y, &dz, act)?;
+                dz
+            }
+        };
+        self.sum_rows(&dz, g.m, g.n, g.db)?;
+        let dw_dims = MatmulDims {
+            m: g.k,
+            k: g.m,
+            n: g.n,
+            trans_a: true,
+            trans_b: false,
+        };
+        self.matmul(g.x, &dz, None, g.dw, dw_dims, Activation::Linear)?;
+        if let Some(dx) = g.dx {
+            let dx_dims = MatmulDims {
+                m: g.m,
+                k: g.n,
+                n: g.k,
+                trans_a: false,
+                trans_b: true,
+            };
+            self.matmul(&dz, g.w, None, dx, dx_dims, Activation::Linear)?;
+        }
+        Ok(())
     }
 
     fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()> {
