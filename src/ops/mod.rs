@@ -1,10 +1,10 @@
 //! Ops: front-ends that check shapes, place the op, move inputs to its device and call the
 //! device's kernels.
 //!
-//! Every device implements [`Kernels`] (and [`NnKernels`] for the CNN ops): [`host::HostKernels`]
-//! on the native CPU kernels of [`cpu`], [`gpu::kernels::GpuKernels`] on the WGSL of `shaders/`.
-//! A new op does not compile until both sides have it. Kernels receive tensors already on their
-//! device and an output allocated there; only [`crate::placement`] decides where that is.
+//! Every device implements the crate's `Kernels` trait (and `NnKernels` for the CNN ops):
+//! `HostKernels` on the native CPU kernels, `GpuKernels` on the WGSL of `shaders/`. A new op
+//! does not compile until both sides have it. Kernels receive tensors already on their device
+//! and an output allocated there; only placement decides where that is.
 
 pub(crate) mod basic;
 pub(crate) mod cpu;
