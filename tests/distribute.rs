@@ -365,7 +365,16 @@ fn strategy_errors_read_like_tensorflow() {
          '/job:localhost/replica:0/task:0/device:CPU:0')"
     );
     let other = common::builder().build().expect("another runtime");
-    assert!(MirroredStrategy::with_devices(&[cpus[0].clone(), other.cpu().expect("cpu")]).is_err());
+    let orphan = other.cpu().expect("cpu");
+    let err =
+        MirroredStrategy::with_devices(&[cpus[0].clone(), orphan.clone()]).expect_err("mixed");
+    assert!(
+        err.to_string().contains("must come from one runtime"),
+        "{err}"
+    );
+    drop(other);
+    let err = MirroredStrategy::with_devices(&[orphan]).expect_err("dropped runtime");
+    assert!(err.to_string().contains("was dropped"), "{err}");
 
     // Nested scopes: the same strategy is fine, another one is not.
     let a = MirroredStrategy::with_devices(&cpus).expect("a");

@@ -141,7 +141,7 @@ impl MirroredStrategy {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty list, a device listed twice (TensorFlow's
-    /// messages), or devices of different runtimes.
+    /// messages), devices of different runtimes, or of one that was dropped.
     pub fn with_devices(devices: &[LogicalDevice]) -> Result<MirroredStrategy> {
         if devices.is_empty() {
             return Err(Error::InvalidArgument(
@@ -157,6 +157,12 @@ impl MirroredStrategy {
                     device_tuple(devices)
                 )));
             }
+        }
+        if let Some(orphan) = devices.iter().find(|d| d.runtime().is_none()) {
+            return Err(Error::InvalidArgument(format!(
+                "{orphan} belongs to a runtime that was dropped; keep the Runtime alive while \
+                 its devices are in use"
+            )));
         }
         let runtime = devices[0].runtime();
         let same_runtime = |d: &LogicalDevice| match (d.runtime(), &runtime) {
