@@ -193,8 +193,15 @@ pub(crate) fn matmul_bias_act(
         bias_act_rows(out, bias, n, act);
         return;
     }
-    // Row blocks in parallel, each product followed by its epilogue while still in cache.
     let rows_per_task = block_rows(n, k);
+    if m.div_ceil(rows_per_task) < 2 * rayon::current_num_threads() {
+        // Too few row blocks to keep every core busy (a dense layer's batch): one product,
+        // parallel inside, then the epilogue.
+        gemm_strided(out, m, n, k, Strided::row_major(a, k), rhs, false, true);
+        bias_act_rows(out, bias, n, act);
+        return;
+    }
+    // Row blocks in parallel, each product followed by its epilogue while still in cache.
     out.par_chunks_mut(rows_per_task * n)
         .zip(a.par_chunks(rows_per_task * k))
         .for_each(|(out, a)| {
