@@ -157,21 +157,56 @@ fn sepconv(c: &mut Criterion, dev: &LogicalDevice, cin: usize, cout: usize, h: u
         let y = ops::pointwise_conv2d(&d, &kp, Some(&b), ACT).unwrap();
         (d, y)
     };
-    bench(c, &name, "fwd", Throughput::Elements(flops), dev, || {
-        fwd();
-    });
+    let cpu = dev.device_type() == DeviceKind::Cpu;
+    if cpu {
+        // The layer's path on the CPU: the fused ops, `d` recomputed in the backward pass.
+        let fused = || ops::separable_conv2d(&x, &kd, &kp, Some(&b), ACT).unwrap();
+        bench(c, &name, "fwd", Throughput::Elements(flops), dev, || {
+            fused();
+        });
+        bench(
+            c,
+            &name,
+            "fwd+bwd",
+            Throughput::Elements(3 * flops),
+            dev,
+            || {
+                let y = fused();
+                ops::separable_conv2d_backward(&x, &kd, &kp, &y, &dy, ACT, true).unwrap();
+            },
+        );
+    }
+    // The separate ops (the layer's path on a GPU; on the CPU, for comparison with the fused
+    // ones).
+    let unfused = |what: &str| {
+        if cpu {
+            format!("{what}-unfused")
+        } else {
+            what.to_string()
+        }
+    };
     bench(
         c,
         &name,
-        "fwd+bwd",
+        &unfused("fwd"),
+        Throughput::Elements(flops),
+        dev,
+        || {
+            fwd();
+        },
+    );
+    bench(
+        c,
+        &name,
+        &unfused("fwd+bwd"),
         Throughput::Elements(3 * flops),
         dev,
         || {
             let (d, y) = fwd();
-            // The pointwise gradients as the layer computes them: on a GPU as 1×1 convolution
-            // gradients (several times faster there than the products on the [rows, c]
-            // reshapes), on the CPU as one fused dense-layer gradient over the pixels.
-            let dd = if dev.device_type() == DeviceKind::Gpu {
+            // The pointwise gradients: on a GPU as 1×1 convolution gradients (several times
+            // faster there than the products on the [rows, c] reshapes), on the CPU as one fused
+            // dense-layer gradient over the pixels.
+            let dd = if !cpu {
                 let dz = ops::activation_backward(&dy, &y, ACT).unwrap();
                 let _db = ops::bias_grad(&dz).unwrap();
                 let _dkp = ops::conv2d_backward_kernel(&d, &dz, &[1, 1, cin, cout], Padding::Valid)

@@ -310,6 +310,83 @@ fn depthwise_forward_and_gradients() {
     }
 }
 
+#[test]
+fn fused_separable_conv2d_forward_and_gradients() {
+    let _g = serial();
+    // (n, h, w, c, filters, k): a batch large enough for the CPU's fused blocks, and odd ones.
+    let cases = [
+        (1, 1, 1, 1, 1, 1),
+        (3, 7, 7, 3, 5, 3),
+        (1, 13, 7, 32, 13, 3),
+        (9, 14, 14, 32, 64, 3),
+        (13, 7, 7, 64, 128, 3),
+        (3, 3, 13, 1, 7, 5),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c, f, k)) in cases.iter().enumerate() {
+            let s = DepthwiseShape {
+                n,
+                h,
+                w,
+                c,
+                kh: k,
+                kw: k,
+            };
+            let act = ACTS[t % ACTS.len()];
+            let seed = 350 + 10 * t as u64;
+            let x = random_vec(s.input_len(), seed);
+            let dk = random_vec(s.kernel_len(), seed + 1);
+            let pk = random_vec(c * f, seed + 2);
+            let b = random_vec(f, seed + 3);
+            let dy = random_vec(n * h * w * f, seed + 4);
+            let xt = put(dev, &x, &[n, h, w, c]);
+            let dkt = put(dev, &dk, &[k, k, c, 1]);
+            let pkt = put(dev, &pk, &[1, 1, c, f]);
+            let bt = put(dev, &b, &[f]);
+            let dyt = put(dev, &dy, &[n, h, w, f]);
+            let what = format!("{} {s:?} filters {f} {act:?}", label(dev));
+
+            let rows = n * h * w;
+            trap(dev, &[rows * f]);
+            let y = ops::separable_conv2d(&xt, &dkt, &pkt, Some(&bt), act).unwrap();
+            on(&y, dev);
+            let d64 = r::depthwise_forward(&to_f64(&x), &to_f64(&dk), &s);
+            let (pk64, b64) = (to_f64(&pk), to_f64(&b));
+            let expected = r::matmul_bias_act(&d64, &pk64, Some(&b64), rows, c, f, act);
+            assert_close(&get(&y), &expected, TOL, &format!("separable {what}"));
+
+            trap(dev, &[x.len(), dk.len(), pk.len(), f]);
+            let g = ops::separable_conv2d_backward(&xt, &dkt, &pkt, &y, &dyt, act, true).unwrap();
+            let dz = r::activation_backward(&to_f64(&dy), &to_f64(&get(&y)), act);
+            let dd = r::matmul(&dz, &pk64, rows, f, c, false, true);
+            let dx = g.dx.expect("dx was asked for");
+            for (got, name) in [(&dx, "dx"), (&g.depthwise, "d depthwise")] {
+                on(got, dev);
+                let expected = match name {
+                    "dx" => r::depthwise_backward_input(&dd, &to_f64(&dk), &s),
+                    _ => r::depthwise_backward_kernel(&to_f64(&x), &dd, &s),
+                };
+                assert_close(&get(got), &expected, TOL, &format!("{name} {what}"));
+            }
+            let expected = r::matmul(&d64, &dz, c, rows, f, true, false);
+            assert_close(
+                &get(&g.pointwise),
+                &expected,
+                TOL,
+                &format!("d pointwise {what}"),
+            );
+            let expected = r::sum_rows(&dz, rows, f);
+            assert_close(&get(&g.bias), &expected, TOL, &format!("d bias {what}"));
+            assert_eq!(g.depthwise.shape(), [k, k, c, 1]);
+            assert_eq!(g.pointwise.shape(), [1, 1, c, f]);
+
+            let no_dx = ops::separable_conv2d_backward(&xt, &dkt, &pkt, &y, &dyt, act, false);
+            assert!(no_dx.unwrap().dx.is_none());
+        }
+    }
+}
+
 /// `op(A) · op(B)` of shape `m × n` over `k`, for the four combinations of transposes.
 fn matmul_every_transpose(dev: &LogicalDevice, (m, kk, nn): (usize, usize, usize), seed: u64) {
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -837,6 +914,21 @@ fn bad_arguments_are_errors() {
             ops::depthwise_conv2d(&x, &dw).unwrap_err(),
             &[2, 5, 5, 3],
             &[3, 3, 3, 2],
+        );
+        // Separable: a pointwise kernel for 4 channels on a 3-channel input; a wrong bias; a
+        // dy of the wrong shape.
+        let dk = put(dev, &random_vec(9 * 3, 4), &[3, 3, 3, 1]);
+        let pk4 = put(dev, &random_vec(4 * 8, 4), &[1, 1, 4, 8]);
+        shape_error(
+            ops::separable_conv2d(&x, &dk, &pk4, None, Activation::Relu).unwrap_err(),
+            &[2, 5, 5, 3],
+            &[1, 1, 4, 8],
+        );
+        let pk = put(dev, &random_vec(3 * 8, 4), &[1, 1, 3, 8]);
+        assert!(ops::separable_conv2d(&x, &dk, &pk, Some(&bad_bias), Activation::Relu).is_err());
+        let y = ops::separable_conv2d(&x, &dk, &pk, None, Activation::Relu).unwrap();
+        assert!(
+            ops::separable_conv2d_backward(&x, &dk, &pk, &y, &x, Activation::Relu, true).is_err()
         );
         let flat = put(dev, &random_vec(6, 5), &[6]);
         assert!(ops::max_pool2d(&flat).is_err());

@@ -462,9 +462,19 @@ impl Layer for SeparableConv2D {
         let [depthwise, pointwise, bias] = &self.weights[..] else {
             return Err(not_built("SeparableConv2D"));
         };
-        let d = ops::depthwise_conv2d(x, depthwise)?;
-        let y = ops::pointwise_conv2d(&d, pointwise, Some(bias), self.activation.fused())?;
-        Ok((y.clone(), vec![x.clone(), d, y]))
+        let act = self.activation.fused();
+        if on_gpu(depthwise) {
+            // Separate kernels, keeping the depthwise output `d` for the backward pass: each is
+            // its own dispatch anyway, and recomputing `d` there would cost one more.
+            let d = ops::depthwise_conv2d(x, depthwise)?;
+            let y = ops::pointwise_conv2d(&d, pointwise, Some(bias), act)?;
+            Ok((y.clone(), vec![x.clone(), y, d]))
+        } else {
+            // One fused op whose backward pass recomputes `d` in cache (see
+            // `ops::separable_conv2d`): less memory traffic and nothing more kept.
+            let y = ops::separable_conv2d(x, depthwise, pointwise, Some(bias), act)?;
+            Ok((y.clone(), vec![x.clone(), y]))
+        }
     }
 
     fn backward(
@@ -476,31 +486,16 @@ impl Layer for SeparableConv2D {
         let [depthwise, pointwise, _] = &self.weights[..] else {
             return Err(not_built("SeparableConv2D"));
         };
-        let [x, d, y] = saved::<3>("SeparableConv2D", saved_tensors)?;
-        let (dp, dd, db) = if dy.device_handle().device_type() == crate::DeviceKind::Gpu {
-            // On a GPU the 1×1 convolution kernels beat the generic matrix product 3-8×.
-            let dz = activation_grad(dy, &y, self.activation)?;
-            (
-                ops::conv2d_backward_kernel(&d, &dz, pointwise.shape(), Padding::Same)?,
-                ops::conv2d_backward_input(&dz, pointwise, d.shape(), Padding::Same)?,
-                ops::bias_grad(&dz)?,
-            )
-        } else {
-            // On the CPU the pointwise half is a dense layer over the pixels,
-            // [n*h*w, c_in] · [c_in, filters], and its gradients one fused pass.
-            let c_in = d.shape()[3];
-            let pixels = d.len() / c_in.max(1);
-            let (dd, dp, db) = ops::dense_backward(
-                &d.reshape(&[pixels, c_in])?,
-                &pointwise.reshape(&[c_in, self.filters])?,
-                &y.reshape(&[pixels, self.filters])?,
-                &dy.reshape(&[pixels, self.filters])?,
-                self.activation.fused(),
-                true,
-            )?;
-            let dd = dd.ok_or_else(|| Error::Model("dense_backward gave no dx".into()))?;
-            (dp.reshape(pointwise.shape())?, dd.reshape(d.shape())?, db)
-        };
+        let act = self.activation.fused();
+        if let [x, y] = saved_tensors {
+            let g = ops::separable_conv2d_backward(x, depthwise, pointwise, y, dy, act, need_dx)?;
+            return Ok((g.dx, vec![g.depthwise, g.pointwise, g.bias]));
+        }
+        let [x, y, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
+        let dz = activation_grad(dy, &y, self.activation)?;
+        let dp = ops::conv2d_backward_kernel(&d, &dz, pointwise.shape(), Padding::Same)?;
+        let dd = ops::conv2d_backward_input(&dz, pointwise, d.shape(), Padding::Same)?;
+        let db = ops::bias_grad(&dz)?;
         let dk = ops::depthwise_conv2d_backward_kernel(&x, &dd, depthwise.shape())?;
         let dx = if need_dx {
             Some(ops::depthwise_conv2d_backward_input(&dd, depthwise)?)
@@ -509,6 +504,11 @@ impl Layer for SeparableConv2D {
         };
         Ok((dx, vec![dk, dp, db]))
     }
+}
+
+/// Whether a layer's weight lives on a GPU (its ops then run there).
+fn on_gpu(weight: &Tensor) -> bool {
+    weight.device_handle().device_type() == crate::DeviceKind::Gpu
 }
 
 // ---------------------------------------------------------------------------------------------

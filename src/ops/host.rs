@@ -8,7 +8,7 @@ use crate::ops::cpu;
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
-use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels};
+use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward, SeparableForward};
 use crate::tensor::Tensor;
 
 /// The CPU device's kernels.
@@ -215,6 +215,50 @@ impl NnKernels for HostKernels {
         act: Activation,
     ) -> Result<()> {
         cpu::activation_backward(read(dy).f32(), read(y).f32(), write(dz).f32(), act);
+        Ok(())
+    }
+
+    fn separable(&self, f: &SeparableForward<'_>) -> Result<()> {
+        let bias = f.bias.map(read);
+        cpu::separable_forward(
+            read(f.x).f32(),
+            read(f.depthwise).f32(),
+            read(f.pointwise).f32(),
+            bias.as_ref().map(|b| b.f32()),
+            write(f.y).f32(),
+            &f.s,
+            f.filters,
+            f.act,
+        );
+        Ok(())
+    }
+
+    fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
+        let (x, dk, pk, y, dy) = (
+            read(g.x),
+            read(g.depthwise),
+            read(g.pointwise),
+            read(g.y),
+            read(g.dy),
+        );
+        let (mut ddk, mut dpk, mut db) =
+            (write(g.d_depthwise), write(g.d_pointwise), write(g.d_bias));
+        let mut dx = g.dx.map(write);
+        let grads = cpu::SeparableGrads {
+            x: x.f32(),
+            dk: dk.f32(),
+            pk: pk.f32(),
+            y: y.f32(),
+            dy: dy.f32(),
+            act: g.act,
+        };
+        let out = cpu::SeparableGradsOut {
+            dx: dx.as_mut().map(|d| d.f32()),
+            ddk: ddk.f32(),
+            dpk: dpk.f32(),
+            db: db.f32(),
+        };
+        cpu::separable_backward(&grads, out, &g.s, g.filters);
         Ok(())
     }
 

@@ -101,6 +101,68 @@ pub(crate) trait NnKernels {
     fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()>;
     /// The gradients of a dense layer (see [`dense_backward`]).
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()>;
+    /// `y = act(pointwise(depthwise(x)) + bias)` (see [`separable_conv2d`]).
+    fn separable(&self, f: &SeparableForward<'_>) -> Result<()>;
+    /// Its gradients (see [`separable_conv2d_backward`]).
+    fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()>;
+}
+
+/// The tensors of [`NnKernels::separable`]: input `x` `[n, h, w, c]`, `depthwise` `[kh, kw, c,
+/// 1]`, `pointwise` `[1, 1, c, filters]`, `bias` `[filters]`; output `y` `[n, h, w, filters]`.
+pub(crate) struct SeparableForward<'a> {
+    pub(crate) x: &'a Tensor,
+    pub(crate) depthwise: &'a Tensor,
+    pub(crate) pointwise: &'a Tensor,
+    pub(crate) bias: Option<&'a Tensor>,
+    pub(crate) y: &'a Tensor,
+    pub(crate) s: DepthwiseShape,
+    pub(crate) filters: usize,
+    pub(crate) act: Activation,
+}
+
+impl SeparableForward<'_> {
+    /// The pointwise half as a 1×1 convolution.
+    pub(crate) fn pointwise_shape(&self) -> Conv2dShape {
+        pointwise_shape(&self.s, self.filters)
+    }
+}
+
+/// The tensors of [`NnKernels::separable_backward`]: the forward tensors (`y` the activated
+/// output) and `dy`; outputs `dx` (optional) and the three weight gradients.
+pub(crate) struct SeparableBackward<'a> {
+    pub(crate) x: &'a Tensor,
+    pub(crate) depthwise: &'a Tensor,
+    pub(crate) pointwise: &'a Tensor,
+    pub(crate) y: &'a Tensor,
+    pub(crate) dy: &'a Tensor,
+    pub(crate) dx: Option<&'a Tensor>,
+    pub(crate) d_depthwise: &'a Tensor,
+    pub(crate) d_pointwise: &'a Tensor,
+    pub(crate) d_bias: &'a Tensor,
+    pub(crate) s: DepthwiseShape,
+    pub(crate) filters: usize,
+    pub(crate) act: Activation,
+}
+
+impl SeparableBackward<'_> {
+    /// The pointwise half as a 1×1 convolution.
+    pub(crate) fn pointwise_shape(&self) -> Conv2dShape {
+        pointwise_shape(&self.s, self.filters)
+    }
+}
+
+/// The 1×1 convolution after a depthwise one of shape `s`.
+fn pointwise_shape(s: &DepthwiseShape, filters: usize) -> Conv2dShape {
+    Conv2dShape {
+        n: s.n,
+        h: s.h,
+        w: s.w,
+        c_in: s.c,
+        c_out: filters,
+        kh: 1,
+        kw: 1,
+        padding: Padding::Same,
+    }
 }
 
 /// The tensors of [`NnKernels::dense_backward`]: inputs `x` `[m, k]`, `w` `[k, n]`, the
@@ -140,6 +202,8 @@ const CONV2D_BACKWARD_KERNEL: OpInfo = op("Conv2DBackpropFilter", gn::CONV2D_BAC
 const BIAS_GRAD: OpInfo = op("BiasAddGrad", gn::BIAS_GRAD);
 const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
+const SEPARABLE: OpInfo = op("FusedSeparableConv2D", gn::SEPARABLE);
+const SEPARABLE_BACKWARD: OpInfo = op("FusedSeparableConv2DGrad", gn::SEPARABLE_BACKWARD);
 const DEPTHWISE_BACKWARD_INPUT: OpInfo = op("DepthwiseConv2dNativeBackpropInput", gn::DEPTHWISE);
 const DEPTHWISE_BACKWARD_KERNEL: OpInfo = op(
     "DepthwiseConv2dNativeBackpropFilter",
@@ -676,6 +740,193 @@ pub fn dense_backward(
         with_kernels(device, |_, nk| nk.dense_backward(&grads))?;
         Ok((dx, dw, db))
     })
+}
+
+/// The shapes of a separable convolution: the depthwise shape and the filter count, from `x`,
+/// the depthwise kernel and the pointwise kernel.
+fn separable_shape(
+    op: &'static str,
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+) -> Result<(DepthwiseShape, usize)> {
+    let s = depthwise_shape(op, x.shape(), depthwise.shape())?;
+    match *pointwise.shape() {
+        [1, 1, c, filters] if c == s.c => Ok((s, filters)),
+        _ => Err(mismatch(
+            op,
+            x.shape(),
+            pointwise.shape(),
+            format!(
+                ": the pointwise kernel must be [1, 1, {}, filters] for {} channels",
+                s.c, s.c
+            ),
+        )),
+    }
+}
+
+/// Keras' `SeparableConv2D` in one op: `act(pointwise(depthwise(x)) + bias)`, i.e.
+/// `tf.nn.separable_conv2d(x, depthwise, pointwise, [1, 1, 1, 1], "SAME")` + `tf.nn.bias_add`
+/// + the activation.
+///
+/// `x` is `[n, h, w, c]`, `depthwise` `[kh, kw, c, 1]`, `pointwise` `[1, 1, c, filters]`,
+/// `bias` `[filters]`; the output is `[n, h, w, filters]`. On the CPU a few images at a time go
+/// through both halves while in cache, so the depthwise output never goes through memory; a
+/// GPU runs [`depthwise_conv2d`] and [`pointwise_conv2d`].
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 1, 1, 2])?;
+/// let depthwise = Tensor::from_vec(vec![2.0f32, 3.0], &[1, 1, 2, 1])?;
+/// let pointwise = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 1, 2, 1])?;
+/// let bias = Tensor::from_vec(vec![0.5f32], &[1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, Some(&bias), Activation::Linear)?;
+/// assert_eq!(y.to_vec::<f32>()?, [1.0 * 2.0 - 2.0 * 3.0 + 0.5]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together (named in the message).
+pub fn separable_conv2d(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<Tensor> {
+    let name = SEPARABLE.name;
+    expect_f32(name, &[x, depthwise, pointwise])?;
+    let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
+    if let Some(b) = bias {
+        b.expect_dtype("BiasAdd", DType::F32)?;
+        if b.shape() != [filters] {
+            return Err(mismatch(
+                "BiasAdd",
+                pointwise.shape(),
+                b.shape(),
+                format!(": the bias must have shape [{filters}]"),
+            ));
+        }
+    }
+    let mut inputs = vec![x, depthwise, pointwise];
+    inputs.extend(bias);
+    run(&SEPARABLE, &inputs, |device, moved| {
+        let y = Tensor::uninit(&[s.n, s.h, s.w, filters], DType::F32, device)?;
+        let f = SeparableForward {
+            x: &moved[0],
+            depthwise: &moved[1],
+            pointwise: &moved[2],
+            bias: moved.get(3),
+            y: &y,
+            s,
+            filters,
+            act,
+        };
+        with_kernels(device, |_, nk| nk.separable(&f))?;
+        Ok(y)
+    })
+}
+
+/// The gradients of [`separable_conv2d`], from what [`separable_conv2d_backward`] returns.
+#[derive(Debug)]
+pub struct SeparableConv2dGrads {
+    /// W.r.t. the input (`None` unless asked for).
+    pub dx: Option<Tensor>,
+    /// W.r.t. the depthwise kernel `[kh, kw, c, 1]`.
+    pub depthwise: Tensor,
+    /// W.r.t. the pointwise kernel `[1, 1, c, filters]`.
+    pub pointwise: Tensor,
+    /// W.r.t. the bias `[filters]`.
+    pub bias: Tensor,
+}
+
+/// The gradients of [`separable_conv2d`] from `dy`, the gradient w.r.t. its activated output
+/// `y`: with `dz = dy * act'(y)` and `d` the depthwise output, the pointwise kernel's is
+/// `dᵀ · dz`, the bias' `Σ dz`, and the depthwise kernel's and the input's those of
+/// [`depthwise_conv2d`] from `dz · pointwiseᵀ`; the input's only when `need_dx`.
+///
+/// `d` is recomputed from `x` (the forward op does not keep it). On the CPU this runs a few
+/// images at a time with every intermediate in cache; a GPU runs the unfused ops.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 1, 1, 2])?;
+/// let depthwise = Tensor::from_vec(vec![2.0f32, 3.0], &[1, 1, 2, 1])?;
+/// let pointwise = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 1, 2, 1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, None, Activation::Linear)?;
+/// let dy = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let g = ops::separable_conv2d_backward(&x, &depthwise, &pointwise, &y, &dy, Activation::Linear, true)?;
+/// assert_eq!(g.pointwise.to_vec::<f32>()?, [2.0, 6.0]); // d = [2, 6]
+/// assert_eq!(g.depthwise.to_vec::<f32>()?, [1.0, -2.0]); // x * (dz · pointwiseᵀ)
+/// assert_eq!(g.dx.unwrap().to_vec::<f32>()?, [2.0, -3.0]);
+/// assert_eq!(g.bias.to_vec::<f32>()?, [1.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn separable_conv2d_backward(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<SeparableConv2dGrads> {
+    let name = SEPARABLE_BACKWARD.name;
+    expect_f32(name, &[x, depthwise, pointwise, y, dy])?;
+    let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
+    let out_shape = [s.n, s.h, s.w, filters];
+    for t in [y, dy] {
+        if t.shape() != out_shape {
+            return Err(mismatch(
+                name,
+                t.shape(),
+                &out_shape,
+                ": the output and its gradient must have the forward output's shape",
+            ));
+        }
+    }
+    run(
+        &SEPARABLE_BACKWARD,
+        &[x, depthwise, pointwise, y, dy],
+        |device, moved| {
+            let dx = if need_dx {
+                Some(Tensor::uninit(x.shape(), DType::F32, device)?)
+            } else {
+                None
+            };
+            let d_depthwise = Tensor::uninit(depthwise.shape(), DType::F32, device)?;
+            let d_pointwise = Tensor::uninit(pointwise.shape(), DType::F32, device)?;
+            let d_bias = Tensor::uninit(&[filters], DType::F32, device)?;
+            let g = SeparableBackward {
+                x: &moved[0],
+                depthwise: &moved[1],
+                pointwise: &moved[2],
+                y: &moved[3],
+                dy: &moved[4],
+                dx: dx.as_ref(),
+                d_depthwise: &d_depthwise,
+                d_pointwise: &d_pointwise,
+                d_bias: &d_bias,
+                s,
+                filters,
+                act,
+            };
+            with_kernels(device, |_, nk| nk.separable_backward(&g))?;
+            Ok(SeparableConv2dGrads {
+                dx,
+                depthwise: d_depthwise,
+                pointwise: d_pointwise,
+                bias: d_bias,
+            })
+        },
+    )
 }
 
 /// `[rows, cols]` of a tensor whose last axis holds the classes.

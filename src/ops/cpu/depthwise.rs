@@ -13,7 +13,7 @@ use super::{madd, with_scratch, V8};
 /// Geometry of one depthwise correlation: input and output are both `[h, w, c]` per image,
 /// `out[i, j] = Σ_{a,b} in[i + a - pt, j + b - pl] * k[a, b]` (out-of-range inputs are zero).
 #[derive(Clone, Copy)]
-struct Geometry {
+pub(super) struct Geometry {
     /// Height.
     h: usize,
     /// Width.
@@ -319,8 +319,48 @@ fn correlate(x: &[f32], k: &[f32], y: &mut [f32], g: Geometry) {
         });
 }
 
+/// The correlation `g` of one image `x` into `out` (both `[h, w, c]`), on the calling thread.
+pub(super) fn correlate_image(x: &[f32], k: &[f32], out: &mut [f32], g: Geometry) {
+    if g.w * g.c == 0 {
+        return;
+    }
+    for (i, out) in out.chunks_exact_mut(g.w * g.c).enumerate() {
+        correlate_row(x, k, out, i, g);
+    }
+}
+
+/// `acc[a, b, :] += Σ_{i,j} x[i + a - pt, j + b - pl, :] * dy[i, j, :]` over one image, on the
+/// calling thread.
+pub(super) fn kernel_grad_image(x: &[f32], dy: &[f32], acc: &mut [f32], g: Geometry) {
+    if g.w * g.c == 0 {
+        return;
+    }
+    for (i, dy_row) in dy.chunks_exact(g.w * g.c).enumerate() {
+        kernel_grad_row(x, dy_row, acc, i, g);
+    }
+}
+
+/// The kernel and geometry of the input gradient: the forward correlation `g` with the kernel
+/// flipped spatially and the complementary padding.
+pub(super) fn flipped(kernel: &[f32], g: Geometry) -> (Vec<f32>, Geometry) {
+    let (kh, kw, c) = (g.kh, g.kw, g.c);
+    let mut flipped = vec![0.0f32; kernel.len()];
+    for a in 0..kh {
+        for b in 0..kw {
+            let src = ((kh - 1 - a) * kw + (kw - 1 - b)) * c;
+            flipped[(a * kw + b) * c..(a * kw + b + 1) * c].copy_from_slice(&kernel[src..src + c]);
+        }
+    }
+    let geometry = Geometry {
+        pt: kh - 1 - g.pt,
+        pl: kw - 1 - g.pl,
+        ..g
+    };
+    (flipped, geometry)
+}
+
 /// Checks slice lengths against the shape and returns the forward geometry.
-fn geometry(s: &DepthwiseShape, x: usize, k: usize, y: usize, what: &str) -> Geometry {
+pub(super) fn geometry(s: &DepthwiseShape, x: usize, k: usize, y: usize, what: &str) -> Geometry {
     assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
     assert_eq!(
         x,
@@ -369,20 +409,7 @@ pub(crate) fn depthwise_backward_input(
         dx.len(),
         "depthwise_backward_input",
     );
-    let c = s.c;
-    let mut flipped = vec![0.0f32; kernel.len()];
-    for a in 0..s.kh {
-        for b in 0..s.kw {
-            let src = ((s.kh - 1 - a) * s.kw + (s.kw - 1 - b)) * c;
-            flipped[(a * s.kw + b) * c..(a * s.kw + b + 1) * c]
-                .copy_from_slice(&kernel[src..src + c]);
-        }
-    }
-    let flipped_geometry = Geometry {
-        pt: s.kh - 1 - g.pt,
-        pl: s.kw - 1 - g.pl,
-        ..g
-    };
+    let (flipped, flipped_geometry) = flipped(kernel, g);
     correlate(dy, &flipped, dx, flipped_geometry);
 }
 
@@ -405,9 +432,7 @@ pub(crate) fn depthwise_backward_kernel(x: &[f32], dy: &[f32], dk: &mut [f32], s
             |mut total, (x, dy)| {
                 with_scratch(klen, |acc| {
                     acc.fill(0.0);
-                    for (i, dy_row) in dy.chunks_exact(row).enumerate() {
-                        kernel_grad_row(x, dy_row, acc, i, g);
-                    }
+                    kernel_grad_image(x, dy, acc, g);
                     total
                         .iter_mut()
                         .zip(acc.iter())

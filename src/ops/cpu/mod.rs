@@ -89,6 +89,7 @@ pub(crate) mod gemm;
 pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod separable;
 pub(crate) mod softmax;
 
 pub(crate) use conv::{conv2d_backward_input, conv2d_backward_kernel, conv2d_forward};
@@ -100,6 +101,9 @@ pub(crate) use gemm::{dense_backward, matmul, matmul_bias_act};
 pub(crate) use optim::{adam, sgd, sgd_momentum};
 pub(crate) use pool::{maxpool_backward, maxpool_forward};
 pub(crate) use reduce::{argmax_rows, sum_all, sum_rows};
+pub(crate) use separable::{
+    separable_backward, separable_forward, SeparableGrads, SeparableGradsOut,
+};
 pub(crate) use softmax::{accuracy_count, softmax, softmax_cross_entropy};
 
 use std::cell::Cell;
@@ -278,6 +282,7 @@ mod tests {
         super::softmax::tests::matches_reference();
         super::optim::tests::steps_match_reference();
         super::reduce::tests::sums_match_reference();
+        super::separable::tests::matches_reference();
         FORCE_PORTABLE.store(false, Ordering::Relaxed);
     }
 }

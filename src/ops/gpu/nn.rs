@@ -28,7 +28,7 @@ use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
-use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels};
+use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward, SeparableForward};
 use crate::tensor::Tensor;
 
 const fn conv(entry: &'static str) -> Kernel {
@@ -92,6 +92,32 @@ pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
     DEPTHWISE_DK_V4,
     DEPTHWISE3X3_DK_V4,
     gk::SUM_ROWS,
+];
+/// Kernels of `FusedSeparableConv2D`: the depthwise and the 1×1 convolution, unfused.
+pub(crate) const SEPARABLE: &[Kernel] = &[
+    DEPTHWISE_S,
+    DEPTHWISE_V4,
+    DEPTHWISE3X3_V4,
+    CONV2D_S,
+    CONV2D_V4,
+    gk::MATMUL_16X8,
+];
+/// Kernels of `FusedSeparableConv2DGrad`: the forward depthwise again, the activation
+/// gradient, the 1×1 convolution's and the depthwise convolution's gradients.
+pub(crate) const SEPARABLE_BACKWARD: &[Kernel] = &[
+    DEPTHWISE_S,
+    DEPTHWISE_V4,
+    DEPTHWISE3X3_V4,
+    gk::ACTIVATION_BACKWARD,
+    gk::SUM_ROWS,
+    CONV2D_DK_S,
+    CONV2D_DK_V4,
+    CONV2D_FLIP,
+    CONV2D_S,
+    CONV2D_V4,
+    DEPTHWISE_DK_S,
+    DEPTHWISE_DK_V4,
+    DEPTHWISE3X3_DK_V4,
 ];
 /// Kernels of `MaxPool`.
 pub(crate) const MAXPOOL: &[Kernel] = &[MAXPOOL_S, MAXPOOL_V4];
@@ -646,6 +672,36 @@ impl NnKernels for GpuKernels<'_> {
         act: Activation,
     ) -> Result<()> {
         self.activation_backward_impl(dy, y, dz, act)
+    }
+
+    fn separable(&self, f: &SeparableForward<'_>) -> Result<()> {
+        // Unfused: on a GPU each step is its own dispatch anyway.
+        let d = self.scratch(f.x.shape(), f.x)?;
+        self.depthwise(f.x, f.depthwise, &d, &f.s)?;
+        self.conv2d(&d, f.pointwise, f.bias, f.y, &f.pointwise_shape(), f.act)
+    }
+
+    fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
+        let d = self.scratch(g.x.shape(), g.x)?;
+        self.depthwise(g.x, g.depthwise, &d, &g.s)?;
+        let dz = match g.act {
+            Activation::Linear => g.dy.clone(),
+            act => {
+                let dz = self.scratch(g.y.shape(), g.y)?;
+                self.activation_backward_impl(g.dy, g.y, &dz, act)?;
+                dz
+            }
+        };
+        let ps = g.pointwise_shape();
+        self.sum_rows(&dz, ps.n * ps.h * ps.w, g.filters, g.d_bias)?;
+        self.conv2d_backward_kernel(&d, &dz, g.d_pointwise, &ps)?;
+        let dd = self.scratch(g.x.shape(), g.x)?;
+        self.conv2d_backward_input(&dz, g.pointwise, &dd, &ps)?;
+        self.depthwise_backward_kernel(g.x, &dd, g.d_depthwise, &g.s)?;
+        if let Some(dx) = g.dx {
+            self.depthwise_backward_input(&dd, g.depthwise, dx, &g.s)?;
+        }
+        Ok(())
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {

@@ -1,0 +1,358 @@
+//! Keras' `SeparableConv2D` (depthwise 'same' correlation, then a pointwise product with bias
+//! and activation) fused block by block: a few whole images at a time go through every step
+//! while they are in cache.
+//!
+//! Run as separate ops, the depthwise output `d` is written to memory, read back by the
+//! product, kept for the backward pass and read again there, and its gradient is written and
+//! read twice more. Fused, `d` and its gradient live only in a per-block scratch buffer: the
+//! forward pass reads `x` and writes `y`; the backward pass recomputes `d` from `x` (9
+//! multiply-adds per element, which is cheaper than the memory traffic it saves), reads `y` and
+//! `dy`, and writes `dx`.
+
+use rayon::prelude::*;
+
+use crate::ops::spec::{Activation, DepthwiseShape};
+
+use super::depthwise::{self, correlate_image, flipped, kernel_grad_image, Geometry};
+use super::elementwise::{act_backward_leaf, bias_act_rows};
+use super::gemm::{gemm_strided, Strided};
+use super::with_scratch;
+
+/// Pixels a block should hold at least: as in the fused dense product (`gemm.rs`), below a
+/// few hundred rows the gemm crate's per-call packing costs more than the cache saves.
+const MIN_BLOCK_PIXELS: usize = 256;
+
+/// Whole images per block: enough for [`MIN_BLOCK_PIXELS`].
+fn images_per_block(pixels: usize) -> usize {
+    MIN_BLOCK_PIXELS.div_ceil(pixels.max(1))
+}
+
+/// The depthwise geometry of one layer and its sizes.
+struct Layer {
+    g: Geometry,
+    /// Pixels per image.
+    pixels: usize,
+    c: usize,
+}
+
+impl Layer {
+    /// Checks every slice length against the shape (`y_len` and `pk_len` for the pointwise
+    /// output and kernel).
+    fn new(s: &DepthwiseShape, f: usize, lens: [usize; 4], what: &str) -> Layer {
+        let [x, dk, pk, y] = lens;
+        let g = depthwise::geometry(s, x, dk, x, what);
+        assert_eq!(
+            pk,
+            s.c * f,
+            "{what}: pointwise kernel length does not match the shape"
+        );
+        assert_eq!(
+            y,
+            s.n * s.h * s.w * f,
+            "{what}: output length does not match the shape"
+        );
+        Layer {
+            g,
+            pixels: s.h * s.w,
+            c: s.c,
+        }
+    }
+
+    /// `d = depthwise(x)` for a block of whole images.
+    fn depthwise(&self, x: &[f32], dk: &[f32], d: &mut [f32]) {
+        let image = self.pixels * self.c;
+        for (x, d) in x.chunks_exact(image).zip(d.chunks_exact_mut(image)) {
+            correlate_image(x, dk, d, self.g);
+        }
+    }
+}
+
+/// `y = act(depthwise(x, dk) · pk + bias)`: `x` `[n, h, w, c]`, `dk` `[kh, kw, c]`, `pk`
+/// `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`.
+#[allow(clippy::too_many_arguments)] // the layer's three weights, its input and output
+pub(crate) fn separable_forward(
+    x: &[f32],
+    dk: &[f32],
+    pk: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    s: &DepthwiseShape,
+    f: usize,
+    act: Activation,
+) {
+    let layer = Layer::new(
+        s,
+        f,
+        [x.len(), dk.len(), pk.len(), y.len()],
+        "separable_forward",
+    );
+    if let Some(bias) = bias {
+        assert_eq!(
+            bias.len(),
+            f,
+            "separable_forward: bias must have f elements"
+        );
+    }
+    let (c, pixels) = (layer.c, layer.pixels);
+    if y.is_empty() {
+        return;
+    }
+    let per_block = images_per_block(pixels);
+    let pk_view = Strided::row_major(pk, f);
+    // With fewer blocks than threads (a small batch), the unfused ops parallelise better.
+    if s.n.div_ceil(per_block) < 2 * rayon::current_num_threads() {
+        let mut d = vec![0.0f32; x.len()];
+        depthwise::depthwise_forward(x, dk, &mut d, s);
+        super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
+        return;
+    }
+    y.par_chunks_mut(per_block * pixels * f)
+        .zip(x.par_chunks(per_block * pixels * c))
+        .for_each(|(y, x)| {
+            let rows = y.len() / f;
+            with_scratch(rows * c, |d| {
+                layer.depthwise(x, dk, d);
+                gemm_strided(
+                    y,
+                    rows,
+                    f,
+                    c,
+                    Strided::row_major(d, c),
+                    pk_view,
+                    false,
+                    false,
+                );
+            });
+            bias_act_rows(y, bias, f, act);
+        });
+}
+
+/// The gradients of [`separable_forward`] from `dy` (w.r.t. the activated output `y`): with
+/// `dz = dy * act'(y)`, `db = Σ dz`, `dpk = dᵀ · dz`, `dd = dz · pkᵀ`, `ddk` the depthwise
+/// kernel gradient of `dd` and, when `dx` is given, `dx` its input gradient.
+///
+/// Image ranges run in parallel, each with its own partial `dpk`, `db` and `ddk` (the last in
+/// f64, as in `depthwise_backward_kernel`), added in range order at the end: the same result on
+/// every run with the same number of threads.
+pub(crate) struct SeparableGrads<'a> {
+    /// The layer's input `[n, h, w, c]`.
+    pub x: &'a [f32],
+    /// Depthwise kernel `[kh, kw, c]`.
+    pub dk: &'a [f32],
+    /// Pointwise kernel `[c, f]`.
+    pub pk: &'a [f32],
+    /// The activated output `[n, h, w, f]`.
+    pub y: &'a [f32],
+    /// Its gradient.
+    pub dy: &'a [f32],
+    /// The activation.
+    pub act: Activation,
+}
+
+/// The outputs of [`separable_backward`].
+pub(crate) struct SeparableGradsOut<'a> {
+    /// Gradient w.r.t. `x` (skipped when `None`).
+    pub dx: Option<&'a mut [f32]>,
+    /// Gradient w.r.t. the depthwise kernel.
+    pub ddk: &'a mut [f32],
+    /// Gradient w.r.t. the pointwise kernel.
+    pub dpk: &'a mut [f32],
+    /// Gradient w.r.t. the bias.
+    pub db: &'a mut [f32],
+}
+
+/// See [`SeparableGrads`].
+pub(crate) fn separable_backward(
+    a: &SeparableGrads<'_>,
+    out: SeparableGradsOut<'_>,
+    s: &DepthwiseShape,
+    f: usize,
+) {
+    let what = "separable_backward";
+    let layer = Layer::new(s, f, [a.x.len(), a.dk.len(), a.pk.len(), a.y.len()], what);
+    assert_eq!(a.dy.len(), a.y.len(), "{what}: dy and y lengths differ");
+    assert!(
+        out.ddk.len() == a.dk.len()
+            && out.dpk.len() == a.pk.len()
+            && out.db.len() == f
+            && out.dx.as_ref().is_none_or(|dx| dx.len() == a.x.len()),
+        "{what}: gradient lengths do not match the shape"
+    );
+    let (c, pixels) = (layer.c, layer.pixels);
+    let (image_in, image_out) = (pixels * c, pixels * f);
+    if image_in == 0 || s.n == 0 || f == 0 {
+        out.ddk.fill(0.0);
+        out.dpk.fill(0.0);
+        out.db.fill(0.0);
+        if let Some(dx) = out.dx {
+            dx.fill(0.0);
+        }
+        return;
+    }
+    let (flipped_dk, flipped_g) = flipped(a.dk, layer.g);
+    let per_block = images_per_block(pixels);
+    let tasks = (2 * rayon::current_num_threads()).min(s.n.div_ceil(per_block));
+    let images_per_task = s.n.div_ceil(tasks);
+    let dx_parts: Vec<Option<&mut [f32]>> = match out.dx {
+        Some(dx) => dx
+            .chunks_mut(images_per_task * image_in)
+            .map(Some)
+            .collect(),
+        None => (0..s.n.div_ceil(images_per_task)).map(|_| None).collect(),
+    };
+    let partials: Vec<(Vec<f32>, Vec<f32>, Vec<f64>)> = dx_parts
+        .into_par_iter()
+        .enumerate()
+        .map(|(t, mut dx)| {
+            let images = t * images_per_task..((t + 1) * images_per_task).min(s.n);
+            let mut dpk = vec![0.0f32; c * f];
+            let mut db = vec![0.0f32; f];
+            let mut ddk = vec![0.0f64; a.dk.len()];
+            let mut ddk_image = vec![0.0f32; a.dk.len()];
+            let block = per_block * pixels;
+            // `d`, then its gradient in the same buffer; `dz`.
+            let (mut d, mut dz) = (vec![0.0f32; block * c], vec![0.0f32; block * f]);
+            for (b, n0) in images.clone().step_by(per_block).enumerate() {
+                let n1 = (n0 + per_block).min(images.end);
+                let rows = (n1 - n0) * pixels;
+                let (d, dz) = (&mut d[..rows * c], &mut dz[..rows * f]);
+                let x = &a.x[n0 * image_in..n1 * image_in];
+                layer.depthwise(x, a.dk, d);
+                let outs = n0 * image_out..n1 * image_out;
+                act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
+                for row in dz.chunks_exact(f) {
+                    for (acc, &v) in db.iter_mut().zip(row) {
+                        *acc += v;
+                    }
+                }
+                let dz = &*dz;
+                let dz_view = Strided::row_major(dz, f);
+                gemm_strided(
+                    &mut dpk,
+                    c,
+                    f,
+                    rows,
+                    Strided::transposed(d, c),
+                    dz_view,
+                    b > 0,
+                    false,
+                );
+                // `d` is spent: its buffer takes the gradient `dd = dz · pkᵀ`.
+                let pk_t = Strided::transposed(a.pk, f);
+                gemm_strided(d, rows, c, f, dz_view, pk_t, false, false);
+                let dd = &*d;
+                for (x, dd) in x.chunks_exact(image_in).zip(dd.chunks_exact(image_in)) {
+                    ddk_image.fill(0.0);
+                    kernel_grad_image(x, dd, &mut ddk_image, layer.g);
+                    for (t, &v) in ddk.iter_mut().zip(&ddk_image) {
+                        *t += f64::from(v);
+                    }
+                }
+                if let Some(dx) = dx.as_deref_mut() {
+                    let at = (n0 - images.start) * image_in;
+                    let dx = &mut dx[at..at + rows * c];
+                    for (dx, dd) in dx.chunks_exact_mut(image_in).zip(dd.chunks_exact(image_in)) {
+                        correlate_image(dd, &flipped_dk, dx, flipped_g);
+                    }
+                }
+            }
+            (dpk, db, ddk)
+        })
+        .collect();
+    out.dpk.fill(0.0);
+    out.db.fill(0.0);
+    let mut ddk = vec![0.0f64; a.dk.len()];
+    for (dpk_t, db_t, ddk_t) in &partials {
+        out.dpk.iter_mut().zip(dpk_t).for_each(|(a, b)| *a += b);
+        out.db.iter_mut().zip(db_t).for_each(|(a, b)| *a += b);
+        ddk.iter_mut().zip(ddk_t).for_each(|(a, b)| *a += b);
+    }
+    out.ddk
+        .iter_mut()
+        .zip(&ddk)
+        .for_each(|(d, &t)| *d = t as f32);
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
+
+    /// The f64 reference of the composition: depthwise, then the pointwise product with bias
+    /// and activation; and its gradients through the reference's own pieces.
+    #[test]
+    pub(in crate::ops::cpu) fn matches_reference() {
+        for (t, (n, h, w, c, f, k)) in [
+            (1, 1, 1, 1, 1, 1),
+            (3, 7, 7, 3, 5, 3),
+            (2, 13, 7, 32, 13, 3),
+            (5, 28, 28, 8, 16, 3),
+            (9, 7, 7, 64, 128, 3),
+            (1, 3, 13, 1, 7, 5),
+            (40, 3, 3, 16, 8, 3),
+            // Enough blocks for the fused forward pass, a partial last block included.
+            (8, 14, 14, 32, 64, 3),
+            (26, 7, 7, 64, 128, 3),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for act in [Activation::Selu, Activation::Linear] {
+                let s = DepthwiseShape {
+                    n,
+                    h,
+                    w,
+                    c,
+                    kh: k,
+                    kw: k,
+                };
+                let seed = 900 + 10 * t as u64;
+                let x = random_vec(s.input_len(), seed);
+                let dk = random_vec(s.kernel_len(), seed + 1);
+                let pk = random_vec(c * f, seed + 2);
+                let bias = random_vec(f, seed + 3);
+                let dy = random_vec(n * h * w * f, seed + 4);
+                let what = format!("separable {s:?} f {f} {act:?}");
+
+                let d64 = r::depthwise_forward(&to_f64(&x), &to_f64(&dk), &s);
+                let rows = n * h * w;
+                let (pk64, bias64) = (to_f64(&pk), to_f64(&bias));
+                let y64 = r::matmul_bias_act(&d64, &pk64, Some(&bias64), rows, c, f, act);
+                let mut y = vec![f32::NAN; rows * f];
+                separable_forward(&x, &dk, &pk, Some(&bias), &mut y, &s, f, act);
+                assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
+
+                // The gradients, from the f32 forward output as the layer passes it.
+                let dz64 = r::activation_backward(&to_f64(&dy), &to_f64(&y), act);
+                let db64 = r::sum_rows(&dz64, rows, f);
+                let dpk64 = r::matmul(&d64, &dz64, c, rows, f, true, false);
+                let dd64 = r::matmul(&dz64, &pk64, rows, f, c, false, true);
+                let ddk64 = r::depthwise_backward_kernel(&to_f64(&x), &dd64, &s);
+                let dx64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
+                let mut dx = vec![f32::NAN; x.len()];
+                let mut ddk = vec![f32::NAN; dk.len()];
+                let mut dpk = vec![f32::NAN; pk.len()];
+                let mut db = vec![f32::NAN; f];
+                let grads = SeparableGrads {
+                    x: &x,
+                    dk: &dk,
+                    pk: &pk,
+                    y: &y,
+                    dy: &dy,
+                    act,
+                };
+                let out = SeparableGradsOut {
+                    dx: Some(&mut dx),
+                    ddk: &mut ddk,
+                    dpk: &mut dpk,
+                    db: &mut db,
+                };
+                separable_backward(&grads, out, &s, f);
+                assert_close(&dx, &dx64, 1e-4, &format!("{what}: dx"));
+                assert_close(&ddk, &ddk64, 1e-4, &format!("{what}: d depthwise"));
+                assert_close(&dpk, &dpk64, 1e-4, &format!("{what}: d pointwise"));
+                assert_close(&db, &db64, 1e-4, &format!("{what}: d bias"));
+            }
+        }
+    }
+}
