@@ -180,7 +180,7 @@ impl StandardScaler {
 
 /// The number of rows of a flat matrix, or an error naming the operation.
 fn rows(len: usize, n_features: usize, op: &str) -> Result<usize> {
-    if len % n_features != 0 {
+    if !len.is_multiple_of(n_features) {
         return Err(Error::InvalidArgument(format!(
             "StandardScaler.{op}: data of length {len} is not a whole number of rows of \
              {n_features} features (StandardScaler is expecting {n_features} features as input)"

@@ -183,9 +183,9 @@ fn correlate_row_any<const FMA: bool>(
 multiversion! {
     /// Output row `i` of one image (`x` is the whole image, `k` is `[kh, kw, c]`).
     fn correlate_row<const FMA: bool>(x: &[f32], k: &[f32], out: &mut [f32], i: usize, g: Geometry) {
-        if g.c % 32 == 0 {
+        if g.c.is_multiple_of(32) {
             correlate_row_v8::<4, 2, FMA>(x, k, out, i, g);
-        } else if g.c % 8 == 0 {
+        } else if g.c.is_multiple_of(8) {
             correlate_row_v8::<1, 4, FMA>(x, k, out, i, g);
         } else {
             correlate_row_any::<FMA>(x, k, out, i, g);
@@ -293,9 +293,9 @@ fn kernel_grad_row_any<const FMA: bool>(
 multiversion! {
     /// `acc[a, b, :] += Σ_j x[i + a - pt, j + b - pl, :] * dy[i, j, :]` for output row `i`.
     fn kernel_grad_row<const FMA: bool>(x: &[f32], dy_row: &[f32], acc: &mut [f32], i: usize, g: Geometry) {
-        if g.c % 32 == 0 {
+        if g.c.is_multiple_of(32) {
             kernel_grad_row_v8::<4, FMA>(x, dy_row, acc, i, g);
-        } else if g.c % 8 == 0 {
+        } else if g.c.is_multiple_of(8) {
             kernel_grad_row_v8::<1, FMA>(x, dy_row, acc, i, g);
         } else {
             kernel_grad_row_any::<FMA>(x, dy_row, acc, i, g);

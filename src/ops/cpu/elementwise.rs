@@ -240,7 +240,7 @@ pub(crate) fn binary(a: &[f32], b: &[f32], out: &mut [f32], op: BinaryOp) {
         return;
     }
     assert!(
-        !b.is_empty() && a.len() % b.len() == 0,
+        !b.is_empty() && a.len().is_multiple_of(b.len()),
         "binary: b's length {} does not divide a's length {}",
         b.len(),
         a.len()

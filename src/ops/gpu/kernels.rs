@@ -243,7 +243,7 @@ impl Kernels for GpuKernels<'_> {
             );
         }
         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
-        if d.n % 4 == 0 && d.k % 4 == 0 && !d.trans_a && !d.trans_b {
+        if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) && !d.trans_a && !d.trans_b {
             // Bindings 3, 5, 6, 7: bias, then b, out and a as vec4 (ranges are 256-byte
             // aligned and sized, so the vec4 views are valid). Software adapters get the tall
             // register block (see matmul.wgsl for the measurements); GPUs the 4×4 one, with

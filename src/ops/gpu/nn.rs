@@ -276,7 +276,7 @@ impl GpuKernels<'_> {
         out: &Tensor,
         act: Activation,
     ) -> Result<()> {
-        let v4 = g.co % 4 == 0;
+        let v4 = g.co.is_multiple_of(4);
         // Output pixels per invocation along a row, and output channels per invocation.
         let (width, channels, entry) = if v4 {
             (4, 32, CONV2D_V4)
@@ -404,8 +404,8 @@ impl GpuKernels<'_> {
     fn prefers_matmul_for_pointwise(&self, s: &Conv2dShape) -> bool {
         self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu
             && s.c_out >= 64
-            && s.c_out % 4 == 0
-            && s.c_in % 4 == 0
+            && s.c_out.is_multiple_of(4)
+            && s.c_in.is_multiple_of(4)
             && (s.n * s.h * s.w).div_ceil(128) <= 65_535
     }
 }
@@ -520,7 +520,7 @@ impl NnKernels for GpuKernels<'_> {
         }
         let (pt, pl) = s.pad_top_left();
         let taps = s.kh * s.kw * s.c_in;
-        let v4 = s.c_out % 4 == 0;
+        let v4 = s.c_out.is_multiple_of(4);
         let obs = if v4 {
             (s.c_out / 4).div_ceil(4)
         } else {
@@ -848,7 +848,7 @@ impl NnKernels for GpuKernels<'_> {
 /// Whether `channels` can be processed as vec4 lanes, and the count of elements per pixel the
 /// kernel then steps over (channels, or groups of four).
 fn channel_lanes(channels: usize) -> (bool, usize) {
-    if channels % 4 == 0 {
+    if channels.is_multiple_of(4) {
         (true, channels / 4)
     } else {
         (false, channels)
