@@ -486,6 +486,23 @@ impl NnKernels for GpuKernels<'_> {
             ..Default::default()
         };
         self.launch(CONV2D_FLIP, &p, &[kernel, &kt], grid_1d(items, 256))?;
+        let transposed = Conv2dShape {
+            c_in: s.c_out,
+            c_out: s.c_in,
+            ..*s
+        };
+        if s.kh == 1 && s.kw == 1 && self.prefers_matmul_for_pointwise(&transposed) {
+            // For a 1×1 kernel, kt is the transposed kernel [c_out, c_in]: dx = dz · kt, the
+            // forward case of a 1×1 convolution with the channel counts swapped.
+            let dims = MatmulDims {
+                m: s.n * s.h * s.w,
+                k: s.c_out,
+                n: s.c_in,
+                trans_a: false,
+                trans_b: false,
+            };
+            return self.matmul(dz, &kt, None, dx, dims, Activation::Linear);
+        }
         let g = Correlation {
             n: s.n,
             h: oh,
