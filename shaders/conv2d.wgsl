@@ -33,8 +33,14 @@
 //                grid_1d(items, 64). bindings x, dz, dk (partials).
 //   conv2d_dk_v4 backward kernel, c_out % 4 == 0: 8 taps × 16 output channels (4 vec4);
 //                units = ceil(R/8) * ceil(co/16). bindings x, dz4, dk4 (partials).
+//   conv2d_dk_1x1 backward kernel of a 1×1 'same'/'valid' convolution (xᵀ · dz over the
+//                pixels), c_in % 16 == 0 and c_out % 8 == 0: 16 input channels (4 vec4 of x) ×
+//                8 output channels (2 vec4 of dz) per unit, so per pixel 6 vec4 loads feed 128
+//                multiply-adds with no tap arithmetic; units = (ci/16) * (co/8).
+//                bindings x4, dz4, dk4 (partials).
 // Bindings (group 0): 0 uniform Params; 1 x, 2 k, 3 bias, 4 y, 5 dz, 7 dk: array<f32>;
-// 8 k4, 9 bias4, 10 y4, 11 dz4, 12 dk4: array<vec4<f32>> views (element counts multiple of 4).
+// 6 x4, 8 k4, 9 bias4, 10 y4, 11 dz4, 12 dk4: array<vec4<f32>> views (element counts multiple
+// of 4).
 // All storage is read_write: two tensors of one dispatch may be ranges of one arena buffer.
 // Tensors are bound to the USED bindings in ascending order (as listed per entry point).
 // Params: in the correlation's terms (for backward input: h, w = the forward oh, ow; ci = c_out;
@@ -71,6 +77,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> dz: array<f32>;
+@group(0) @binding(6) var<storage, read_write> x4: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(8) var<storage, read_write> k4: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read_write> bias4: array<vec4<f32>>;
@@ -509,4 +516,97 @@ fn conv2d_dk_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     store_dk4(row, r0 + 5u, ob, acc[20], acc[21], acc[22], acc[23]);
     store_dk4(row, r0 + 6u, ob, acc[24], acc[25], acc[26], acc[27]);
     store_dk4(row, r0 + 7u, ob, acc[28], acc[29], acc[30], acc[31]);
+}
+
+// conv2d_dk_1x1: acc[2 * m + q] is input channel c0 + m × output vec4 o4 + q.
+@compute @workgroup_size(64)
+fn conv2d_dk_1x1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let ci4 = p.ci / 4u;
+    let co4 = p.co / 4u;
+    let obs = co4 / 2u;
+    let di = dk_item(gid, nwg, (ci4 / 4u) * obs);
+    let c0 = (di.unit / obs) * 16u;
+    let o4 = (di.unit % obs) * 2u;
+    let start = di.chunk * p.chunk;
+    var acc: array<vec4<f32>, 32>;
+    // A uniform trip count; pixels past the end (last chunk) read the last pixel and add zero.
+    for (var q = 0u; q < p.chunk; q++) {
+        let pix = start + q;
+        let keep = select(0.0, 1.0, pix < p.pixels);
+        let at = min(pix, p.pixels - 1u);
+        let xb = at * ci4 + c0 / 4u;
+        let x0 = x4[xb] * keep;
+        let x1 = x4[xb + 1u] * keep;
+        let x2 = x4[xb + 2u] * keep;
+        let x3 = x4[xb + 3u] * keep;
+        let zb = at * co4 + o4;
+        let d0 = dz4[zb];
+        let d1 = dz4[zb + 1u];
+        acc[0] += x0.x * d0;
+        acc[1] += x0.x * d1;
+        acc[2] += x0.y * d0;
+        acc[3] += x0.y * d1;
+        acc[4] += x0.z * d0;
+        acc[5] += x0.z * d1;
+        acc[6] += x0.w * d0;
+        acc[7] += x0.w * d1;
+        acc[8] += x1.x * d0;
+        acc[9] += x1.x * d1;
+        acc[10] += x1.y * d0;
+        acc[11] += x1.y * d1;
+        acc[12] += x1.z * d0;
+        acc[13] += x1.z * d1;
+        acc[14] += x1.w * d0;
+        acc[15] += x1.w * d1;
+        acc[16] += x2.x * d0;
+        acc[17] += x2.x * d1;
+        acc[18] += x2.y * d0;
+        acc[19] += x2.y * d1;
+        acc[20] += x2.z * d0;
+        acc[21] += x2.z * d1;
+        acc[22] += x2.w * d0;
+        acc[23] += x2.w * d1;
+        acc[24] += x3.x * d0;
+        acc[25] += x3.x * d1;
+        acc[26] += x3.y * d0;
+        acc[27] += x3.y * d1;
+        acc[28] += x3.z * d0;
+        acc[29] += x3.z * d1;
+        acc[30] += x3.w * d0;
+        acc[31] += x3.w * d1;
+    }
+    if (!di.live) { return; }
+    let row = di.chunk * p.ci * co4;
+    dk4[row + (c0 + 0u) * co4 + o4] = acc[0];
+    dk4[row + (c0 + 0u) * co4 + o4 + 1u] = acc[1];
+    dk4[row + (c0 + 1u) * co4 + o4] = acc[2];
+    dk4[row + (c0 + 1u) * co4 + o4 + 1u] = acc[3];
+    dk4[row + (c0 + 2u) * co4 + o4] = acc[4];
+    dk4[row + (c0 + 2u) * co4 + o4 + 1u] = acc[5];
+    dk4[row + (c0 + 3u) * co4 + o4] = acc[6];
+    dk4[row + (c0 + 3u) * co4 + o4 + 1u] = acc[7];
+    dk4[row + (c0 + 4u) * co4 + o4] = acc[8];
+    dk4[row + (c0 + 4u) * co4 + o4 + 1u] = acc[9];
+    dk4[row + (c0 + 5u) * co4 + o4] = acc[10];
+    dk4[row + (c0 + 5u) * co4 + o4 + 1u] = acc[11];
+    dk4[row + (c0 + 6u) * co4 + o4] = acc[12];
+    dk4[row + (c0 + 6u) * co4 + o4 + 1u] = acc[13];
+    dk4[row + (c0 + 7u) * co4 + o4] = acc[14];
+    dk4[row + (c0 + 7u) * co4 + o4 + 1u] = acc[15];
+    dk4[row + (c0 + 8u) * co4 + o4] = acc[16];
+    dk4[row + (c0 + 8u) * co4 + o4 + 1u] = acc[17];
+    dk4[row + (c0 + 9u) * co4 + o4] = acc[18];
+    dk4[row + (c0 + 9u) * co4 + o4 + 1u] = acc[19];
+    dk4[row + (c0 + 10u) * co4 + o4] = acc[20];
+    dk4[row + (c0 + 10u) * co4 + o4 + 1u] = acc[21];
+    dk4[row + (c0 + 11u) * co4 + o4] = acc[22];
+    dk4[row + (c0 + 11u) * co4 + o4 + 1u] = acc[23];
+    dk4[row + (c0 + 12u) * co4 + o4] = acc[24];
+    dk4[row + (c0 + 12u) * co4 + o4 + 1u] = acc[25];
+    dk4[row + (c0 + 13u) * co4 + o4] = acc[26];
+    dk4[row + (c0 + 13u) * co4 + o4 + 1u] = acc[27];
+    dk4[row + (c0 + 14u) * co4 + o4] = acc[28];
+    dk4[row + (c0 + 14u) * co4 + o4 + 1u] = acc[29];
+    dk4[row + (c0 + 15u) * co4 + o4] = acc[30];
+    dk4[row + (c0 + 15u) * co4 + o4 + 1u] = acc[31];
 }

@@ -7,11 +7,16 @@
 //   scale               out[i] = alpha * a[i]                  bindings a, out
 //   activation          out[i] = act(a[i])                     bindings a, out
 //   activation_backward out[i] = dact(b[i] = dy, a[i] = y)     bindings a (y), b (dy), out
+//   activation_backward_v4  the same, n % 4 == 0, 4 vec4 (16 elements) per invocation:
+//                       dispatch grid_1d(ceil(n / 16), 256)    bindings a4, b4, out4
+//                       (software adapters run one scalar element per invocation at a
+//                       fraction of their bandwidth)
 //   copy_range          out[act + i] = a[m + i], i < n         bindings a, out
 //                       (a copy between two ranges of one buffer, which copy_buffer_to_buffer
 //                       refuses; m and act carry the source and destination offsets)
 //
-// Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 out: storage read_write array<f32>, flat.
+// Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 out: storage read_write array<f32>, flat;
+// 4 a4, 5 b4, 6 out4: the same as array<vec4<f32>> (bound sizes are multiples of 16 bytes).
 // All storage is read_write: two tensors of one dispatch may be ranges of one arena buffer.
 // Params: n elements, m = length of b (broadcast period, m divides n), op (0 add, 1 sub,
 // 2 mul), act (0 linear, 1 relu, 2 selu), alpha.
@@ -29,6 +34,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> a4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> b4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out4: array<vec4<f32>>;
 
 const SELU_ALPHA: f32 = 1.6732632423543772;
 const SELU_SCALE: f32 = 1.0507009873554805;
@@ -91,6 +99,28 @@ fn activation_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let i = flat(gid, nwg);
     if (i >= p.n) { return; }
     out[i] = act_grad(b[i], a[i], p.act);
+}
+
+fn act_grad4(dy: vec4<f32>, y: vec4<f32>, kind: u32) -> vec4<f32> {
+    switch kind {
+        case 1u: { return select(vec4<f32>(0.0), dy, y > vec4<f32>(0.0)); }
+        case 2u: {
+            return select(dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE, y > vec4<f32>(0.0));
+        }
+        default: { return dy; }
+    }
+}
+
+@compute @workgroup_size(256)
+fn activation_backward_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let i0 = flat(gid, nwg) * 4u;
+    for (var q = 0u; q < 4u; q++) {
+        let i = i0 + q;
+        if (i < n4) {
+            out4[i] = act_grad4(b4[i], a4[i], p.act);
+        }
+    }
 }
 
 @compute @workgroup_size(256)

@@ -623,7 +623,9 @@ fn activations_forward_and_backward() {
     let _g = serial();
     for dev in &env().devices {
         let _s = dev.scope();
-        for (t, shape) in [vec![1], vec![3, 7], vec![3, 13, 28, 32]]
+        // Lengths that are not a multiple of 4, a multiple of 4 but not of 16 (the vec4 kernel
+        // covers 16 per invocation), and a large one.
+        for (t, shape) in [vec![1], vec![3, 7], vec![5, 4], vec![3, 13, 28, 32]]
             .iter()
             .enumerate()
         {

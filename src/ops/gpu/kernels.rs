@@ -15,6 +15,8 @@ pub(crate) const SCALE: Kernel = Kernel::new(ShaderFamily::Elementwise, "scale")
 pub(crate) const ACTIVATION: Kernel = Kernel::new(ShaderFamily::Elementwise, "activation");
 pub(crate) const ACTIVATION_BACKWARD: Kernel =
     Kernel::new(ShaderFamily::Elementwise, "activation_backward");
+pub(crate) const ACTIVATION_BACKWARD_V4: Kernel =
+    Kernel::new(ShaderFamily::Elementwise, "activation_backward_v4");
 pub(crate) const COPY_RANGE: Kernel = Kernel::new(ShaderFamily::Elementwise, "copy_range");
 pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
 pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
@@ -161,6 +163,14 @@ impl GpuKernels<'_> {
             act: act.code(),
             alpha: 0.0,
         };
+        if n.is_multiple_of(4) {
+            return self.launch(
+                ACTIVATION_BACKWARD_V4,
+                &p,
+                &[y, dy, dz],
+                grid_1d(n.div_ceil(16), 256),
+            );
+        }
         self.launch(ACTIVATION_BACKWARD, &p, &[y, dy, dz], grid_1d(n, 256))
     }
 }

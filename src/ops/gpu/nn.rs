@@ -52,6 +52,7 @@ pub(crate) const CONV2D_V4: Kernel = conv("conv2d_v4");
 pub(crate) const CONV2D_FLIP: Kernel = conv("conv2d_flip");
 pub(crate) const CONV2D_DK_S: Kernel = conv("conv2d_dk_s");
 pub(crate) const CONV2D_DK_V4: Kernel = conv("conv2d_dk_v4");
+pub(crate) const CONV2D_DK_1X1: Kernel = conv("conv2d_dk_1x1");
 pub(crate) const DEPTHWISE_S: Kernel = dw("depthwise_s");
 pub(crate) const DEPTHWISE_V4: Kernel = dw("depthwise_v4");
 pub(crate) const DEPTHWISE3X3_V4: Kernel = dw("depthwise3x3_v4");
@@ -74,12 +75,14 @@ pub(crate) const CONV2D: &[Kernel] = &[CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
 /// Kernels of `Conv2DBackpropInput`.
 pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[CONV2D_FLIP, CONV2D_S, CONV2D_V4];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
-pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[CONV2D_DK_S, CONV2D_DK_V4, gk::SUM_ROWS];
+pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] =
+    &[CONV2D_DK_S, CONV2D_DK_V4, CONV2D_DK_1X1, gk::SUM_ROWS];
 /// Kernels of `BiasAddGrad`.
 pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS];
 /// Kernels of `FusedDenseGrad`: the activation gradient, its column sums, two products.
 pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
+    gk::ACTIVATION_BACKWARD_V4,
     gk::SUM_ROWS,
     gk::MATMUL,
     gk::MATMUL_TALL,
@@ -109,9 +112,11 @@ pub(crate) const SEPARABLE_BACKWARD: &[Kernel] = &[
     DEPTHWISE_V4,
     DEPTHWISE3X3_V4,
     gk::ACTIVATION_BACKWARD,
+    gk::ACTIVATION_BACKWARD_V4,
     gk::SUM_ROWS,
     CONV2D_DK_S,
     CONV2D_DK_V4,
+    CONV2D_DK_1X1,
     CONV2D_FLIP,
     CONV2D_S,
     CONV2D_V4,
@@ -126,7 +131,8 @@ pub(crate) const MAXPOOL_BACKWARD: &[Kernel] = &[MAXPOOL_BWD_S, MAXPOOL_BWD_V4];
 /// Kernels of `Relu` / `Selu` / `Identity`.
 pub(crate) const ACTIVATION: &[Kernel] = &[gk::ACTIVATION];
 /// Kernels of `ReluGrad` / `SeluGrad`.
-pub(crate) const ACTIVATION_BACKWARD: &[Kernel] = &[gk::ACTIVATION_BACKWARD];
+pub(crate) const ACTIVATION_BACKWARD: &[Kernel] =
+    &[gk::ACTIVATION_BACKWARD, gk::ACTIVATION_BACKWARD_V4];
 /// Kernels of `Softmax`.
 pub(crate) const SOFTMAX: &[Kernel] = &[SOFTMAX_ROWS];
 /// Kernels of `SparseSoftmaxCrossEntropyWithLogits`.
@@ -140,9 +146,14 @@ pub(crate) const MOMENTUM_UPDATE: &[Kernel] = &[SGD_MOMENTUM];
 /// Kernels of `ResourceApplyAdam`.
 pub(crate) const ADAM_UPDATE: &[Kernel] = &[ADAM];
 
-/// Invocations a partial-sum pass aims for: enough to fill a GPU (and both lavapipe threads),
-/// few enough that the partials stay small.
+/// Invocations a partial-sum pass aims for on a GPU: enough to fill it, few enough that the
+/// partials stay small.
 const PARTIAL_TARGET: usize = 32_768;
+/// The same on a software adapter, whose few cores are busy with a few dozen workgroups: more
+/// chunks would only add partials to write and sum (the 1×1 kernel gradient at 7×7×128→128,
+/// batch 128, on lavapipe: 31-35 ms with 32,768, 10-15 ms with 2,048; the depthwise kernel
+/// gradients gain about a third).
+const SOFTWARE_PARTIAL_TARGET: usize = 2_048;
 /// Fewest pixels (or image rows for the 3×3 depthwise filter gradient) one partial sums.
 const MIN_CHUNK: usize = 32;
 
@@ -239,11 +250,11 @@ struct OptimParams {
     eps: f32,
 }
 
-/// How a reduction over `total` positions is cut for `units` independent sums: `(chunk,
-/// chunks)`, `chunk` positions per partial.
-fn chunking(units: usize, total: usize, min_chunk: usize) -> (usize, usize) {
+/// How a reduction over `total` positions is cut for `units` independent sums, aiming for
+/// `target` invocations: `(chunk, chunks)`, `chunk` positions per partial.
+fn chunking(target: usize, units: usize, total: usize, min_chunk: usize) -> (usize, usize) {
     let max_chunks = total.div_ceil(min_chunk).max(1);
-    let chunks = PARTIAL_TARGET.div_ceil(units.max(1)).clamp(1, max_chunks);
+    let chunks = target.div_ceil(units.max(1)).clamp(1, max_chunks);
     let chunk = total.div_ceil(chunks).max(1);
     (chunk, total.div_ceil(chunk).max(1))
 }
@@ -401,6 +412,15 @@ impl GpuKernels<'_> {
     /// lavapipe at batch 128, ms (1×1 convolution kernel → matrix product): 28×28 32→32
     /// 31 → 40, 14×14 32→64 16.8 → 10.7, 14×14 64→64 29 → 17, 7×7 64→128 10.2 → 6.2, 7×7
     /// 128→128 30 → 16.
+    /// Invocations a partial-sum pass aims for on this adapter.
+    fn partial_target(&self) -> usize {
+        if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
+            SOFTWARE_PARTIAL_TARGET
+        } else {
+            PARTIAL_TARGET
+        }
+    }
+
     fn prefers_matmul_for_pointwise(&self, s: &Conv2dShape) -> bool {
         self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu
             && s.c_out >= 64
@@ -537,6 +557,20 @@ impl NnKernels for GpuKernels<'_> {
         }
         let (pt, pl) = s.pad_top_left();
         let taps = s.kh * s.kw * s.c_in;
+        if s.kh == 1 && s.kw == 1 && s.c_in.is_multiple_of(16) && s.c_out.is_multiple_of(8) {
+            // A plain xᵀ · dz over the pixels: no taps to compute, all loads vec4.
+            let units = (s.c_in / 16) * (s.c_out / 8);
+            let (chunk, chunks) = chunking(self.partial_target(), units, pixels, MIN_CHUNK);
+            let p = ConvParams {
+                ci: u(s.c_in),
+                co: u(s.c_out),
+                items: u(units * chunks),
+                chunk: u(chunk),
+                pixels: u(pixels),
+                ..Default::default()
+            };
+            return self.partial_sums(CONV2D_DK_1X1, &p, [x, dz], dk, units * chunks, chunks);
+        }
         let v4 = s.c_out.is_multiple_of(4);
         let obs = if v4 {
             (s.c_out / 4).div_ceil(4)
@@ -545,7 +579,7 @@ impl NnKernels for GpuKernels<'_> {
         };
         // Flattened taps per unit: 8 in conv2d_dk_v4, 4 in conv2d_dk_s.
         let units = taps.div_ceil(if v4 { 8 } else { 4 }) * obs;
-        let (chunk, chunks) = chunking(units, pixels, MIN_CHUNK);
+        let (chunk, chunks) = chunking(self.partial_target(), units, pixels, MIN_CHUNK);
         let items = units * chunks;
         let p = ConvParams {
             n: u(s.n),
@@ -614,12 +648,12 @@ impl NnKernels for GpuKernels<'_> {
         let (entry, units, chunk, chunks) = if v4 && s.kh == 3 && s.kw == 3 {
             // Chunks of whole image rows.
             let rows = s.n * s.h;
-            let (chunk, chunks) = chunking(c, rows, 1);
+            let (chunk, chunks) = chunking(self.partial_target(), c, rows, 1);
             p.total = u(rows);
             (DEPTHWISE3X3_DK_V4, c, chunk, chunks)
         } else {
             let units = (s.kh * s.kw).div_ceil(4) * c;
-            let (chunk, chunks) = chunking(units, pixels, MIN_CHUNK);
+            let (chunk, chunks) = chunking(self.partial_target(), units, pixels, MIN_CHUNK);
             p.total = u(pixels);
             let entry = if v4 { DEPTHWISE_DK_V4 } else { DEPTHWISE_DK_S };
             (entry, units, chunk, chunks)
