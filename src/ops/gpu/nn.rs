@@ -73,7 +73,10 @@ pub(crate) const ADAM: Kernel = opt("adam");
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
 /// Kernels of `Conv2DBackpropInput`.
-pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[CONV2D_FLIP, CONV2D_S, CONV2D_V4];
+/// (1×1 kernels with 64+ input channels on software adapters: the product on the flipped
+/// kernel.)
+pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] =
+    &[CONV2D_FLIP, CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] =
     &[CONV2D_DK_S, CONV2D_DK_V4, CONV2D_DK_1X1, gk::SUM_ROWS];
@@ -120,6 +123,7 @@ pub(crate) const SEPARABLE_BACKWARD: &[Kernel] = &[
     CONV2D_FLIP,
     CONV2D_S,
     CONV2D_V4,
+    gk::MATMUL_16X8,
     DEPTHWISE_DK_S,
     DEPTHWISE_DK_V4,
     DEPTHWISE3X3_DK_V4,
