@@ -253,7 +253,7 @@ pub(crate) enum SimdLevel {
     Avx2,
     /// AVX2, FMA, AVX-512 F and VL. The loops still work on 8 lanes (`V8`), but AVX-512 gives
     /// the compiler 32 vector registers instead of 16: the depthwise and pointwise loops keep
-    /// all their accumulators and kernel vectors in registers (measured 15-25% faster on the
+    /// all their accumulators and kernel vectors in registers (measured 15-30% faster on the
     /// tutorial's separable layers on a Zen 4).
     Avx512,
 }
