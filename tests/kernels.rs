@@ -928,6 +928,16 @@ fn bad_arguments_are_errors() {
         );
         let pk = put(dev, &random_vec(3 * 8, 4), &[1, 1, 3, 8]);
         assert!(ops::separable_conv2d(&x, &dk, &pk, Some(&bad_bias), Activation::Relu).is_err());
+        let no_channels_dk = put(dev, &[], &[3, 3, 0, 1]);
+        let no_channels_pk = put(dev, &[], &[1, 1, 0, 8]);
+        let err = ops::separable_conv2d(
+            &no_channels,
+            &no_channels_dk,
+            &no_channels_pk,
+            None,
+            Activation::Relu,
+        );
+        assert!(err.unwrap_err().to_string().contains("no channels"));
         let y = ops::separable_conv2d(&x, &dk, &pk, None, Activation::Relu).unwrap();
         assert!(
             ops::separable_conv2d_backward(&x, &dk, &pk, &y, &x, Activation::Relu, true).is_err()

@@ -471,7 +471,7 @@ impl Layer for SeparableConv2D {
             Ok((y.clone(), vec![x.clone(), y, d]))
         } else {
             // One fused op whose backward pass recomputes `d` in cache (see
-            // `ops::separable_conv2d`): less memory traffic and nothing more kept.
+            // `ops::separable_conv2d`): one activation fewer kept per layer.
             let y = ops::separable_conv2d(x, depthwise, pointwise, Some(bias), act)?;
             Ok((y.clone(), vec![x.clone(), y]))
         }

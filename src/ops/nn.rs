@@ -751,6 +751,14 @@ fn separable_shape(
     pointwise: &Tensor,
 ) -> Result<(DepthwiseShape, usize)> {
     let s = depthwise_shape(op, x.shape(), depthwise.shape())?;
+    if s.c == 0 {
+        return Err(mismatch(
+            op,
+            x.shape(),
+            depthwise.shape(),
+            ": the input has no channels",
+        ));
+    }
     match *pointwise.shape() {
         [1, 1, c, filters] if c == s.c => Ok((s, filters)),
         _ => Err(mismatch(

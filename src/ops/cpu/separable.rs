@@ -6,8 +6,9 @@
 //! product, kept for the backward pass and read again there, and its gradient is written and
 //! read twice more. Fused, `d` and its gradient live only in a per-block scratch buffer: the
 //! forward pass reads `x` and writes `y`; the backward pass recomputes `d` from `x` (9
-//! multiply-adds per element, which is cheaper than the memory traffic it saves), reads `y` and
-//! `dy`, and writes `dx`.
+//! multiply-adds per element), reads `y` and `dy`, and writes `dx`. On a Zen 4 whose 32 MiB L3
+//! holds every activation of the tutorial model this runs as fast as the separate ops (the
+//! traffic it saves was L3 traffic); what it always saves is memory: `d` is never kept.
 
 use rayon::prelude::*;
 
@@ -36,8 +37,8 @@ struct Layer {
 }
 
 impl Layer {
-    /// Checks every slice length against the shape (`y_len` and `pk_len` for the pointwise
-    /// output and kernel).
+    /// Checks the lengths of `x`, the depthwise kernel, the pointwise kernel and `y` against
+    /// the shape.
     fn new(s: &DepthwiseShape, f: usize, lens: [usize; 4], what: &str) -> Layer {
         let [x, dk, pk, y] = lens;
         let g = depthwise::geometry(s, x, dk, x, what);
@@ -94,6 +95,10 @@ pub(crate) fn separable_forward(
         );
     }
     let (c, pixels) = (layer.c, layer.pixels);
+    assert!(
+        c > 0 || y.is_empty(),
+        "separable_forward: no input channels"
+    );
     if y.is_empty() {
         return;
     }
