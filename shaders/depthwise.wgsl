@@ -15,9 +15,10 @@
 //                      (wblocks = ceil(w/4)). bindings x, k, y.
 //   depthwise_v4       c % 4 == 0: 4 pixels × 1 vec4 of channels; items = n*h*wblocks*c/4.
 //                      bindings x4, k4, y4.
-//   depthwise3x3_v4    kh = kw = 3, c % 4 == 0: 2 rows × 4 pixels × 1 vec4, reading each input
-//                      row once for the block (6 loads per row, 9 kernel loads per block);
-//                      items = n*hblocks*wblocks*c/4 (hblocks = ceil(h/2)). Neighbouring lanes
+//   depthwise3x3_v4    kh = kw = 3, c % 4 == 0: 4 rows × 4 pixels × 1 vec4, reading each input
+//                      row once for the block (6 loads per row, 9 kernel loads per block: 45
+//                      loads for 144 vec4 multiply-adds; 2 rows gave 33 for 72);
+//                      items = n*hblocks*wblocks*c/4 (hblocks = ceil(h/4)). Neighbouring lanes
 //                      take neighbouring channel vec4s, so their loads share cache lines (twice
 //                      as fast on lavapipe as giving each workgroup one channel vec4).
 //                      bindings x4, k4, y4.
@@ -215,7 +216,7 @@ fn depthwise3x3_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let t = it / p.c;
     let j0 = (t % p.wblocks) * 4u;
     let t2 = t / p.wblocks;
-    let i0 = (t2 % p.hblocks) * 2u;
+    let i0 = (t2 % p.hblocks) * 4u;
     let n = t2 / p.hblocks;
     // Kernel taps K(a, b), flipped for the backward pass.
     let f = p.flip == 1u;
@@ -230,6 +231,7 @@ fn depthwise3x3_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let k22 = k4[select(8u, 0u, f) * p.c + g];
     let z = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     let top = i0 - p.pt;
+    // Input row top + r feeds output rows i0 + r - 2 ..= i0 + r (kernel rows 2, 1, 0).
     let r0 = ld6(n, top, j0, g);
     var o0 = row3(z, r0, k00, k01, k02);
     let r1 = ld6(n, top + 1u, j0, g);
@@ -238,11 +240,21 @@ fn depthwise3x3_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let r2 = ld6(n, top + 2u, j0, g);
     o0 = row3(o0, r2, k20, k21, k22);
     o1 = row3(o1, r2, k10, k11, k12);
+    var o2 = row3(z, r2, k00, k01, k02);
     let r3 = ld6(n, top + 3u, j0, g);
     o1 = row3(o1, r3, k20, k21, k22);
+    o2 = row3(o2, r3, k10, k11, k12);
+    var o3 = row3(z, r3, k00, k01, k02);
+    let r4 = ld6(n, top + 4u, j0, g);
+    o2 = row3(o2, r4, k20, k21, k22);
+    o3 = row3(o3, r4, k10, k11, k12);
+    let r5 = ld6(n, top + 5u, j0, g);
+    o3 = row3(o3, r5, k20, k21, k22);
     if (item >= p.items) { return; }
     store_row4(n, i0, j0, g, o0);
     store_row4(n, i0 + 1u, j0, g, o1);
+    store_row4(n, i0 + 2u, j0, g, o2);
+    store_row4(n, i0 + 3u, j0, g, o3);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -383,7 +383,7 @@ impl GpuKernels<'_> {
         };
         let (v4, c) = channel_lanes(s.c);
         let wblocks = s.w.div_ceil(4);
-        let hblocks = s.h.div_ceil(2);
+        let hblocks = s.h.div_ceil(4);
         let (kernel_entry, items) = if v4 && s.kh == 3 && s.kw == 3 {
             (DEPTHWISE3X3_V4, s.n * hblocks * wblocks * c)
         } else if v4 {
