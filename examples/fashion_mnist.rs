@@ -260,9 +260,11 @@ fn run(args: Args) -> Result<(), BoxError> {
     }
     config::set_log_device_placement(args.log_placement);
     let logical = config::list_logical_devices("GPU")?;
+    // As the guide prints it: every physical GPU, and the logical ones the visible GPUs became
+    // (hidden GPUs count as physical only: "2 Physical GPUs, 1 Logical GPU" after --visible 0).
     println!(
         "{} Physical GPUs, {} Logical GPUs",
-        visible.len(),
+        physical.len(),
         logical.len()
     );
     for d in &logical {
