@@ -6,10 +6,14 @@
 //   sum_rows    @workgroup_size(64), dispatch (ceil(cols / 64), ceil(rows / chunk), 1):
 //               out[g * cols + c] = Σ_{r in chunk g} x[r * cols + c]  (column sums in chunks;
 //               the caller applies it again to the [chunks, cols] partials until one row is left).
+//   sum_rows_v4 the same for cols % 4 == 0, one vec4 of columns per invocation (a quarter of
+//               the loads, which software adapters run one lane at a time); dispatch
+//               (ceil(cols / 256), ceil(rows / chunk), 1).
 //   argmax_rows @workgroup_size(64), dispatch grid_1d(rows, 64): idx[r] = first arg max of row r.
 //   add_into    @workgroup_size(256), dispatch grid_1d(n, 256): out[i] += x[i] (AddN's steps).
 //
-// Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>.
+// Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>;
+// 4 x4, 5 out4: x and out as array<vec4<f32>>.
 // Params: n, rows, cols, chunk, alpha.
 // Limits: 1 KiB of workgroup memory.
 
@@ -25,6 +29,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<storage, read_write> idx: array<i32>;
+@group(0) @binding(4) var<storage, read_write> x4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> out4: array<vec4<f32>>;
 
 var<workgroup> partial: array<f32, 256>;
 
@@ -58,6 +64,20 @@ fn sum_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
         s += x[r * p.cols + c];
     }
     out[gid.y * p.cols + c] = s;
+}
+
+@compute @workgroup_size(64)
+fn sum_rows_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let cols4 = p.cols / 4u;
+    let c = gid.x;
+    if (c >= cols4) { return; }
+    let start = gid.y * p.chunk;
+    let end = min(start + p.chunk, p.rows);
+    var s = vec4<f32>(0.0);
+    for (var r = start; r < end; r++) {
+        s += x4[r * cols4 + c];
+    }
+    out4[gid.y * cols4 + c] = s;
 }
 
 @compute @workgroup_size(64)

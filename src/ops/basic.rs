@@ -36,11 +36,11 @@ const SCALE: OpInfo = OpInfo {
 };
 const SUM: OpInfo = OpInfo {
     name: "Sum",
-    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS]),
+    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SUM_ROWS_V4]),
 };
 const MEAN: OpInfo = OpInfo {
     name: "Mean",
-    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SCALE]),
+    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SCALE]),
 };
 const ARGMAX: OpInfo = OpInfo {
     name: "ArgMax",

@@ -24,6 +24,7 @@ pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul
 pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
+pub(crate) const SUM_ROWS_V4: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_v4");
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
 pub(crate) const ADD_INTO: Kernel = Kernel::new(ShaderFamily::Reduce, "add_into");
 
@@ -306,12 +307,13 @@ impl Kernels for GpuKernels<'_> {
                 chunk: u(SUM_ROWS_CHUNK),
                 alpha: 0.0,
             };
-            self.launch(
-                SUM_ROWS,
-                &p,
-                &[&current, &target],
-                [u(cols.div_ceil(64)), u(chunks), 1],
-            )?;
+            if cols.is_multiple_of(4) {
+                let grid = [u(cols.div_ceil(256)), u(chunks), 1];
+                self.launch(SUM_ROWS_V4, &p, &[&current, &target], grid)?;
+            } else {
+                let grid = [u(cols.div_ceil(64)), u(chunks), 1];
+                self.launch(SUM_ROWS, &p, &[&current, &target], grid)?;
+            }
             if chunks == 1 {
                 return Ok(());
             }

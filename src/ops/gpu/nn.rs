@@ -78,15 +78,21 @@ pub(crate) const CONV2D: &[Kernel] = &[CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
 pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] =
     &[CONV2D_FLIP, CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
-pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] =
-    &[CONV2D_DK_S, CONV2D_DK_V4, CONV2D_DK_1X1, gk::SUM_ROWS];
+pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
+    CONV2D_DK_S,
+    CONV2D_DK_V4,
+    CONV2D_DK_1X1,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+];
 /// Kernels of `BiasAddGrad`.
-pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS];
+pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS, gk::SUM_ROWS_V4];
 /// Kernels of `FusedDenseGrad`: the activation gradient, its column sums, two products.
 pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
     gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
     gk::MATMUL,
     gk::MATMUL_TALL,
 ];
@@ -98,6 +104,7 @@ pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
     DEPTHWISE_DK_V4,
     DEPTHWISE3X3_DK_V4,
     gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
 ];
 /// Kernels of `FusedSeparableConv2D`: the depthwise and the 1×1 convolution, unfused.
 pub(crate) const SEPARABLE: &[Kernel] = &[
@@ -117,6 +124,7 @@ pub(crate) const SEPARABLE_BACKWARD: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
     gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK_1X1,
