@@ -18,9 +18,11 @@
 //!   load per lane), and memory traffic on hardware: the convolutions keep 4 pixels × 32 output
 //!   channels per invocation in registers, with the kernel read at one address per workgroup.
 //!   [`crate::ops::pointwise_conv2d`] runs on `conv2d_v4`, except on software adapters with 64
-//!   or more output channels, where `matmul_16x8` (tall register blocks) is faster; the
-//!   gradients of a 1×1 convolution stay on the convolution kernels, whose partial sums split
-//!   the long pixel dimension over many workgroups (a plain product gives `xᵀ · dz` one).
+//!   or more output channels, where `matmul_16x8` (tall register blocks) is faster; the input
+//!   gradient of a 1×1 convolution takes the same route with the channel counts swapped (the
+//!   flipped kernel is then the transposed one). Its kernel gradient `xᵀ · dz` is
+//!   `conv2d_dk_1x1`, partial sums over chunks of pixels (a plain product would give the long
+//!   pixel dimension to one workgroup); software adapters get a few large chunks, GPUs many.
 
 use bytemuck::{Pod, Zeroable};
 
