@@ -421,11 +421,6 @@ impl GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
-    /// Whether a 1×1 convolution runs faster as a matrix product here: on software adapters,
-    /// through `matmul_16x8`, once the output channels fill its 64-column tiles. Measured on
-    /// lavapipe at batch 128, ms (1×1 convolution kernel → matrix product): 28×28 32→32
-    /// 31 → 40, 14×14 32→64 16.8 → 10.7, 14×14 64→64 29 → 17, 7×7 64→128 10.2 → 6.2, 7×7
-    /// 128→128 30 → 16.
     /// Invocations a partial-sum pass aims for on this adapter.
     fn partial_target(&self) -> usize {
         if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
@@ -435,6 +430,11 @@ impl GpuKernels<'_> {
         }
     }
 
+    /// Whether a 1×1 convolution runs faster as a matrix product here: on software adapters,
+    /// through `matmul_16x8`, once the output channels fill its 64-column tiles. Measured on
+    /// lavapipe at batch 128, ms (1×1 convolution kernel → matrix product): 28×28 32→32
+    /// 31 → 40, 14×14 32→64 16.8 → 10.7, 14×14 64→64 29 → 17, 7×7 64→128 10.2 → 6.2, 7×7
+    /// 128→128 30 → 16.
     fn prefers_matmul_for_pointwise(&self, s: &Conv2dShape) -> bool {
         self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu
             && s.c_out >= 64
