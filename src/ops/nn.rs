@@ -120,13 +120,6 @@ pub(crate) struct SeparableForward<'a> {
     pub(crate) act: Activation,
 }
 
-impl SeparableForward<'_> {
-    /// The pointwise half as a 1×1 convolution.
-    pub(crate) fn pointwise_shape(&self) -> Conv2dShape {
-        pointwise_shape(&self.s, self.filters)
-    }
-}
-
 /// The tensors of [`NnKernels::separable_backward`]: the forward tensors (`y` the activated
 /// output) and `dy`; outputs `dx` (optional) and the three weight gradients.
 pub(crate) struct SeparableBackward<'a> {
@@ -144,15 +137,9 @@ pub(crate) struct SeparableBackward<'a> {
     pub(crate) act: Activation,
 }
 
-impl SeparableBackward<'_> {
-    /// The pointwise half as a 1×1 convolution.
-    pub(crate) fn pointwise_shape(&self) -> Conv2dShape {
-        pointwise_shape(&self.s, self.filters)
-    }
-}
-
-/// The 1×1 convolution after a depthwise one of shape `s`.
-fn pointwise_shape(s: &DepthwiseShape, filters: usize) -> Conv2dShape {
+/// The 1×1 convolution after a depthwise one of shape `s` (the pointwise half of a separable
+/// convolution).
+pub(crate) fn pointwise_shape(s: &DepthwiseShape, filters: usize) -> Conv2dShape {
     Conv2dShape {
         n: s.n,
         h: s.h,

@@ -29,6 +29,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
+use crate::ops::nn::pointwise_shape;
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
 use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward, SeparableForward};
 use crate::tensor::Tensor;
@@ -743,7 +744,14 @@ impl NnKernels for GpuKernels<'_> {
         // Unfused: on a GPU each step is its own dispatch anyway.
         let d = self.scratch(f.x.shape(), f.x)?;
         self.depthwise(f.x, f.depthwise, &d, &f.s)?;
-        self.conv2d(&d, f.pointwise, f.bias, f.y, &f.pointwise_shape(), f.act)
+        self.conv2d(
+            &d,
+            f.pointwise,
+            f.bias,
+            f.y,
+            &pointwise_shape(&f.s, f.filters),
+            f.act,
+        )
     }
 
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
@@ -757,7 +765,7 @@ impl NnKernels for GpuKernels<'_> {
                 dz
             }
         };
-        let ps = g.pointwise_shape();
+        let ps = pointwise_shape(&g.s, g.filters);
         self.sum_rows(&dz, ps.n * ps.h * ps.w, g.filters, g.d_bias)?;
         self.conv2d_backward_kernel(&d, &dz, g.d_pointwise, &ps)?;
         let dd = self.scratch(g.x.shape(), g.x)?;
