@@ -55,6 +55,12 @@ impl Geometry {
         (b0, b1)
     }
 
+    /// Whether this is a 3×3 correlation with one row and column of zeros on each side.
+    #[inline(always)]
+    fn is_3x3_same(&self) -> bool {
+        self.kh == 3 && self.kw == 3 && self.pt == 1 && self.pl == 1
+    }
+
     /// Output columns `[j0, j1)` for which every kernel column reads inside the image.
     #[inline(always)]
     fn interior(&self) -> (usize, usize) {
@@ -180,10 +186,87 @@ fn correlate_row_any<const FMA: bool>(
     }
 }
 
+/// Output row `i` of a 3×3 correlation with one zero row and column of padding on each side
+/// ('same', and its flipped input gradient), channels in groups of `8 * NV`.
+///
+/// Input-stationary: each input column's (up to) three vectors are loaded once and feed the
+/// three outputs that read them (`j - 1`, `j`, `j + 1`), with the nine kernel vectors held in
+/// registers for the whole row. That is one load per three multiply-adds, where the
+/// pixel-stationary [`correlate_pixels`] needs about one and a half: it runs at the FMA units'
+/// pace, not the load ports'. A row's three input rows (10.5 KiB at every tutorial shape) stay
+/// in L1 across the channel groups.
+///
+/// Panics unless `c` is a multiple of `8 * NV`, `g` is such a 3×3 geometry, and the slices hold
+/// a whole image, kernel and output row.
+#[inline(always)]
+fn correlate_row_3x3<const NV: usize, const FMA: bool>(
+    x: &[f32],
+    k: &[f32],
+    out: &mut [f32],
+    i: usize,
+    g: Geometry,
+) {
+    let (w, c) = (g.w, g.c);
+    assert!(
+        g.is_3x3_same()
+            && c % (8 * NV) == 0
+            && w > 0
+            && x.len() >= g.h * w * c
+            && k.len() >= 9 * c
+            && out.len() >= w * c,
+        "depthwise: 3x3 row out of range"
+    );
+    // Kernel rows whose input row `i + a - 1` is inside the image.
+    let (a0, a1) = g.rows(i);
+    let zero = [V8::splat(0.0); NV];
+    for c0 in (0..c).step_by(8 * NV) {
+        let mut kv = [[zero; 3]; 3];
+        for (a, row) in kv.iter_mut().enumerate() {
+            for (b, tap) in row.iter_mut().enumerate() {
+                *tap = V8::load_n::<NV>(k, (a * 3 + b) * c + c0);
+            }
+        }
+        // Outputs `jj - 1` and `jj` collect their taps while input column `jj` is read; `jj + 1`
+        // starts there.
+        let (mut left, mut mid) = (zero, zero);
+        for jj in 0..w {
+            let mut right = zero;
+            for (a, taps) in kv.iter().enumerate() {
+                if a < a0 || a >= a1 {
+                    continue;
+                }
+                let src = ((i + a - 1) * w + jj) * c + c0;
+                for v in 0..NV {
+                    // SAFETY: `rows` keeps i + a - 1 < h, and jj < w, so with c0 + 8 * NV <= c
+                    // (c a multiple of 8 * NV) `src + 8 * v + 8 <= h * w * c <= x.len()`.
+                    let xv = V8::load(unsafe { x.get_unchecked(src + 8 * v..src + 8 * v + 8) }, 0);
+                    left[v] = left[v].madd_v::<FMA>(xv, taps[2][v]);
+                    mid[v] = mid[v].madd_v::<FMA>(xv, taps[1][v]);
+                    right[v] = right[v].madd_v::<FMA>(xv, taps[0][v]);
+                }
+            }
+            if jj > 0 {
+                for (v, acc) in left.iter().enumerate() {
+                    acc.store(out, (jj - 1) * c + c0 + 8 * v);
+                }
+            }
+            (left, mid) = (mid, right);
+        }
+        // Output `w - 1` is complete: its right-hand tap reads the zero padding.
+        for (v, acc) in left.iter().enumerate() {
+            acc.store(out, (w - 1) * c + c0 + 8 * v);
+        }
+    }
+}
+
 multiversion! {
     /// Output row `i` of one image (`x` is the whole image, `k` is `[kh, kw, c]`).
     fn correlate_row<const FMA: bool>(x: &[f32], k: &[f32], out: &mut [f32], i: usize, g: Geometry) {
-        if g.c.is_multiple_of(32) {
+        if g.is_3x3_same() && g.c.is_multiple_of(16) && super::wide_registers() {
+            correlate_row_3x3::<2, FMA>(x, k, out, i, g);
+        } else if g.is_3x3_same() && g.c.is_multiple_of(8) {
+            correlate_row_3x3::<1, FMA>(x, k, out, i, g);
+        } else if g.c.is_multiple_of(32) {
             correlate_row_v8::<4, 2, FMA>(x, k, out, i, g);
         } else if g.c.is_multiple_of(8) {
             correlate_row_v8::<1, 4, FMA>(x, k, out, i, g);
@@ -290,10 +373,77 @@ fn kernel_grad_row_any<const FMA: bool>(
     }
 }
 
+/// [`kernel_grad_row_v8`] for a 3×3 'same' geometry: the nine tap sums of a channel group stay
+/// in registers for the whole row, each input column's vectors are loaded once and meet the
+/// three `dy` vectors that read them (`dy[j + 1]`, `dy[j]`, `dy[j - 1]`, a sliding window): four
+/// loads per nine multiply-adds.
+///
+/// Panics unless `c` is a multiple of `8 * NV`, `g` is such a 3×3 geometry, and the slices hold
+/// a whole image, an output row and a kernel.
+#[inline(always)]
+fn kernel_grad_row_3x3<const NV: usize, const FMA: bool>(
+    x: &[f32],
+    dy_row: &[f32],
+    acc: &mut [f32],
+    i: usize,
+    g: Geometry,
+) {
+    let (w, c) = (g.w, g.c);
+    assert!(
+        g.is_3x3_same()
+            && c % (8 * NV) == 0
+            && x.len() >= g.h * w * c
+            && dy_row.len() >= w * c
+            && acc.len() >= 9 * c,
+        "depthwise: 3x3 kernel-gradient row out of range"
+    );
+    let (a0, a1) = g.rows(i);
+    let zero = [V8::splat(0.0); NV];
+    for c0 in (0..c).step_by(8 * NV) {
+        let mut sums = [[zero; 3]; 3];
+        // `dy` at output columns jj - 1, jj and jj + 1 (zero outside the row).
+        let (mut left, mut mid) = (zero, V8::load_n::<NV>(dy_row, c0));
+        for jj in 0..w {
+            let right = if jj + 1 < w {
+                V8::load_n::<NV>(dy_row, (jj + 1) * c + c0)
+            } else {
+                zero
+            };
+            for (a, taps) in sums.iter_mut().enumerate() {
+                if a < a0 || a >= a1 {
+                    continue;
+                }
+                let src = ((i + a - 1) * w + jj) * c + c0;
+                for v in 0..NV {
+                    // SAFETY: `rows` keeps i + a - 1 < h, and jj < w, so with c0 + 8 * NV <= c
+                    // (c a multiple of 8 * NV) `src + 8 * v + 8 <= h * w * c <= x.len()`.
+                    let xv = V8::load(unsafe { x.get_unchecked(src + 8 * v..src + 8 * v + 8) }, 0);
+                    taps[0][v] = taps[0][v].madd_v::<FMA>(xv, right[v]);
+                    taps[1][v] = taps[1][v].madd_v::<FMA>(xv, mid[v]);
+                    taps[2][v] = taps[2][v].madd_v::<FMA>(xv, left[v]);
+                }
+            }
+            (left, mid) = (mid, right);
+        }
+        for (a, taps) in sums.iter().enumerate() {
+            for (b, tap) in taps.iter().enumerate() {
+                for (v, sum) in tap.iter().enumerate() {
+                    let at = (a * 3 + b) * c + c0 + 8 * v;
+                    V8::load(acc, at).add(*sum).store(acc, at);
+                }
+            }
+        }
+    }
+}
+
 multiversion! {
     /// `acc[a, b, :] += Σ_j x[i + a - pt, j + b - pl, :] * dy[i, j, :]` for output row `i`.
     fn kernel_grad_row<const FMA: bool>(x: &[f32], dy_row: &[f32], acc: &mut [f32], i: usize, g: Geometry) {
-        if g.c.is_multiple_of(32) {
+        if g.is_3x3_same() && g.c.is_multiple_of(16) && super::wide_registers() {
+            kernel_grad_row_3x3::<2, FMA>(x, dy_row, acc, i, g);
+        } else if g.is_3x3_same() && g.c.is_multiple_of(8) {
+            kernel_grad_row_3x3::<1, FMA>(x, dy_row, acc, i, g);
+        } else if g.c.is_multiple_of(32) {
             kernel_grad_row_v8::<4, FMA>(x, dy_row, acc, i, g);
         } else if g.c.is_multiple_of(8) {
             kernel_grad_row_v8::<1, FMA>(x, dy_row, acc, i, g);
@@ -471,6 +621,10 @@ pub(super) mod tests {
             (1, 6, 6, 64, 3, 3),
             (1, 9, 9, 16, 5, 5),
             (1, 4, 3, 32, 2, 4),
+            // The 3×3 sliding window on images of one row or column.
+            (2, 1, 1, 16, 3, 3),
+            (1, 2, 1, 8, 3, 3),
+            (1, 1, 5, 48, 3, 3),
         ]
         .into_iter()
         .enumerate()

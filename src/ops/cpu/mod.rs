@@ -282,6 +282,20 @@ pub(crate) fn simd_level() -> SimdLevel {
     }
 }
 
+/// Whether the widest version of the `multiversion!` loops has 32 vector registers (AVX-512),
+/// so a loop may hold about 28 `V8`s at once without spilling; otherwise plan for 16.
+#[inline]
+pub(crate) fn wide_registers() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_level() == SimdLevel::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 thread_local! {
     /// Per-thread scratch memory (im2col buffers and the like), kept between calls so that hot
     /// loops do not allocate.
