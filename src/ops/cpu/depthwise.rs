@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::ops::spec::DepthwiseShape;
 
-use super::{madd, with_scratch, V8};
+use super::{madd, with_scratch, Vector, V16, V8};
 
 /// Geometry of one depthwise correlation: input and output are both `[h, w, c]` per image,
 /// `out[i, j] = Σ_{a,b} in[i + a - pt, j + b - pl] * k[a, b]` (out-of-range inputs are zero).
@@ -187,29 +187,32 @@ fn correlate_row_any<const FMA: bool>(
 }
 
 /// Output row `i` of a 3×3 correlation with one zero row and column of padding on each side
-/// ('same', and its flipped input gradient), channels in groups of `8 * NV`.
+/// ('same', and its flipped input gradient), channels in groups of `V::LANES * NV`.
 ///
 /// Input-stationary: each input column's (up to) three vectors are loaded once and feed the
 /// three outputs that read them (`j - 1`, `j`, `j + 1`), with the nine kernel vectors held in
 /// registers for the whole row. That is one load per three multiply-adds, where the
-/// pixel-stationary [`correlate_pixels`] needs about one and a half: it runs at the FMA units'
-/// pace, not the load ports'. A row's three input rows (10.5 KiB at every tutorial shape) stay
-/// in L1 across the channel groups.
+/// pixel-stationary [`correlate_pixels`] needs about one and a half. A row's three input rows
+/// (10.5 KiB at every tutorial shape) stay in L1 across the channel groups.
 ///
-/// Panics unless `c` is a multiple of `8 * NV`, `g` is such a 3×3 geometry, and the slices hold
+/// Each output is one chain of nine dependent multiply-adds, so only `3 * NV` chains are in
+/// flight: for AVX-512 registers only (`V16`, `NV = 2` needs 26 of the 32); with 16 registers
+/// (AVX2) this measured slower than [`correlate_pixels`].
+///
+/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, and the slices hold
 /// a whole image, kernel and output row.
 #[inline(always)]
-fn correlate_row_3x3<const NV: usize, const FMA: bool>(
+fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     x: &[f32],
     k: &[f32],
     out: &mut [f32],
     i: usize,
     g: Geometry,
 ) {
-    let (w, c) = (g.w, g.c);
+    let (w, c, lanes) = (g.w, g.c, V::LANES);
     assert!(
         g.is_3x3_same()
-            && c % (8 * NV) == 0
+            && c % (lanes * NV) == 0
             && w > 0
             && x.len() >= g.h * w * c
             && k.len() >= 9 * c
@@ -218,12 +221,12 @@ fn correlate_row_3x3<const NV: usize, const FMA: bool>(
     );
     // Kernel rows whose input row `i + a - 1` is inside the image.
     let (a0, a1) = g.rows(i);
-    let zero = [V8::splat(0.0); NV];
-    for c0 in (0..c).step_by(8 * NV) {
+    let zero = [V::splat(0.0); NV];
+    for c0 in (0..c).step_by(lanes * NV) {
         let mut kv = [[zero; 3]; 3];
         for (a, row) in kv.iter_mut().enumerate() {
             for (b, tap) in row.iter_mut().enumerate() {
-                *tap = V8::load_n::<NV>(k, (a * 3 + b) * c + c0);
+                *tap = V::load_n::<NV>(k, (a * 3 + b) * c + c0);
             }
         }
         // Outputs `jj - 1` and `jj` collect their taps while input column `jj` is read; `jj + 1`
@@ -237,9 +240,10 @@ fn correlate_row_3x3<const NV: usize, const FMA: bool>(
                 }
                 let src = ((i + a - 1) * w + jj) * c + c0;
                 for v in 0..NV {
-                    // SAFETY: `rows` keeps i + a - 1 < h, and jj < w, so with c0 + 8 * NV <= c
-                    // (c a multiple of 8 * NV) `src + 8 * v + 8 <= h * w * c <= x.len()`.
-                    let xv = V8::load(unsafe { x.get_unchecked(src + 8 * v..src + 8 * v + 8) }, 0);
+                    let at = src + lanes * v;
+                    // SAFETY: `rows` keeps i + a - 1 < h, and jj < w, so with c0 + lanes * NV <=
+                    // c (c a multiple of lanes * NV) `at + lanes <= h * w * c <= x.len()`.
+                    let xv = V::load(unsafe { x.get_unchecked(at..at + lanes) }, 0);
                     left[v] = left[v].madd_v::<FMA>(xv, taps[2][v]);
                     mid[v] = mid[v].madd_v::<FMA>(xv, taps[1][v]);
                     right[v] = right[v].madd_v::<FMA>(xv, taps[0][v]);
@@ -247,14 +251,14 @@ fn correlate_row_3x3<const NV: usize, const FMA: bool>(
             }
             if jj > 0 {
                 for (v, acc) in left.iter().enumerate() {
-                    acc.store(out, (jj - 1) * c + c0 + 8 * v);
+                    acc.store(out, (jj - 1) * c + c0 + lanes * v);
                 }
             }
             (left, mid) = (mid, right);
         }
         // Output `w - 1` is complete: its right-hand tap reads the zero padding.
         for (v, acc) in left.iter().enumerate() {
-            acc.store(out, (w - 1) * c + c0 + 8 * v);
+            acc.store(out, (w - 1) * c + c0 + lanes * v);
         }
     }
 }
@@ -262,10 +266,10 @@ fn correlate_row_3x3<const NV: usize, const FMA: bool>(
 multiversion! {
     /// Output row `i` of one image (`x` is the whole image, `k` is `[kh, kw, c]`).
     fn correlate_row<const FMA: bool>(x: &[f32], k: &[f32], out: &mut [f32], i: usize, g: Geometry) {
-        if g.is_3x3_same() && g.c.is_multiple_of(16) && super::wide_registers() {
-            correlate_row_3x3::<2, FMA>(x, k, out, i, g);
-        } else if g.is_3x3_same() && g.c.is_multiple_of(8) {
-            correlate_row_3x3::<1, FMA>(x, k, out, i, g);
+        if g.is_3x3_same() && g.c.is_multiple_of(32) && super::wide_registers() {
+            correlate_row_3x3::<V16, 2, FMA>(x, k, out, i, g);
+        } else if g.is_3x3_same() && g.c.is_multiple_of(16) && super::wide_registers() {
+            correlate_row_3x3::<V16, 1, FMA>(x, k, out, i, g);
         } else if g.c.is_multiple_of(32) {
             correlate_row_v8::<4, 2, FMA>(x, k, out, i, g);
         } else if g.c.is_multiple_of(8) {
@@ -376,36 +380,37 @@ fn kernel_grad_row_any<const FMA: bool>(
 /// [`kernel_grad_row_v8`] for a 3×3 'same' geometry: the nine tap sums of a channel group stay
 /// in registers for the whole row, each input column's vectors are loaded once and meet the
 /// three `dy` vectors that read them (`dy[j + 1]`, `dy[j]`, `dy[j - 1]`, a sliding window): four
-/// loads per nine multiply-adds.
+/// loads per nine multiply-adds. Needs `12 * NV + 1` vector registers: AVX-512 only (with AVX2's
+/// 16 it spilled and ran at half the speed of [`kernel_grad_row_v8`]).
 ///
-/// Panics unless `c` is a multiple of `8 * NV`, `g` is such a 3×3 geometry, and the slices hold
+/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, and the slices hold
 /// a whole image, an output row and a kernel.
 #[inline(always)]
-fn kernel_grad_row_3x3<const NV: usize, const FMA: bool>(
+fn kernel_grad_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     x: &[f32],
     dy_row: &[f32],
     acc: &mut [f32],
     i: usize,
     g: Geometry,
 ) {
-    let (w, c) = (g.w, g.c);
+    let (w, c, lanes) = (g.w, g.c, V::LANES);
     assert!(
         g.is_3x3_same()
-            && c % (8 * NV) == 0
+            && c % (lanes * NV) == 0
             && x.len() >= g.h * w * c
             && dy_row.len() >= w * c
             && acc.len() >= 9 * c,
         "depthwise: 3x3 kernel-gradient row out of range"
     );
     let (a0, a1) = g.rows(i);
-    let zero = [V8::splat(0.0); NV];
-    for c0 in (0..c).step_by(8 * NV) {
+    let zero = [V::splat(0.0); NV];
+    for c0 in (0..c).step_by(lanes * NV) {
         let mut sums = [[zero; 3]; 3];
         // `dy` at output columns jj - 1, jj and jj + 1 (zero outside the row).
-        let (mut left, mut mid) = (zero, V8::load_n::<NV>(dy_row, c0));
+        let (mut left, mut mid) = (zero, V::load_n::<NV>(dy_row, c0));
         for jj in 0..w {
             let right = if jj + 1 < w {
-                V8::load_n::<NV>(dy_row, (jj + 1) * c + c0)
+                V::load_n::<NV>(dy_row, (jj + 1) * c + c0)
             } else {
                 zero
             };
@@ -415,9 +420,10 @@ fn kernel_grad_row_3x3<const NV: usize, const FMA: bool>(
                 }
                 let src = ((i + a - 1) * w + jj) * c + c0;
                 for v in 0..NV {
-                    // SAFETY: `rows` keeps i + a - 1 < h, and jj < w, so with c0 + 8 * NV <= c
-                    // (c a multiple of 8 * NV) `src + 8 * v + 8 <= h * w * c <= x.len()`.
-                    let xv = V8::load(unsafe { x.get_unchecked(src + 8 * v..src + 8 * v + 8) }, 0);
+                    let at = src + lanes * v;
+                    // SAFETY: `rows` keeps i + a - 1 < h, and jj < w, so with c0 + lanes * NV <=
+                    // c (c a multiple of lanes * NV) `at + lanes <= h * w * c <= x.len()`.
+                    let xv = V::load(unsafe { x.get_unchecked(at..at + lanes) }, 0);
                     taps[0][v] = taps[0][v].madd_v::<FMA>(xv, right[v]);
                     taps[1][v] = taps[1][v].madd_v::<FMA>(xv, mid[v]);
                     taps[2][v] = taps[2][v].madd_v::<FMA>(xv, left[v]);
@@ -428,8 +434,8 @@ fn kernel_grad_row_3x3<const NV: usize, const FMA: bool>(
         for (a, taps) in sums.iter().enumerate() {
             for (b, tap) in taps.iter().enumerate() {
                 for (v, sum) in tap.iter().enumerate() {
-                    let at = (a * 3 + b) * c + c0 + 8 * v;
-                    V8::load(acc, at).add(*sum).store(acc, at);
+                    let at = (a * 3 + b) * c + c0 + lanes * v;
+                    V::load(acc, at).add(*sum).store(acc, at);
                 }
             }
         }
@@ -439,10 +445,10 @@ fn kernel_grad_row_3x3<const NV: usize, const FMA: bool>(
 multiversion! {
     /// `acc[a, b, :] += Σ_j x[i + a - pt, j + b - pl, :] * dy[i, j, :]` for output row `i`.
     fn kernel_grad_row<const FMA: bool>(x: &[f32], dy_row: &[f32], acc: &mut [f32], i: usize, g: Geometry) {
-        if g.is_3x3_same() && g.c.is_multiple_of(16) && super::wide_registers() {
-            kernel_grad_row_3x3::<2, FMA>(x, dy_row, acc, i, g);
-        } else if g.is_3x3_same() && g.c.is_multiple_of(8) {
-            kernel_grad_row_3x3::<1, FMA>(x, dy_row, acc, i, g);
+        if g.is_3x3_same() && g.c.is_multiple_of(32) && super::wide_registers() {
+            kernel_grad_row_3x3::<V16, 2, FMA>(x, dy_row, acc, i, g);
+        } else if g.is_3x3_same() && g.c.is_multiple_of(16) && super::wide_registers() {
+            kernel_grad_row_3x3::<V16, 1, FMA>(x, dy_row, acc, i, g);
         } else if g.c.is_multiple_of(32) {
             kernel_grad_row_v8::<4, FMA>(x, dy_row, acc, i, g);
         } else if g.c.is_multiple_of(8) {

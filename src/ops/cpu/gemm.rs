@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use crate::ops::spec::Activation;
 
 use super::elementwise::{act_backward_leaf, act_in_place, bias_act_rows};
-use super::{madd, V8};
+use super::{madd, Vector, V8};
 
 /// Rows per block of a fused product (`k` inputs and `n` outputs per row): about 64 KiB of
 /// rows, small enough to stay in a core's L2 between the product and its epilogue, but at least
