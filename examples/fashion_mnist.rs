@@ -513,12 +513,13 @@ fn time_steps(
         .collect::<Result<Vec<_>, _>>()?;
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
     let names: Vec<String> = devices
         .iter()
         .map(|d| format!("{} ({})", d.name(), adapter(d)))
         .collect();
     println!(
-        "median train step: {median:.1} ms (batch {batch}, device {}; min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
+        "median train step: {median:.1} ms (batch {batch}, device {}; mean {mean:.1}, min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
         names.join(" + "),
         times[0],
         times[times.len() - 1],

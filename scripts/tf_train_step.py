@@ -1,0 +1,83 @@
+"""TensorFlow's side of the CPU:0 speed comparison (issue 6): the tutorial CNN's training step.
+
+Times N training steps at batch 128 after a warm-up, as `fashion_mnist --time-steps N` does,
+so the two can be run alternately on the same machine (its speed drifts by tens of percent
+within an hour, so only side-by-side numbers compare):
+
+    pip install tensorflow-cpu==2.21.*
+    python3 scripts/tf_train_step.py 40
+    cargo run --release --example fashion_mnist -- --device cpu --time-steps 40
+
+Random inputs: a step's cost does not depend on the pixel values. `TF_THREADS=N` pins
+TensorFlow's intra-op pool to N threads (inter-op 1); on the 2-core VM neither 1 nor 2 beat
+the default.
+"""
+
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+keras = tf.keras
+layers = keras.layers
+
+
+def tutorial_cnn():
+    sep = lambda f: layers.SeparableConv2D(f, 3, padding="same", activation="selu")  # noqa: E731
+    return keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            layers.Conv2D(32, 3, padding="same", activation="selu"),
+            sep(32),
+            layers.MaxPool2D(),
+            sep(64),
+            sep(64),
+            layers.MaxPool2D(),
+            sep(128),
+            sep(128),
+            layers.MaxPool2D(),
+            layers.Flatten(),
+            layers.Dense(128, activation="selu"),
+            layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
+def main():
+    if os.environ.get("TF_THREADS"):
+        n = int(os.environ["TF_THREADS"])
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    batch = 128
+    tf.keras.utils.set_random_seed(0)
+    model = tutorial_cnn()
+    model.compile(
+        loss="sparse_categorical_crossentropy",
+        optimizer=keras.optimizers.SGD(learning_rate=0.01),
+        metrics=["accuracy"],
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, batch)
+    for _ in range(10):
+        model.train_on_batch(x, y)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append((time.perf_counter() - start) * 1e3)
+    med = statistics.median(times)
+    print(
+        f"tensorflow {tf.__version__} median train step: {med:.1f} ms "
+        f"(batch {batch}; min {min(times):.1f}, max {max(times):.1f} over {steps} steps; "
+        f"{batch / med * 1e3:.0f} images/s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
