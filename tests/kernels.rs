@@ -387,6 +387,82 @@ fn fused_separable_conv2d_forward_and_gradients() {
     }
 }
 
+#[test]
+fn fused_separable_conv2d_max_pool_gradients() {
+    let _g = serial();
+    // (n, h, w, c, filters): even, odd (7 -> 3, a dropped row and column) and too small to pool.
+    let cases = [
+        (9, 14, 14, 32, 64),
+        (13, 7, 7, 64, 128),
+        (3, 5, 6, 3, 5),
+        (2, 1, 3, 2, 4),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c, f)) in cases.iter().enumerate() {
+            let s = DepthwiseShape {
+                n,
+                h,
+                w,
+                c,
+                kh: 3,
+                kw: 3,
+            };
+            let pool = PoolShape { n, h, w, c: f };
+            let act = ACTS[t % ACTS.len()];
+            let seed = 450 + 10 * t as u64;
+            let x = random_vec(s.input_len(), seed);
+            let dk = random_vec(s.kernel_len(), seed + 1);
+            let pk = random_vec(c * f, seed + 2);
+            let dp = random_vec(pool.output_len(), seed + 3);
+            let xt = put(dev, &x, &[n, h, w, c]);
+            let dkt = put(dev, &dk, &[3, 3, c, 1]);
+            let pkt = put(dev, &pk, &[1, 1, c, f]);
+            let (oh, ow) = pool.out_hw();
+            let dpt = put(dev, &dp, &[n, oh, ow, f]);
+            let what = format!("{} {s:?} filters {f} {act:?}", label(dev));
+            let y = ops::separable_conv2d(&xt, &dkt, &pkt, None, act).unwrap();
+
+            trap(dev, &[x.len(), dk.len(), pk.len(), f]);
+            let g = ops::separable_conv2d_max_pool_backward(&xt, &dkt, &pkt, &y, &dpt, act, true)
+                .unwrap();
+            // The reference: the pool's gradient, then the separable layer's.
+            let y64 = to_f64(&get(&y));
+            let dy = r::maxpool_backward(&y64, &to_f64(&dp), &pool);
+            let dz = r::activation_backward(&dy, &y64, act);
+            let rows = n * h * w;
+            let d64 = r::depthwise_forward(&to_f64(&x), &to_f64(&dk), &s);
+            let dd = r::matmul(&dz, &to_f64(&pk), rows, f, c, false, true);
+            let checks = [
+                (
+                    g.dx.expect("dx was asked for"),
+                    r::depthwise_backward_input(&dd, &to_f64(&dk), &s),
+                    "dx",
+                ),
+                (
+                    g.depthwise,
+                    r::depthwise_backward_kernel(&to_f64(&x), &dd, &s),
+                    "d depthwise",
+                ),
+                (
+                    g.pointwise,
+                    r::matmul(&d64, &dz, c, rows, f, true, false),
+                    "d pointwise",
+                ),
+                (g.bias, r::sum_rows(&dz, rows, f), "d bias"),
+            ];
+            for (got, expected, name) in checks {
+                on(&got, dev);
+                assert_close(&get(&got), &expected, TOL, &format!("pooled {name} {what}"));
+            }
+            // The gradient of the unpooled output is not the pooled one's shape.
+            let err = ops::separable_conv2d_max_pool_backward(&xt, &dkt, &pkt, &y, &y, act, true)
+                .unwrap_err();
+            assert!(err.to_string().contains("pooled output"), "{what}: {err}");
+        }
+    }
+}
+
 /// `op(A) · op(B)` of shape `m × n` over `k`, for the four combinations of transposes.
 fn matmul_every_transpose(dev: &LogicalDevice, (m, kk, nn): (usize, usize, usize), seed: u64) {
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {

@@ -251,6 +251,7 @@ impl NnKernels for HostKernels {
             y: y.f32(),
             dy: dy.f32(),
             act: g.act,
+            pooled: g.pooled,
         };
         let out = cpu::SeparableGradsOut {
             dx: dx.as_mut().map(|d| d.f32()),

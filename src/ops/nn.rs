@@ -128,6 +128,8 @@ pub(crate) struct SeparableBackward<'a> {
     pub(crate) pointwise: &'a Tensor,
     pub(crate) y: &'a Tensor,
     pub(crate) dy: &'a Tensor,
+    /// Whether `dy` is the gradient w.r.t. `max_pool2d(y)` rather than `y`.
+    pub(crate) pooled: bool,
     pub(crate) dx: Option<&'a Tensor>,
     pub(crate) d_depthwise: &'a Tensor,
     pub(crate) d_pointwise: &'a Tensor,
@@ -191,6 +193,10 @@ const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
 const SEPARABLE: OpInfo = op("FusedSeparableConv2D", gn::SEPARABLE);
 const SEPARABLE_BACKWARD: OpInfo = op("FusedSeparableConv2DGrad", gn::SEPARABLE_BACKWARD);
+const SEPARABLE_MAX_POOL_BACKWARD: OpInfo = op(
+    "FusedSeparableConv2DMaxPoolGrad",
+    gn::SEPARABLE_MAX_POOL_BACKWARD,
+);
 const DEPTHWISE_BACKWARD_INPUT: OpInfo = op("DepthwiseConv2dNativeBackpropInput", gn::DEPTHWISE);
 const DEPTHWISE_BACKWARD_KERNEL: OpInfo = op(
     "DepthwiseConv2dNativeBackpropFilter",
@@ -873,55 +879,125 @@ pub fn separable_conv2d_backward(
     act: Activation,
     need_dx: bool,
 ) -> Result<SeparableConv2dGrads> {
-    let name = SEPARABLE_BACKWARD.name;
+    let weights = [depthwise, pointwise];
+    separable_grads(false, x, weights, y, dy, act, need_dx)
+}
+
+/// The gradients of `max_pool2d(separable_conv2d(x, ...))` from `dpooled`, the gradient w.r.t.
+/// the pooled output: what [`max_pool2d_backward`] of `y` followed by
+/// [`separable_conv2d_backward`] gives, in one op. `y` is the separable convolution's activated
+/// output (the pool's input).
+///
+/// On the CPU each block of images routes `dpooled` to its windows' maxima and applies the
+/// activation's gradient while `y` is in cache, so the full-size gradient of `y` (12.8 MB for
+/// the tutorial's first separable layer at batch 128) is never written or read back; a GPU
+/// runs the two ops.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 0.5], &[1, 2, 2, 1])?;
+/// let depthwise = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let pointwise = Tensor::from_vec(vec![2.0f32], &[1, 1, 1, 1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, None, Activation::Linear)?;
+/// let dpooled = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let g = ops::separable_conv2d_max_pool_backward(
+///     &x, &depthwise, &pointwise, &y, &dpooled, Activation::Linear, true)?;
+/// // The window's maximum is y = 6 (x = 3): only that pixel gets a gradient.
+/// assert_eq!(g.dx.unwrap().to_vec::<f32>()?, [0.0, 0.0, 2.0, 0.0]);
+/// assert_eq!(g.pointwise.to_vec::<f32>()?, [3.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn separable_conv2d_max_pool_backward(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    y: &Tensor,
+    dpooled: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<SeparableConv2dGrads> {
+    let weights = [depthwise, pointwise];
+    separable_grads(true, x, weights, y, dpooled, act, need_dx)
+}
+
+/// [`separable_conv2d_backward`] (`dy` w.r.t. `y`) or, when `pooled`,
+/// [`separable_conv2d_max_pool_backward`] (`dy` w.r.t. the max-pool of `y`).
+fn separable_grads(
+    pooled: bool,
+    x: &Tensor,
+    [depthwise, pointwise]: [&Tensor; 2],
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<SeparableConv2dGrads> {
+    let info = if pooled {
+        &SEPARABLE_MAX_POOL_BACKWARD
+    } else {
+        &SEPARABLE_BACKWARD
+    };
+    let name = info.name;
     expect_f32(name, &[x, depthwise, pointwise, y, dy])?;
     let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
     let out_shape = [s.n, s.h, s.w, filters];
-    for t in [y, dy] {
-        if t.shape() != out_shape {
-            return Err(mismatch(
-                name,
-                t.shape(),
-                &out_shape,
-                ": the output and its gradient must have the forward output's shape",
-            ));
-        }
+    if y.shape() != out_shape {
+        return Err(mismatch(
+            name,
+            y.shape(),
+            &out_shape,
+            ": the output must have the forward output's shape",
+        ));
     }
-    run(
-        &SEPARABLE_BACKWARD,
-        &[x, depthwise, pointwise, y, dy],
-        |device, moved| {
-            let dx = if need_dx {
-                Some(Tensor::uninit(x.shape(), DType::F32, device)?)
-            } else {
-                None
-            };
-            let d_depthwise = Tensor::uninit(depthwise.shape(), DType::F32, device)?;
-            let d_pointwise = Tensor::uninit(pointwise.shape(), DType::F32, device)?;
-            let d_bias = Tensor::uninit(&[filters], DType::F32, device)?;
-            let g = SeparableBackward {
-                x: &moved[0],
-                depthwise: &moved[1],
-                pointwise: &moved[2],
-                y: &moved[3],
-                dy: &moved[4],
-                dx: dx.as_ref(),
-                d_depthwise: &d_depthwise,
-                d_pointwise: &d_pointwise,
-                d_bias: &d_bias,
-                s,
-                filters,
-                act,
-            };
-            with_kernels(device, |_, nk| nk.separable_backward(&g))?;
-            Ok(SeparableConv2dGrads {
-                dx,
-                depthwise: d_depthwise,
-                pointwise: d_pointwise,
-                bias: d_bias,
-            })
-        },
-    )
+    let dy_shape = if pooled {
+        [s.n, s.h / 2, s.w / 2, filters]
+    } else {
+        out_shape
+    };
+    if dy.shape() != dy_shape {
+        let hint = if pooled {
+            ": the gradient must have the pooled output's shape"
+        } else {
+            ": the gradient must have the forward output's shape"
+        };
+        return Err(mismatch(name, dy.shape(), &dy_shape, hint));
+    }
+    run(info, &[x, depthwise, pointwise, y, dy], |device, moved| {
+        let dx = if need_dx {
+            Some(Tensor::uninit(x.shape(), DType::F32, device)?)
+        } else {
+            None
+        };
+        let d_depthwise = Tensor::uninit(depthwise.shape(), DType::F32, device)?;
+        let d_pointwise = Tensor::uninit(pointwise.shape(), DType::F32, device)?;
+        let d_bias = Tensor::uninit(&[filters], DType::F32, device)?;
+        let g = SeparableBackward {
+            x: &moved[0],
+            depthwise: &moved[1],
+            pointwise: &moved[2],
+            y: &moved[3],
+            dy: &moved[4],
+            pooled,
+            dx: dx.as_ref(),
+            d_depthwise: &d_depthwise,
+            d_pointwise: &d_pointwise,
+            d_bias: &d_bias,
+            s,
+            filters,
+            act,
+        };
+        with_kernels(device, |_, nk| nk.separable_backward(&g))?;
+        Ok(SeparableConv2dGrads {
+            dx,
+            depthwise: d_depthwise,
+            pointwise: d_pointwise,
+            bias: d_bias,
+        })
+    })
 }
 
 /// `[rows, cols]` of a tensor whose last axis holds the classes.

@@ -165,6 +165,27 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `dz[i] *= act'(.)` from the activated output `y`, in place: [`act_backward_leaf`] on a
+    /// gradient that was just written into `dz`.
+    pub(crate) fn act_backward_in_place(dz: &mut [f32], y: &[f32], act: Activation) {
+        assert_eq!(dz.len(), y.len(), "act_backward_in_place: lengths differ");
+        match act {
+            Activation::Linear => {}
+            Activation::Relu => {
+                for (dz, &y) in dz.iter_mut().zip(y) {
+                    *dz = if y > 0.0 { *dz } else { 0.0 };
+                }
+            }
+            Activation::Selu => {
+                for (dz, &y) in dz.iter_mut().zip(y) {
+                    *dz = if y > 0.0 { *dz * SCALE } else { *dz * (y + SCALE_ALPHA) };
+                }
+            }
+        }
+    }
+}
+
 /// `y[i] = act(x[i])`.
 pub(crate) fn activation_forward(x: &[f32], y: &mut [f32], act: Activation) {
     assert_eq!(

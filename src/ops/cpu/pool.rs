@@ -144,24 +144,43 @@ pub(crate) fn maxpool_backward(x: &[f32], dy: &[f32], dx: &mut [f32], s: &PoolSh
     dx.par_chunks_mut(image)
         .zip(x.par_chunks(image))
         .zip(dy.par_chunks(oh * ow * c))
-        .for_each(|((dx, x), dy)| {
-            let (pairs, rest) = dx.split_at_mut(2 * oh * row);
-            // A dropped last row (odd height) gets no gradient.
-            rest.fill(0.0);
-            for (i, (d, dy)) in pairs
-                .chunks_exact_mut(2 * row)
-                .zip(dy.chunks_exact(ow * c))
-                .enumerate()
-            {
-                let (d0, d1) = d.split_at_mut(row);
-                let src = BackwardRow {
-                    r0: &x[2 * i * row..(2 * i + 1) * row],
-                    r1: &x[(2 * i + 1) * row..(2 * i + 2) * row],
-                    dy,
-                };
-                backward_row(src, d0, d1, c);
-            }
-        });
+        .for_each(|((dx, x), dy)| backward_image(x, dy, dx, (h, w, c)));
+}
+
+/// [`maxpool_backward`] of one image: `x` and `dx` `[h, w, c]`, `dy` the pooled `[h / 2, w / 2,
+/// c]`, on the calling thread.
+pub(super) fn backward_image(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    (h, w, c): (usize, usize, usize),
+) {
+    let row = w * c;
+    let (oh, ow) = (h / 2, w / 2);
+    assert!(
+        x.len() == h * row && dx.len() == h * row && dy.len() == oh * ow * c,
+        "maxpool_backward: image slices do not match [{h}, {w}, {c}]"
+    );
+    let (pairs, rest) = dx.split_at_mut(2 * oh * row);
+    // A dropped last row (odd height) gets no gradient.
+    rest.fill(0.0);
+    if ow == 0 {
+        pairs.fill(0.0);
+        return;
+    }
+    for (i, (d, dy)) in pairs
+        .chunks_exact_mut(2 * row)
+        .zip(dy.chunks_exact(ow * c))
+        .enumerate()
+    {
+        let (d0, d1) = d.split_at_mut(row);
+        let src = BackwardRow {
+            r0: &x[2 * i * row..(2 * i + 1) * row],
+            r1: &x[(2 * i + 1) * row..(2 * i + 2) * row],
+            dy,
+        };
+        backward_row(src, d0, d1, c);
+    }
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@ use rayon::prelude::*;
 use crate::ops::spec::{Activation, DepthwiseShape};
 
 use super::depthwise::{self, correlate_image, flipped, kernel_grad_image, Geometry};
-use super::elementwise::{act_backward_leaf, bias_act_rows};
+use super::elementwise::{act_backward_in_place, act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, Strided};
+use super::pool;
 use super::with_scratch;
 
 /// Pixels a block should hold at least: as in the fused dense product (`gemm.rs`), below a
@@ -136,6 +137,10 @@ pub(crate) fn separable_forward(
 /// `dz = dy * act'(y)`, `db = Σ dz`, `dpk = dᵀ · dz`, `dd = dz · pkᵀ`, `ddk` the depthwise
 /// kernel gradient of `dd` and, when `dx` is given, `dx` its input gradient.
 ///
+/// With `pooled`, `dy` is the gradient w.r.t. the 2×2 max-pool of `y` (`[n, h / 2, w / 2, f]`),
+/// routed to each window's maximum block by block: the layer's full-size `dy` is never written
+/// to memory, and `y` is read once for both the routing and `act'`.
+///
 /// Image ranges run in parallel, each with its own partial `dpk`, `db` and `ddk` (the last in
 /// f64, as in `depthwise_backward_kernel`), added in range order at the end: the same result on
 /// every run with the same number of threads.
@@ -148,10 +153,12 @@ pub(crate) struct SeparableGrads<'a> {
     pub pk: &'a [f32],
     /// The activated output `[n, h, w, f]`.
     pub y: &'a [f32],
-    /// Its gradient.
+    /// Its gradient, or that of its max-pool when `pooled`.
     pub dy: &'a [f32],
     /// The activation.
     pub act: Activation,
+    /// Whether `dy` is the gradient w.r.t. `max_pool2d(y)` (2×2, stride 2, 'valid').
+    pub pooled: bool,
 }
 
 /// The outputs of [`separable_backward`].
@@ -175,7 +182,13 @@ pub(crate) fn separable_backward(
 ) {
     let what = "separable_backward";
     let layer = Layer::new(s, f, [a.x.len(), a.dk.len(), a.pk.len(), a.y.len()], what);
-    assert_eq!(a.dy.len(), a.y.len(), "{what}: dy and y lengths differ");
+    let pooled_len = s.n * (s.h / 2) * (s.w / 2) * f;
+    assert_eq!(
+        a.dy.len(),
+        if a.pooled { pooled_len } else { a.y.len() },
+        "{what}: dy does not match the output (pooled: {})",
+        a.pooled
+    );
     assert!(
         out.ddk.len() == a.dk.len()
             && out.dpk.len() == a.pk.len()
@@ -224,7 +237,25 @@ pub(crate) fn separable_backward(
                 let x = &a.x[n0 * image_in..n1 * image_in];
                 layer.depthwise(x, a.dk, d);
                 let outs = n0 * image_out..n1 * image_out;
-                act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
+                if a.pooled {
+                    let image_pooled = (s.h / 2) * (s.w / 2) * f;
+                    let dp = &a.dy[n0 * image_pooled..n1 * image_pooled];
+                    let y = &a.y[outs.clone()];
+                    if image_pooled == 0 {
+                        // Every window was dropped (height or width below 2).
+                        dz.fill(0.0);
+                    }
+                    for ((y, dp), dz) in y
+                        .chunks_exact(image_out)
+                        .zip(dp.chunks_exact(image_pooled.max(1)))
+                        .zip(dz.chunks_exact_mut(image_out))
+                    {
+                        pool::backward_image(y, dp, dz, (s.h, s.w, f));
+                    }
+                    act_backward_in_place(dz, y, a.act);
+                } else {
+                    act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
+                }
                 for row in dz.chunks_exact(f) {
                     for (acc, &v) in db.iter_mut().zip(row) {
                         *acc += v;
@@ -282,6 +313,7 @@ pub(crate) fn separable_backward(
 pub(super) mod tests {
     use super::*;
     use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
+    use crate::ops::spec::PoolShape;
 
     /// The f64 reference of the composition: depthwise, then the pointwise product with bias
     /// and activation; and its gradients through the reference's own pieces.
@@ -327,36 +359,44 @@ pub(super) mod tests {
                 separable_forward(&x, &dk, &pk, Some(&bias), &mut y, &s, f, act);
                 assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
 
-                // The gradients, from the f32 forward output as the layer passes it.
-                let dz64 = r::activation_backward(&to_f64(&dy), &to_f64(&y), act);
-                let db64 = r::sum_rows(&dz64, rows, f);
-                let dpk64 = r::matmul(&d64, &dz64, c, rows, f, true, false);
-                let dd64 = r::matmul(&dz64, &pk64, rows, f, c, false, true);
-                let ddk64 = r::depthwise_backward_kernel(&to_f64(&x), &dd64, &s);
-                let dx64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
-                let mut dx = vec![f32::NAN; x.len()];
-                let mut ddk = vec![f32::NAN; dk.len()];
-                let mut dpk = vec![f32::NAN; pk.len()];
-                let mut db = vec![f32::NAN; f];
-                let grads = SeparableGrads {
-                    x: &x,
-                    dk: &dk,
-                    pk: &pk,
-                    y: &y,
-                    dy: &dy,
-                    act,
-                };
-                let out = SeparableGradsOut {
-                    dx: Some(&mut dx),
-                    ddk: &mut ddk,
-                    dpk: &mut dpk,
-                    db: &mut db,
-                };
-                separable_backward(&grads, out, &s, f);
-                assert_close(&dx, &dx64, 1e-4, &format!("{what}: dx"));
-                assert_close(&ddk, &ddk64, 1e-4, &format!("{what}: d depthwise"));
-                assert_close(&dpk, &dpk64, 1e-4, &format!("{what}: d pointwise"));
-                assert_close(&db, &db64, 1e-4, &format!("{what}: d bias"));
+                // The gradients, from the f32 forward output as the layer passes it: from the
+                // output's gradient, and from its max-pool's.
+                let pool = PoolShape { n, h, w, c: f };
+                let dp = random_vec(pool.output_len(), seed + 5);
+                let dy_pooled = r::maxpool_backward(&to_f64(&y), &to_f64(&dp), &pool);
+                for (pooled, dy, dy64) in [(false, &dy, to_f64(&dy)), (true, &dp, dy_pooled)] {
+                    let what = format!("{what} pooled {pooled}");
+                    let dz64 = r::activation_backward(&dy64, &to_f64(&y), act);
+                    let db64 = r::sum_rows(&dz64, rows, f);
+                    let dpk64 = r::matmul(&d64, &dz64, c, rows, f, true, false);
+                    let dd64 = r::matmul(&dz64, &pk64, rows, f, c, false, true);
+                    let ddk64 = r::depthwise_backward_kernel(&to_f64(&x), &dd64, &s);
+                    let dx64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
+                    let mut dx = vec![f32::NAN; x.len()];
+                    let mut ddk = vec![f32::NAN; dk.len()];
+                    let mut dpk = vec![f32::NAN; pk.len()];
+                    let mut db = vec![f32::NAN; f];
+                    let grads = SeparableGrads {
+                        x: &x,
+                        dk: &dk,
+                        pk: &pk,
+                        y: &y,
+                        dy,
+                        act,
+                        pooled,
+                    };
+                    let out = SeparableGradsOut {
+                        dx: Some(&mut dx),
+                        ddk: &mut ddk,
+                        dpk: &mut dpk,
+                        db: &mut db,
+                    };
+                    separable_backward(&grads, out, &s, f);
+                    assert_close(&dx, &dx64, 1e-4, &format!("{what}: dx"));
+                    assert_close(&ddk, &ddk64, 1e-4, &format!("{what}: d depthwise"));
+                    assert_close(&dpk, &dpk64, 1e-4, &format!("{what}: d pointwise"));
+                    assert_close(&db, &db64, 1e-4, &format!("{what}: d bias"));
+                }
             }
         }
     }

@@ -118,27 +118,38 @@ pub(crate) const SEPARABLE: &[Kernel] = &[
     CONV2D_V4,
     gk::MATMUL_16X8,
 ];
-/// Kernels of `FusedSeparableConv2DGrad`: the forward depthwise again, the activation
-/// gradient, the 1×1 convolution's and the depthwise convolution's gradients.
-pub(crate) const SEPARABLE_BACKWARD: &[Kernel] = &[
-    DEPTHWISE_S,
-    DEPTHWISE_V4,
-    DEPTHWISE3X3_V4,
-    gk::ACTIVATION_BACKWARD,
-    gk::ACTIVATION_BACKWARD_V4,
-    gk::SUM_ROWS,
-    gk::SUM_ROWS_V4,
-    CONV2D_DK_S,
-    CONV2D_DK_V4,
-    CONV2D_DK_1X1,
-    CONV2D_FLIP,
-    CONV2D_S,
-    CONV2D_V4,
-    gk::MATMUL_16X8,
-    DEPTHWISE_DK_S,
-    DEPTHWISE_DK_V4,
-    DEPTHWISE3X3_DK_V4,
-];
+/// The kernels of `FusedSeparableConv2DGrad` after `$extra`: the forward depthwise again, the
+/// activation gradient, the 1×1 convolution's and the depthwise convolution's gradients.
+macro_rules! separable_backward_kernels {
+    ($($extra:expr),*) => {
+        &[
+            $($extra,)*
+            DEPTHWISE_S,
+            DEPTHWISE_V4,
+            DEPTHWISE3X3_V4,
+            gk::ACTIVATION_BACKWARD,
+            gk::ACTIVATION_BACKWARD_V4,
+            gk::SUM_ROWS,
+            gk::SUM_ROWS_V4,
+            CONV2D_DK_S,
+            CONV2D_DK_V4,
+            CONV2D_DK_1X1,
+            CONV2D_FLIP,
+            CONV2D_S,
+            CONV2D_V4,
+            gk::MATMUL_16X8,
+            DEPTHWISE_DK_S,
+            DEPTHWISE_DK_V4,
+            DEPTHWISE3X3_DK_V4,
+        ]
+    };
+}
+/// Kernels of `FusedSeparableConv2DGrad`.
+pub(crate) const SEPARABLE_BACKWARD: &[Kernel] = separable_backward_kernels!();
+/// Kernels of `FusedSeparableConv2DMaxPoolGrad`: the max-pool's gradient, then those of
+/// `FusedSeparableConv2DGrad`.
+pub(crate) const SEPARABLE_MAX_POOL_BACKWARD: &[Kernel] =
+    separable_backward_kernels!(MAXPOOL_BWD_S, MAXPOOL_BWD_V4);
 /// Kernels of `MaxPool`.
 pub(crate) const MAXPOOL: &[Kernel] = &[MAXPOOL_S, MAXPOOL_V4];
 /// Kernels of `MaxPoolGrad`.
@@ -757,11 +768,25 @@ impl NnKernels for GpuKernels<'_> {
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
         let d = self.scratch(g.x.shape(), g.x)?;
         self.depthwise(g.x, g.depthwise, &d, &g.s)?;
+        // A pooled gradient goes through the max-pool's own gradient first (unfused here).
+        let dy = if g.pooled {
+            let dy = self.scratch(g.y.shape(), g.y)?;
+            let pool = PoolShape {
+                n: g.s.n,
+                h: g.s.h,
+                w: g.s.w,
+                c: g.filters,
+            };
+            self.maxpool_backward(g.y, g.dy, &dy, &pool)?;
+            dy
+        } else {
+            g.dy.clone()
+        };
         let dz = match g.act {
-            Activation::Linear => g.dy.clone(),
+            Activation::Linear => dy,
             act => {
                 let dz = self.scratch(g.y.shape(), g.y)?;
-                self.activation_backward_impl(g.dy, g.y, &dz, act)?;
+                self.activation_backward_impl(&dy, g.y, &dz, act)?;
                 dz
             }
         };
