@@ -12,7 +12,8 @@ use anygpu::nn::{
     Sequential, Sgd, Verbosity,
 };
 use anygpu::ops::spec::Padding;
-use anygpu::{Error, LogicalDevice, Runtime, Tensor};
+use anygpu::{Error, LogicalDevice, PlacementRecord, Runtime, Tensor};
+use std::sync::{Arc, Mutex};
 
 fn cpu_runtime(cpus: usize) -> Runtime {
     common::builder()
@@ -301,6 +302,82 @@ fn backward_pass_matches_finite_differences_on_a_tiny_cnn() {
         "{checked} gradient entries checked; largest error {} at {}",
         worst.0, worst.1
     );
+}
+
+#[test]
+fn a_pool_fused_into_the_separable_layer_before_it_gives_the_unfused_gradients() {
+    // On one CPU each SeparableConv2D + MaxPool2D pair runs one fused backward pass; with every
+    // pool on another (virtual) CPU the two passes run separately.
+    let rt = cpu_runtime(2);
+    let cpus = rt.list_logical_devices("CPU").unwrap();
+    let (a, b) = (&cpus[0], &cpus[1]);
+    let build = |pool_device: &LogicalDevice| {
+        let mut m = Sequential::with_seed(5);
+        let selu = Activation::Selu;
+        m.add_on(
+            a,
+            SeparableConv2D::new(6, 3)
+                .activation(selu)
+                .input_shape(&[9, 10, 3]),
+        )
+        .unwrap();
+        m.add_on(pool_device, MaxPool2D::new()).unwrap();
+        m.add_on(a, SeparableConv2D::new(8, 3).activation(selu))
+            .unwrap();
+        m.add_on(pool_device, MaxPool2D::new()).unwrap();
+        m.add_on(a, Flatten::new()).unwrap();
+        m.add_on(a, Dense::new(3).activation(Activation::Softmax))
+            .unwrap();
+        m.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[])
+            .unwrap();
+        m
+    };
+    let (mut fused, mut unfused) = (build(a), build(b));
+    let x = Tensor::from_slice_on(&common::values(5 * 9 * 10 * 3, 9), &[5, 9, 10, 3], a).unwrap();
+    let y = Tensor::from_slice_on(&[0i32, 2, 1, 2, 0], &[5], a).unwrap();
+    // Which gradient ops ran, from the placement log.
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&ops);
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().unwrap().push(r.op)
+    }));
+    rt.set_log_device_placement(true);
+    let ran = |model: &mut Sequential| {
+        ops.lock().unwrap().clear();
+        let out = model.loss_and_gradients(&x, &y).unwrap();
+        let ops = ops.lock().unwrap();
+        let count = |name: &str| ops.iter().filter(|&&op| op == name).count();
+        (
+            out,
+            count("FusedSeparableConv2DMaxPoolGrad"),
+            count("MaxPoolGrad"),
+        )
+    };
+    let ((loss_f, grads_f), fused_ops, pool_grads) = ran(&mut fused);
+    assert_eq!(
+        (fused_ops, pool_grads),
+        (2, 0),
+        "one device: both pairs fused"
+    );
+    let ((loss_u, grads_u), fused_ops, pool_grads) = ran(&mut unfused);
+    assert_eq!(
+        (fused_ops, pool_grads),
+        (0, 2),
+        "pools elsewhere: nothing fused"
+    );
+    rt.set_log_device_placement(false);
+    assert!((loss_f - loss_u).abs() <= 1e-6, "{loss_f} vs {loss_u}");
+    assert_eq!(grads_f.len(), grads_u.len());
+    for (i, (f, u)) in grads_f.iter().zip(&grads_u).enumerate() {
+        let (f, u) = (f.to_vec::<f32>().unwrap(), u.to_vec::<f32>().unwrap());
+        assert!(f.iter().any(|&v| v != 0.0), "gradient {i} is all zeros");
+        for (j, (f, u)) in f.iter().zip(&u).enumerate() {
+            assert!(
+                (f - u).abs() <= 1e-5 * u.abs().max(1.0),
+                "gradient {i}[{j}]: fused {f} vs unfused {u}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -91,6 +91,31 @@ pub trait Layer: fmt::Debug + Send + Sync {
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)>;
 
+    /// Whether this layer is a 2×2, stride-2 max-pool, whose backward pass the layer before it
+    /// may take over (see [`backward_through_max_pool`](Layer::backward_through_max_pool)).
+    fn is_max_pool_2x2(&self) -> bool {
+        false
+    }
+
+    /// This layer's [`backward`](Layer::backward) pass followed by that of a 2×2 max-pool of
+    /// its output, in one: from `dpooled`, the gradient w.r.t. the pool's output, the gradient
+    /// w.r.t. this layer's input (when `need_dx`) and its weight gradients. `Ok(None)` when the
+    /// layer has no fused version where it runs; the model then runs the two passes.
+    ///
+    /// A model asks this when a [`MaxPool2D`] on the same device follows the layer.
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    fn backward_through_max_pool(
+        &self,
+        saved: &[Tensor],
+        dpooled: &Tensor,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        let _ = (saved, dpooled, need_dx);
+        Ok(None)
+    }
+
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
     /// replicas this way, then gives each copy its own weights on its replica's device through
@@ -492,6 +517,7 @@ impl Layer for SeparableConv2D {
             return Ok((g.dx, vec![g.depthwise, g.pointwise, g.bias]));
         }
         let [x, y, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
+        // (The GPU path: separate kernels, `d` kept from the forward pass.)
         let dz = activation_grad(dy, &y, self.activation)?;
         let dp = ops::conv2d_backward_kernel(&d, &dz, pointwise.shape(), Padding::Same)?;
         let dd = ops::conv2d_backward_input(&dz, pointwise, d.shape(), Padding::Same)?;
@@ -503,6 +529,29 @@ impl Layer for SeparableConv2D {
             None
         };
         Ok((dx, vec![dk, dp, db]))
+    }
+
+    /// On the CPU one op routes the pool's gradient and applies the activation's block by
+    /// block (the full-size gradient of the output is never written); on a GPU nothing would
+    /// be gained, and the model runs the two passes.
+    fn backward_through_max_pool(
+        &self,
+        saved_tensors: &[Tensor],
+        dpooled: &Tensor,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        let [depthwise, pointwise, _] = &self.weights[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        // The CPU's forward pass keeps `[x, y]`; a GPU's keeps `d` too.
+        let [x, y] = saved_tensors else {
+            return Ok(None);
+        };
+        let act = self.activation.fused();
+        let g = ops::separable_conv2d_max_pool_backward(
+            x, depthwise, pointwise, y, dpooled, act, need_dx,
+        )?;
+        Ok(Some((g.dx, vec![g.depthwise, g.pointwise, g.bias])))
     }
 }
 
@@ -590,6 +639,10 @@ impl Layer for MaxPool2D {
 
     fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
         replace("MaxPool2D", &mut [], index, value)
+    }
+
+    fn is_max_pool_2x2(&self) -> bool {
+        self.pool_size == 2
     }
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {

@@ -70,7 +70,8 @@ pub(crate) fn loss_terms(
 
 /// Back from `dlogits` through the stages, handing each layer's weight gradients to
 /// `on_grads(layer index, gradients)` as soon as they exist, last layer first. Each layer's
-/// saved tensors are freed once its backward has run.
+/// saved tensors are freed once its backward has run. A 2×2 max-pool and the layer before it
+/// run as one pass when that layer has one for their (shared) device.
 pub(crate) fn backward(
     stages: &[Stage<'_>],
     mut saved: Vec<Vec<Tensor>>,
@@ -78,12 +79,22 @@ pub(crate) fn backward(
     mut on_grads: impl FnMut(usize, Vec<Tensor>) -> Result<()>,
 ) -> Result<()> {
     let mut dy = dlogits;
-    for i in (0..stages.len()).rev() {
+    let mut i = stages.len();
+    while i > 0 {
+        i -= 1;
         let s = stages[i];
         let _scope = s.device.scope();
         let dy_here = dy.to_device(s.device)?;
         let layer_saved = std::mem::take(&mut saved[i]);
-        let (dx, grads) = s.layer.backward(&layer_saved, &dy_here, i > 0)?;
+        let (dx, grads) = match through_max_pool(stages, &mut saved, i, &dy_here)? {
+            Some((dx, grads)) => {
+                // The pool (no weights) and the layer before it, in one pass.
+                on_grads(i, Vec::new())?;
+                i -= 1;
+                (dx, grads)
+            }
+            None => s.layer.backward(&layer_saved, &dy_here, i > 0)?,
+        };
         drop(layer_saved);
         on_grads(i, grads)?;
         match dx {
@@ -92,4 +103,30 @@ pub(crate) fn backward(
         }
     }
     Ok(())
+}
+
+/// When stage `i` is a 2×2 max-pool and the layer before it runs on the same device, that
+/// layer's fused backward pass through the pool ([`Layer::backward_through_max_pool`]) from
+/// the pool's output gradient `dpooled`, taking the layer's saved tensors; `None` (nothing
+/// taken) when there is no such pair or the layer has no fused pass.
+fn through_max_pool(
+    stages: &[Stage<'_>],
+    saved: &mut [Vec<Tensor>],
+    i: usize,
+    dpooled: &Tensor,
+) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+    if i == 0 || !stages[i].layer.is_max_pool_2x2() {
+        return Ok(None);
+    }
+    let before = stages[i - 1];
+    if !before.device.same_device(stages[i].device) {
+        return Ok(None);
+    }
+    let fused = before
+        .layer
+        .backward_through_max_pool(&saved[i - 1], dpooled, i - 1 > 0)?;
+    if fused.is_some() {
+        saved[i - 1].clear();
+    }
+    Ok(fused)
 }
