@@ -199,8 +199,8 @@ fn correlate_row_any<const FMA: bool>(
 /// flight: for AVX-512 registers only (`V16`, `NV = 2` needs 26 of the 32); with 16 registers
 /// (AVX2) this measured slower than [`correlate_pixels`].
 ///
-/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, and the slices hold
-/// a whole image, kernel and output row.
+/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, and the
+/// slices hold a whole image, kernel and output row.
 #[inline(always)]
 fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     x: &[f32],
@@ -391,8 +391,8 @@ fn kernel_grad_row_any<const FMA: bool>(
 /// loads per nine multiply-adds. Needs `12 * NV + 1` vector registers: AVX-512 only (with AVX2's
 /// 16 it spilled and ran at half the speed of [`kernel_grad_row_v8`]).
 ///
-/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, and the slices hold
-/// a whole image, an output row and a kernel.
+/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, and the
+/// slices hold a whole image, an output row and a kernel.
 #[inline(always)]
 fn kernel_grad_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     x: &[f32],
