@@ -255,6 +255,21 @@ fn conv2d_forward_and_gradients() {
             on(&db, dev);
             let expected = r::bias_grad(&dz64, c_out);
             assert_close(&get(&db), &expected, TOL, &format!("bias grad {what}"));
+
+            // Both weight gradients at once, from the gradient of the activated output `y`
+            // (the random `dz` stands in for it).
+            trap(dev, &[s.kernel_len(), c_out]);
+            let kshape = [kh, kw, c_in, c_out];
+            let (dk, db) =
+                ops::conv2d_backward_weights(&xt, &y, &dzt, &kshape, padding, act).unwrap();
+            let dz_act = r::activation_backward(&dz64, &to_f64(&get(&y)), act);
+            for (got, expected, name) in [
+                (&dk, r::conv2d_backward_kernel(&x64, &dz_act, &s), "dk"),
+                (&db, r::bias_grad(&dz_act, c_out), "db"),
+            ] {
+                on(got, dev);
+                assert_close(&get(got), &expected, TOL, &format!("weights {name} {what}"));
+            }
         }
     }
 }
@@ -984,6 +999,18 @@ fn bad_arguments_are_errors() {
         let dz = put(dev, &random_vec(2 * 5 * 5 * 8, 3), &[2, 5, 5, 8]);
         assert!(ops::conv2d_backward_input(&dz, &k3, &[2, 5, 5, 3], Padding::Valid).is_err());
         assert!(ops::conv2d_backward_kernel(&x, &dz, &[3, 3, 3, 7], Padding::Same).is_err());
+        let weights = ops::conv2d_backward_weights(
+            &x,
+            &dz,
+            &x,
+            &[3, 3, 3, 8],
+            Padding::Same,
+            Activation::Relu,
+        );
+        assert!(weights
+            .unwrap_err()
+            .to_string()
+            .contains("forward output's shape"));
         let no_channels = put(dev, &[], &[2, 5, 5, 0]);
         let k0 = put(dev, &[], &[3, 3, 0, 8]);
         assert!(ops::conv2d(&no_channels, &k0, None, Padding::Same, Activation::Linear).is_err());

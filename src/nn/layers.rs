@@ -348,20 +348,18 @@ impl Layer for Conv2D {
             return Err(not_built("Conv2D"));
         };
         let [x, y] = saved::<2>("Conv2D", saved_tensors)?;
+        if !need_dx {
+            // A first layer: one op, which on the CPU never writes `dz` to memory.
+            let act = self.activation.fused();
+            let (dk, db) =
+                ops::conv2d_backward_weights(&x, &y, dy, kernel.shape(), self.padding, act)?;
+            return Ok((None, vec![dk, db]));
+        }
         let dz = activation_grad(dy, &y, self.activation)?;
         let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), self.padding)?;
         let db = ops::bias_grad(&dz)?;
-        let dx = if need_dx {
-            Some(ops::conv2d_backward_input(
-                &dz,
-                kernel,
-                x.shape(),
-                self.padding,
-            )?)
-        } else {
-            None
-        };
-        Ok((dx, vec![dk, db]))
+        let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), self.padding)?;
+        Ok((Some(dx), vec![dk, db]))
     }
 }
 

@@ -8,7 +8,10 @@ use crate::ops::cpu;
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
-use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward, SeparableForward};
+use crate::ops::{
+    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
+    SeparableForward,
+};
 use crate::tensor::Tensor;
 
 /// The CPU device's kernels.
@@ -162,6 +165,19 @@ impl NnKernels for HostKernels {
         s: &Conv2dShape,
     ) -> Result<()> {
         cpu::conv2d_backward_kernel(read(x).f32(), read(dz).f32(), write(dk).f32(), s);
+        Ok(())
+    }
+
+    fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {
+        let (x, y, dy) = (read(g.x), read(g.y), read(g.dy));
+        let (mut dk, mut db) = (write(g.dk), write(g.db));
+        cpu::conv2d_backward_weights(
+            x.f32(),
+            (y.f32(), dy.f32()),
+            g.act,
+            (dk.f32(), db.f32()),
+            &g.s,
+        );
         Ok(())
     }
 

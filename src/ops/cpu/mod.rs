@@ -108,7 +108,9 @@ pub(crate) mod reduce;
 pub(crate) mod separable;
 pub(crate) mod softmax;
 
-pub(crate) use conv::{conv2d_backward_input, conv2d_backward_kernel, conv2d_forward};
+pub(crate) use conv::{
+    conv2d_backward_input, conv2d_backward_kernel, conv2d_backward_weights, conv2d_forward,
+};
 pub(crate) use depthwise::{
     depthwise_backward_input, depthwise_backward_kernel, depthwise_forward,
 };

@@ -33,7 +33,7 @@ pub(crate) fn sum_all(x: &[f32]) -> f32 {
 
 multiversion! {
     /// `acc[c] += Σ_r x[r, c]` over the rows of a row-major block, in f64.
-    fn sum_rows_leaf(x: &[f32], cols: usize, acc: &mut [f64]) {
+    pub(super) fn sum_rows_leaf(x: &[f32], cols: usize, acc: &mut [f64]) {
         for row in x.chunks_exact(cols) {
             for (a, &v) in acc.iter_mut().zip(row) {
                 *a += f64::from(v);

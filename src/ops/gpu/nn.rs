@@ -31,7 +31,10 @@ use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::ops::nn::pointwise_shape;
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
-use crate::ops::{DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward, SeparableForward};
+use crate::ops::{
+    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
+    SeparableForward,
+};
 use crate::tensor::Tensor;
 
 const fn conv(entry: &'static str) -> Kernel {
@@ -82,6 +85,17 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] =
     &[CONV2D_FLIP, CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
+    CONV2D_DK_S,
+    CONV2D_DK_V4,
+    CONV2D_DK_1X1,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+];
+/// Kernels of `FusedConv2DWeightGrad`: the activation gradient, then the kernel's and the
+/// bias' (unfused).
+pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
+    gk::ACTIVATION_BACKWARD,
+    gk::ACTIVATION_BACKWARD_V4,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK_1X1,
@@ -800,6 +814,23 @@ impl NnKernels for GpuKernels<'_> {
             self.depthwise_backward_input(&dd, g.depthwise, dx, &g.s)?;
         }
         Ok(())
+    }
+
+    fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {
+        // The unfused sequence, as for `dense_backward`.
+        let dz = match g.act {
+            Activation::Linear => g.dy.clone(),
+            act => {
+                let dz = self.scratch(g.y.shape(), g.y)?;
+                self.activation_backward_impl(g.dy, g.y, &dz, act)?;
+                dz
+            }
+        };
+        let (oh, ow) = g.s.out_hw();
+        if g.s.c_out > 0 {
+            self.sum_rows(&dz, g.s.n * oh * ow, g.s.c_out, g.db)?;
+        }
+        self.conv2d_backward_kernel(g.x, &dz, g.dk, &g.s)
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
