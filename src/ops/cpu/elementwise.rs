@@ -146,6 +146,26 @@ pub(crate) fn act_in_place<const FMA: bool>(y: &mut [f32], act: Activation) {
     }
 }
 
+/// `dy * relu'` from ReLU's output `y`.
+#[inline(always)]
+fn relu_grad(dy: f32, y: f32) -> f32 {
+    if y > 0.0 {
+        dy
+    } else {
+        0.0
+    }
+}
+
+/// `dy * selu'` from SELU's output `y` (`selu' = scale` above 0, `y + scale * alpha` below).
+#[inline(always)]
+fn selu_grad(dy: f32, y: f32) -> f32 {
+    if y > 0.0 {
+        dy * SCALE
+    } else {
+        dy * (y + SCALE_ALPHA)
+    }
+}
+
 multiversion! {
     /// `dz[i] = dy[i] * act'(.)` from the activated output `y`, on one chunk.
     pub(crate) fn act_backward_leaf(dy: &[f32], y: &[f32], dz: &mut [f32], act: Activation) {
@@ -153,12 +173,12 @@ multiversion! {
             Activation::Linear => dz.copy_from_slice(dy),
             Activation::Relu => {
                 for ((dz, &dy), &y) in dz.iter_mut().zip(dy).zip(y) {
-                    *dz = if y > 0.0 { dy } else { 0.0 };
+                    *dz = relu_grad(dy, y);
                 }
             }
             Activation::Selu => {
                 for ((dz, &dy), &y) in dz.iter_mut().zip(dy).zip(y) {
-                    *dz = if y > 0.0 { dy * SCALE } else { dy * (y + SCALE_ALPHA) };
+                    *dz = selu_grad(dy, y);
                 }
             }
         }
@@ -174,12 +194,12 @@ multiversion! {
             Activation::Linear => {}
             Activation::Relu => {
                 for (dz, &y) in dz.iter_mut().zip(y) {
-                    *dz = if y > 0.0 { *dz } else { 0.0 };
+                    *dz = relu_grad(*dz, y);
                 }
             }
             Activation::Selu => {
                 for (dz, &y) in dz.iter_mut().zip(y) {
-                    *dz = if y > 0.0 { *dz * SCALE } else { *dz * (y + SCALE_ALPHA) };
+                    *dz = selu_grad(*dz, y);
                 }
             }
         }

@@ -182,10 +182,15 @@ pub(crate) fn separable_backward(
 ) {
     let what = "separable_backward";
     let layer = Layer::new(s, f, [a.x.len(), a.dk.len(), a.pk.len(), a.y.len()], what);
-    let pooled_len = s.n * (s.h / 2) * (s.w / 2) * f;
+    // Per image: the gradient of the max-pool of `y` when `pooled`.
+    let image_pooled = (s.h / 2) * (s.w / 2) * f;
     assert_eq!(
         a.dy.len(),
-        if a.pooled { pooled_len } else { a.y.len() },
+        if a.pooled {
+            s.n * image_pooled
+        } else {
+            a.y.len()
+        },
         "{what}: dy does not match the output (pooled: {})",
         a.pooled
     );
@@ -238,18 +243,14 @@ pub(crate) fn separable_backward(
                 layer.depthwise(x, a.dk, d);
                 let outs = n0 * image_out..n1 * image_out;
                 if a.pooled {
-                    let image_pooled = (s.h / 2) * (s.w / 2) * f;
-                    let dp = &a.dy[n0 * image_pooled..n1 * image_pooled];
                     let y = &a.y[outs.clone()];
-                    if image_pooled == 0 {
-                        // Every window was dropped (height or width below 2).
-                        dz.fill(0.0);
-                    }
-                    for ((y, dp), dz) in y
+                    for (j, (y, dz)) in y
                         .chunks_exact(image_out)
-                        .zip(dp.chunks_exact(image_pooled.max(1)))
                         .zip(dz.chunks_exact_mut(image_out))
+                        .enumerate()
                     {
+                        let at = (n0 + j) * image_pooled;
+                        let dp = &a.dy[at..at + image_pooled];
                         pool::backward_image(y, dp, dz, (s.h, s.w, f));
                     }
                     act_backward_in_place(dz, y, a.act);
