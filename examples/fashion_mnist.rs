@@ -79,7 +79,7 @@ use anygpu::config;
 use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{self, Adam, Loss, Metric, Optimizer, Sequential, Sgd};
-use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, Tensor};
+use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, StreamStats, Tensor};
 use clap::Parser;
 use serde::Serialize;
 
@@ -496,21 +496,37 @@ fn time_steps(
         None => (&devices[0], &devices[devices.len() - 1]),
     };
     let mut batches = train.iter();
-    let mut step = |model: &mut Sequential| -> Result<f64, BoxError> {
+    let stats = |devices: &[LogicalDevice]| -> StreamStats {
+        devices.iter().filter_map(LogicalDevice::stream_stats).fold(
+            StreamStats::default(),
+            |a, b| StreamStats {
+                dispatches: a.dispatches + b.dispatches,
+                submits: a.submits + b.submits,
+                record_nanos: a.record_nanos + b.record_nanos,
+            },
+        )
+    };
+    // One step's wall time, the host time until `train_step` returned (recording; a device that
+    // runs ops on the host counts them here too), and the stream counters it moved.
+    let mut step = |model: &mut Sequential| -> Result<(f64, f64, StreamStats), BoxError> {
         let b = batches.next().ok_or("the training set is empty")?;
         let x = Tensor::from_slice_on(&b.x, &b.x_shape, first)?;
         let y = Tensor::from_slice_on(&b.y, &[b.y.len()], last)?;
+        let before = stats(&devices);
         let start = Instant::now();
         model.train_step(&x, &y)?;
+        let host = start.elapsed().as_secs_f64() * 1e3;
         model.synchronize()?;
-        Ok(start.elapsed().as_secs_f64() * 1e3)
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        Ok((wall, host, stats(&devices) - before))
     };
     for _ in 0..3 {
         step(model)?;
     }
-    let mut times = (0..n.max(1))
+    let steps = (0..n.max(1))
         .map(|_| step(model))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut times: Vec<f64> = steps.iter().map(|s| s.0).collect();
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let mean = times.iter().sum::<f64>() / times.len() as f64;
@@ -526,6 +542,17 @@ fn time_steps(
         times.len(),
         batch as f64 * 1e3 / median
     );
+    let count = steps.len() as f64;
+    let host = steps.iter().map(|s| s.1).sum::<f64>() / count;
+    let dispatches = steps.iter().map(|s| s.2.dispatches).sum::<u64>() as f64 / count;
+    if dispatches > 0.0 {
+        let submits = steps.iter().map(|s| s.2.submits).sum::<u64>() as f64 / count;
+        let record = steps.iter().map(|s| s.2.record_nanos).sum::<u64>() as f64 / count / 1e6;
+        println!(
+            "host per step: {host:.2} ms until train_step returned, of which {record:.2} ms recording {dispatches:.0} dispatches in {submits:.1} submissions ({:.1} us per dispatch)",
+            record * 1e3 / dispatches
+        );
+    }
     Ok(())
 }
 

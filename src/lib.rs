@@ -76,7 +76,7 @@ pub mod runtime;
 mod tensor;
 
 pub use device::{
-    DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice,
+    DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice, StreamStats,
 };
 pub use error::{Error, Result};
 pub use memory::{format_bytes, MemoryInfo, MemoryStats};

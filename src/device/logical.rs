@@ -3,7 +3,9 @@
 //! has its own capped [`Arena`].
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
 
 use crate::device::name::{full_name, logical_name, DeviceKind};
 use crate::device::physical::AdapterEntry;
@@ -105,6 +107,30 @@ impl LogicalDevice {
         }
     }
 
+    /// Counters of the commands recorded on this device's adapter since it was opened; `None`
+    /// for the CPU. Virtual siblings share one adapter stream, so they report the same numbers.
+    ///
+    /// Take two readings and subtract them to see what a piece of work cost on the host:
+    ///
+    /// ```
+    /// # fn main() -> anygpu::Result<()> {
+    /// # let rt = anygpu::Runtime::builder().build()?;
+    /// let gpus = rt.list_logical_devices(anygpu::KindFilter::Gpu)?;
+    /// if let Some(gpu) = gpus.first() {
+    ///     let before = gpu.stream_stats().unwrap_or_default();
+    ///     let _s = gpu.scope();
+    ///     let a = anygpu::Tensor::from_vec(vec![1.0f32; 64], &[8, 8])?;
+    ///     let _b = a.matmul(&a)?;
+    ///     let spent = gpu.stream_stats().unwrap_or_default() - before;
+    ///     assert!(spent.dispatches >= 1);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn stream_stats(&self) -> Option<StreamStats> {
+        self.gpu().map(|g| g.ctx.stats())
+    }
+
     /// Waits until every op submitted to this device has finished (a no-op on the CPU).
     ///
     /// Benchmarks call this inside the timed region; ordinary code never needs it, since reading
@@ -171,6 +197,38 @@ impl fmt::Display for LogicalDevice {
     }
 }
 
+/// What an adapter's command stream has recorded: [`LogicalDevice::stream_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Compute dispatches recorded.
+    pub dispatches: u64,
+    /// Command buffers submitted to the queue.
+    pub submits: u64,
+    /// Host time spent recording dispatches (parameters, bind group, pass), in nanoseconds.
+    pub record_nanos: u64,
+}
+
+impl std::ops::Sub for StreamStats {
+    type Output = StreamStats;
+
+    /// The work done between two readings (saturating, so readings in the wrong order give 0).
+    fn sub(self, earlier: StreamStats) -> StreamStats {
+        StreamStats {
+            dispatches: self.dispatches.saturating_sub(earlier.dispatches),
+            submits: self.submits.saturating_sub(earlier.submits),
+            record_nanos: self.record_nanos.saturating_sub(earlier.record_nanos),
+        }
+    }
+}
+
+/// Atomic counters behind [`StreamStats`].
+#[derive(Default)]
+struct StreamCounters {
+    dispatches: AtomicU64,
+    submits: AtomicU64,
+    record_nanos: AtomicU64,
+}
+
 /// One adapter opened for compute: wgpu `Device` + `Queue`, the pipeline cache, and the pending
 /// command stream shared by the adapter's logical devices.
 pub(crate) struct GpuContext {
@@ -183,6 +241,7 @@ pub(crate) struct GpuContext {
     stream: Mutex<Stream>,
     /// The first error wgpu reported outside an error scope, surfaced by the next wait.
     device_error: Arc<Mutex<Option<String>>>,
+    counters: StreamCounters,
 }
 
 /// The pending command encoder and the uniform ring its dispatches take parameters from.
@@ -268,7 +327,16 @@ impl GpuContext {
                 slot_size,
             }),
             device_error,
+            counters: StreamCounters::default(),
         }))
+    }
+
+    fn stats(&self) -> StreamStats {
+        StreamStats {
+            dispatches: self.counters.dispatches.load(Ordering::Relaxed),
+            submits: self.counters.submits.load(Ordering::Relaxed),
+            record_nanos: self.counters.record_nanos.load(Ordering::Relaxed),
+        }
     }
 
     fn stream(&self) -> MutexGuard<'_, Stream> {
@@ -293,6 +361,7 @@ impl GpuContext {
         let encoder = stream.encoder.take()?;
         stream.recorded = 0;
         stream.params_slot = 0;
+        self.counters.submits.fetch_add(1, Ordering::Relaxed);
         Some(self.queue.submit([encoder.finish()]))
     }
 
@@ -319,6 +388,7 @@ impl GpuContext {
         tensors: &[GpuRange<'_>],
         workgroups: [u32; 3],
     ) {
+        let start = Instant::now();
         let mut stream = self.stream();
         if stream.params_slot == stream.params_slots {
             // Every slot is spoken for by commands not yet submitted; submit them first so the
@@ -370,6 +440,12 @@ impl GpuContext {
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
         });
+        drop(stream);
+        self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counters
+            .record_nanos
+            .fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Records a copy between two device ranges (virtual siblings share the context).

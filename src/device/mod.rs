@@ -4,6 +4,6 @@ pub(crate) mod logical;
 pub(crate) mod name;
 pub(crate) mod physical;
 
-pub use logical::LogicalDevice;
+pub use logical::{LogicalDevice, StreamStats};
 pub use name::{DeviceKind, DeviceSpec};
 pub use physical::{DeviceDetails, GpuDetails, PhysicalDevice};
