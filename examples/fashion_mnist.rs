@@ -129,6 +129,10 @@ struct Args {
     /// Time this many training steps after a warm-up, print the median, and exit.
     #[arg(long)]
     time_steps: Option<usize>,
+    /// Profile a few training steps after warm-up (after the timed ones, with --time-steps):
+    /// writes DIR/trace.json (open it in ui.perfetto.dev) and DIR/top_ops.txt, prints the table.
+    #[arg(long, value_name = "DIR")]
+    profile: Option<PathBuf>,
     /// Output directory; default ./runs/<timestamp>.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -357,8 +361,15 @@ fn run(args: Args) -> Result<(), BoxError> {
         println!("(placement logging off for the rest of the run)");
     }
 
-    if let Some(n) = args.time_steps {
-        return time_steps(&mut model, &train_ds, n, args.batch_size);
+    if args.time_steps.is_some() || args.profile.is_some() {
+        let n = args.time_steps.unwrap_or(0);
+        return time_steps(
+            &mut model,
+            &train_ds,
+            n,
+            args.batch_size,
+            args.profile.as_deref(),
+        );
     }
 
     let history = model.fit(
@@ -486,6 +497,7 @@ fn time_steps(
     train: &Dataset,
     n: usize,
     batch: usize,
+    profile: Option<&std::path::Path>,
 ) -> Result<(), BoxError> {
     let devices = model.devices();
     // A mirrored model takes each batch from the host and splits it; elsewhere the batch goes
@@ -523,34 +535,47 @@ fn time_steps(
     for _ in 0..3 {
         step(model)?;
     }
-    let steps = (0..n.max(1))
-        .map(|_| step(model))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut times: Vec<f64> = steps.iter().map(|s| s.0).collect();
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    let mean = times.iter().sum::<f64>() / times.len() as f64;
-    let names: Vec<String> = devices
-        .iter()
-        .map(|d| format!("{} ({})", d.name(), adapter(d)))
-        .collect();
-    println!(
-        "median train step: {median:.1} ms (batch {batch}, device {}; mean {mean:.1}, min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
-        names.join(" + "),
-        times[0],
-        times[times.len() - 1],
-        times.len(),
-        batch as f64 * 1e3 / median
-    );
-    let count = steps.len() as f64;
-    let host = steps.iter().map(|s| s.1).sum::<f64>() / count;
-    let dispatches = steps.iter().map(|s| s.2.dispatches).sum::<u64>() as f64 / count;
-    if dispatches > 0.0 {
-        let submits = steps.iter().map(|s| s.2.submits).sum::<u64>() as f64 / count;
-        let record = steps.iter().map(|s| s.2.record_nanos).sum::<u64>() as f64 / count / 1e6;
+    if n > 0 {
+        let steps = (0..n).map(|_| step(model)).collect::<Result<Vec<_>, _>>()?;
+        let mut times: Vec<f64> = steps.iter().map(|s| s.0).collect();
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let names: Vec<String> = devices
+            .iter()
+            .map(|d| format!("{} ({})", d.name(), adapter(d)))
+            .collect();
         println!(
-            "host per step: {host:.2} ms until train_step returned, of which {record:.2} ms recording {dispatches:.0} dispatches in {submits:.1} submissions ({:.1} us per dispatch)",
-            record * 1e3 / dispatches
+            "median train step: {median:.1} ms (batch {batch}, device {}; mean {mean:.1}, min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
+            names.join(" + "),
+            times[0],
+            times[times.len() - 1],
+            times.len(),
+            batch as f64 * 1e3 / median
+        );
+        let count = steps.len() as f64;
+        let host = steps.iter().map(|s| s.1).sum::<f64>() / count;
+        let dispatches = steps.iter().map(|s| s.2.dispatches).sum::<u64>() as f64 / count;
+        if dispatches > 0.0 {
+            let submits = steps.iter().map(|s| s.2.submits).sum::<u64>() as f64 / count;
+            let record = steps.iter().map(|s| s.2.record_nanos).sum::<u64>() as f64 / count / 1e6;
+            println!(
+                "host per step: {host:.2} ms until train_step returned, of which {record:.2} ms recording {dispatches:.0} dispatches in {submits:.1} submissions ({:.1} us per dispatch)",
+                record * 1e3 / dispatches
+            );
+        }
+    }
+    if let Some(dir) = profile {
+        const PROFILED_STEPS: usize = 5;
+        anygpu::profiler::start(dir)?;
+        for i in 0..PROFILED_STEPS {
+            let _span = anygpu::profiler::Trace::new(format!("train step {i}"));
+            step(model)?;
+        }
+        let report = anygpu::profiler::stop()?;
+        println!(
+            "\nprofile of {PROFILED_STEPS} train steps (batch {batch}), written to {}:\n{report}",
+            dir.display()
         );
     }
     Ok(())

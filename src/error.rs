@@ -157,6 +157,15 @@ pub enum Error {
         message: String,
     },
 
+    /// Something that can exist once exists already (TF's AlreadyExistsError): a second
+    /// profiler.
+    #[error("{0}")]
+    AlreadyExists(String),
+
+    /// A service is not there (TF's UnavailableError): stopping a profiler that is not running.
+    #[error("{0}")]
+    Unavailable(String),
+
     /// A model was used in a way its state does not allow (fit before compile, bad weights file).
     #[error("{0}")]
     Model(String),

@@ -71,6 +71,7 @@ pub(crate) mod memory;
 pub mod nn;
 pub mod ops;
 mod placement;
+pub mod profiler;
 mod rng;
 pub mod runtime;
 mod tensor;

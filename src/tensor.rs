@@ -216,6 +216,7 @@ impl Tensor {
     /// A tensor whose contents are unspecified (ops overwrite all of it).
     pub(crate) fn uninit(shape: &[usize], dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
         let len: usize = shape.iter().product();
+        crate::profiler::note_allocation((len * dtype.size()) as u64);
         let storage = match &device.0.backend {
             Backend::Cpu => Storage::Cpu(RwLock::new(host::take(len))),
             Backend::Gpu(g) => {

@@ -12,10 +12,14 @@ use crate::device::physical::AdapterEntry;
 use crate::error::{Error, Result};
 use crate::memory::{Allocation, Arena};
 use crate::ops::gpu::PipelineCache;
+use crate::profiler::{self, DeviceInterval};
 use crate::runtime::RuntimeShared;
 
 /// Ops recorded before the pending command buffer is submitted without waiting.
 const SUBMIT_THRESHOLD: usize = 64;
+
+/// Dispatches timed per submission while the profiler runs (two queries each).
+const TIMESTAMP_PAIRS: u32 = 256;
 
 /// A logical device: TensorFlow's `LogicalDevice`, and the handle ops and tensors use.
 ///
@@ -197,6 +201,22 @@ impl fmt::Display for LogicalDevice {
     }
 }
 
+/// Whether `adapter` gets the kernels tuned for software adapters: its type, overridden by
+/// `ANYGPU_KERNEL_CLASS=software|gpu` (for measuring one class's kernels on the other's
+/// hardware; other values are ignored with a warning).
+fn kernel_class(adapter: &wgpu::AdapterInfo) -> bool {
+    let software = adapter.device_type == wgpu::DeviceType::Cpu;
+    match std::env::var("ANYGPU_KERNEL_CLASS").as_deref() {
+        Err(_) => software,
+        Ok("software") => true,
+        Ok("gpu") => false,
+        Ok(other) => {
+            log::warn!("ANYGPU_KERNEL_CLASS={other:?} ignored: use software or gpu");
+            software
+        }
+    }
+}
+
 /// What an adapter's command stream has recorded: [`LogicalDevice::stream_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StreamStats {
@@ -236,6 +256,9 @@ pub(crate) struct GpuContext {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) pipelines: PipelineCache,
+    /// Whether kernels are picked for a software adapter (few wide cores, loads are gathers)
+    /// rather than for a GPU: the adapter's type, unless `ANYGPU_KERNEL_CLASS` says otherwise.
+    pub(crate) software_kernels: bool,
     /// Name used in messages: the first logical device on this adapter.
     pub(crate) label: String,
     stream: Mutex<Stream>,
@@ -252,6 +275,44 @@ struct Stream {
     params_slot: u64,
     params_slots: u64,
     slot_size: u64,
+    /// Timestamp queries around dispatches, made on first use while the profiler runs.
+    timestamps: Option<Timestamps>,
+}
+
+/// The query set the profiler's dispatches write their begin and end times into, and the
+/// kernels waiting for the next submission to be resolved and read.
+struct Timestamps {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// (op, kernel) of query pair `i` (queries `2i` and `2i + 1`).
+    pending: Vec<(Option<u64>, &'static str)>,
+}
+
+impl Timestamps {
+    fn new(device: &wgpu::Device) -> Timestamps {
+        let bytes = u64::from(TIMESTAMP_PAIRS) * 2 * 8;
+        Timestamps {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("anygpu profiler timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: TIMESTAMP_PAIRS * 2,
+            }),
+            resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("anygpu profiler resolve"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("anygpu profiler readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            pending: Vec::new(),
+        }
+    }
 }
 
 /// A tensor's bytes on the GPU, as a binding range.
@@ -312,8 +373,10 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         let pipelines = PipelineCache::new(&device, &adapter);
+        let software_kernels = kernel_class(&adapter.info);
         Ok(Arc::new(GpuContext {
             adapter,
+            software_kernels,
             device,
             queue,
             pipelines,
@@ -325,6 +388,7 @@ impl GpuContext {
                 params_slot: 0,
                 params_slots,
                 slot_size,
+                timestamps: None,
             }),
             device_error,
             counters: StreamCounters::default(),
@@ -356,13 +420,108 @@ impl GpuContext {
         }
     }
 
-    /// Submits what is pending, without waiting.
+    /// Submits what is pending, without waiting, unless the profiler timed some of it: then it
+    /// waits, reads the timestamps and hands them to the profiler.
     fn submit(&self, stream: &mut Stream) -> Option<wgpu::SubmissionIndex> {
-        let encoder = stream.encoder.take()?;
+        let mut encoder = stream.encoder.take()?;
         stream.recorded = 0;
         stream.params_slot = 0;
         self.counters.submits.fetch_add(1, Ordering::Relaxed);
-        Some(self.queue.submit([encoder.finish()]))
+        let timed = stream.timestamps.as_mut().filter(|t| !t.pending.is_empty());
+        let Some(timed) = timed else {
+            return Some(self.queue.submit([encoder.finish()]));
+        };
+        let pairs = timed.pending.len() as u32;
+        let bytes = u64::from(pairs) * 16;
+        encoder.resolve_query_set(&timed.queries, 0..pairs * 2, &timed.resolve, 0);
+        encoder.copy_buffer_to_buffer(&timed.resolve, 0, &timed.readback, 0, bytes);
+        let submitted = Instant::now();
+        let index = self.queue.submit([encoder.finish()]);
+        let kernels = std::mem::take(&mut timed.pending);
+        if let Err(e) = self.read_timestamps(timed, index.clone(), submitted, &kernels) {
+            log::warn!(
+                "profiler: timestamps of {pairs} kernels on {} lost: {e}",
+                self.label
+            );
+        }
+        Some(index)
+    }
+
+    /// Waits for `index`, reads the timestamps of `kernels` and records them.
+    fn read_timestamps(
+        &self,
+        timed: &Timestamps,
+        index: wgpu::SubmissionIndex,
+        submitted: Instant,
+        kernels: &[(Option<u64>, &'static str)],
+    ) -> Result<()> {
+        let bytes = kernels.len() as u64 * 16;
+        let (tx, rx) = std::sync::mpsc::channel();
+        timed
+            .readback
+            .map_async(wgpu::MapMode::Read, ..bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        let finished = Instant::now();
+        rx.recv()
+            .map_err(|_| self.gpu_error("the map callback never ran".into()))?
+            .map_err(|e| self.gpu_error(format!("mapping the timestamps failed: {e}")))?;
+        let ticks: Vec<u64> = {
+            let view = timed
+                .readback
+                .get_mapped_range(..bytes)
+                .map_err(|e| self.gpu_error(format!("reading the timestamps failed: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        timed.readback.unmap();
+        let period = f64::from(self.queue.get_timestamp_period());
+        let intervals: Vec<DeviceInterval> = kernels
+            .iter()
+            .zip(ticks.chunks_exact(2))
+            .map(|(&(op, kernel), t)| DeviceInterval {
+                op,
+                kernel,
+                begin_ns: (t[0] as f64 * period) as u64,
+                end_ns: (t[1].max(t[0]) as f64 * period) as u64,
+            })
+            .collect();
+        let short = self
+            .label
+            .rsplit_once("/device:")
+            .map_or(self.label.as_str(), |(_, d)| d);
+        let track = format!("{short} ({})", self.adapter.info.name);
+        profiler::record_kernels(&track, submitted, finished, &intervals);
+        Ok(())
+    }
+
+    /// A query pair for the dispatch of `kernel` being recorded, when the profiler runs and the
+    /// adapter has timestamp queries; submits first when every pair is taken.
+    fn timestamp_pair(&self, stream: &mut Stream, kernel: &'static str) -> Option<u32> {
+        if !profiler::is_running() || !self.has_timestamps() {
+            return None;
+        }
+        let full = |t: &Timestamps| t.pending.len() as u32 == TIMESTAMP_PAIRS;
+        if stream.timestamps.as_ref().is_some_and(full) {
+            self.submit(stream);
+        }
+        let t = stream
+            .timestamps
+            .get_or_insert_with(|| Timestamps::new(&self.device));
+        t.pending.push((profiler::current_op(), kernel));
+        Some(t.pending.len() as u32 - 1)
+    }
+
+    /// Whether the profiler can time this adapter's kernels on the device.
+    pub(crate) fn has_timestamps(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
     }
 
     /// Records one command into the pending encoder (created on demand) and submits, without
@@ -390,6 +549,8 @@ impl GpuContext {
     ) {
         let start = Instant::now();
         let mut stream = self.stream();
+        // First, since it may submit, which recycles the params ring.
+        let timed = self.timestamp_pair(&mut stream, pipeline.name);
         if stream.params_slot == stream.params_slots {
             // Every slot is spoken for by commands not yet submitted; submit them first so the
             // slots can be rewritten (queue writes are ordered after earlier submissions).
@@ -431,15 +592,31 @@ impl GpuContext {
             layout: &pipeline.layout,
             entries: &entries,
         });
-        self.record(&mut stream, |encoder| {
+        let mut encoder = stream.encoder.take().unwrap_or_else(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        {
+            let timestamp_writes = timed.zip(stream.timestamps.as_ref()).map(|(pair, t)| {
+                wgpu::ComputePassTimestampWrites {
+                    query_set: &t.queries,
+                    beginning_of_pass_write_index: Some(pair * 2),
+                    end_of_pass_write_index: Some(pair * 2 + 1),
+                }
+            });
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
-                timestamp_writes: None,
+                timestamp_writes,
             });
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        });
+        }
+        stream.encoder = Some(encoder);
+        stream.recorded += 1;
+        if stream.recorded >= SUBMIT_THRESHOLD {
+            self.submit(&mut stream);
+        }
         drop(stream);
         self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);

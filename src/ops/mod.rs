@@ -21,6 +21,7 @@ use crate::device::logical::Backend;
 use crate::device::LogicalDevice;
 use crate::error::Result;
 use crate::placement::{self, OpInfo};
+use crate::profiler::{self, Timing};
 use crate::tensor::Tensor;
 use spec::{Activation, BinaryOp};
 
@@ -85,11 +86,25 @@ pub(crate) fn run<R>(
     f: impl FnOnce(&LogicalDevice, &[Tensor]) -> Result<R>,
 ) -> Result<R> {
     let device = placement::place(op, inputs)?;
+    let profiled = profiler::op_begin(op.name, device.name());
     let moved = inputs
         .iter()
         .map(|t| t.to_device(&device))
         .collect::<Result<Vec<_>>>()?;
-    f(&device, &moved)
+    let out = f(&device, &moved);
+    if let Some(scope) = profiled {
+        match device.gpu() {
+            None => scope.end(Timing::Host),
+            Some(g) if g.ctx.has_timestamps() => scope.end(Timing::Device),
+            Some(_) => {
+                // No timestamps: the op's time is its call's, waiting for its kernels.
+                let synced = device.synchronize();
+                scope.end(Timing::HostSynced);
+                synced?;
+            }
+        }
+    }
+    out
 }
 
 pub(crate) use nn::NnKernels;

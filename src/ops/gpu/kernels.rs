@@ -259,13 +259,13 @@ impl Kernels for GpuKernels<'_> {
             // aligned and sized, so the vec4 views are valid). Software adapters get the tall
             // register block (see matmul.wgsl for the measurements); GPUs the 4×4 one, with
             // 16 times more invocations to hide latency (not measured here: no GPU).
-            if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
+            if self.dev.ctx.software_kernels {
                 let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
                 return self.launch(MATMUL_16X8, &p, &[bias.unwrap_or(out), b, out, a], grid);
             }
             return self.launch(MATMUL_V4, &p, &[bias.unwrap_or(out), b, out, a], grid);
         }
-        if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
+        if self.dev.ctx.software_kernels {
             let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
             return self.launch(MATMUL_TALL, &p, &[a, b, bias.unwrap_or(out), out], grid);
         }

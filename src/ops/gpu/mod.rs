@@ -93,6 +93,8 @@ impl Kernel {
 
 /// A compiled kernel and the bind group layout its bindings follow.
 pub(crate) struct Pipeline {
+    /// The kernel's entry point, as the profiler names it.
+    pub(crate) name: &'static str,
     pub(crate) pipeline: wgpu::ComputePipeline,
     pub(crate) layout: wgpu::BindGroupLayout,
     /// The storage bindings the entry point uses, ascending: the i-th tensor passed to a
@@ -266,6 +268,7 @@ impl PipelineCache {
             });
         }
         let pipeline = Arc::new(Pipeline {
+            name: kernel.entry,
             pipeline,
             layout,
             bindings,

@@ -449,7 +449,7 @@ impl GpuKernels<'_> {
 impl GpuKernels<'_> {
     /// Invocations a partial-sum pass aims for on this adapter.
     fn partial_target(&self) -> usize {
-        if self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu {
+        if self.dev.ctx.software_kernels {
             SOFTWARE_PARTIAL_TARGET
         } else {
             PARTIAL_TARGET
@@ -462,7 +462,7 @@ impl GpuKernels<'_> {
     /// 31 → 40, 14×14 32→64 16.8 → 10.7, 14×14 64→64 29 → 17, 7×7 64→128 10.2 → 6.2, 7×7
     /// 128→128 30 → 16.
     fn prefers_matmul_for_pointwise(&self, s: &Conv2dShape) -> bool {
-        self.dev.ctx.adapter.info.device_type == wgpu::DeviceType::Cpu
+        self.dev.ctx.software_kernels
             && s.c_out >= 64
             && s.c_out.is_multiple_of(4)
             && s.c_in.is_multiple_of(4)
