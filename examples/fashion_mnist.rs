@@ -509,14 +509,10 @@ fn time_steps(
     };
     let mut batches = train.iter();
     let stats = |devices: &[LogicalDevice]| -> StreamStats {
-        devices.iter().filter_map(LogicalDevice::stream_stats).fold(
-            StreamStats::default(),
-            |a, b| StreamStats {
-                dispatches: a.dispatches + b.dispatches,
-                submits: a.submits + b.submits,
-                record_nanos: a.record_nanos + b.record_nanos,
-            },
-        )
+        devices
+            .iter()
+            .filter_map(LogicalDevice::stream_stats)
+            .fold(StreamStats::default(), |a, b| a + b)
     };
     // One step's wall time, the host time until `train_step` returned (recording; a device that
     // runs ops on the host counts them here too), and the stream counters it moved.
@@ -559,12 +555,15 @@ fn time_steps(
         if dispatches > 0.0 {
             let submits = steps.iter().map(|s| s.2.submits).sum::<u64>() as f64 / count;
             let record = steps.iter().map(|s| s.2.record_nanos).sum::<u64>() as f64 / count / 1e6;
+            let hits = steps.iter().map(|s| s.2.bind_group_hits).sum::<u64>() as f64 / count;
             println!(
-                "host per step: {host:.2} ms until train_step returned, of which {record:.2} ms recording {dispatches:.0} dispatches in {submits:.1} submissions ({:.1} us per dispatch)",
-                record * 1e3 / dispatches
+                "host per step: {host:.2} ms until train_step returned, of which {record:.2} ms recording {dispatches:.0} dispatches in {submits:.1} submissions ({:.1} us per dispatch, {:.0}% of bind groups cached)",
+                record * 1e3 / dispatches,
+                100.0 * hits / dispatches
             );
         }
     }
+    print_tuning(&devices);
     if let Some(dir) = profile {
         const PROFILED_STEPS: usize = 5;
         anygpu::profiler::start(dir)?;
@@ -579,6 +578,29 @@ fn time_steps(
         );
     }
     Ok(())
+}
+
+/// The autotuner's kernel choices on each GPU (`ANYGPU_AUTOTUNE`).
+fn print_tuning(devices: &[LogicalDevice]) {
+    for d in devices {
+        for t in d.tuning_decisions() {
+            let times: Vec<String> = t
+                .timings_ms
+                .iter()
+                .map(|(c, ms)| format!("{c} {ms:.3} ms"))
+                .collect();
+            println!(
+                "autotune: {} {} [{}] -> {} ({:?}{}{})",
+                d.name(),
+                t.op,
+                t.class,
+                t.candidate,
+                t.source,
+                if times.is_empty() { "" } else { ": " },
+                times.join(", ")
+            );
+        }
+    }
 }
 
 fn print_memory(gpus: &[LogicalDevice]) {

@@ -8,6 +8,13 @@
 //   matmul_v4  n and k multiples of 4, no transposes: each invocation computes 4 rows × one
 //              vec4 of 4 adjacent columns, loading A, B and storing C as vec4 (bindings 7, 5, 6
 //              view a, b and out as array<vec4<f32>>).
+//   matmul_v4_splitk  matmul_v4 over one slice of k per workgroup layer: dispatch (ceil(n / 64),
+//              ceil(m / 64), splits), slice z covers k4 in [z * k_slice, (z + 1) * k_slice)
+//              (k_slice in vec4s of k), and writes its raw partial product to out4 at z * m * n / 4. For products with few output
+//              tiles and a long k (a dense layer at batch 128: 4 tiles, k = 1152), which leave
+//              a GPU's cores idle on one tile each.
+//   splitk_reduce_v4  out4[i] = act(Σ_z b4[z * m * n / 4 + i] + bias) over k = splits layers,
+//              i < m * n / 4 (n a multiple of 4); @workgroup_size(256), dispatch grid_1d.
 //   matmul_16x8  n and k multiples of 4, no transposes; @workgroup_size(8, 8), dispatch
 //              (ceil(n / 64), ceil(m / 128), 1). For software adapters (lavapipe, llvmpipe),
 //              which run 8 invocations as the lanes of one SIMD register, so that every
@@ -27,7 +34,8 @@
 // Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 bias ([n], read only when has_bias),
 // 4 out: storage read_write array<f32>, row-major.
 // Params: m, k, n; a_rs, a_cs: strides of A(i, l) = a[i * a_rs + l * a_cs] (and b_rs, b_cs
-// for B(l, j)), which encode the transposes; has_bias; act (0 linear, 1 relu, 2 selu).
+// for B(l, j)), which encode the transposes; has_bias; act (0 linear, 1 relu, 2 selu); k_slice
+// (matmul_v4_splitk only).
 // Limits: 256 invocations per workgroup, four storage buffers.
 
 struct Params {
@@ -40,6 +48,7 @@ struct Params {
     b_rs: u32,
     b_cs: u32,
     act: u32,
+    k_slice: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -138,6 +147,57 @@ fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         if (r >= p.m) { break; }
         out4[r * n4 + cv] = act4(acc[i] + bias4, p.act);
     }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_v4_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let slice = p.k_slice;
+    let l_begin = wg.z * slice;
+    let l_end = min(l_begin + slice, k4);
+    let cv = wg.x * 16u + lid.x;
+    let row0 = wg.y * 64u + lid.y;
+    let cvc = min(cv, n4 - 1u);
+    var arow: array<u32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        arow[i] = min(row0 + 16u * i, p.m - 1u) * k4;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var l4 = l_begin; l4 < l_end; l4++) {
+        let b0 = b4[(4u * l4) * n4 + cvc];
+        let b1 = b4[(4u * l4 + 1u) * n4 + cvc];
+        let b2 = b4[(4u * l4 + 2u) * n4 + cvc];
+        let b3 = b4[(4u * l4 + 3u) * n4 + cvc];
+        for (var i = 0u; i < 4u; i++) {
+            let av = a4[arow[i] + l4];
+            acc[i] += av.x * b0 + av.y * b1 + av.z * b2 + av.w * b3;
+        }
+    }
+    if (cv >= n4) { return; }
+    let layer = wg.z * p.m * n4;
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + 16u * i;
+        if (r >= p.m) { break; }
+        out4[layer + r * n4 + cv] = acc[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn splitk_reduce_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    let n4 = p.n / 4u;
+    let len4 = p.m * n4;
+    if (i >= len4) { return; }
+    var s = vec4<f32>(0.0);
+    for (var z = 0u; z < p.k; z++) {
+        s += b4[z * len4 + i];
+    }
+    if (p.has_bias != 0u) {
+        let c = 4u * (i % n4);
+        s += vec4<f32>(bias[c], bias[c + 1u], bias[c + 2u], bias[c + 3u]);
+    }
+    out4[i] = act4(s, p.act);
 }
 
 @compute @workgroup_size(8, 8)

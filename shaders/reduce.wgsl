@@ -9,13 +9,19 @@
 //   sum_rows_v4 the same for cols % 4 == 0, one vec4 of columns per invocation (a quarter of
 //               the loads, which software adapters run one lane at a time); dispatch
 //               (ceil(cols / 256), ceil(rows / chunk), 1).
+//   sum_rows_wg the same sums (cols % 4 == 0) by a whole workgroup per block of columns: n (a
+//               power of two, at most 64) lanes of vec4 columns × 256 / n lanes of rows; each
+//               invocation sums every (256 / n)-th row of the chunk, then a tree in workgroup
+//               memory adds the row lanes. For GPUs and narrow sums (bias gradients: 8 vec4
+//               columns over 100k rows), where one invocation per column leaves the device
+//               idle; dispatch (ceil(cols / 4 / n), ceil(rows / chunk), 1).
 //   argmax_rows @workgroup_size(64), dispatch grid_1d(rows, 64): idx[r] = first arg max of row r.
 //   add_into    @workgroup_size(256), dispatch grid_1d(n, 256): out[i] += x[i] (AddN's steps).
 //
 // Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>;
 // 4 x4, 5 out4: x and out as array<vec4<f32>>.
-// Params: n, rows, cols, chunk, alpha.
-// Limits: 1 KiB of workgroup memory.
+// Params: n, rows, cols, chunk, alpha (n is sum_all's length and sum_rows_wg's column lanes).
+// Limits: 5 KiB of workgroup memory.
 
 struct Params {
     n: u32,
@@ -33,6 +39,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> out4: array<vec4<f32>>;
 
 var<workgroup> partial: array<f32, 256>;
+var<workgroup> partial4: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(256)
 fn sum_all(@builtin(local_invocation_index) li: u32) {
@@ -78,6 +85,35 @@ fn sum_rows_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
         s += x4[r * cols4 + c];
     }
     out4[gid.y * cols4 + c] = s;
+}
+
+@compute @workgroup_size(256)
+fn sum_rows_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let cols4 = p.cols / 4u;
+    let lanes_c = p.n;
+    let lanes_r = 256u / lanes_c;
+    let lc = li % lanes_c;
+    let lr = li / lanes_c;
+    let c = wg.x * lanes_c + lc;
+    let start = wg.y * p.chunk;
+    let end = min(start + p.chunk, p.rows);
+    var s = vec4<f32>(0.0);
+    if (c < cols4) {
+        for (var r = start + lr; r < end; r += lanes_r) {
+            s += x4[r * cols4 + c];
+        }
+    }
+    partial4[li] = s;
+    workgroupBarrier();
+    for (var stride = lanes_r / 2u; stride > 0u; stride >>= 1u) {
+        if (lr < stride) {
+            partial4[li] += partial4[li + stride * lanes_c];
+        }
+        workgroupBarrier();
+    }
+    if (lr == 0u && c < cols4) {
+        out4[wg.y * cols4 + c] = partial4[lc];
+    }
 }
 
 @compute @workgroup_size(64)

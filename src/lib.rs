@@ -81,6 +81,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use memory::{format_bytes, MemoryInfo, MemoryStats};
+pub use ops::gpu::tune::{DecisionSource, TuningDecision};
 pub use placement::{current_device_spec, device, with_device, DeviceScope, IntoDeviceScope};
 pub use runtime::{
     KindFilter, LogicalDeviceConfiguration, PlacementRecord, Runtime, RuntimeBuilder,

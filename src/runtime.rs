@@ -14,6 +14,7 @@ use crate::device::physical::{order_and_dedupe, parse_visible_env, AdapterEntry}
 use crate::device::{DeviceDetails, LogicalDevice, PhysicalDevice};
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ArenaConfig, MemoryInfo, MemoryStats};
+use crate::ops::gpu::tune::TuneConfig;
 
 /// Memory budget of a GPU whose backend reports no memory size (Metal, DX12, GL), unless
 /// `ANYGPU_GPU_MEMORY_LIMIT_MB` says otherwise. Modest on purpose: without memory growth the
@@ -562,7 +563,8 @@ impl Runtime {
         let mut gpus: Vec<LogicalDevice> = Vec::new();
         for (physical_index, &adapter_index) in visible.iter().enumerate() {
             let adapter = discovery.adapters[adapter_index].clone();
-            let ctx = GpuContext::open(adapter, full_name(DeviceKind::Gpu, gpus.len()))?;
+            let tune = TuneConfig::from_env(|key| self.env(key));
+            let ctx = GpuContext::open(adapter, full_name(DeviceKind::Gpu, gpus.len()), tune)?;
             let limits: Vec<(u64, bool)> = match config.virtual_gpus.get(&adapter_index) {
                 Some(v) => v
                     .iter()
@@ -590,6 +592,7 @@ impl Runtime {
                         max_region: l.max_storage_buffer_binding_size.min(l.max_buffer_size),
                         alignment: u64::from(l.min_storage_buffer_offset_alignment),
                         log_regions,
+                        released: ctx.regions_released(),
                     },
                 )?;
                 log::info!(

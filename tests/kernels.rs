@@ -186,6 +186,11 @@ fn nan_trap_reuses_the_chunk() {
 #[test]
 fn conv2d_forward_and_gradients() {
     let _g = serial();
+    check_conv2d(&env().devices);
+}
+
+/// Conv2D forward, input, kernel, bias and fused weight gradients on `devices`.
+fn check_conv2d(devices: &[LogicalDevice]) {
     use Padding::{Same, Valid};
     // (n, h, w, c_in, c_out, kh, kw, padding)
     let cases = [
@@ -201,7 +206,7 @@ fn conv2d_forward_and_gradients() {
         (3, 28, 28, 32, 32, 3, 3, Valid),
         (1, 2, 3, 3, 4, 3, 3, Valid),
     ];
-    for dev in &env().devices {
+    for dev in devices {
         let _s = dev.scope();
         for (t, &(n, h, w, c_in, c_out, kh, kw, padding)) in cases.iter().enumerate() {
             let s = Conv2dShape {
@@ -277,6 +282,11 @@ fn conv2d_forward_and_gradients() {
 #[test]
 fn depthwise_forward_and_gradients() {
     let _g = serial();
+    check_depthwise(&env().devices);
+}
+
+/// Depthwise forward, input and kernel gradients on `devices`.
+fn check_depthwise(devices: &[LogicalDevice]) {
     // (n, h, w, c, kh, kw)
     let cases = [
         (1, 1, 1, 1, 1, 1),
@@ -290,7 +300,7 @@ fn depthwise_forward_and_gradients() {
         (1, 1, 7, 32, 3, 3),
         (3, 7, 7, 12, 1, 3),
     ];
-    for dev in &env().devices {
+    for dev in devices {
         let _s = dev.scope();
         for (t, &(n, h, w, c, kh, kw)) in cases.iter().enumerate() {
             let s = DepthwiseShape { n, h, w, c, kh, kw };
@@ -1092,5 +1102,84 @@ fn bad_arguments_are_errors() {
             [1.0; 4],
             "a rejected update leaves the variable alone"
         );
+    }
+}
+
+/// Every kernel the autotuner can pick, forced in turn (`ANYGPU_AUTOTUNE_FORCE`), against the
+/// oracle on every GPU: products on the vec4 kernels (one of them long enough in k and small
+/// enough in output tiles to split k), on the general ones (transposes, ragged n), column sums
+/// narrow and wide, with and without vec4 columns, 1×1 convolutions directly and as products,
+/// and kernel gradients in few or many partial sums.
+#[test]
+fn every_tuning_candidate_matches_the_reference() {
+    let _g = serial();
+    let candidates = [
+        "tile64_v4",
+        "tall_16x8",
+        "splitk_v4",
+        "tile64",
+        "tall",
+        "rows_v4",
+        "rows_wg",
+        "direct",
+        "product",
+        "chunks_2k",
+        "chunks_8k",
+        "chunks_32k",
+        "chunks_128k",
+    ];
+    for candidate in candidates {
+        let rt = builder()
+            .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
+            .build()
+            .expect("runtime");
+        let gpus = rt
+            .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
+            .unwrap();
+        require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
+        for dev in &gpus {
+            let _s = dev.scope();
+            for (i, &(m, kk, nn)) in [(128, 1152, 128), (70, 516, 36), (13, 8, 12)]
+                .iter()
+                .enumerate()
+            {
+                let seed = 7000 + 10 * i as u64;
+                let a = random_vec(m * kk, seed);
+                let w = random_vec(kk * nn, seed + 1);
+                let b = random_vec(nn, seed + 2);
+                let y = ops::dense(
+                    &put(dev, &a, &[m, kk]),
+                    &put(dev, &w, &[kk, nn]),
+                    Some(&put(dev, &b, &[nn])),
+                    Activation::Selu,
+                )
+                .unwrap();
+                let expected = r::matmul_bias_act(
+                    &to_f64(&a),
+                    &to_f64(&w),
+                    Some(&to_f64(&b)),
+                    m,
+                    kk,
+                    nn,
+                    Activation::Selu,
+                );
+                let what = format!("dense {m}x{kk}x{nn} [{candidate}] {}", label(dev));
+                assert_close(&get(&y), &expected, TOL, &what);
+            }
+            matmul_every_transpose(dev, (66, 9, 30), 7100);
+            for (i, &(rows, cols)) in [(5000, 32), (300, 1152), (77, 12), (64, 7), (1, 8)]
+                .iter()
+                .enumerate()
+            {
+                let x = random_vec(rows * cols, 7200 + i as u64);
+                let db = ops::bias_grad(&put(dev, &x, &[rows, cols])).unwrap();
+                let what = format!("column sums {rows}x{cols} [{candidate}] {}", label(dev));
+                assert_close(&get(&db), &r::bias_grad(&to_f64(&x), cols), TOL, &what);
+            }
+        }
+        if candidate.starts_with("chunks") || matches!(candidate, "direct" | "product") {
+            check_conv2d(&gpus);
+            check_depthwise(&gpus);
+        }
     }
 }

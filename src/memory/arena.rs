@@ -11,6 +11,7 @@
 //! space rather than RAM until tensors fill it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
@@ -37,6 +38,9 @@ pub(crate) struct ArenaConfig {
     pub(crate) alignment: u64,
     /// `ANYGPU_MEMORY_LOG=1`: log each region grown or released at info level.
     pub(crate) log_regions: bool,
+    /// Counts the regions released, shared with the adapter's context: its cache of bind groups
+    /// (which keep their buffers alive) is dropped when this moves.
+    pub(crate) released: Arc<AtomicU64>,
 }
 
 /// A capped pool of device memory.
@@ -271,8 +275,9 @@ impl Arena {
                     );
                 }
                 // Dropped, not destroyed: commands already recorded may still read the region,
-                // and wgpu frees it once they are done.
+                // and wgpu frees it once they are done (and cached bind groups let it go).
                 drop(buffer);
+                self.config.released.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

@@ -10,7 +10,14 @@ use crate::tensor::{DType, Tensor};
 
 const MATMUL: OpInfo = OpInfo {
     name: "MatMul",
-    gpu: Some(&[gk::MATMUL, gk::MATMUL_V4]),
+    gpu: Some(&[
+        gk::MATMUL,
+        gk::MATMUL_V4,
+        gk::MATMUL_TALL,
+        gk::MATMUL_16X8,
+        gk::MATMUL_V4_SPLITK,
+        gk::SPLITK_REDUCE_V4,
+    ]),
 };
 const BINARY: [OpInfo; 3] = [
     OpInfo {
@@ -36,11 +43,17 @@ const SCALE: OpInfo = OpInfo {
 };
 const SUM: OpInfo = OpInfo {
     name: "Sum",
-    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SUM_ROWS_V4]),
+    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SUM_ROWS_WG]),
 };
 const MEAN: OpInfo = OpInfo {
     name: "Mean",
-    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SCALE]),
+    gpu: Some(&[
+        gk::SUM_ALL,
+        gk::SUM_ROWS,
+        gk::SUM_ROWS_V4,
+        gk::SUM_ROWS_WG,
+        gk::SCALE,
+    ]),
 };
 const ARGMAX: OpInfo = OpInfo {
     name: "ArgMax",

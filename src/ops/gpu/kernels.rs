@@ -5,6 +5,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::device::logical::{GpuDevice, GpuRange};
 use crate::error::Result;
+use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::ops::spec::{Activation, BinaryOp};
 use crate::ops::{Kernels, MatmulDims};
@@ -22,9 +23,12 @@ pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
 pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
 pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_tall");
 pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
+pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4_splitk");
+pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const SUM_ROWS_V4: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_v4");
+pub(crate) const SUM_ROWS_WG: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_wg");
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
 pub(crate) const ADD_INTO: Kernel = Kernel::new(ShaderFamily::Reduce, "add_into");
 
@@ -35,6 +39,30 @@ const TALL_COLS: usize = 64;
 /// Rows of one `sum_rows` chunk: long enough to amortize the launch, short enough that the
 /// chunks spread over the device.
 const SUM_ROWS_CHUNK: usize = 256;
+
+/// Workgroups `sum_rows_wg` aims for per pass.
+const WG_SUM_WORKGROUPS: usize = 512;
+
+/// Split k when the output has at most this many 64×64 tiles...
+const SPLITK_MAX_TILES: usize = 32;
+/// ...and k is at least this long (in vec4s); each slice gets at least `SPLITK_MIN_SLICE`.
+const SPLITK_MIN_K4: usize = 64;
+const SPLITK_MIN_SLICE: usize = 8;
+/// Workgroups a split product aims for.
+const SPLITK_WORKGROUPS: usize = 256;
+
+/// `(slice, splits)` for a split-k product of `d` (slice in vec4s of k), or `None` when the
+/// output has enough tiles or k is short.
+fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
+    let tiles = d.m.div_ceil(64) * d.n.div_ceil(64);
+    let k4 = d.k / 4;
+    if tiles > SPLITK_MAX_TILES || k4 < SPLITK_MIN_K4 {
+        return None;
+    }
+    let wanted = SPLITK_WORKGROUPS.div_ceil(tiles);
+    let slice = k4.div_ceil(wanted).max(SPLITK_MIN_SLICE);
+    Some((slice, k4.div_ceil(slice)))
+}
 
 /// The kernels of one GPU logical device.
 pub(crate) struct GpuKernels<'a> {
@@ -102,6 +130,8 @@ struct MatmulParams {
     b_rs: u32,
     b_cs: u32,
     act: u32,
+    /// `matmul_v4_splitk`'s slice of k, in vec4s.
+    k_slice: u32,
 }
 
 #[repr(C)]
@@ -242,6 +272,7 @@ impl Kernels for GpuKernels<'_> {
             b_rs: u(b_rs),
             b_cs: u(b_cs),
             act: act.code(),
+            k_slice: 0,
         };
         if d.k == 0 {
             // No terms: the product is zero; the kernel's loop simply does not run, but a and b
@@ -253,23 +284,55 @@ impl Kernels for GpuKernels<'_> {
                 [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1],
             );
         }
-        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+        let software = self.dev.ctx.software_kernels;
+        let bias_or_out = bias.unwrap_or(out);
         if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) && !d.trans_a && !d.trans_b {
             // Bindings 3, 5, 6, 7: bias, then b, out and a as vec4 (ranges are 256-byte
-            // aligned and sized, so the vec4 views are valid). Software adapters get the tall
-            // register block (see matmul.wgsl for the measurements); GPUs the 4×4 one, with
-            // 16 times more invocations to hide latency (not measured here: no GPU).
-            if self.dev.ctx.software_kernels {
-                let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
-                return self.launch(MATMUL_16X8, &p, &[bias.unwrap_or(out), b, out, a], grid);
+            // aligned and sized, so the vec4 views are valid). Software adapters want the tall
+            // register block (see matmul.wgsl for the measurements), GPUs many invocations to
+            // hide latency, and split k when the output has few tiles.
+            let mut candidates = vec!["tile64_v4", "tall_16x8"];
+            if splitk_slices(d).is_some() {
+                candidates.push("splitk_v4");
             }
-            return self.launch(MATMUL_V4, &p, &[bias.unwrap_or(out), b, out, a], grid);
+            let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
+            let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
+            return self.tuned(
+                Choice::new("matmul", class, &candidates, heuristic),
+                &mut |c| match c {
+                    "tall_16x8" => {
+                        let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
+                        self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
+                    }
+                    "splitk_v4" => self.matmul_splitk(a, b, bias, out, d, p),
+                    _ => {
+                        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                        self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], grid)
+                    }
+                },
+            );
         }
-        if self.dev.ctx.software_kernels {
-            let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
-            return self.launch(MATMUL_TALL, &p, &[a, b, bias.unwrap_or(out), out], grid);
-        }
-        self.launch(MATMUL, &p, &[a, b, bias.unwrap_or(out), out], grid)
+        let heuristic = if software { "tall" } else { "tile64" };
+        let class = format!(
+            "{}{} {}x{}x{}",
+            if d.trans_a { "t" } else { "n" },
+            if d.trans_b { "t" } else { "n" },
+            bucket(d.m),
+            bucket(d.n),
+            bucket(d.k)
+        );
+        self.tuned(
+            Choice::new("matmul", class, &["tile64", "tall"], heuristic),
+            &mut |c| {
+                if c == "tall" {
+                    let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
+                    self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
+                } else {
+                    let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                    self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)
+                }
+            },
+        )
     }
 
     fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
@@ -290,7 +353,39 @@ impl Kernels for GpuKernels<'_> {
         if rows == 0 {
             return self.scale_fill_zero(out);
         }
-        // Chunked partial sums until one row is left; the partials live in scratch tensors.
+        if cols.is_multiple_of(4) {
+            let class = format!("{}x{}", bucket(rows), bucket(cols));
+            return self.tuned(
+                Choice::new("sum_rows", class, &["rows_v4", "rows_wg"], "rows_v4"),
+                &mut |c| {
+                    if c == "rows_wg" {
+                        self.sum_rows_wg(x, rows, cols, out)
+                    } else {
+                        self.sum_rows_chunked(x, rows, cols, out)
+                    }
+                },
+            );
+        }
+        self.sum_rows_chunked(x, rows, cols, out)
+    }
+
+    fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        let p = ReduceParams {
+            n: 0,
+            rows: u(rows),
+            cols: u(cols),
+            chunk: 0,
+            alpha: 0.0,
+        };
+        self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
+    }
+}
+
+impl GpuKernels<'_> {
+    /// Column sums in chunks of [`SUM_ROWS_CHUNK`] rows, one invocation per (vec4) column,
+    /// again over the partials until one row is left.
+    fn sum_rows_chunked(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        // The partials live in scratch tensors.
         let mut current = x.clone();
         let mut rows = rows;
         loop {
@@ -322,19 +417,85 @@ impl Kernels for GpuKernels<'_> {
         }
     }
 
-    fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
-        let p = ReduceParams {
-            n: 0,
-            rows: u(rows),
-            cols: u(cols),
-            chunk: 0,
-            alpha: 0.0,
-        };
-        self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
+    /// Column sums (cols a multiple of 4) by whole workgroups: `sum_rows_wg` over chunks sized
+    /// so that a few hundred workgroups share the rows, then again over the partials.
+    fn sum_rows_wg(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        let cols4 = cols / 4;
+        let lanes_c = cols4.next_power_of_two().min(64);
+        let lanes_r = 256 / lanes_c;
+        let column_groups = cols4.div_ceil(lanes_c);
+        let mut current = x.clone();
+        let mut rows = rows;
+        loop {
+            // Each invocation adds at least 8 rows; the chunks fill ~512 workgroups.
+            let wanted = WG_SUM_WORKGROUPS.div_ceil(column_groups);
+            let chunk = rows.div_ceil(wanted).max(lanes_r * 8);
+            let chunks = rows.div_ceil(chunk);
+            let target = if chunks == 1 {
+                out.clone()
+            } else {
+                self.scratch(&[chunks, cols], x)?
+            };
+            let p = ReduceParams {
+                n: u(lanes_c),
+                rows: u(rows),
+                cols: u(cols),
+                chunk: u(chunk),
+                alpha: 0.0,
+            };
+            let grid = [u(column_groups), u(chunks), 1];
+            self.launch(SUM_ROWS_WG, &p, &[&current, &target], grid)?;
+            if chunks == 1 {
+                return Ok(());
+            }
+            current = target;
+            rows = chunks;
+        }
     }
-}
 
-impl GpuKernels<'_> {
+    /// `out = act(a · b + bias)` as `splits` partial products over slices of k, then one
+    /// reduction that adds them with the bias and applies the activation.
+    fn matmul_splitk(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        p: MatmulParams,
+    ) -> Result<()> {
+        let Some((slice, splits)) = splitk_slices(d) else {
+            let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+            return self.launch(MATMUL_V4, &p, &[bias.unwrap_or(out), b, out, a], grid);
+        };
+        let partials = self.scratch(&[splits, d.m, d.n], out)?;
+        let split = MatmulParams {
+            k_slice: u(slice),
+            ..p
+        };
+        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), u(splits)];
+        // Bindings 5, 6, 7: b, the partials, a (the kernel reads no bias).
+        self.launch(MATMUL_V4_SPLITK, &split, &[b, &partials, a], grid)?;
+        let reduce = MatmulParams { k: u(splits), ..p };
+        // Bindings 3, 5, 6: bias, the partials (as b4), out.
+        self.launch(
+            SPLITK_REDUCE_V4,
+            &reduce,
+            &[bias.unwrap_or(out), &partials, out],
+            grid_1d(d.m * d.n / 4, 256),
+        )
+    }
+
+    /// Runs one of `candidates` for `op` on this adapter, picked by its tuner.
+    pub(crate) fn tuned(
+        &self,
+        choice: Choice<'_>,
+        run: &mut dyn FnMut(&str) -> Result<()>,
+    ) -> Result<()> {
+        let ctx = &self.dev.ctx;
+        ctx.tuner.run(&choice, &|| ctx.wait_idle(), run)
+    }
+
     fn scale_fill_zero(&self, out: &Tensor) -> Result<()> {
         if let Some(range) = out.gpu_range() {
             self.dev.ctx.clear(range, range.size);

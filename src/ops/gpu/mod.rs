@@ -7,6 +7,7 @@
 //! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
 
 pub(crate) mod kernels;
+pub(crate) mod tune;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,8 +37,7 @@ pub(crate) enum ShaderFamily {
 }
 
 impl ShaderFamily {
-    /// Every family, for validation tests.
-    #[cfg(test)]
+    /// Every family (validation tests; the tuner hashes their sources).
     pub(crate) const ALL: [ShaderFamily; 8] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
@@ -290,7 +290,9 @@ impl PipelineCache {
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
                         ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
+                        // One bind group serves every dispatch over the same tensors: the
+                        // params slot is a dynamic offset into the ring.
+                        has_dynamic_offset: true,
                         min_binding_size: None,
                     },
                     count: None,

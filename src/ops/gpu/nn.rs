@@ -28,6 +28,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
+use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::ops::nn::pointwise_shape;
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
@@ -90,6 +91,7 @@ pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
     CONV2D_DK_1X1,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
 ];
 /// Kernels of `FusedConv2DWeightGrad`: the activation gradient, then the kernel's and the
 /// bias' (unfused).
@@ -101,17 +103,23 @@ pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
     CONV2D_DK_1X1,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
 ];
 /// Kernels of `BiasAddGrad`.
-pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS, gk::SUM_ROWS_V4];
+pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SUM_ROWS_WG];
 /// Kernels of `FusedDenseGrad`: the activation gradient, its column sums, two products.
 pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
     gk::MATMUL,
     gk::MATMUL_TALL,
+    gk::MATMUL_V4,
+    gk::MATMUL_16X8,
+    gk::MATMUL_V4_SPLITK,
+    gk::SPLITK_REDUCE_V4,
 ];
 /// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation).
 pub(crate) const DEPTHWISE: &[Kernel] = &[DEPTHWISE_S, DEPTHWISE_V4, DEPTHWISE3X3_V4];
@@ -122,6 +130,7 @@ pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
     DEPTHWISE3X3_DK_V4,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
 ];
 /// Kernels of `FusedSeparableConv2D`: the depthwise and the 1×1 convolution, unfused.
 pub(crate) const SEPARABLE: &[Kernel] = &[
@@ -145,6 +154,7 @@ macro_rules! separable_backward_kernels {
             gk::ACTIVATION_BACKWARD_V4,
             gk::SUM_ROWS,
             gk::SUM_ROWS_V4,
+            gk::SUM_ROWS_WG,
             CONV2D_DK_S,
             CONV2D_DK_V4,
             CONV2D_DK_1X1,
@@ -194,6 +204,16 @@ const PARTIAL_TARGET: usize = 32_768;
 /// batch 128, on lavapipe: 31-35 ms with 32,768, 10-15 ms with 2,048; the depthwise kernel
 /// gradients gain about a third).
 const SOFTWARE_PARTIAL_TARGET: usize = 2_048;
+/// The two ways of a 1×1 convolution: the convolution kernels, or a matrix product.
+const POINTWISE: [&str; 2] = ["direct", "product"];
+
+/// Whether a 1×1 convolution of `s` can run as a matrix product on the vec4 kernels.
+fn pointwise_as_product(s: &Conv2dShape) -> bool {
+    s.c_out.is_multiple_of(4)
+        && s.c_in.is_multiple_of(4)
+        && (s.n * s.h * s.w).div_ceil(128) <= 65_535
+}
+
 /// Fewest pixels (or image rows for the 3×3 depthwise filter gradient) one partial sums.
 const MIN_CHUNK: usize = 32;
 
@@ -447,31 +467,8 @@ impl GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
-    /// Invocations a partial-sum pass aims for on this adapter.
-    fn partial_target(&self) -> usize {
-        if self.dev.ctx.software_kernels {
-            SOFTWARE_PARTIAL_TARGET
-        } else {
-            PARTIAL_TARGET
-        }
-    }
-
-    /// Whether a 1×1 convolution runs faster as a matrix product here: on software adapters,
-    /// through `matmul_16x8`, once the output channels fill its 64-column tiles. Measured on
-    /// lavapipe at batch 128, ms (1×1 convolution kernel → matrix product): 28×28 32→32
-    /// 31 → 40, 14×14 32→64 16.8 → 10.7, 14×14 64→64 29 → 17, 7×7 64→128 10.2 → 6.2, 7×7
-    /// 128→128 30 → 16.
-    fn prefers_matmul_for_pointwise(&self, s: &Conv2dShape) -> bool {
-        self.dev.ctx.software_kernels
-            && s.c_out >= 64
-            && s.c_out.is_multiple_of(4)
-            && s.c_in.is_multiple_of(4)
-            && (s.n * s.h * s.w).div_ceil(128) <= 65_535
-    }
-}
-
-impl NnKernels for GpuKernels<'_> {
-    fn conv2d(
+    /// A convolution by `correlate` (the direct kernels).
+    fn conv2d_direct(
         &self,
         x: &Tensor,
         kernel: &Tensor,
@@ -480,20 +477,6 @@ impl NnKernels for GpuKernels<'_> {
         s: &Conv2dShape,
         act: Activation,
     ) -> Result<()> {
-        if s.output_len() == 0 {
-            return Ok(());
-        }
-        if s.kh == 1 && s.kw == 1 && self.prefers_matmul_for_pointwise(s) {
-            // A 1×1 convolution is the product [n·h·w, c_in] · [c_in, c_out].
-            let dims = MatmulDims {
-                m: s.n * s.h * s.w,
-                k: s.c_in,
-                n: s.c_out,
-                trans_a: false,
-                trans_b: false,
-            };
-            return self.matmul(x, kernel, bias, y, dims, act);
-        }
         let (oh, ow) = s.out_hw();
         let (pt, pl) = s.pad_top_left();
         let g = Correlation {
@@ -514,6 +497,191 @@ impl NnKernels for GpuKernels<'_> {
         let xin = if x.is_empty() { y } else { x };
         let kin = if kernel.is_empty() { y } else { kernel };
         self.correlate(&g, xin, kin, bias, y, act)
+    }
+
+    /// The kernel gradient as partial sums over chunks of pixels sized for `target`
+    /// invocations, then their sum.
+    fn conv2d_backward_kernel_in(
+        &self,
+        x: &Tensor,
+        dz: &Tensor,
+        dk: &Tensor,
+        s: &Conv2dShape,
+        target: usize,
+    ) -> Result<()> {
+        let (oh, ow) = s.out_hw();
+        let pixels = s.n * oh * ow;
+        let (pt, pl) = s.pad_top_left();
+        let taps = s.kh * s.kw * s.c_in;
+        if s.kh == 1 && s.kw == 1 && s.c_in.is_multiple_of(16) && s.c_out.is_multiple_of(8) {
+            // A plain xᵀ · dz over the pixels: no taps to compute, all loads vec4.
+            let units = (s.c_in / 16) * (s.c_out / 8);
+            let (chunk, chunks) = chunking(target, units, pixels, MIN_CHUNK);
+            let p = ConvParams {
+                ci: u(s.c_in),
+                co: u(s.c_out),
+                items: u(units * chunks),
+                chunk: u(chunk),
+                pixels: u(pixels),
+                ..Default::default()
+            };
+            return self.partial_sums(CONV2D_DK_1X1, &p, [x, dz], dk, units * chunks, chunks);
+        }
+        let v4 = s.c_out.is_multiple_of(4);
+        let obs = if v4 {
+            (s.c_out / 4).div_ceil(4)
+        } else {
+            s.c_out.div_ceil(4)
+        };
+        // Flattened taps per unit: 8 in conv2d_dk_v4, 4 in conv2d_dk_s.
+        let units = taps.div_ceil(if v4 { 8 } else { 4 }) * obs;
+        let (chunk, chunks) = chunking(target, units, pixels, MIN_CHUNK);
+        let items = units * chunks;
+        let p = ConvParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            ci: u(s.c_in),
+            co: u(s.c_out),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            oh: u(oh),
+            ow: u(ow),
+            pt: u(pt),
+            pl: u(pl),
+            items: u(items),
+            chunk: u(chunk),
+            pixels: u(pixels),
+            taps: u(taps),
+            ..Default::default()
+        };
+        let entry = if v4 { CONV2D_DK_V4 } else { CONV2D_DK_S };
+        self.partial_sums(entry, &p, [x, dz], dk, items, chunks)
+    }
+
+    /// The depthwise kernel gradient as partial sums sized for `target` invocations.
+    fn depthwise_backward_kernel_in(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dk: &Tensor,
+        s: &DepthwiseShape,
+        target: usize,
+    ) -> Result<()> {
+        let pixels = s.n * s.h * s.w;
+        let (pt, pl) = s.pad_top_left();
+        let (v4, c) = channel_lanes(s.c);
+        let mut p = DepthwiseParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            pt: u(pt),
+            pl: u(pl),
+            ..Default::default()
+        };
+        let (entry, units, chunk, chunks) = if v4 && s.kh == 3 && s.kw == 3 {
+            // Chunks of whole image rows.
+            let rows = s.n * s.h;
+            let (chunk, chunks) = chunking(target, c, rows, 1);
+            p.total = u(rows);
+            (DEPTHWISE3X3_DK_V4, c, chunk, chunks)
+        } else {
+            let units = (s.kh * s.kw).div_ceil(4) * c;
+            let (chunk, chunks) = chunking(target, units, pixels, MIN_CHUNK);
+            p.total = u(pixels);
+            let entry = if v4 { DEPTHWISE_DK_V4 } else { DEPTHWISE_DK_S };
+            (entry, units, chunk, chunks)
+        };
+        let items = units * chunks;
+        p.units = u(units);
+        p.chunk = u(chunk);
+        p.items = u(items);
+        self.partial_sums(entry, &p, [x, dy], dk, items, chunks)
+    }
+
+    /// Runs a partial-sum kernel gradient with the chunking its tuner picks: few large chunks
+    /// (software adapters: a few cores, each chunk's partials to write and sum again) or many
+    /// (GPUs: tens of thousands of invocations to hide latency).
+    fn tuned_partials(
+        &self,
+        class: String,
+        run: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
+        let heuristic = if self.dev.ctx.software_kernels {
+            "chunks_2k"
+        } else {
+            "chunks_32k"
+        };
+        let choice = Choice::new(
+            "partial_sums",
+            class,
+            &["chunks_2k", "chunks_32k"],
+            heuristic,
+        )
+        .full_only(&["chunks_8k", "chunks_128k"]);
+        self.tuned(choice, &mut |c| {
+            let target = match c {
+                "chunks_2k" => SOFTWARE_PARTIAL_TARGET,
+                "chunks_8k" => 8_192,
+                "chunks_128k" => 131_072,
+                _ => PARTIAL_TARGET,
+            };
+            run(target)
+        })
+    }
+
+    /// The untuned choice for a 1×1 convolution: as a matrix product on software adapters
+    /// once the output channels fill `matmul_16x8`'s 64-column tiles. Measured on lavapipe at
+    /// batch 128, ms (1×1 convolution kernel → matrix product): 28×28 32→32 31 → 40, 14×14
+    /// 32→64 16.8 → 10.7, 14×14 64→64 29 → 17, 7×7 64→128 10.2 → 6.2, 7×7 128→128 30 → 16.
+    fn pointwise_heuristic(&self, s: &Conv2dShape) -> &'static str {
+        if self.dev.ctx.software_kernels && s.c_out >= 64 {
+            "product"
+        } else {
+            "direct"
+        }
+    }
+}
+
+impl NnKernels for GpuKernels<'_> {
+    fn conv2d(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        s: &Conv2dShape,
+        act: Activation,
+    ) -> Result<()> {
+        if s.output_len() == 0 {
+            return Ok(());
+        }
+        if s.kh == 1 && s.kw == 1 && pointwise_as_product(s) {
+            // A 1×1 convolution is the product [n·h·w, c_in] · [c_in, c_out].
+            let dims = MatmulDims {
+                m: s.n * s.h * s.w,
+                k: s.c_in,
+                n: s.c_out,
+                trans_a: false,
+                trans_b: false,
+            };
+            let class = format!("fwd {}x{}x{}", bucket(dims.m), s.c_in, s.c_out);
+            let heuristic = self.pointwise_heuristic(s);
+            return self.tuned(
+                Choice::new("pointwise_conv", class, &POINTWISE, heuristic),
+                &mut |c| {
+                    if c == "product" {
+                        self.matmul(x, kernel, bias, y, dims, act)
+                    } else {
+                        self.conv2d_direct(x, kernel, bias, y, s, act)
+                    }
+                },
+            );
+        }
+        self.conv2d_direct(x, kernel, bias, y, s, act)
     }
 
     fn conv2d_backward_input(
@@ -551,18 +719,6 @@ impl NnKernels for GpuKernels<'_> {
             c_out: s.c_in,
             ..*s
         };
-        if s.kh == 1 && s.kw == 1 && self.prefers_matmul_for_pointwise(&transposed) {
-            // For a 1×1 kernel, kt is the transposed kernel [c_out, c_in]: dx = dz · kt, the
-            // forward case of a 1×1 convolution with the channel counts swapped.
-            let dims = MatmulDims {
-                m: s.n * s.h * s.w,
-                k: s.c_out,
-                n: s.c_in,
-                trans_a: false,
-                trans_b: false,
-            };
-            return self.matmul(dz, &kt, None, dx, dims, Activation::Linear);
-        }
         let g = Correlation {
             n: s.n,
             h: oh,
@@ -576,6 +732,29 @@ impl NnKernels for GpuKernels<'_> {
             pt: s.kh - 1 - pt,
             pl: s.kw - 1 - pl,
         };
+        if s.kh == 1 && s.kw == 1 && pointwise_as_product(&transposed) {
+            // For a 1×1 kernel, kt is the transposed kernel [c_out, c_in]: dx = dz · kt, the
+            // forward case of a 1×1 convolution with the channel counts swapped.
+            let dims = MatmulDims {
+                m: s.n * s.h * s.w,
+                k: s.c_out,
+                n: s.c_in,
+                trans_a: false,
+                trans_b: false,
+            };
+            let class = format!("dx {}x{}x{}", bucket(dims.m), s.c_out, s.c_in);
+            let heuristic = self.pointwise_heuristic(&transposed);
+            return self.tuned(
+                Choice::new("pointwise_conv", class, &POINTWISE, heuristic),
+                &mut |c| {
+                    if c == "product" {
+                        self.matmul(dz, &kt, None, dx, dims, Activation::Linear)
+                    } else {
+                        self.correlate(&g, dz, &kt, None, dx, Activation::Linear)
+                    }
+                },
+            );
+        }
         self.correlate(&g, dz, &kt, None, dx, Activation::Linear)
     }
 
@@ -595,52 +774,17 @@ impl NnKernels for GpuKernels<'_> {
             self.clear(dk);
             return Ok(());
         }
-        let (pt, pl) = s.pad_top_left();
-        let taps = s.kh * s.kw * s.c_in;
-        if s.kh == 1 && s.kw == 1 && s.c_in.is_multiple_of(16) && s.c_out.is_multiple_of(8) {
-            // A plain xᵀ · dz over the pixels: no taps to compute, all loads vec4.
-            let units = (s.c_in / 16) * (s.c_out / 8);
-            let (chunk, chunks) = chunking(self.partial_target(), units, pixels, MIN_CHUNK);
-            let p = ConvParams {
-                ci: u(s.c_in),
-                co: u(s.c_out),
-                items: u(units * chunks),
-                chunk: u(chunk),
-                pixels: u(pixels),
-                ..Default::default()
-            };
-            return self.partial_sums(CONV2D_DK_1X1, &p, [x, dz], dk, units * chunks, chunks);
-        }
-        let v4 = s.c_out.is_multiple_of(4);
-        let obs = if v4 {
-            (s.c_out / 4).div_ceil(4)
-        } else {
-            s.c_out.div_ceil(4)
-        };
-        // Flattened taps per unit: 8 in conv2d_dk_v4, 4 in conv2d_dk_s.
-        let units = taps.div_ceil(if v4 { 8 } else { 4 }) * obs;
-        let (chunk, chunks) = chunking(self.partial_target(), units, pixels, MIN_CHUNK);
-        let items = units * chunks;
-        let p = ConvParams {
-            n: u(s.n),
-            h: u(s.h),
-            w: u(s.w),
-            ci: u(s.c_in),
-            co: u(s.c_out),
-            kh: u(s.kh),
-            kw: u(s.kw),
-            oh: u(oh),
-            ow: u(ow),
-            pt: u(pt),
-            pl: u(pl),
-            items: u(items),
-            chunk: u(chunk),
-            pixels: u(pixels),
-            taps: u(taps),
-            ..Default::default()
-        };
-        let entry = if v4 { CONV2D_DK_V4 } else { CONV2D_DK_S };
-        self.partial_sums(entry, &p, [x, dz], dk, items, chunks)
+        let class = format!(
+            "conv_dk {}x{} {}->{} p{}",
+            s.kh,
+            s.kw,
+            s.c_in,
+            s.c_out,
+            bucket(pixels)
+        );
+        self.tuned_partials(class, &mut |target| {
+            self.conv2d_backward_kernel_in(x, dz, dk, s, target)
+        })
     }
 
     fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()> {
@@ -672,37 +816,16 @@ impl NnKernels for GpuKernels<'_> {
             self.clear(dk);
             return Ok(());
         }
-        let (pt, pl) = s.pad_top_left();
-        let (v4, c) = channel_lanes(s.c);
-        let mut p = DepthwiseParams {
-            n: u(s.n),
-            h: u(s.h),
-            w: u(s.w),
-            c: u(c),
-            kh: u(s.kh),
-            kw: u(s.kw),
-            pt: u(pt),
-            pl: u(pl),
-            ..Default::default()
-        };
-        let (entry, units, chunk, chunks) = if v4 && s.kh == 3 && s.kw == 3 {
-            // Chunks of whole image rows.
-            let rows = s.n * s.h;
-            let (chunk, chunks) = chunking(self.partial_target(), c, rows, 1);
-            p.total = u(rows);
-            (DEPTHWISE3X3_DK_V4, c, chunk, chunks)
-        } else {
-            let units = (s.kh * s.kw).div_ceil(4) * c;
-            let (chunk, chunks) = chunking(self.partial_target(), units, pixels, MIN_CHUNK);
-            p.total = u(pixels);
-            let entry = if v4 { DEPTHWISE_DK_V4 } else { DEPTHWISE_DK_S };
-            (entry, units, chunk, chunks)
-        };
-        let items = units * chunks;
-        p.units = u(units);
-        p.chunk = u(chunk);
-        p.items = u(items);
-        self.partial_sums(entry, &p, [x, dy], dk, items, chunks)
+        let class = format!(
+            "depthwise_dk {}x{} c{} p{}",
+            s.kh,
+            s.kw,
+            s.c,
+            bucket(pixels)
+        );
+        self.tuned_partials(class, &mut |target| {
+            self.depthwise_backward_kernel_in(x, dy, dk, s, target)
+        })
     }
 
     fn maxpool(&self, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {

@@ -1,0 +1,459 @@
+//! One adapter opened for compute: the wgpu device and queue, the pipeline cache, and the
+//! command stream its logical devices share; uploads, copies, readbacks and waits.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::device::logical::GpuRange;
+use crate::device::physical::AdapterEntry;
+use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUBMIT_THRESHOLD};
+use crate::error::{Error, Result};
+use crate::ops::gpu::tune::{TuneConfig, Tuner};
+use crate::ops::gpu::PipelineCache;
+use crate::profiler::{self, DeviceInterval};
+
+/// Whether `adapter` gets the kernels tuned for software adapters: its type, overridden by
+/// `ANYGPU_KERNEL_CLASS=software|gpu` (for measuring one class's kernels on the other's
+/// hardware; other values are ignored with a warning).
+fn kernel_class(adapter: &wgpu::AdapterInfo) -> bool {
+    let software = adapter.device_type == wgpu::DeviceType::Cpu;
+    match std::env::var("ANYGPU_KERNEL_CLASS").as_deref() {
+        Err(_) => software,
+        Ok("software") => true,
+        Ok("gpu") => false,
+        Ok(other) => {
+            log::warn!("ANYGPU_KERNEL_CLASS={other:?} ignored: use software or gpu");
+            software
+        }
+    }
+}
+
+/// One adapter opened for compute: wgpu `Device` + `Queue`, the pipeline cache, and the pending
+/// command stream shared by the adapter's logical devices.
+pub(crate) struct GpuContext {
+    pub(crate) adapter: AdapterEntry,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) pipelines: PipelineCache,
+    /// Whether kernels are picked for a software adapter (few wide cores, loads are gathers)
+    /// rather than for a GPU: the adapter's type, unless `ANYGPU_KERNEL_CLASS` says otherwise.
+    pub(crate) software_kernels: bool,
+    /// Name used in messages: the first logical device on this adapter.
+    pub(crate) label: String,
+    stream: Mutex<Stream>,
+    /// The first error wgpu reported outside an error scope, surfaced by the next wait.
+    device_error: Arc<Mutex<Option<String>>>,
+    counters: StreamCounters,
+    /// The adapter's kernel choices (autotuning).
+    pub(crate) tuner: Tuner,
+    /// Regions released by this adapter's arenas: the bind-group cache starts over when it moves.
+    regions_released: Arc<AtomicU64>,
+}
+
+impl GpuContext {
+    /// Opens `adapter` with its own limits and the optional features worth having.
+    pub(crate) fn open(
+        adapter: AdapterEntry,
+        label: String,
+        tune: TuneConfig,
+    ) -> Result<Arc<GpuContext>> {
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let (device, queue) =
+            pollster::block_on(adapter.adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some(&label),
+                required_features: adapter.features & wanted,
+                // Without this a device gets wgpu's defaults (128 MiB bindings, 256 MiB buffers)
+                // rather than what the adapter can do.
+                required_limits: adapter.limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            }))
+            .map_err(|e| Error::Gpu {
+                device: label.clone(),
+                message: format!("request_device failed: {e}"),
+            })?;
+        let device_error = Arc::new(Mutex::new(None::<String>));
+        {
+            let sink = Arc::clone(&device_error);
+            let name = label.clone();
+            // wgpu's default handler panics; we turn the error into a Result at the next wait.
+            device.on_uncaptured_error(Arc::new(move |err: wgpu::Error| {
+                log::error!("wgpu error on {name}: {err}");
+                let mut slot = sink.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert_with(|| err.to_string());
+            }));
+        }
+        let pipelines = PipelineCache::new(&device, &adapter);
+        let software_kernels = kernel_class(&adapter.info);
+        let stream = Stream::new(&device, &adapter.limits);
+        let tuner = Tuner::new(tune, &adapter.info);
+        Ok(Arc::new(GpuContext {
+            tuner,
+            adapter,
+            software_kernels,
+            device,
+            queue,
+            pipelines,
+            label,
+            stream: Mutex::new(stream),
+            device_error,
+            counters: StreamCounters::default(),
+            regions_released: Arc::new(AtomicU64::new(0)),
+        }))
+    }
+
+    /// The counter this adapter's arenas bump when they release a region.
+    pub(crate) fn regions_released(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.regions_released)
+    }
+
+    pub(crate) fn stats(&self) -> StreamStats {
+        self.counters.read()
+    }
+
+    fn stream(&self) -> MutexGuard<'_, Stream> {
+        // Stream state is a pending encoder and counters; a panic mid-record leaves at worst an
+        // encoder with fewer commands, which is still valid to submit or drop.
+        self.stream.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_error(&self) -> Result<()> {
+        let mut slot = self.device_error.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.take() {
+            Some(message) => Err(Error::Gpu {
+                device: self.label.clone(),
+                message,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Submits what is pending, without waiting, unless the profiler timed some of it: then it
+    /// waits, reads the timestamps and hands them to the profiler.
+    fn submit(&self, stream: &mut Stream) -> Option<wgpu::SubmissionIndex> {
+        stream.end_pass();
+        let mut encoder = stream.encoder.take()?;
+        stream.recorded = 0;
+        stream.params.flush(&self.queue);
+        self.counters.submits.fetch_add(1, Ordering::Relaxed);
+        let timed = stream.timestamps.as_mut().filter(|t| !t.pending.is_empty());
+        let Some(timed) = timed else {
+            return Some(self.queue.submit([encoder.finish()]));
+        };
+        let pairs = timed.pending.len() as u32;
+        let bytes = u64::from(pairs) * 16;
+        encoder.resolve_query_set(&timed.queries, 0..pairs * 2, &timed.resolve, 0);
+        encoder.copy_buffer_to_buffer(&timed.resolve, 0, &timed.readback, 0, bytes);
+        let submitted = Instant::now();
+        let index = self.queue.submit([encoder.finish()]);
+        let kernels = std::mem::take(&mut timed.pending);
+        if let Err(e) = self.read_timestamps(timed, index.clone(), submitted, &kernels) {
+            log::warn!(
+                "profiler: timestamps of {pairs} kernels on {} lost: {e}",
+                self.label
+            );
+        }
+        Some(index)
+    }
+
+    /// Waits for `index`, reads the timestamps of `kernels` and records them.
+    fn read_timestamps(
+        &self,
+        timed: &Timestamps,
+        index: wgpu::SubmissionIndex,
+        submitted: Instant,
+        kernels: &[(Option<u64>, &'static str)],
+    ) -> Result<()> {
+        let bytes = kernels.len() as u64 * 16;
+        let (tx, rx) = std::sync::mpsc::channel();
+        timed
+            .readback
+            .map_async(wgpu::MapMode::Read, ..bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        let finished = Instant::now();
+        rx.recv()
+            .map_err(|_| self.gpu_error("the map callback never ran".into()))?
+            .map_err(|e| self.gpu_error(format!("mapping the timestamps failed: {e}")))?;
+        let ticks: Vec<u64> = {
+            let view = timed
+                .readback
+                .get_mapped_range(..bytes)
+                .map_err(|e| self.gpu_error(format!("reading the timestamps failed: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        timed.readback.unmap();
+        let period = f64::from(self.queue.get_timestamp_period());
+        let intervals: Vec<DeviceInterval> = kernels
+            .iter()
+            .zip(ticks.chunks_exact(2))
+            .map(|(&(op, kernel), t)| DeviceInterval {
+                op,
+                kernel,
+                begin_ns: (t[0] as f64 * period) as u64,
+                end_ns: (t[1].max(t[0]) as f64 * period) as u64,
+            })
+            .collect();
+        let short = self
+            .label
+            .rsplit_once("/device:")
+            .map_or(self.label.as_str(), |(_, d)| d);
+        let track = format!("{short} ({})", self.adapter.info.name);
+        profiler::record_kernels(&track, submitted, finished, &intervals);
+        Ok(())
+    }
+
+    /// A query pair for the dispatch of `kernel` being recorded, when the profiler runs and the
+    /// adapter has timestamp queries; submits first when every pair is taken.
+    fn timestamp_pair(&self, stream: &mut Stream, kernel: &'static str) -> Option<u32> {
+        if !profiler::is_running() || !self.has_timestamps() {
+            return None;
+        }
+        if stream.timestamps.as_ref().is_some_and(Timestamps::is_full) {
+            self.submit(stream);
+        }
+        let t = stream
+            .timestamps
+            .get_or_insert_with(|| Timestamps::new(&self.device));
+        t.pending.push((profiler::current_op(), kernel));
+        Some(t.pending.len() as u32 - 1)
+    }
+
+    /// Whether the profiler can time this adapter's kernels on the device.
+    pub(crate) fn has_timestamps(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Records one command (not a dispatch) into the pending encoder and submits, without
+    /// waiting, once [`SUBMIT_THRESHOLD`] commands are pending.
+    fn record(&self, stream: &mut Stream, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        command(stream.encoder(&self.device));
+        self.recorded_one(stream);
+    }
+
+    fn recorded_one(&self, stream: &mut Stream) {
+        stream.recorded += 1;
+        if stream.recorded >= SUBMIT_THRESHOLD {
+            self.submit(stream);
+        }
+    }
+
+    /// Records one compute dispatch: `params` (a `#[repr(C)]` struct's bytes) go to binding 0 as a
+    /// uniform, `tensors` to the pipeline's storage bindings. Consecutive dispatches share one
+    /// compute pass, except under the profiler, which times each in a pass of its own.
+    pub(crate) fn dispatch(
+        &self,
+        pipeline: &crate::ops::gpu::Pipeline,
+        params: &[u8],
+        tensors: &[GpuRange<'_>],
+        workgroups: [u32; 3],
+    ) {
+        debug_assert_eq!(
+            tensors.len(),
+            pipeline.bindings.len(),
+            "tensors for the kernel's bindings"
+        );
+        let start = Instant::now();
+        let mut guard = self.stream();
+        let stream = &mut *guard;
+        if stream.params.is_full() {
+            // Every slot is spoken for by commands not yet submitted.
+            self.submit(stream);
+        }
+        // Before the params slot is taken: it may submit, which starts the ring over.
+        let timed = self.timestamp_pair(stream, pipeline.name);
+        let offset = stream.params.push(params);
+        let (group, hit) = stream.bind_groups.get(
+            &self.device,
+            &stream.params.buffer,
+            &pipeline.layout,
+            &pipeline.bindings,
+            tensors,
+            &self.regions_released,
+        );
+        let [x, y, z] = workgroups;
+        match timed {
+            Some(pair) => {
+                stream.end_pass();
+                let encoder = stream.encoder.get_or_insert_with(|| {
+                    self.device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+                });
+                let timestamp_writes =
+                    stream
+                        .timestamps
+                        .as_ref()
+                        .map(|t| wgpu::ComputePassTimestampWrites {
+                            query_set: &t.queries,
+                            beginning_of_pass_write_index: Some(pair * 2),
+                            end_of_pass_write_index: Some(pair * 2 + 1),
+                        });
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes,
+                });
+                pass.set_pipeline(&pipeline.pipeline);
+                pass.set_bind_group(0, &group, &[offset]);
+                pass.dispatch_workgroups(x, y, z);
+            }
+            None => {
+                if stream.pass.is_none() {
+                    let encoder = stream.encoder.get_or_insert_with(|| {
+                        self.device
+                            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+                    });
+                    let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: None,
+                        timestamp_writes: None,
+                    });
+                    // The pass locks the encoder until it is dropped; `Stream` drops it before
+                    // any other use of the encoder.
+                    stream.pass = Some(pass.forget_lifetime());
+                }
+                if let Some(pass) = stream.pass.as_mut() {
+                    pass.set_pipeline(&pipeline.pipeline);
+                    pass.set_bind_group(0, &group, &[offset]);
+                    pass.dispatch_workgroups(x, y, z);
+                }
+            }
+        }
+        self.recorded_one(stream);
+        drop(guard);
+        self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+        if hit {
+            self.counters
+                .bind_group_hits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counters
+            .record_nanos
+            .fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Records a copy between two device ranges (virtual siblings share the context).
+    pub(crate) fn copy(&self, src: GpuRange<'_>, dst: GpuRange<'_>, bytes: u64) {
+        let mut stream = self.stream();
+        self.record(&mut stream, |encoder| {
+            encoder.copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, bytes)
+        });
+    }
+
+    /// Records a zero fill of `bytes` (a multiple of 4) at `dst`.
+    pub(crate) fn clear(&self, dst: GpuRange<'_>, bytes: u64) {
+        let mut stream = self.stream();
+        self.record(&mut stream, |encoder| {
+            encoder.clear_buffer(dst.buffer, dst.offset, Some(bytes))
+        });
+    }
+
+    /// Writes host bytes into a device range, after everything recorded so far.
+    pub(crate) fn upload(&self, dst: GpuRange<'_>, bytes: &[u8]) {
+        let mut stream = self.stream();
+        // Queue writes land before the commands of the next submission. Pending commands may
+        // still use this memory under a tensor that was dropped since, so they go first.
+        self.submit(&mut stream);
+        let len = bytes.len() as u64 / wgpu::COPY_BUFFER_ALIGNMENT * wgpu::COPY_BUFFER_ALIGNMENT;
+        if len > 0 {
+            self.queue
+                .write_buffer(dst.buffer, dst.offset, &bytes[..len as usize]);
+        }
+        let tail = &bytes[len as usize..];
+        if !tail.is_empty() {
+            let mut padded = [0u8; 4];
+            padded[..tail.len()].copy_from_slice(tail);
+            self.queue
+                .write_buffer(dst.buffer, dst.offset + len, &padded);
+        }
+    }
+
+    /// Reads `bytes` bytes of a device range back to the host, waiting for the commands that
+    /// produce them (and, the queue being in order, those before), and hands the mapped bytes
+    /// to `consume`: the one host-side touch of the data (a reduction sums straight from it).
+    pub(crate) fn read_with<R>(
+        &self,
+        src: GpuRange<'_>,
+        bytes: u64,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let padded = bytes.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        if padded == 0 {
+            return Ok(consume(&[]));
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("anygpu readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let submission = {
+            let mut stream = self.stream();
+            self.record(&mut stream, |encoder| {
+                encoder.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, padded)
+            });
+            self.submit(&mut stream)
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            // The receiver waits below; if it is gone there is no one to tell.
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
+            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.take_error()?;
+        rx.recv()
+            .map_err(|_| self.gpu_error("the map callback never ran".into()))?
+            .map_err(|e| self.gpu_error(format!("mapping the readback buffer failed: {e}")))?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| self.gpu_error(format!("reading the readback buffer failed: {e}")))?;
+        let out = consume(&view[..bytes as usize]);
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Submits the recorded commands without waiting, so the device works while the host
+    /// goes on (before waiting on another device, for instance).
+    pub(crate) fn flush(&self) {
+        let mut stream = self.stream();
+        self.submit(&mut stream);
+    }
+
+    /// Submits what is pending and waits for the queue to drain.
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        let submission = {
+            let mut stream = self.stream();
+            self.submit(&mut stream)
+        };
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
+            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.take_error()
+    }
+
+    fn gpu_error(&self, message: String) -> Error {
+        Error::Gpu {
+            device: self.label.clone(),
+            message,
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! Kernels picked by measurement: on first use of an (op, shape class) on an adapter, every
+//! candidate variant runs on the real inputs, the fastest is kept, and the choice is cached on
+//! disk per adapter. TensorFlow does the same for cuDNN's convolution algorithms
+//! (`TF_CUDNN_USE_AUTOTUNE`); CubeCL (Burn) autotunes every kernel family.
+//!
+//! `ANYGPU_AUTOTUNE`:
+//! * `off`: the heuristics (the adapter's class picks: software adapters one set, GPUs another);
+//! * `on` (default): a warm-up and two timed runs per candidate, the candidates an op lists for
+//!   its class; a candidate already twice as slow as the best stops early;
+//! * `full`: five timed runs per candidate.
+//!
+//! The cache is one text file per adapter (name, backend, driver, vendor and device ids) under
+//! `ANYGPU_CACHE_DIR`, else `$XDG_CACHE_HOME/anygpu`, else `~/.cache/anygpu`. Each entry's key
+//! holds the crate version and a hash of every WGSL source, so an entry from another build is
+//! never used. An unreadable or corrupt file is a warning, and tuning goes on in memory; so is
+//! an unwritable directory.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::ops::gpu::ShaderFamily;
+
+/// How much to tune: `ANYGPU_AUTOTUNE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TuneMode {
+    /// The heuristics, no measurement.
+    Off,
+    /// Each candidate timed twice after a warm-up (the default).
+    On,
+    /// Each candidate timed five times after a warm-up.
+    Full,
+}
+
+impl TuneMode {
+    /// Reads `ANYGPU_AUTOTUNE`'s value; unknown values give `On` with a warning.
+    pub(crate) fn parse(value: Option<&str>) -> TuneMode {
+        match value.map(str::trim) {
+            None | Some("") | Some("on") | Some("1") => TuneMode::On,
+            Some("off") | Some("0") => TuneMode::Off,
+            Some("full") => TuneMode::Full,
+            Some(other) => {
+                log::warn!("ANYGPU_AUTOTUNE={other:?} ignored: use off, on or full");
+                TuneMode::On
+            }
+        }
+    }
+
+    fn timed_runs(self) -> u32 {
+        match self {
+            TuneMode::Off => 0,
+            TuneMode::On => 2,
+            TuneMode::Full => 5,
+        }
+    }
+}
+
+/// Where a kernel choice came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionSource {
+    /// Measured in this process.
+    Measured,
+    /// Read from the on-disk cache.
+    Cached,
+    /// The heuristic (autotuning off, or forced for a test).
+    Heuristic,
+}
+
+/// One kernel choice on an adapter: what `LogicalDevice::tuning_decisions` lists.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuningDecision {
+    /// The op family (`matmul`, `sum_rows`, `pointwise_conv`, ...).
+    pub op: &'static str,
+    /// The shape class the choice holds for.
+    pub class: String,
+    /// The candidate picked.
+    pub candidate: String,
+    /// Each candidate's measured time per run in milliseconds (empty unless measured).
+    pub timings_ms: Vec<(String, f64)>,
+    /// Where the choice came from.
+    pub source: DecisionSource,
+}
+
+/// What the runtime hands each adapter's tuner.
+#[derive(Clone, Debug)]
+pub(crate) struct TuneConfig {
+    pub(crate) mode: TuneMode,
+    /// The cache directory; `None`: no disk cache.
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// `ANYGPU_AUTOTUNE_FORCE=name`: every op with a candidate of that name uses it, untimed
+    /// (tests run each candidate against the reference this way).
+    pub(crate) force: Option<String>,
+}
+
+impl TuneConfig {
+    /// From the environment values (the runtime's, which tests can override).
+    pub(crate) fn from_env(env: impl Fn(&str) -> Option<String>) -> TuneConfig {
+        let cache_dir = env("ANYGPU_CACHE_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                env("XDG_CACHE_HOME")
+                    .filter(|d| !d.is_empty())
+                    .map(|d| PathBuf::from(d).join("anygpu"))
+            })
+            .or_else(|| {
+                env("HOME")
+                    .filter(|d| !d.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache").join("anygpu"))
+            });
+        TuneConfig {
+            mode: TuneMode::parse(env("ANYGPU_AUTOTUNE").as_deref()),
+            cache_dir,
+            force: env("ANYGPU_AUTOTUNE_FORCE").filter(|f| !f.is_empty()),
+        }
+    }
+}
+
+/// One kernel choice to make: the op family, the shape class, its candidates and the untuned
+/// pick.
+pub(crate) struct Choice<'a> {
+    pub(crate) op: &'static str,
+    pub(crate) class: String,
+    pub(crate) candidates: &'a [&'static str],
+    /// Candidates timed only under `ANYGPU_AUTOTUNE=full`.
+    pub(crate) full_only: &'a [&'static str],
+    pub(crate) heuristic: &'static str,
+}
+
+impl<'a> Choice<'a> {
+    pub(crate) fn new(
+        op: &'static str,
+        class: String,
+        candidates: &'a [&'static str],
+        heuristic: &'static str,
+    ) -> Choice<'a> {
+        Choice {
+            op,
+            class,
+            candidates,
+            full_only: &[],
+            heuristic,
+        }
+    }
+
+    /// Adds candidates timed only under `ANYGPU_AUTOTUNE=full`.
+    pub(crate) fn full_only(self, full_only: &'a [&'static str]) -> Choice<'a> {
+        Choice { full_only, ..self }
+    }
+}
+
+/// One adapter's kernel choices.
+pub(crate) struct Tuner {
+    config: TuneConfig,
+    /// The cache file, when there is a directory.
+    file: Option<PathBuf>,
+    /// Key prefix: the crate version and the hash of every shader.
+    build: String,
+    state: Mutex<TunerState>,
+}
+
+#[derive(Default)]
+struct TunerState {
+    /// Key → candidate, from the file and from measurements.
+    choices: HashMap<String, String>,
+    /// The decisions taken in this process, in order.
+    decisions: Vec<TuningDecision>,
+    /// A warning about the file has been given.
+    warned: bool,
+}
+
+impl Tuner {
+    pub(crate) fn new(config: TuneConfig, adapter: &wgpu::AdapterInfo) -> Tuner {
+        let identity = format!(
+            "{} {:?} {} {:04x}:{:04x}",
+            adapter.name, adapter.backend, adapter.driver_info, adapter.vendor, adapter.device
+        );
+        let file = config.cache_dir.as_ref().map(|d| {
+            d.join(format!(
+                "autotune-{}-{:016x}.txt",
+                sanitize(&adapter.name),
+                fnv1a(identity.as_bytes())
+            ))
+        });
+        let mut sources = Vec::new();
+        for family in ShaderFamily::ALL {
+            sources.extend_from_slice(family.source().as_bytes());
+        }
+        let build = format!("{}+{:016x}", env!("CARGO_PKG_VERSION"), fnv1a(&sources));
+        let mut state = TunerState::default();
+        if config.mode != TuneMode::Off && config.force.is_none() {
+            if let Some(path) = &file {
+                match load(path, &build) {
+                    Ok(choices) => state.choices = choices,
+                    Err(e) => {
+                        log::warn!(
+                            "autotune cache {} unreadable ({e}); tuning in memory",
+                            path.display()
+                        );
+                        state.warned = true;
+                    }
+                }
+            }
+        }
+        Tuner {
+            config,
+            file,
+            build,
+            state: Mutex::new(state),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TunerState> {
+        // Plain maps; a panic in another thread leaves them usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The decisions taken in this process (measured, cached or heuristic), in order.
+    pub(crate) fn decisions(&self) -> Vec<TuningDecision> {
+        self.lock().decisions.clone()
+    }
+
+    /// Runs `choice`'s op with one of its candidates (`run(name)` runs one). On the first call
+    /// for the key, with tuning on and several candidates, each runs a few times after a
+    /// warm-up (`sync` waits for the device), the fastest is recorded, and it runs once more
+    /// last so the output is its own.
+    pub(crate) fn run(
+        &self,
+        choice: &Choice<'_>,
+        sync: &dyn Fn() -> Result<()>,
+        run: &mut dyn FnMut(&str) -> Result<()>,
+    ) -> Result<()> {
+        let (op, class, heuristic) = (choice.op, choice.class.as_str(), choice.heuristic);
+        let (candidates, full_only) = (choice.candidates, choice.full_only);
+        let mut all = candidates.to_vec();
+        if self.config.mode == TuneMode::Full || self.config.force.is_some() {
+            all.extend_from_slice(full_only);
+        }
+        let candidates = &all[..];
+        if let Some(forced) = &self.config.force {
+            let pick = candidates
+                .iter()
+                .find(|c| **c == forced.as_str())
+                .copied()
+                .unwrap_or(heuristic);
+            return run(pick);
+        }
+        if self.config.mode == TuneMode::Off || candidates.len() < 2 {
+            self.note(op, class, heuristic, DecisionSource::Heuristic, Vec::new());
+            return run(heuristic);
+        }
+        let key = format!("{}|{op}|{class}", self.build);
+        let known = self.lock().choices.get(&key).cloned();
+        if let Some(name) = known {
+            if let Some(pick) = candidates.iter().find(|c| **c == name).copied() {
+                self.note(op, class, pick, DecisionSource::Cached, Vec::new());
+                return run(pick);
+            }
+        }
+        let (pick, timings) = self.measure(candidates, sync, run)?;
+        log::info!(
+            "autotune: {op} [{class}] -> {pick} ({})",
+            timings
+                .iter()
+                .map(|(c, ms)| format!("{c} {ms:.3} ms"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.lock().choices.insert(key, pick.to_string());
+        self.save();
+        self.note(op, class, pick, DecisionSource::Measured, timings);
+        run(pick)
+    }
+
+    /// Times every candidate; returns the fastest and each one's time per run.
+    fn measure(
+        &self,
+        candidates: &[&'static str],
+        sync: &dyn Fn() -> Result<()>,
+        run: &mut dyn FnMut(&str) -> Result<()>,
+    ) -> Result<(&'static str, Vec<(String, f64)>)> {
+        let runs = self.config.mode.timed_runs();
+        let mut best: Option<(&'static str, Duration)> = None;
+        let mut timings = Vec::new();
+        sync()?;
+        for &candidate in candidates {
+            // The warm-up compiles the pipeline and touches the memory.
+            run(candidate)?;
+            sync()?;
+            let mut total = Duration::ZERO;
+            let mut done = 0;
+            for _ in 0..runs {
+                let start = Instant::now();
+                run(candidate)?;
+                sync()?;
+                total += start.elapsed();
+                done += 1;
+                // Already twice as slow as the best: no need to be sure how slow.
+                if best.is_some_and(|(_, b)| total / done > b * 2) {
+                    break;
+                }
+            }
+            let per_run = total / done.max(1);
+            timings.push((candidate.to_string(), per_run.as_secs_f64() * 1e3));
+            if best.is_none_or(|(_, b)| per_run < b) {
+                best = Some((candidate, per_run));
+            }
+        }
+        let pick = best.map_or(candidates[0], |(c, _)| c);
+        Ok((pick, timings))
+    }
+
+    fn note(
+        &self,
+        op: &'static str,
+        class: &str,
+        candidate: &str,
+        source: DecisionSource,
+        timings_ms: Vec<(String, f64)>,
+    ) {
+        let mut state = self.lock();
+        // Heuristic and cached picks are listed once per key.
+        if source != DecisionSource::Measured
+            && state
+                .decisions
+                .iter()
+                .any(|d| d.op == op && d.class == class)
+        {
+            return;
+        }
+        state.decisions.push(TuningDecision {
+            op,
+            class: class.to_string(),
+            candidate: candidate.to_string(),
+            timings_ms,
+            source,
+        });
+    }
+
+    /// Writes every choice of this build to the cache file (a temporary file renamed over it,
+    /// so a reader never sees half a file, and a corrupt file is replaced); failures are a
+    /// warning, once.
+    fn save(&self) {
+        let Some(path) = &self.file else { return };
+        let text = {
+            let state = self.lock();
+            let mut lines: Vec<String> = state
+                .choices
+                .iter()
+                .map(|(key, candidate)| format!("{key}\t{candidate}\n"))
+                .collect();
+            lines.sort();
+            format!("{HEADER}\n{}", lines.concat())
+        };
+        let result = (|| -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, text)?;
+            std::fs::rename(&tmp, path).inspect_err(|_| {
+                std::fs::remove_file(&tmp).ok();
+            })
+        })();
+        if let Err(e) = result {
+            let mut state = self.lock();
+            if !state.warned {
+                state.warned = true;
+                log::warn!(
+                    "autotune cache {} not written ({e}); choices are kept in memory",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// The first line of a cache file.
+const HEADER: &str = "# anygpu autotune cache v1: key<TAB>candidate";
+
+/// Reads a cache file: entries of this build only. A missing file is empty; anything that is
+/// not our format is an error (the caller warns and tunes in memory).
+fn load(path: &std::path::Path, build: &str) -> std::io::Result<HashMap<String, String>> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(e),
+    };
+    // A cache file is a few kilobytes; a huge one is not ours.
+    if text.len() > 4 << 20 {
+        return Err(std::io::Error::other("larger than 4 MiB"));
+    }
+    let text = String::from_utf8(text).map_err(|_| std::io::Error::other("not UTF-8"))?;
+    let mut lines = text.lines();
+    if lines.next() != Some(HEADER) {
+        return Err(std::io::Error::other("not an anygpu autotune cache"));
+    }
+    let mut choices = HashMap::new();
+    for (i, line) in lines.enumerate() {
+        let (key, candidate) = line
+            .split_once('\t')
+            .filter(|(k, c)| !k.is_empty() && !c.is_empty() && !c.contains('\t'))
+            .ok_or_else(|| std::io::Error::other(format!("line {} is malformed", i + 2)))?;
+        if key.starts_with(build) && key[build.len()..].starts_with('|') {
+            choices.insert(key.to_string(), candidate.to_string());
+        }
+    }
+    Ok(choices)
+}
+
+/// 64-bit FNV-1a: a stable hash for file names and build keys (std's hasher is seeded).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Letters, digits and `-` of an adapter name, for a file name.
+fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    s.split('-')
+        .filter(|p| !p.is_empty())
+        .take(4)
+        .collect::<Vec<_>>()
+        .join("-")
+        .to_lowercase()
+}
+
+/// A shape class: each dimension rounded up to a power of two (shapes that round alike run
+/// alike), or kept exact below 8.
+pub(crate) fn bucket(x: usize) -> usize {
+    if x < 8 {
+        x
+    } else {
+        x.next_power_of_two()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> wgpu::AdapterInfo {
+        wgpu::AdapterInfo {
+            name: "Test GPU (unit)".into(),
+            vendor: 0x10de,
+            device: 0x2335,
+            driver_info: "1.0".into(),
+            ..wgpu::AdapterInfo::new(wgpu::DeviceType::DiscreteGpu, wgpu::Backend::Vulkan)
+        }
+    }
+
+    fn config(dir: &std::path::Path) -> TuneConfig {
+        TuneConfig {
+            mode: TuneMode::On,
+            cache_dir: Some(dir.to_path_buf()),
+            force: None,
+        }
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("anygpu-tune-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&d).ok();
+        d
+    }
+
+    /// Runs one tuned op whose candidate `slow` sleeps; returns what ran, in order.
+    fn tune_once(tuner: &Tuner) -> Vec<String> {
+        let mut ran = Vec::new();
+        tuner
+            .run(
+                &Choice::new("matmul", "128x128x1024".into(), &["slow", "fast"], "slow"),
+                &|| Ok(()),
+                &mut |c| {
+                    if c == "slow" {
+                        std::thread::sleep(Duration::from_millis(3));
+                    }
+                    ran.push(c.to_string());
+                    Ok(())
+                },
+            )
+            .unwrap();
+        ran
+    }
+
+    #[test]
+    fn the_fastest_candidate_is_measured_kept_and_run_last() {
+        let dir = temp("measure");
+        let tuner = Tuner::new(config(&dir), &info());
+        let ran = tune_once(&tuner);
+        assert_eq!(ran.last().map(String::as_str), Some("fast"));
+        assert!(ran.iter().filter(|c| *c == "slow").count() >= 2);
+        let d = &tuner.decisions()[0];
+        assert_eq!(
+            (d.candidate.as_str(), d.source),
+            ("fast", DecisionSource::Measured)
+        );
+        assert_eq!(d.timings_ms.len(), 2);
+        // The same key again: no measuring.
+        assert_eq!(tune_once(&tuner), ["fast"]);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_second_process_reads_the_choice_from_the_cache() {
+        let dir = temp("cache");
+        tune_once(&Tuner::new(config(&dir), &info()));
+        let again = Tuner::new(config(&dir), &info());
+        assert_eq!(tune_once(&again), ["fast"]);
+        assert_eq!(again.decisions()[0].source, DecisionSource::Cached);
+        // Another build's entries are never used.
+        let other = Tuner {
+            build: "0.0.0+0".into(),
+            ..Tuner::new(config(&dir), &info())
+        };
+        assert!(tune_once(&other).len() > 1);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_corrupt_or_unwritable_cache_means_tuning_in_memory() {
+        let dir = temp("corrupt");
+        let tuner = Tuner::new(config(&dir), &info());
+        tune_once(&tuner);
+        let file = tuner.file.clone().unwrap();
+        for garbage in [
+            &b"\x00\xff garbage"[..],
+            b"",
+            b"# anygpu autotune cache v1: key<TAB>candidate\nno tab here\n",
+        ] {
+            std::fs::write(&file, garbage).unwrap();
+            let t = Tuner::new(config(&dir), &info());
+            assert!(tune_once(&t).len() > 1, "tuned again after {garbage:?}");
+            // ... and the file is whole again.
+            let next = Tuner::new(config(&dir), &info());
+            assert_eq!(tune_once(&next), ["fast"], "after {garbage:?}");
+        }
+        // A file where the directory should be: nothing can be written, tuning still works.
+        let blocked = temp("blocked");
+        std::fs::write(&blocked, b"not a directory").unwrap();
+        let t = Tuner::new(config(&blocked.join("sub")), &info());
+        assert_eq!(tune_once(&t).last().map(String::as_str), Some("fast"));
+        assert_eq!(tune_once(&t), ["fast"]);
+        std::fs::remove_file(blocked).ok();
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn off_and_forced_modes_measure_nothing() {
+        let dir = temp("off");
+        let off = Tuner::new(
+            TuneConfig {
+                mode: TuneMode::Off,
+                ..config(&dir)
+            },
+            &info(),
+        );
+        assert_eq!(tune_once(&off), ["slow"]);
+        assert_eq!(off.decisions()[0].source, DecisionSource::Heuristic);
+        let forced = Tuner::new(
+            TuneConfig {
+                force: Some("fast".into()),
+                ..config(&dir)
+            },
+            &info(),
+        );
+        assert_eq!(tune_once(&forced), ["fast"]);
+        assert!(!dir.exists(), "nothing written");
+    }
+
+    #[test]
+    fn modes_parse_like_the_docs_say() {
+        assert_eq!(TuneMode::parse(None), TuneMode::On);
+        assert_eq!(TuneMode::parse(Some("off")), TuneMode::Off);
+        assert_eq!(TuneMode::parse(Some("full")), TuneMode::Full);
+        assert_eq!(TuneMode::parse(Some("sideways")), TuneMode::On);
+        assert_eq!(bucket(5), 5);
+        assert_eq!(bucket(100), 128);
+    }
+}
