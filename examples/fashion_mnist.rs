@@ -528,9 +528,13 @@ fn time_steps(
         let wall = start.elapsed().as_secs_f64() * 1e3;
         Ok((wall, host, stats(&devices) - before))
     };
-    for _ in 0..3 {
-        step(model)?;
-    }
+    let warmup = (0..3)
+        .map(|_| step(model).map(|s| format!("{:.1}", s.0)))
+        .collect::<Result<Vec<_>, _>>()?;
+    println!(
+        "warm-up steps: {} ms (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them)",
+        warmup.join(", ")
+    );
     if n > 0 {
         let steps = (0..n).map(|_| step(model)).collect::<Result<Vec<_>, _>>()?;
         let mut times: Vec<f64> = steps.iter().map(|s| s.0).collect();

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The GPU check: run it first whenever a machine with a real GPU is at hand, and record what it
-# prints in the README's Speed section. It prints the adapters, the train step on GPU:0 (time,
-# host time, dispatches) with the GPU kernels and with the software adapters' kernels, the
-# profiler's top ops and kernels, and the kernel benchmarks on GPU:0 in quick mode.
+# prints in the README's Speed section. It prints the adapters; the train step on GPU:0 (time,
+# host time, dispatches) with the heuristic kernels (ANYGPU_AUTOTUNE=off), with tuning from a
+# cold cache (the first step pays it) and from the warm cache, with the tuner's decisions and
+# the profiler's top ops and kernels; Burn's step on the same GPU when its binary is there;
+# and the kernel benchmarks on GPU:0 in quick mode.
 #
 #   scripts/gpu_check.sh              # builds with cargo first
 #   scripts/gpu_check.sh BIN_DIR      # uses binaries built beforehand (scripts/gpu_pack.sh)
 #
 # GPU_CHECK_STEPS (default 30) sets the timed train steps; GPU_CHECK_BENCH=0 skips the kernel
-# benchmarks; the profiles (trace.json, top_ops.txt) go under GPU_CHECK_OUT (default
-# runs/gpu_check). Keep it under 8 minutes on any GPU: the device time of a lent machine is short.
+# benchmarks; profiles (trace.json, top_ops.txt) and the tuning cache go under GPU_CHECK_OUT
+# (default runs/gpu_check). Keep it under 8 minutes on any GPU: a lent machine's time is short.
 set -u
 
 bin=${1:-}
@@ -23,25 +25,46 @@ else
 fi
 steps=${GPU_CHECK_STEPS:-30}
 out=${GPU_CHECK_OUT:-runs/gpu_check}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
 
 section() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
+ours() {
+    timeout 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
+        sed -n '/^warm-up steps/,$p'
+}
+burn() {
+    # Burn writes its autotune cache under XDG_CACHE_HOME and next to a Cargo.toml above it.
+    (cd "$(mktemp -d)" && XDG_CACHE_HOME="$out/burn-cache" timeout 240 \
+        "$bin/burn_peer" wgpu-vulkan --warmup 3 --steps "$steps" --fwd-steps 1 2>&1 | tail -4)
+}
 
 section "adapters"
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 "$bin/device_info"
 
 for batch in 128 1024; do
-    for class in gpu software; do
-        section "train step, GPU:0, batch $batch, $class kernels"
-        ANYGPU_KERNEL_CLASS=$class timeout 90 "$bin/fashion_mnist" --device gpu:0 \
-            --batch-size "$batch" --time-steps "$steps" --profile "$out/profile-$batch-$class" |
-            sed -n '/^median train step/,$p'
-    done
+    section "train step, GPU:0, batch $batch, heuristic kernels (ANYGPU_AUTOTUNE=off)"
+    ANYGPU_AUTOTUNE=off ours --batch-size "$batch"
+    section "train step, GPU:0, batch $batch, tuning from a cold cache"
+    rm -rf "$out/cache-$batch"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch"
+    section "train step, GPU:0, batch $batch, tuned (warm cache), profiled"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --profile "$out/profile-$batch"
 done
 
+if [ -x "$bin/burn_peer" ]; then
+    section "Burn 0.22 (wgpu, Vulkan), batch 128: cold autotune cache, then warm; ours between"
+    rm -rf "$out/burn-cache"
+    burn
+    ANYGPU_CACHE_DIR="$out/cache-128" ours | grep '^median'
+    burn
+    ANYGPU_CACHE_DIR="$out/cache-128" ours | grep '^median'
+fi
+
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
-    section "kernels, GPU:0 (criterion, quick)"
-    ANYGPU_BENCH_DEVICES=gpu0 timeout 150 "$kernels" --bench --quick --noplot 2>&1 |
-        grep -E '^[a-z0-9_]+/|time:|thrpt:'
+    section "kernels, GPU:0 (criterion, quick; tuned, batch 128 cache)"
+    ANYGPU_CACHE_DIR="$out/cache-128" ANYGPU_BENCH_DEVICES=gpu0 timeout 150 "$kernels" --bench --quick --noplot 2>&1 |
+        grep -E '^[a-z0-9_]+/|time:'
 fi
 section "done"

@@ -8,5 +8,8 @@ cargo bench --no-run --bench kernels
 mkdir -p .gpucheck
 cp target/release/examples/fashion_mnist target/release/examples/device_info .gpucheck/
 cp "$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)" .gpucheck/kernels
+# Burn's peer program, when it has been built (../shared/peers/burn/README.md).
+burn="$HOME/.cache/burn-peer/release/burn_peer"
+[ -x "$burn" ] && cp "$burn" .gpucheck/
 strip .gpucheck/* 2>/dev/null || true
 du -sh .gpucheck

@@ -15,6 +15,11 @@
 //              a GPU's cores idle on one tile each.
 //   splitk_reduce_v4  out4[i] = act(Σ_z b4[z * m * n / 4 + i] + bias) over k = splits layers,
 //              i < m * n / 4 (n a multiple of 4); @workgroup_size(256), dispatch grid_1d.
+//   matmul_smem_v4  matmul_v4's 64×64 tile and 4 rows × one vec4 per invocation, but the
+//              tile's A (64 × 16) and B (16 × 64) pass through workgroup memory 16 steps of k at
+//              a time, each loaded once by the workgroup with one vec4 per invocation (matmul_v4
+//              has every invocation load its own, 16 times over the workgroup). For GPUs, whose
+//              workgroup memory is on-chip; dispatch as matmul_v4.
 //   matmul_16x8  n and k multiples of 4, no transposes; @workgroup_size(8, 8), dispatch
 //              (ceil(n / 64), ceil(m / 128), 1). For software adapters (lavapipe, llvmpipe),
 //              which run 8 invocations as the lanes of one SIMD register, so that every
@@ -36,7 +41,7 @@
 // Params: m, k, n; a_rs, a_cs: strides of A(i, l) = a[i * a_rs + l * a_cs] (and b_rs, b_cs
 // for B(l, j)), which encode the transposes; has_bias; act (0 linear, 1 relu, 2 selu); k_slice
 // (matmul_v4_splitk only).
-// Limits: 256 invocations per workgroup, four storage buffers.
+// Limits: 256 invocations per workgroup, four storage buffers, 8 KiB of workgroup memory.
 
 struct Params {
     m: u32,
@@ -144,6 +149,56 @@ fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     }
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + 16u * i;
+        if (r >= p.m) { break; }
+        out4[r * n4 + cv] = act4(acc[i] + bias4, p.act);
+    }
+}
+
+var<workgroup> tile_a: array<vec4<f32>, 256>;
+var<workgroup> tile_b: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(16, 16)
+fn matmul_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let cv = wg.x * 16u + lid.x;
+    let row0 = wg.y * 64u;
+    // What this invocation loads: A row li / 4, its vec4 li % 4 of the step's 16 k; B row
+    // li / 16 of the step, vec4 column li % 16 of the tile.
+    let a_row = min(row0 + li / 4u, p.m - 1u) * k4;
+    let a_q = li % 4u;
+    let b_r = li / 16u;
+    let b_c = min(wg.x * 16u + li % 16u, n4 - 1u);
+    var acc: array<vec4<f32>, 4>;
+    for (var kk = 0u; kk < p.k; kk += 16u) {
+        let aq = kk / 4u + a_q;
+        var av = vec4<f32>(0.0);
+        if (aq < k4) { av = a4[a_row + aq]; }
+        tile_a[li] = av;
+        let br = kk + b_r;
+        var bv = vec4<f32>(0.0);
+        if (br < p.k) { bv = b4[br * n4 + b_c]; }
+        tile_b[li] = bv;
+        workgroupBarrier();
+        for (var q = 0u; q < 4u; q++) {
+            let b0 = tile_b[(4u * q) * 16u + lid.x];
+            let b1 = tile_b[(4u * q + 1u) * 16u + lid.x];
+            let b2 = tile_b[(4u * q + 2u) * 16u + lid.x];
+            let b3 = tile_b[(4u * q + 3u) * 16u + lid.x];
+            for (var i = 0u; i < 4u; i++) {
+                let a = tile_a[(lid.y + 16u * i) * 4u + q];
+                acc[i] += a.x * b0 + a.y * b1 + a.z * b2 + a.w * b3;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (cv >= n4) { return; }
+    var bias4 = vec4<f32>(0.0);
+    if (p.has_bias != 0u) {
+        bias4 = vec4<f32>(bias[4u * cv], bias[4u * cv + 1u], bias[4u * cv + 2u], bias[4u * cv + 3u]);
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + lid.y + 16u * i;
         if (r >= p.m) { break; }
         out4[r * n4 + cv] = act4(acc[i] + bias4, p.act);
     }

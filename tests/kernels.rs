@@ -1117,6 +1117,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "tile64_v4",
         "tall_16x8",
         "splitk_v4",
+        "smem64_v4",
         "tile64",
         "tall",
         "rows_v4",

@@ -16,6 +16,7 @@ const MATMUL: OpInfo = OpInfo {
         gk::MATMUL_TALL,
         gk::MATMUL_16X8,
         gk::MATMUL_V4_SPLITK,
+        gk::MATMUL_SMEM_V4,
         gk::SPLITK_REDUCE_V4,
     ]),
 };

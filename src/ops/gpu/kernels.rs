@@ -23,6 +23,7 @@ pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
 pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
 pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_tall");
 pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
+pub(crate) const MATMUL_SMEM_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem_v4");
 pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4_splitk");
 pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
@@ -291,7 +292,7 @@ impl Kernels for GpuKernels<'_> {
             // aligned and sized, so the vec4 views are valid). Software adapters want the tall
             // register block (see matmul.wgsl for the measurements), GPUs many invocations to
             // hide latency, and split k when the output has few tiles.
-            let mut candidates = vec!["tile64_v4", "tall_16x8"];
+            let mut candidates = vec!["tile64_v4", "tall_16x8", "smem64_v4"];
             if splitk_slices(d).is_some() {
                 candidates.push("splitk_v4");
             }
@@ -305,6 +306,10 @@ impl Kernels for GpuKernels<'_> {
                         self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
                     }
                     "splitk_v4" => self.matmul_splitk(a, b, bias, out, d, p),
+                    "smem64_v4" => {
+                        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                        self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
+                    }
                     _ => {
                         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
                         self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], grid)
