@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Builds what scripts/gpu_check.sh runs and copies it into .gpucheck/ (ignored), so that a lent GPU
-# machine without a Rust toolchain spends its time measuring, not compiling. Carry `.gpucheck`
-# there and run `scripts/gpu_check.sh .gpucheck`.
+# Builds what scripts/gpu_check.sh runs and packs it into .gpucheck/bins.tar.xz (ignored), so
+# that a lent GPU machine without a Rust toolchain spends its time measuring, not compiling.
+# Carry `.gpucheck/bins.tar.xz` there, unpack it (`tar xJf ... -C DIR`) and run
+# `scripts/gpu_check.sh DIR`. Burn's peer program goes in too when it has been built
+# (../shared/peers/burn/README.md).
 set -eu
 cargo build --release --example fashion_mnist --example device_info
 cargo bench --no-run --bench kernels
-mkdir -p .gpucheck
-cp target/release/examples/fashion_mnist target/release/examples/device_info .gpucheck/
-cp "$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)" .gpucheck/kernels
-# Burn's peer program, when it has been built (../shared/peers/burn/README.md).
+rm -rf .gpucheck && mkdir -p .gpucheck/bin
+cp target/release/examples/fashion_mnist target/release/examples/device_info .gpucheck/bin/
+cp "$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)" .gpucheck/bin/kernels
 burn="$HOME/.cache/burn-peer/release/burn_peer"
-[ -x "$burn" ] && cp "$burn" .gpucheck/
-strip .gpucheck/* 2>/dev/null || true
-du -sh .gpucheck
+if [ -x "$burn" ]; then cp "$burn" .gpucheck/bin/; fi
+strip .gpucheck/bin/* 2>/dev/null || true
+tar cJf .gpucheck/bins.tar.xz -C .gpucheck/bin .
+rm -rf .gpucheck/bin
+du -sh .gpucheck/bins.tar.xz

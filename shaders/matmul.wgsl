@@ -13,6 +13,11 @@
 //              (k_slice in vec4s of k), and writes its raw partial product to out4 at z * m * n / 4. For products with few output
 //              tiles and a long k (a dense layer at batch 128: 4 tiles, k = 1152), which leave
 //              a GPU's cores idle on one tile each.
+//   matmul_splitk  matmul (any transposes) over one slice of k per workgroup layer, as
+//              matmul_v4_splitk: slice z covers k in [z * k_slice, (z + 1) * k_slice), raw
+//              partials to out at z * m * n.
+//   splitk_reduce  out[i] = act(Σ_z b[z * m * n + i] + bias[i % n]) over k = splits layers;
+//              @workgroup_size(256), dispatch grid_1d(m * n, 256).
 //   splitk_reduce_v4  out4[i] = act(Σ_z b4[z * m * n / 4 + i] + bias) over k = splits layers,
 //              i < m * n / 4 (n a multiple of 4); @workgroup_size(256), dispatch grid_1d.
 //   matmul_smem_v4  matmul_v4's 64×64 tile and 4 rows × one vec4 per invocation, but the
@@ -236,6 +241,55 @@ fn matmul_v4_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         if (r >= p.m) { break; }
         out4[layer + r * n4 + cv] = acc[i];
     }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row0 = wg.y * 64u + lid.y;
+    let col0 = wg.x * 64u + lid.x;
+    let l_begin = wg.z * p.k_slice;
+    let l_end = min(l_begin + p.k_slice, p.k);
+    var arow: array<u32, 4>;
+    var bcol: array<u32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        arow[i] = min(row0 + 16u * i, p.m - 1u) * p.a_rs;
+        bcol[i] = min(col0 + 16u * i, p.n - 1u) * p.b_cs;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var l = l_begin; l < l_end; l++) {
+        let ao = l * p.a_cs;
+        let bo = l * p.b_rs;
+        let bv = vec4<f32>(b[bo + bcol[0]], b[bo + bcol[1]], b[bo + bcol[2]], b[bo + bcol[3]]);
+        acc[0] += a[arow[0] + ao] * bv;
+        acc[1] += a[arow[1] + ao] * bv;
+        acc[2] += a[arow[2] + ao] * bv;
+        acc[3] += a[arow[3] + ao] * bv;
+    }
+    let layer = wg.z * p.m * p.n;
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + 16u * i;
+        if (r >= p.m) { break; }
+        for (var j = 0u; j < 4u; j++) {
+            let c = col0 + 16u * j;
+            if (c >= p.n) { break; }
+            out[layer + r * p.n + c] = acc[i][j];
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn splitk_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    let len = p.m * p.n;
+    if (i >= len) { return; }
+    var s = 0.0;
+    for (var z = 0u; z < p.k; z++) {
+        s += b[z * len + i];
+    }
+    if (p.has_bias != 0u) {
+        s += bias[i % p.n];
+    }
+    out[i] = act(s, p.act);
 }
 
 @compute @workgroup_size(256)

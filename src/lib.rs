@@ -52,6 +52,10 @@
 //! | `ANYGPU_GPU_MEMORY_LIMIT_MB` | budget of a whole physical GPU, instead of its reported memory less a reserve |
 //! | `ANYGPU_MEMORY_LOG` | `1`: log each arena region reserved or released |
 //! | `ANYGPU_REQUIRE_ADAPTER` | `1`: initialization fails when no GPU adapter is found (CI) |
+//! | `ANYGPU_AUTOTUNE` | `on` (default): time an op's kernel variants on first use per adapter and shape class, keep the fastest (cached on disk); `full`: more runs and variants; `off`: heuristics |
+//! | `ANYGPU_CACHE_DIR` | the autotuner's cache directory (default `$XDG_CACHE_HOME/anygpu`, else `~/.cache/anygpu`) |
+//! | `ANYGPU_AUTOTUNE_FORCE` | one named kernel variant wherever an op has it, untimed (tests) |
+//! | `ANYGPU_KERNEL_CLASS` | `software` or `gpu`: the adapter class the heuristics assume |
 //!
 //! ## Differences from TensorFlow
 //!

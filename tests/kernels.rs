@@ -1120,6 +1120,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "smem64_v4",
         "tile64",
         "tall",
+        "splitk",
         "rows_v4",
         "rows_wg",
         "direct",
@@ -1168,6 +1169,8 @@ fn every_tuning_candidate_matches_the_reference() {
                 assert_close(&get(&y), &expected, TOL, &what);
             }
             matmul_every_transpose(dev, (66, 9, 30), 7100);
+            // Long enough in k to split on the scalar kernels.
+            matmul_every_transpose(dev, (70, 300, 33), 7150);
             for (i, &(rows, cols)) in [(5000, 32), (300, 1152), (77, 12), (64, 7), (1, 8)]
                 .iter()
                 .enumerate()

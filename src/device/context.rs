@@ -16,13 +16,13 @@ use crate::profiler::{self, DeviceInterval};
 /// Whether `adapter` gets the kernels tuned for software adapters: its type, overridden by
 /// `ANYGPU_KERNEL_CLASS=software|gpu` (for measuring one class's kernels on the other's
 /// hardware; other values are ignored with a warning).
-fn kernel_class(adapter: &wgpu::AdapterInfo) -> bool {
+fn kernel_class(adapter: &wgpu::AdapterInfo, setting: Option<&str>) -> bool {
     let software = adapter.device_type == wgpu::DeviceType::Cpu;
-    match std::env::var("ANYGPU_KERNEL_CLASS").as_deref() {
-        Err(_) => software,
-        Ok("software") => true,
-        Ok("gpu") => false,
-        Ok(other) => {
+    match setting {
+        None => software,
+        Some("software") => true,
+        Some("gpu") => false,
+        Some(other) => {
             log::warn!("ANYGPU_KERNEL_CLASS={other:?} ignored: use software or gpu");
             software
         }
@@ -87,7 +87,7 @@ impl GpuContext {
             }));
         }
         let pipelines = PipelineCache::new(&device, &adapter);
-        let software_kernels = kernel_class(&adapter.info);
+        let software_kernels = kernel_class(&adapter.info, tune.kernel_class.as_deref());
         let stream = Stream::new(&device, &adapter.limits);
         let tuner = Tuner::new(tune, &adapter.info);
         Ok(Arc::new(GpuContext {

@@ -25,6 +25,8 @@ pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul
 pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
 pub(crate) const MATMUL_SMEM_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem_v4");
 pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4_splitk");
+pub(crate) const MATMUL_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_splitk");
+pub(crate) const SPLITK_REDUCE: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce");
 pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
@@ -63,6 +65,17 @@ fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
     let wanted = SPLITK_WORKGROUPS.div_ceil(tiles);
     let slice = k4.div_ceil(wanted).max(SPLITK_MIN_SLICE);
     Some((slice, k4.div_ceil(slice)))
+}
+
+/// [`splitk_slices`] for the scalar kernels: `(slice, splits)` in elements of k.
+fn splitk_slices_scalar(d: MatmulDims) -> Option<(usize, usize)> {
+    let tiles = d.m.div_ceil(64) * d.n.div_ceil(64);
+    if tiles > SPLITK_MAX_TILES || d.k < 4 * SPLITK_MIN_K4 {
+        return None;
+    }
+    let wanted = SPLITK_WORKGROUPS.div_ceil(tiles);
+    let slice = d.k.div_ceil(wanted).max(4 * SPLITK_MIN_SLICE);
+    Some((slice, d.k.div_ceil(slice)))
 }
 
 /// The kernels of one GPU logical device.
@@ -326,18 +339,22 @@ impl Kernels for GpuKernels<'_> {
             bucket(d.n),
             bucket(d.k)
         );
-        self.tuned(
-            Choice::new("matmul", class, &["tile64", "tall"], heuristic),
-            &mut |c| {
-                if c == "tall" {
-                    let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
-                    self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
-                } else {
-                    let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
-                    self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)
-                }
-            },
-        )
+        let mut candidates = vec!["tile64", "tall"];
+        if splitk_slices_scalar(d).is_some() {
+            candidates.push("splitk");
+        }
+        let choice = Choice::new("matmul", class, &candidates, heuristic);
+        self.tuned(choice, &mut |c| match c {
+            "tall" => {
+                let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
+                self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
+            }
+            "splitk" => self.matmul_splitk_scalar(a, b, bias, out, d, p),
+            _ => {
+                let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)
+            }
+        })
     }
 
     fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
@@ -488,6 +505,38 @@ impl GpuKernels<'_> {
             &reduce,
             &[bias.unwrap_or(out), &partials, out],
             grid_1d(d.m * d.n / 4, 256),
+        )
+    }
+
+    /// [`Self::matmul_splitk`] for any transposes, on the scalar kernels.
+    fn matmul_splitk_scalar(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        p: MatmulParams,
+    ) -> Result<()> {
+        let Some((slice, splits)) = splitk_slices_scalar(d) else {
+            let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+            return self.launch(MATMUL, &p, &[a, b, bias.unwrap_or(out), out], grid);
+        };
+        let partials = self.scratch(&[splits, d.m, d.n], out)?;
+        let split = MatmulParams {
+            k_slice: u(slice),
+            ..p
+        };
+        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), u(splits)];
+        // Bindings 1, 2, 4: a, b, the partials (the kernel reads no bias).
+        self.launch(MATMUL_SPLITK, &split, &[a, b, &partials], grid)?;
+        let reduce = MatmulParams { k: u(splits), ..p };
+        // Bindings 2, 3, 4: the partials (as b), bias, out.
+        self.launch(
+            SPLITK_REDUCE,
+            &reduce,
+            &[&partials, bias.unwrap_or(out), out],
+            grid_1d(d.m * d.n, 256),
         )
     }
 

@@ -120,6 +120,8 @@ pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::MATMUL_16X8,
     gk::MATMUL_V4_SPLITK,
     gk::MATMUL_SMEM_V4,
+    gk::MATMUL_SPLITK,
+    gk::SPLITK_REDUCE,
     gk::SPLITK_REDUCE_V4,
 ];
 /// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation).

@@ -92,6 +92,8 @@ pub(crate) struct TuneConfig {
     /// `ANYGPU_AUTOTUNE_FORCE=name`: every op with a candidate of that name uses it, untimed
     /// (tests run each candidate against the reference this way).
     pub(crate) force: Option<String>,
+    /// `ANYGPU_KERNEL_CLASS`: the adapter class the heuristics assume (`software`, `gpu`).
+    pub(crate) kernel_class: Option<String>,
 }
 
 impl TuneConfig {
@@ -114,6 +116,7 @@ impl TuneConfig {
             mode: TuneMode::parse(env("ANYGPU_AUTOTUNE").as_deref()),
             cache_dir,
             force: env("ANYGPU_AUTOTUNE_FORCE").filter(|f| !f.is_empty()),
+            kernel_class: env("ANYGPU_KERNEL_CLASS").filter(|c| !c.is_empty()),
         }
     }
 }
@@ -463,6 +466,7 @@ mod tests {
             mode: TuneMode::On,
             cache_dir: Some(dir.to_path_buf()),
             force: None,
+            kernel_class: None,
         }
     }
 
