@@ -33,10 +33,14 @@ ours() {
     timeout 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
         sed -n '/^warm-up steps/,$p'
 }
+# The peer's wgpu-vulkan asks for a software adapter (lavapipe); elsewhere wgpu-auto takes the
+# first GPU.
+burn_backend=wgpu-auto
+if ! command -v nvidia-smi >/dev/null; then burn_backend=wgpu-vulkan; fi
 burn() {
     # Burn writes its autotune cache under XDG_CACHE_HOME and next to a Cargo.toml above it.
     (cd "$(mktemp -d)" && XDG_CACHE_HOME="$out/burn-cache" timeout 240 \
-        "$bin/burn_peer" wgpu-vulkan --warmup 3 --steps "$steps" --fwd-steps 1 2>&1 | tail -4)
+        "$bin/burn_peer" "$burn_backend" --warmup 3 --steps "$steps" --fwd-steps 1 2>&1 | tail -4)
 }
 
 section "adapters"

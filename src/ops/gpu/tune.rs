@@ -28,9 +28,9 @@ use crate::ops::gpu::ShaderFamily;
 pub enum TuneMode {
     /// The heuristics, no measurement.
     Off,
-    /// Each candidate timed twice after a warm-up (the default).
+    /// Each candidate timed in two blocks after a warm-up (the default).
     On,
-    /// Each candidate timed five times after a warm-up.
+    /// Each candidate timed in five blocks after a warm-up, extra candidates too.
     Full,
 }
 
@@ -82,6 +82,11 @@ pub struct TuningDecision {
     /// Where the choice came from.
     pub source: DecisionSource,
 }
+
+/// How long one timed block of runs aims to last.
+const BLOCK: Duration = Duration::from_millis(2);
+/// Most runs in one block (small kernels on fast GPUs).
+const MAX_REPS: u32 = 64;
 
 /// What the runtime hands each adapter's tuner.
 #[derive(Clone, Debug)]
@@ -278,13 +283,17 @@ impl Tuner {
     }
 
     /// Times every candidate; returns the fastest and each one's time per run.
+    ///
+    /// A wait for the device costs tens of microseconds on a real GPU, as much as a small
+    /// kernel, so each timed block runs a candidate enough times back to back to last about
+    /// [`BLOCK`] before one wait, and the best block counts.
     fn measure(
         &self,
         candidates: &[&'static str],
         sync: &dyn Fn() -> Result<()>,
         run: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<(&'static str, Vec<(String, f64)>)> {
-        let runs = self.config.mode.timed_runs();
+        let blocks = self.config.mode.timed_runs();
         let mut best: Option<(&'static str, Duration)> = None;
         let mut timings = Vec::new();
         sync()?;
@@ -292,20 +301,25 @@ impl Tuner {
             // The warm-up compiles the pipeline and touches the memory.
             run(candidate)?;
             sync()?;
-            let mut total = Duration::ZERO;
-            let mut done = 0;
-            for _ in 0..runs {
+            let mut time_block = |reps: u32| -> Result<Duration> {
                 let start = Instant::now();
-                run(candidate)?;
+                for _ in 0..reps {
+                    run(candidate)?;
+                }
                 sync()?;
-                total += start.elapsed();
-                done += 1;
+                Ok(start.elapsed() / reps)
+            };
+            let probe = time_block(1)?;
+            let reps = (BLOCK.as_secs_f64() / probe.as_secs_f64().max(1e-9)).ceil();
+            let reps = reps.clamp(1.0, f64::from(MAX_REPS)) as u32;
+            let mut per_run = probe;
+            for _ in 0..blocks {
                 // Already twice as slow as the best: no need to be sure how slow.
-                if best.is_some_and(|(_, b)| total / done > b * 2) {
+                if best.is_some_and(|(_, b)| per_run > b * 2) {
                     break;
                 }
+                per_run = per_run.min(time_block(reps)?);
             }
-            let per_run = total / done.max(1);
             timings.push((candidate.to_string(), per_run.as_secs_f64() * 1e3));
             if best.is_none_or(|(_, b)| per_run < b) {
                 best = Some((candidate, per_run));
