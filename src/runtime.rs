@@ -172,6 +172,26 @@ impl Default for Runtime {
     }
 }
 
+/// Whether `adapter` can run compute shaders at all: not the no-op backend, and not a GL
+/// context too old for compute (NVIDIA's EGL hands wgpu a GL 3.3 one, which would be listed
+/// and then fail at device creation). Others are left out with a note in the log.
+fn runs_compute(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    let compute = adapter
+        .get_downlevel_capabilities()
+        .flags
+        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
+    if info.backend == wgpu::Backend::Noop || !compute {
+        log::info!(
+            "skipping adapter {} ({:?}): no compute shaders",
+            info.name,
+            info.backend
+        );
+        return false;
+    }
+    true
+}
+
 impl Runtime {
     /// A runtime that reads its environment variables from the process, not yet initialized.
     pub fn new() -> Runtime {
@@ -225,9 +245,8 @@ impl Runtime {
             let found = pollster::block_on(instance.enumerate_adapters(backends));
             let found: Vec<AdapterEntry> = found
                 .into_iter()
+                .filter(runs_compute)
                 .map(AdapterEntry::new)
-                // The no-op backend has no compute; nothing else is filtered out.
-                .filter(|a| a.info.backend != wgpu::Backend::Noop)
                 .collect();
             let mut adapters = order_and_dedupe(found);
             if let Some(list) = self.env("ANYGPU_VISIBLE_DEVICES") {
