@@ -28,9 +28,9 @@ use crate::ops::gpu::ShaderFamily;
 pub enum TuneMode {
     /// The heuristics, no measurement.
     Off,
-    /// Each candidate timed in two blocks after a warm-up (the default).
+    /// Each candidate timed in one block after a warm-up and a probe (the default).
     On,
-    /// Each candidate timed in five blocks after a warm-up, extra candidates too.
+    /// Each candidate timed in four blocks, extra candidates too.
     Full,
 }
 
@@ -51,8 +51,8 @@ impl TuneMode {
     fn timed_runs(self) -> u32 {
         match self {
             TuneMode::Off => 0,
-            TuneMode::On => 2,
-            TuneMode::Full => 5,
+            TuneMode::On => 1,
+            TuneMode::Full => 4,
         }
     }
 }
@@ -87,6 +87,9 @@ pub struct TuningDecision {
 const BLOCK: Duration = Duration::from_millis(2);
 /// Most runs in one block (small kernels on fast GPUs).
 const MAX_REPS: u32 = 64;
+/// A candidate whose warm-up (compilation included) takes this many times the best run so far
+/// is not timed further.
+const WARM_UP_CUTOFF: u32 = 4;
 
 /// What the runtime hands each adapter's tuner.
 #[derive(Clone, Debug)]
@@ -298,9 +301,18 @@ impl Tuner {
         let mut timings = Vec::new();
         sync()?;
         for &candidate in candidates {
-            // The warm-up compiles the pipeline and touches the memory.
+            // The warm-up compiles the pipeline and touches the memory. One that takes more
+            // than WARM_UP_CUTOFF times the best run so far cannot win: compiling a pipeline
+            // costs less than that on every adapter seen (this keeps the cold start short on
+            // software adapters, where a losing candidate's run can take 100 ms).
+            let warm_up = Instant::now();
             run(candidate)?;
             sync()?;
+            let warm_up = warm_up.elapsed();
+            if best.is_some_and(|(_, b)| warm_up > b * WARM_UP_CUTOFF) {
+                timings.push((candidate.to_string(), warm_up.as_secs_f64() * 1e3));
+                continue;
+            }
             let mut time_block = |reps: u32| -> Result<Duration> {
                 let start = Instant::now();
                 for _ in 0..reps {
@@ -524,6 +536,26 @@ mod tests {
         assert_eq!(d.timings_ms.len(), 2);
         // The same key again: no measuring.
         assert_eq!(tune_once(&tuner), ["fast"]);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_candidate_whose_warm_up_is_far_slower_is_not_timed_further() {
+        let dir = temp("cutoff");
+        let tuner = Tuner::new(config(&dir), &info());
+        let mut ran = Vec::new();
+        let choice = Choice::new("sum_rows", "1024x32".into(), &["fast", "slow"], "slow");
+        tuner
+            .run(&choice, &|| Ok(()), &mut |c| {
+                if c == "slow" {
+                    std::thread::sleep(Duration::from_millis(3));
+                }
+                ran.push(c.to_string());
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(ran.iter().filter(|c| *c == "slow").count(), 1, "{ran:?}");
+        assert_eq!(ran.last().map(String::as_str), Some("fast"));
         std::fs::remove_dir_all(dir).ok();
     }
 
