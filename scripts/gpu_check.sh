@@ -10,8 +10,9 @@
 #   scripts/gpu_check.sh BIN_DIR      # uses binaries built beforehand (scripts/gpu_pack.sh)
 #
 # GPU_CHECK_STEPS (default 30) sets the timed train steps; GPU_CHECK_BENCH=0 skips the kernel
-# benchmarks; profiles (trace.json, top_ops.txt) and the tuning cache go under GPU_CHECK_OUT
-# (default runs/gpu_check). Keep it under 8 minutes on any GPU: a lent machine's time is short.
+# benchmarks, GPU_CHECK_BURN=0 the peer; profiles (trace.json, top_ops.txt) and the tuning
+# cache go under GPU_CHECK_OUT (default runs/gpu_check). Keep it under 8 minutes on any GPU: a
+# lent machine's time is short (on an H200 it takes 4, Burn's cold autotune 2 of them).
 set -u
 
 bin=${1:-}
@@ -57,7 +58,7 @@ for batch in 128 1024; do
     ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --profile "$out/profile-$batch"
 done
 
-if [ -x "$bin/burn_peer" ]; then
+if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ]; then
     section "Burn 0.22 (wgpu, Vulkan), batch 128: cold autotune cache, then warm; ours between"
     rm -rf "$out/burn-cache"
     burn
