@@ -84,12 +84,10 @@ fn act(x: f32, kind: u32) -> f32 {
     }
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row0 = wg.y * 64u + lid.y;
-    let col0 = wg.x * 64u + lid.x;
-    // Out-of-range rows and columns read a valid element (clamped) and are never written, so
-    // the inner loop needs no branches.
+// The 4×4 block of invocation (row0, col0) of the scalar kernels over k in [l_begin, l_end):
+// rows row0 + 16i, columns col0 + 16j. Out-of-range rows and columns read a valid element
+// (clamped) and are never written, so the inner loop needs no branches.
+fn block_scalar(row0: u32, col0: u32, l_begin: u32, l_end: u32) -> array<vec4<f32>, 4> {
     var arow: array<u32, 4>;
     var bcol: array<u32, 4>;
     for (var i = 0u; i < 4u; i++) {
@@ -97,7 +95,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         bcol[i] = min(col0 + 16u * i, p.n - 1u) * p.b_cs;
     }
     var acc: array<vec4<f32>, 4>;
-    for (var l = 0u; l < p.k; l++) {
+    for (var l = l_begin; l < l_end; l++) {
         let ao = l * p.a_cs;
         let bo = l * p.b_rs;
         let bv = vec4<f32>(b[bo + bcol[0]], b[bo + bcol[1]], b[bo + bcol[2]], b[bo + bcol[3]]);
@@ -106,6 +104,14 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         acc[2] += a[arow[2] + ao] * bv;
         acc[3] += a[arow[3] + ao] * bv;
     }
+    return acc;
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row0 = wg.y * 64u + lid.y;
+    let col0 = wg.x * 64u + lid.x;
+    let acc = block_scalar(row0, col0, 0u, p.k);
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + 16u * i;
         if (r >= p.m) { break; }
@@ -123,21 +129,19 @@ fn act4(v: vec4<f32>, kind: u32) -> vec4<f32> {
     return vec4<f32>(act(v.x, kind), act(v.y, kind), act(v.z, kind), act(v.w, kind));
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    // k a multiple of 4 and A not transposed too: A is read as vec4 along k, so each step of
-    // the loop does 4 × 4 × 4 multiply-adds from 4 loads of A and 4 of B.
+// The block of invocation (row0, vec4 column cv) of the vec4 kernels over k4 in
+// [l_begin, l_end): rows row0 + 16i. k a multiple of 4 and A not transposed: A is read as vec4
+// along k, so each step does 4 × 4 × 4 multiply-adds from 4 loads of A and 4 of B.
+fn block_v4(row0: u32, cv: u32, l_begin: u32, l_end: u32) -> array<vec4<f32>, 4> {
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
-    let cv = wg.x * 16u + lid.x;
-    let row0 = wg.y * 64u + lid.y;
     let cvc = min(cv, n4 - 1u);
     var arow: array<u32, 4>;
     for (var i = 0u; i < 4u; i++) {
         arow[i] = min(row0 + 16u * i, p.m - 1u) * k4;
     }
     var acc: array<vec4<f32>, 4>;
-    for (var l4 = 0u; l4 < k4; l4++) {
+    for (var l4 = l_begin; l4 < l_end; l4++) {
         let b0 = b4[(4u * l4) * n4 + cvc];
         let b1 = b4[(4u * l4 + 1u) * n4 + cvc];
         let b2 = b4[(4u * l4 + 2u) * n4 + cvc];
@@ -147,6 +151,12 @@ fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
             acc[i] += av.x * b0 + av.y * b1 + av.z * b2 + av.w * b3;
         }
     }
+    return acc;
+}
+
+// Writes act(acc + bias) for rows row0 + 16i of vec4 column cv.
+fn store_v4(row0: u32, cv: u32, acc: array<vec4<f32>, 4>) {
+    let n4 = p.n / 4u;
     if (cv >= n4) { return; }
     var bias4 = vec4<f32>(0.0);
     if (p.has_bias != 0u) {
@@ -157,6 +167,13 @@ fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         if (r >= p.m) { break; }
         out4[r * n4 + cv] = act4(acc[i] + bias4, p.act);
     }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let cv = wg.x * 16u + lid.x;
+    let row0 = wg.y * 64u + lid.y;
+    store_v4(row0, cv, block_v4(row0, cv, 0u, p.k / 4u));
 }
 
 var<workgroup> tile_a: array<vec4<f32>, 256>;
@@ -197,43 +214,17 @@ fn matmul_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         workgroupBarrier();
     }
-    if (cv >= n4) { return; }
-    var bias4 = vec4<f32>(0.0);
-    if (p.has_bias != 0u) {
-        bias4 = vec4<f32>(bias[4u * cv], bias[4u * cv + 1u], bias[4u * cv + 2u], bias[4u * cv + 3u]);
-    }
-    for (var i = 0u; i < 4u; i++) {
-        let r = row0 + lid.y + 16u * i;
-        if (r >= p.m) { break; }
-        out4[r * n4 + cv] = act4(acc[i] + bias4, p.act);
-    }
+    store_v4(row0 + lid.y, cv, acc);
 }
 
 @compute @workgroup_size(16, 16)
 fn matmul_v4_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let n4 = p.n / 4u;
-    let k4 = p.k / 4u;
-    let slice = p.k_slice;
-    let l_begin = wg.z * slice;
-    let l_end = min(l_begin + slice, k4);
+    let l_begin = wg.z * p.k_slice;
+    let l_end = min(l_begin + p.k_slice, p.k / 4u);
     let cv = wg.x * 16u + lid.x;
     let row0 = wg.y * 64u + lid.y;
-    let cvc = min(cv, n4 - 1u);
-    var arow: array<u32, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        arow[i] = min(row0 + 16u * i, p.m - 1u) * k4;
-    }
-    var acc: array<vec4<f32>, 4>;
-    for (var l4 = l_begin; l4 < l_end; l4++) {
-        let b0 = b4[(4u * l4) * n4 + cvc];
-        let b1 = b4[(4u * l4 + 1u) * n4 + cvc];
-        let b2 = b4[(4u * l4 + 2u) * n4 + cvc];
-        let b3 = b4[(4u * l4 + 3u) * n4 + cvc];
-        for (var i = 0u; i < 4u; i++) {
-            let av = a4[arow[i] + l4];
-            acc[i] += av.x * b0 + av.y * b1 + av.z * b2 + av.w * b3;
-        }
-    }
+    let acc = block_v4(row0, cv, l_begin, l_end);
     if (cv >= n4) { return; }
     let layer = wg.z * p.m * n4;
     for (var i = 0u; i < 4u; i++) {
@@ -248,23 +239,7 @@ fn matmul_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     let row0 = wg.y * 64u + lid.y;
     let col0 = wg.x * 64u + lid.x;
     let l_begin = wg.z * p.k_slice;
-    let l_end = min(l_begin + p.k_slice, p.k);
-    var arow: array<u32, 4>;
-    var bcol: array<u32, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        arow[i] = min(row0 + 16u * i, p.m - 1u) * p.a_rs;
-        bcol[i] = min(col0 + 16u * i, p.n - 1u) * p.b_cs;
-    }
-    var acc: array<vec4<f32>, 4>;
-    for (var l = l_begin; l < l_end; l++) {
-        let ao = l * p.a_cs;
-        let bo = l * p.b_rs;
-        let bv = vec4<f32>(b[bo + bcol[0]], b[bo + bcol[1]], b[bo + bcol[2]], b[bo + bcol[3]]);
-        acc[0] += a[arow[0] + ao] * bv;
-        acc[1] += a[arow[1] + ao] * bv;
-        acc[2] += a[arow[2] + ao] * bv;
-        acc[3] += a[arow[3] + ao] * bv;
-    }
+    let acc = block_scalar(row0, col0, l_begin, min(l_begin + p.k_slice, p.k));
     let layer = wg.z * p.m * p.n;
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + 16u * i;

@@ -54,28 +54,27 @@ const SPLITK_MIN_SLICE: usize = 8;
 /// Workgroups a split product aims for.
 const SPLITK_WORKGROUPS: usize = 256;
 
-/// `(slice, splits)` for a split-k product of `d` (slice in vec4s of k), or `None` when the
-/// output has enough tiles or k is short.
-fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
-    let tiles = d.m.div_ceil(64) * d.n.div_ceil(64);
-    let k4 = d.k / 4;
-    if tiles > SPLITK_MAX_TILES || k4 < SPLITK_MIN_K4 {
-        return None;
-    }
-    let wanted = SPLITK_WORKGROUPS.div_ceil(tiles);
-    let slice = k4.div_ceil(wanted).max(SPLITK_MIN_SLICE);
-    Some((slice, k4.div_ceil(slice)))
+/// Whether the vec4 matrix-product kernels take `d`: n and k multiples of 4, no transposes.
+fn vec4_product(d: MatmulDims) -> bool {
+    d.n.is_multiple_of(4) && d.k.is_multiple_of(4) && !d.trans_a && !d.trans_b
 }
 
-/// [`splitk_slices`] for the scalar kernels: `(slice, splits)` in elements of k.
-fn splitk_slices_scalar(d: MatmulDims) -> Option<(usize, usize)> {
+/// `(slice, splits)` for a split-k product of `d`, in units of k the kernel steps by (vec4s
+/// for the vec4 kernels, elements else), or `None` when the output has enough tiles or k is
+/// short.
+fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
     let tiles = d.m.div_ceil(64) * d.n.div_ceil(64);
-    if tiles > SPLITK_MAX_TILES || d.k < 4 * SPLITK_MIN_K4 {
+    let (k, unit) = if vec4_product(d) {
+        (d.k / 4, 1)
+    } else {
+        (d.k, 4)
+    };
+    if tiles > SPLITK_MAX_TILES || k < SPLITK_MIN_K4 * unit {
         return None;
     }
     let wanted = SPLITK_WORKGROUPS.div_ceil(tiles);
-    let slice = d.k.div_ceil(wanted).max(4 * SPLITK_MIN_SLICE);
-    Some((slice, d.k.div_ceil(slice)))
+    let slice = k.div_ceil(wanted).max(SPLITK_MIN_SLICE * unit);
+    Some((slice, k.div_ceil(slice)))
 }
 
 /// The kernels of one GPU logical device.
@@ -300,7 +299,7 @@ impl Kernels for GpuKernels<'_> {
         }
         let software = self.dev.ctx.software_kernels;
         let bias_or_out = bias.unwrap_or(out);
-        if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) && !d.trans_a && !d.trans_b {
+        if vec4_product(d) {
             // Bindings 3, 5, 6, 7: bias, then b, out and a as vec4 (ranges are 256-byte
             // aligned and sized, so the vec4 views are valid). Software adapters want the tall
             // register block (see matmul.wgsl for the measurements), GPUs many invocations to
@@ -318,7 +317,7 @@ impl Kernels for GpuKernels<'_> {
                         let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
                         self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
                     }
-                    "splitk_v4" => self.matmul_splitk(a, b, bias, out, d, p),
+                    "splitk_v4" => self.matmul_split_k(a, b, bias, out, d, p),
                     "smem64_v4" => {
                         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
                         self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
@@ -340,7 +339,7 @@ impl Kernels for GpuKernels<'_> {
             bucket(d.k)
         );
         let mut candidates = vec!["tile64", "tall"];
-        if splitk_slices_scalar(d).is_some() {
+        if splitk_slices(d).is_some() {
             candidates.push("splitk");
         }
         let choice = Choice::new("matmul", class, &candidates, heuristic);
@@ -349,7 +348,7 @@ impl Kernels for GpuKernels<'_> {
                 let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
                 self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
             }
-            "splitk" => self.matmul_splitk_scalar(a, b, bias, out, d, p),
+            "splitk" => self.matmul_split_k(a, b, bias, out, d, p),
             _ => {
                 let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
                 self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)
@@ -475,9 +474,10 @@ impl GpuKernels<'_> {
         }
     }
 
-    /// `out = act(a · b + bias)` as `splits` partial products over slices of k, then one
-    /// reduction that adds them with the bias and applies the activation.
-    fn matmul_splitk(
+    /// `out = act(op(a) · op(b) + bias)` as `splits` partial products over slices of k, then one
+    /// reduction that adds them with the bias and applies the activation; on the vec4 kernels
+    /// where [`vec4_product`] allows, else the scalar ones.
+    fn matmul_split_k(
         &self,
         a: &Tensor,
         b: &Tensor,
@@ -486,58 +486,42 @@ impl GpuKernels<'_> {
         d: MatmulDims,
         p: MatmulParams,
     ) -> Result<()> {
+        let vec4 = vec4_product(d);
+        let bias_or_out = bias.unwrap_or(out);
+        let tiles = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
         let Some((slice, splits)) = splitk_slices(d) else {
-            let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
-            return self.launch(MATMUL_V4, &p, &[bias.unwrap_or(out), b, out, a], grid);
+            // Only offered where k splits; a forced pick elsewhere gets the plain tiles.
+            return if vec4 {
+                self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], tiles)
+            } else {
+                self.launch(MATMUL, &p, &[a, b, bias_or_out, out], tiles)
+            };
         };
         let partials = self.scratch(&[splits, d.m, d.n], out)?;
         let split = MatmulParams {
             k_slice: u(slice),
             ..p
         };
-        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), u(splits)];
-        // Bindings 5, 6, 7: b, the partials, a (the kernel reads no bias).
-        self.launch(MATMUL_V4_SPLITK, &split, &[b, &partials, a], grid)?;
+        let layers = [tiles[0], tiles[1], u(splits)];
         let reduce = MatmulParams { k: u(splits), ..p };
-        // Bindings 3, 5, 6: bias, the partials (as b4), out.
-        self.launch(
-            SPLITK_REDUCE_V4,
-            &reduce,
-            &[bias.unwrap_or(out), &partials, out],
-            grid_1d(d.m * d.n / 4, 256),
-        )
-    }
-
-    /// [`Self::matmul_splitk`] for any transposes, on the scalar kernels.
-    fn matmul_splitk_scalar(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        out: &Tensor,
-        d: MatmulDims,
-        p: MatmulParams,
-    ) -> Result<()> {
-        let Some((slice, splits)) = splitk_slices_scalar(d) else {
-            let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
-            return self.launch(MATMUL, &p, &[a, b, bias.unwrap_or(out), out], grid);
-        };
-        let partials = self.scratch(&[splits, d.m, d.n], out)?;
-        let split = MatmulParams {
-            k_slice: u(slice),
-            ..p
-        };
-        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), u(splits)];
-        // Bindings 1, 2, 4: a, b, the partials (the kernel reads no bias).
-        self.launch(MATMUL_SPLITK, &split, &[a, b, &partials], grid)?;
-        let reduce = MatmulParams { k: u(splits), ..p };
-        // Bindings 2, 3, 4: the partials (as b), bias, out.
-        self.launch(
-            SPLITK_REDUCE,
-            &reduce,
-            &[&partials, bias.unwrap_or(out), out],
-            grid_1d(d.m * d.n, 256),
-        )
+        if vec4 {
+            // Bindings 5, 6, 7: b, the partials, a (no bias); then 3, 5, 6: bias, the
+            // partials (as b4), out.
+            self.launch(MATMUL_V4_SPLITK, &split, &[b, &partials, a], layers)?;
+            let grid = grid_1d(d.m * d.n / 4, 256);
+            self.launch(
+                SPLITK_REDUCE_V4,
+                &reduce,
+                &[bias_or_out, &partials, out],
+                grid,
+            )
+        } else {
+            // Bindings 1, 2, 4: a, b, the partials; then 2, 3, 4: the partials (as b), bias,
+            // out.
+            self.launch(MATMUL_SPLITK, &split, &[a, b, &partials], layers)?;
+            let grid = grid_1d(d.m * d.n, 256);
+            self.launch(SPLITK_REDUCE, &reduce, &[&partials, bias_or_out, out], grid)
+        }
     }
 
     /// Runs one of `candidates` for `op` on this adapter, picked by its tuner.
