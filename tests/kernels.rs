@@ -554,6 +554,47 @@ fn fused_dense_gradients() {
     }
 }
 
+/// `ops::dense` with a bias and selu on random data against the oracle; `trapped`: the output
+/// is NaN-trapped and checked to be on `dev`.
+fn check_dense(
+    dev: &LogicalDevice,
+    (m, kk, nn): (usize, usize, usize),
+    seed: u64,
+    trapped: bool,
+    what: &str,
+) {
+    let a = random_vec(m * kk, seed);
+    let w = random_vec(kk * nn, seed + 1);
+    let b = random_vec(nn, seed + 2);
+    let (at, wt, bt) = (
+        put(dev, &a, &[m, kk]),
+        put(dev, &w, &[kk, nn]),
+        put(dev, &b, &[nn]),
+    );
+    if trapped {
+        trap(dev, &[m * nn]);
+    }
+    let y = ops::dense(&at, &wt, Some(&bt), Activation::Selu).unwrap();
+    if trapped {
+        on(&y, dev);
+    }
+    let expected = r::matmul_bias_act(
+        &to_f64(&a),
+        &to_f64(&w),
+        Some(&to_f64(&b)),
+        m,
+        kk,
+        nn,
+        Activation::Selu,
+    );
+    assert_close(
+        &get(&y),
+        &expected,
+        TOL,
+        &format!("dense {m}x{kk}x{nn} {what}"),
+    );
+}
+
 #[test]
 fn register_blocked_matmuls_cover_ragged_edges() {
     // n and k multiples of 4 take the vec4 kernels (matmul_16x8 on software adapters, whose
@@ -573,29 +614,7 @@ fn register_blocked_matmuls_cover_ragged_edges() {
         .iter()
         .enumerate()
         {
-            let seed = 900 + 10 * i as u64;
-            let a = random_vec(m * kk, seed);
-            let w = random_vec(kk * nn, seed + 1);
-            let b = random_vec(nn, seed + 2);
-            let (at, wt, bt) = (
-                put(dev, &a, &[m, kk]),
-                put(dev, &w, &[kk, nn]),
-                put(dev, &b, &[nn]),
-            );
-            trap(dev, &[m * nn]);
-            let y = ops::dense(&at, &wt, Some(&bt), Activation::Selu).unwrap();
-            on(&y, dev);
-            let expected = r::matmul_bias_act(
-                &to_f64(&a),
-                &to_f64(&w),
-                Some(&to_f64(&b)),
-                m,
-                kk,
-                nn,
-                Activation::Selu,
-            );
-            let what = format!("dense {m}x{kk}x{nn} {}", label(dev));
-            assert_close(&get(&y), &expected, TOL, &what);
+            check_dense(dev, (m, kk, nn), 900 + 10 * i as u64, true, &label(dev));
         }
         matmul_every_transpose(dev, (130, 37, 70), 950);
     }
@@ -1145,28 +1164,8 @@ fn every_tuning_candidate_matches_the_reference() {
                 .iter()
                 .enumerate()
             {
-                let seed = 7000 + 10 * i as u64;
-                let a = random_vec(m * kk, seed);
-                let w = random_vec(kk * nn, seed + 1);
-                let b = random_vec(nn, seed + 2);
-                let y = ops::dense(
-                    &put(dev, &a, &[m, kk]),
-                    &put(dev, &w, &[kk, nn]),
-                    Some(&put(dev, &b, &[nn])),
-                    Activation::Selu,
-                )
-                .unwrap();
-                let expected = r::matmul_bias_act(
-                    &to_f64(&a),
-                    &to_f64(&w),
-                    Some(&to_f64(&b)),
-                    m,
-                    kk,
-                    nn,
-                    Activation::Selu,
-                );
-                let what = format!("dense {m}x{kk}x{nn} [{candidate}] {}", label(dev));
-                assert_close(&get(&y), &expected, TOL, &what);
+                let what = format!("[{candidate}] {}", label(dev));
+                check_dense(dev, (m, kk, nn), 7000 + 10 * i as u64, false, &what);
             }
             matmul_every_transpose(dev, (66, 9, 30), 7100);
             // Long enough in k to split on the scalar kernels.

@@ -77,6 +77,15 @@ fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
     Some((slice, k.div_ceil(slice)))
 }
 
+/// One pass of a column sum: its kernel, rows per chunk, column lanes (`sum_rows_wg`) and
+/// workgroups across the columns.
+struct SumPass {
+    kernel: Kernel,
+    chunk: usize,
+    lanes: usize,
+    column_groups: usize,
+}
+
 /// The kernels of one GPU logical device.
 pub(crate) struct GpuKernels<'a> {
     pub(crate) dev: &'a GpuDevice,
@@ -403,69 +412,68 @@ impl Kernels for GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
-    /// Column sums in chunks of [`SUM_ROWS_CHUNK`] rows, one invocation per (vec4) column,
-    /// again over the partials until one row is left.
+    /// Column sums in chunks of [`SUM_ROWS_CHUNK`] rows, one invocation per (vec4) column.
     fn sum_rows_chunked(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
-        // The partials live in scratch tensors.
-        let mut current = x.clone();
-        let mut rows = rows;
-        loop {
-            let chunks = rows.div_ceil(SUM_ROWS_CHUNK);
-            let target = if chunks == 1 {
-                out.clone()
-            } else {
-                self.scratch(&[chunks, cols], x)?
-            };
-            let p = ReduceParams {
-                n: 0,
-                rows: u(rows),
-                cols: u(cols),
-                chunk: u(SUM_ROWS_CHUNK),
-                alpha: 0.0,
-            };
-            if cols.is_multiple_of(4) {
-                let grid = [u(cols.div_ceil(256)), u(chunks), 1];
-                self.launch(SUM_ROWS_V4, &p, &[&current, &target], grid)?;
-            } else {
-                let grid = [u(cols.div_ceil(64)), u(chunks), 1];
-                self.launch(SUM_ROWS, &p, &[&current, &target], grid)?;
-            }
-            if chunks == 1 {
-                return Ok(());
-            }
-            current = target;
-            rows = chunks;
-        }
+        let (kernel, column_groups) = if cols.is_multiple_of(4) {
+            (SUM_ROWS_V4, cols.div_ceil(256))
+        } else {
+            (SUM_ROWS, cols.div_ceil(64))
+        };
+        self.sum_rows_in_passes(x, rows, cols, out, |_| SumPass {
+            kernel,
+            chunk: SUM_ROWS_CHUNK,
+            lanes: 0,
+            column_groups,
+        })
     }
 
     /// Column sums (cols a multiple of 4) by whole workgroups: `sum_rows_wg` over chunks sized
-    /// so that a few hundred workgroups share the rows, then again over the partials.
+    /// so that a few hundred workgroups share the rows.
     fn sum_rows_wg(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
         let cols4 = cols / 4;
-        let lanes_c = cols4.next_power_of_two().min(64);
-        let lanes_r = 256 / lanes_c;
-        let column_groups = cols4.div_ceil(lanes_c);
+        let lanes = cols4.next_power_of_two().min(64);
+        let column_groups = cols4.div_ceil(lanes);
+        self.sum_rows_in_passes(x, rows, cols, out, |rows| {
+            // Each invocation adds at least 8 rows; the chunks fill ~512 workgroups.
+            let wanted = WG_SUM_WORKGROUPS.div_ceil(column_groups);
+            SumPass {
+                kernel: SUM_ROWS_WG,
+                chunk: rows.div_ceil(wanted).max(256 / lanes * 8),
+                lanes,
+                column_groups,
+            }
+        })
+    }
+
+    /// Column sums of `x` as `[rows, cols]` by passes of partial sums: each pass (`plan(rows)`)
+    /// sums chunks of rows into a `[chunks, cols]` scratch tensor, until one row is left.
+    fn sum_rows_in_passes(
+        &self,
+        x: &Tensor,
+        rows: usize,
+        cols: usize,
+        out: &Tensor,
+        plan: impl Fn(usize) -> SumPass,
+    ) -> Result<()> {
         let mut current = x.clone();
         let mut rows = rows;
         loop {
-            // Each invocation adds at least 8 rows; the chunks fill ~512 workgroups.
-            let wanted = WG_SUM_WORKGROUPS.div_ceil(column_groups);
-            let chunk = rows.div_ceil(wanted).max(lanes_r * 8);
-            let chunks = rows.div_ceil(chunk);
+            let pass = plan(rows);
+            let chunks = rows.div_ceil(pass.chunk);
             let target = if chunks == 1 {
                 out.clone()
             } else {
                 self.scratch(&[chunks, cols], x)?
             };
             let p = ReduceParams {
-                n: u(lanes_c),
+                n: u(pass.lanes),
                 rows: u(rows),
                 cols: u(cols),
-                chunk: u(chunk),
+                chunk: u(pass.chunk),
                 alpha: 0.0,
             };
-            let grid = [u(column_groups), u(chunks), 1];
-            self.launch(SUM_ROWS_WG, &p, &[&current, &target], grid)?;
+            let grid = [u(pass.column_groups), u(chunks), 1];
+            self.launch(pass.kernel, &p, &[&current, &target], grid)?;
             if chunks == 1 {
                 return Ok(());
             }

@@ -174,16 +174,35 @@ pub(crate) struct Tuner {
 
 #[derive(Default)]
 struct TunerState {
-    /// Key → candidate, from the file and from measurements.
-    choices: HashMap<String, String>,
-    /// The decisions taken in this process, in order.
+    /// Op → shape class → choice: from the file, measured, or the heuristic. Nested so that a
+    /// lookup borrows the caller's strings instead of building a key.
+    choices: HashMap<String, HashMap<String, Known>>,
+    /// The decisions listed so far (each key once), in order.
     decisions: Vec<TuningDecision>,
     /// A warning about the file has been given.
     warned: bool,
 }
 
+/// A choice the tuner knows.
+struct Known {
+    candidate: String,
+    /// Measured (here or by an earlier process): written to the cache file.
+    persist: bool,
+    /// Already in `decisions` (a choice read from the file is listed on first use).
+    listed: bool,
+}
+
 impl Tuner {
     pub(crate) fn new(config: TuneConfig, adapter: &wgpu::AdapterInfo) -> Tuner {
+        let shaders = ShaderFamily::ALL
+            .iter()
+            .fold(FNV_OFFSET, |h, f| fnv1a(h, f.source().as_bytes()));
+        let build = format!("{}+{shaders:016x}", env!("CARGO_PKG_VERSION"));
+        Tuner::with_build(config, adapter, build)
+    }
+
+    /// [`Tuner::new`] with the build key given (tests pose as another build).
+    fn with_build(config: TuneConfig, adapter: &wgpu::AdapterInfo, build: String) -> Tuner {
         let identity = format!(
             "{} {:?} {} {:04x}:{:04x}",
             adapter.name, adapter.backend, adapter.driver_info, adapter.vendor, adapter.device
@@ -192,19 +211,23 @@ impl Tuner {
             d.join(format!(
                 "autotune-{}-{:016x}.txt",
                 sanitize(&adapter.name),
-                fnv1a(identity.as_bytes())
+                fnv1a(FNV_OFFSET, identity.as_bytes())
             ))
         });
-        let mut sources = Vec::new();
-        for family in ShaderFamily::ALL {
-            sources.extend_from_slice(family.source().as_bytes());
-        }
-        let build = format!("{}+{:016x}", env!("CARGO_PKG_VERSION"), fnv1a(&sources));
         let mut state = TunerState::default();
         if config.mode != TuneMode::Off && config.force.is_none() {
             if let Some(path) = &file {
                 match load(path, &build) {
-                    Ok(choices) => state.choices = choices,
+                    Ok(entries) => {
+                        for (op, class, candidate) in entries {
+                            let known = Known {
+                                candidate,
+                                persist: true,
+                                listed: false,
+                            };
+                            state.choices.entry(op).or_default().insert(class, known);
+                        }
+                    }
                     Err(e) => {
                         log::warn!(
                             "autotune cache {} unreadable ({e}); tuning in memory",
@@ -244,12 +267,15 @@ impl Tuner {
         run: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<()> {
         let (op, class, heuristic) = (choice.op, choice.class.as_str(), choice.heuristic);
-        let (candidates, full_only) = (choice.candidates, choice.full_only);
-        let mut all = candidates.to_vec();
-        if self.config.mode == TuneMode::Full || self.config.force.is_some() {
-            all.extend_from_slice(full_only);
-        }
-        let candidates = &all[..];
+        let extended: Vec<&'static str>;
+        let candidates = if choice.full_only.is_empty()
+            || (self.config.mode != TuneMode::Full && self.config.force.is_none())
+        {
+            choice.candidates
+        } else {
+            extended = [choice.candidates, choice.full_only].concat();
+            &extended
+        };
         if let Some(forced) = &self.config.force {
             let pick = candidates
                 .iter()
@@ -259,16 +285,11 @@ impl Tuner {
             return run(pick);
         }
         if self.config.mode == TuneMode::Off || candidates.len() < 2 {
-            self.note(op, class, heuristic, DecisionSource::Heuristic, Vec::new());
+            self.note_heuristic(op, class, heuristic);
             return run(heuristic);
         }
-        let key = format!("{}|{op}|{class}", self.build);
-        let known = self.lock().choices.get(&key).cloned();
-        if let Some(name) = known {
-            if let Some(pick) = candidates.iter().find(|c| **c == name).copied() {
-                self.note(op, class, pick, DecisionSource::Cached, Vec::new());
-                return run(pick);
-            }
+        if let Some(pick) = self.cached(op, class, candidates) {
+            return run(pick);
         }
         let (pick, timings) = self.measure(candidates, sync, run)?;
         log::info!(
@@ -279,10 +300,79 @@ impl Tuner {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        self.lock().choices.insert(key, pick.to_string());
+        {
+            let mut state = self.lock();
+            let known = Known {
+                candidate: pick.to_string(),
+                persist: true,
+                listed: true,
+            };
+            state
+                .choices
+                .entry(op.to_string())
+                .or_default()
+                .insert(class.to_string(), known);
+            state.decisions.push(TuningDecision {
+                op,
+                class: class.to_string(),
+                candidate: pick.to_string(),
+                timings_ms: timings,
+                source: DecisionSource::Measured,
+            });
+        }
         self.save();
-        self.note(op, class, pick, DecisionSource::Measured, timings);
         run(pick)
+    }
+
+    /// The known choice for (op, class) if it is among `candidates`, listed as cached on its
+    /// first use.
+    fn cached(
+        &self,
+        op: &'static str,
+        class: &str,
+        candidates: &[&'static str],
+    ) -> Option<&'static str> {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let known = state.choices.get_mut(op)?.get_mut(class)?;
+        let pick = candidates
+            .iter()
+            .find(|c| **c == known.candidate)
+            .copied()?;
+        if !known.listed {
+            known.listed = true;
+            state.decisions.push(TuningDecision {
+                op,
+                class: class.to_string(),
+                candidate: pick.to_string(),
+                timings_ms: Vec::new(),
+                source: DecisionSource::Cached,
+            });
+        }
+        Some(pick)
+    }
+
+    /// Records the heuristic's choice, once per key.
+    fn note_heuristic(&self, op: &'static str, class: &str, candidate: &'static str) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let by_class = state.choices.entry(op.to_string()).or_default();
+        if by_class.contains_key(class) {
+            return;
+        }
+        let known = Known {
+            candidate: candidate.to_string(),
+            persist: false,
+            listed: true,
+        };
+        by_class.insert(class.to_string(), known);
+        state.decisions.push(TuningDecision {
+            op,
+            class: class.to_string(),
+            candidate: candidate.to_string(),
+            timings_ms: Vec::new(),
+            source: DecisionSource::Heuristic,
+        });
     }
 
     /// Times every candidate; returns the fastest and each one's time per run.
@@ -341,33 +431,6 @@ impl Tuner {
         Ok((pick, timings))
     }
 
-    fn note(
-        &self,
-        op: &'static str,
-        class: &str,
-        candidate: &str,
-        source: DecisionSource,
-        timings_ms: Vec<(String, f64)>,
-    ) {
-        let mut state = self.lock();
-        // Heuristic and cached picks are listed once per key.
-        if source != DecisionSource::Measured
-            && state
-                .decisions
-                .iter()
-                .any(|d| d.op == op && d.class == class)
-        {
-            return;
-        }
-        state.decisions.push(TuningDecision {
-            op,
-            class: class.to_string(),
-            candidate: candidate.to_string(),
-            timings_ms,
-            source,
-        });
-    }
-
     /// Writes every choice of this build to the cache file (a temporary file renamed over it,
     /// so a reader never sees half a file, and a corrupt file is replaced); failures are a
     /// warning, once.
@@ -378,7 +441,14 @@ impl Tuner {
             let mut lines: Vec<String> = state
                 .choices
                 .iter()
-                .map(|(key, candidate)| format!("{key}\t{candidate}\n"))
+                .flat_map(|(op, by_class)| {
+                    by_class
+                        .iter()
+                        .filter(|(_, k)| k.persist)
+                        .map(move |(class, k)| {
+                            format!("{}|{op}|{class}\t{}\n", self.build, k.candidate)
+                        })
+                })
                 .collect();
             lines.sort();
             format!("{HEADER}\n{}", lines.concat())
@@ -409,12 +479,12 @@ impl Tuner {
 /// The first line of a cache file.
 const HEADER: &str = "# anygpu autotune cache v1: key<TAB>candidate";
 
-/// Reads a cache file: entries of this build only. A missing file is empty; anything that is
-/// not our format is an error (the caller warns and tunes in memory).
-fn load(path: &std::path::Path, build: &str) -> std::io::Result<HashMap<String, String>> {
+/// Reads a cache file: the (op, class, candidate) entries of this build only. A missing file is
+/// empty; anything that is not our format is an error (the caller warns and tunes in memory).
+fn load(path: &std::path::Path, build: &str) -> std::io::Result<Vec<(String, String, String)>> {
     let text = match std::fs::read(path) {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
     // A cache file is a few kilobytes; a huge one is not ours.
@@ -426,22 +496,26 @@ fn load(path: &std::path::Path, build: &str) -> std::io::Result<HashMap<String, 
     if lines.next() != Some(HEADER) {
         return Err(std::io::Error::other("not an anygpu autotune cache"));
     }
-    let mut choices = HashMap::new();
+    let mut entries = Vec::new();
     for (i, line) in lines.enumerate() {
         let (key, candidate) = line
             .split_once('\t')
             .filter(|(k, c)| !k.is_empty() && !c.is_empty() && !c.contains('\t'))
             .ok_or_else(|| std::io::Error::other(format!("line {} is malformed", i + 2)))?;
-        if key.starts_with(build) && key[build.len()..].starts_with('|') {
-            choices.insert(key.to_string(), candidate.to_string());
+        let ours = key.strip_prefix(build).and_then(|k| k.strip_prefix('|'));
+        if let Some((op, class)) = ours.and_then(|k| k.split_once('|')) {
+            entries.push((op.to_string(), class.to_string(), candidate.to_string()));
         }
     }
-    Ok(choices)
+    Ok(entries)
 }
 
-/// 64-bit FNV-1a: a stable hash for file names and build keys (std's hasher is seeded).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a's starting state.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// 64-bit FNV-1a of `bytes` continuing from state `h`: a stable hash for file names and build
+/// keys (std's hasher is seeded per process).
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
@@ -567,10 +641,7 @@ mod tests {
         assert_eq!(tune_once(&again), ["fast"]);
         assert_eq!(again.decisions()[0].source, DecisionSource::Cached);
         // Another build's entries are never used.
-        let other = Tuner {
-            build: "0.0.0+0".into(),
-            ..Tuner::new(config(&dir), &info())
-        };
+        let other = Tuner::with_build(config(&dir), &info(), "0.0.0+0".into());
         assert!(tune_once(&other).len() > 1);
         std::fs::remove_dir_all(dir).ok();
     }
