@@ -1137,6 +1137,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "tall_16x8",
         "splitk_v4",
         "smem64_v4",
+        "ubo8",
         "tile64",
         "tall",
         "splitk",
@@ -1160,7 +1161,8 @@ fn every_tuning_candidate_matches_the_reference() {
         require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
         for dev in &gpus {
             let _s = dev.scope();
-            for (i, &(m, kk, nn)) in [(128, 1152, 128), (70, 516, 36), (13, 8, 12)]
+            // (300, 64, 24): two chunks of k and three column blocks for ubo8.
+            for (i, &(m, kk, nn)) in [(128, 1152, 128), (70, 516, 36), (13, 8, 12), (300, 64, 24)]
                 .iter()
                 .enumerate()
             {

@@ -49,7 +49,16 @@ pub(crate) struct GpuContext {
     pub(crate) tuner: Tuner,
     /// Regions released by this adapter's arenas: the bind-group cache starts over when it moves.
     regions_released: Arc<AtomicU64>,
+    /// A small buffer outside the arenas that kernels fill and then read as a uniform buffer
+    /// (`matmul_ubo8`'s packed B): wgpu refuses a uniform binding of an arena buffer that the
+    /// same dispatch also binds as read-write storage. A kernel sequence that uses it holds the
+    /// lock while it records (threads of virtual devices share the adapter), and commands run
+    /// in the order recorded, so one per adapter is enough.
+    pub(crate) uniform_scratch: Mutex<wgpu::Buffer>,
 }
+
+/// Bytes of [`GpuContext::uniform_scratch`].
+pub(crate) const UNIFORM_SCRATCH_BYTES: u64 = 32 << 10;
 
 impl GpuContext {
     /// Opens `adapter` with its own limits and the optional features worth having.
@@ -90,6 +99,12 @@ impl GpuContext {
         let software_kernels = kernel_class(&adapter.info, tune.kernel_class.as_deref());
         let stream = Stream::new(&device, &adapter.limits);
         let tuner = Tuner::new(tune, &adapter.info);
+        let uniform_scratch = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("anygpu uniform scratch"),
+            size: UNIFORM_SCRATCH_BYTES,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: false,
+        });
         Ok(Arc::new(GpuContext {
             tuner,
             adapter,
@@ -102,6 +117,7 @@ impl GpuContext {
             device_error,
             counters: StreamCounters::default(),
             regions_released: Arc::new(AtomicU64::new(0)),
+            uniform_scratch: Mutex::new(uniform_scratch),
         }))
     }
 

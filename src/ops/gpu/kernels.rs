@@ -3,6 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::{GpuDevice, GpuRange};
 use crate::error::Result;
 use crate::ops::gpu::tune::{bucket, Choice};
@@ -26,6 +27,8 @@ pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul
 pub(crate) const MATMUL_SMEM_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem_v4");
 pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4_splitk");
 pub(crate) const MATMUL_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_splitk");
+pub(crate) const MATMUL_UBO8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_ubo8");
+pub(crate) const PACK_B8: Kernel = Kernel::new(ShaderFamily::Matmul, "pack_b8");
 pub(crate) const SPLITK_REDUCE: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce");
 pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
@@ -42,6 +45,11 @@ const TALL_COLS: usize = 64;
 /// Rows of one `sum_rows` chunk: long enough to amortize the launch, short enough that the
 /// chunks spread over the device.
 const SUM_ROWS_CHUNK: usize = 256;
+/// The most dispatches `matmul_ubo8` may take for one product (a 1×1 convolution of 64
+/// channels to 128 takes 32).
+const UBO8_MAX_DISPATCHES: usize = (UNIFORM_SCRATCH_BYTES / UBO8_WINDOW) as usize;
+/// Bytes of B one `matmul_ubo8` dispatch reads: 32 rows of k × 8 columns.
+const UBO8_WINDOW: u64 = 32 * 8 * 4;
 
 /// Workgroups `sum_rows_wg` aims for per pass.
 const WG_SUM_WORKGROUPS: usize = 512;
@@ -77,6 +85,15 @@ fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
     Some((slice, k.div_ceil(slice)))
 }
 
+/// `(column blocks, chunks of k)` of a `matmul_ubo8` product of `d` (one dispatch each), or
+/// `None` where it does not apply: k a multiple of 32, n of 8, no transposes, and few
+/// dispatches (each streams the whole of A's slice, so a long k or a wide n loses).
+fn ubo8_windows(d: MatmulDims) -> Option<(usize, usize)> {
+    let fits = vec4_product(d) && d.k.is_multiple_of(32) && d.n.is_multiple_of(8) && d.k > 0;
+    let (blocks, chunks) = (d.n / 8, d.k / 32);
+    (fits && blocks * chunks <= UBO8_MAX_DISPATCHES).then_some((blocks, chunks))
+}
+
 /// One pass of a column sum: its kernel, rows per chunk, column lanes (`sum_rows_wg`) and
 /// workgroups across the columns.
 struct SumPass {
@@ -110,10 +127,21 @@ impl<'a> GpuKernels<'a> {
         let Some(ranges) = ranges else {
             return Ok(());
         };
+        self.launch_ranges(kernel, params, &ranges, workgroups)
+    }
+
+    /// [`GpuKernels::launch`] over buffer ranges: tensors, or windows of them.
+    fn launch_ranges<P: Pod>(
+        &self,
+        kernel: Kernel,
+        params: &P,
+        ranges: &[GpuRange<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
         let pipeline = self.dev.ctx.pipelines.get(kernel, self.name)?;
         self.dev
             .ctx
-            .dispatch(&pipeline, bytemuck::bytes_of(params), &ranges, workgroups);
+            .dispatch(&pipeline, bytemuck::bytes_of(params), ranges, workgroups);
         Ok(())
     }
 
@@ -154,6 +182,9 @@ struct MatmulParams {
     act: u32,
     /// `matmul_v4_splitk`'s slice of k, in vec4s.
     k_slice: u32,
+    /// `matmul_ubo8`'s block of 8 columns and slice of 32 rows of k.
+    block: u32,
+    chunk: u32,
 }
 
 #[repr(C)]
@@ -295,6 +326,8 @@ impl Kernels for GpuKernels<'_> {
             b_cs: u(b_cs),
             act: act.code(),
             k_slice: 0,
+            block: 0,
+            chunk: 0,
         };
         if d.k == 0 {
             // No terms: the product is zero; the kernel's loop simply does not run, but a and b
@@ -317,6 +350,9 @@ impl Kernels for GpuKernels<'_> {
             if splitk_slices(d).is_some() {
                 candidates.push("splitk_v4");
             }
+            if ubo8_windows(d).is_some() {
+                candidates.push("ubo8");
+            }
             let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
             let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
             return self.tuned(
@@ -327,6 +363,7 @@ impl Kernels for GpuKernels<'_> {
                         self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
                     }
                     "splitk_v4" => self.matmul_split_k(a, b, bias, out, d, p),
+                    "ubo8" => self.matmul_ubo8(a, b, bias, out, d, p),
                     "smem64_v4" => {
                         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
                         self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
@@ -480,6 +517,62 @@ impl GpuKernels<'_> {
             current = target;
             rows = chunks;
         }
+    }
+
+    /// `out = act(a · b + bias)` by `matmul_ubo8`: B packed into blocks of 8 columns, then one
+    /// dispatch per (block, 32 rows of k) that reads its window of B as a uniform buffer.
+    fn matmul_ubo8(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        p: MatmulParams,
+    ) -> Result<()> {
+        let bias_or_out = bias.unwrap_or(out);
+        let Some((blocks, chunks)) = ubo8_windows(d) else {
+            // Only offered where it applies; a forced pick elsewhere gets the plain tiles.
+            let tiles = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+            return self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], tiles);
+        };
+        let (Some(bias_or_out), Some(out), Some(a), Some(b)) = (
+            bias_or_out.gpu_range(),
+            out.gpu_range(),
+            a.gpu_range(),
+            b.gpu_range(),
+        ) else {
+            return Ok(());
+        };
+        // B packed into the adapter's uniform scratch buffer (UBO8_MAX_DISPATCHES windows fit),
+        // held until every window's dispatch is recorded.
+        let scratch = self.dev.ctx.uniform_scratch.lock();
+        let scratch = scratch.unwrap_or_else(|e| e.into_inner());
+        let packed = GpuRange {
+            buffer: &scratch,
+            offset: 0,
+            size: (d.k * d.n * 4) as u64,
+        };
+        self.launch_ranges(PACK_B8, &p, &[b, packed], grid_1d(d.k * d.n, 256))?;
+        for block in 0..blocks {
+            // In order of k: each chunk adds to what the one before stored.
+            for chunk in 0..chunks {
+                let window = GpuRange {
+                    offset: packed.offset + (block * chunks + chunk) as u64 * UBO8_WINDOW,
+                    size: UBO8_WINDOW,
+                    ..packed
+                };
+                let params = MatmulParams {
+                    block: u(block),
+                    chunk: u(chunk),
+                    ..p
+                };
+                // Bindings 3, 6, 7, 8: bias, out, a, the window.
+                let ranges = [bias_or_out, out, a, window];
+                self.launch_ranges(MATMUL_UBO8, &params, &ranges, grid_1d(d.m, 64))?;
+            }
+        }
+        Ok(())
     }
 
     /// `out = act(op(a) · op(b) + bias)` as `splits` partial products over slices of k, then one

@@ -102,13 +102,16 @@ pub(crate) struct Pipeline {
     pub(crate) bindings: Vec<u32>,
 }
 
+/// A bind group layout's bindings besides the params: all of them, and the uniform ones.
+type LayoutKey = (Vec<u32>, Vec<u32>);
+
 /// Per-adapter cache of shader modules, layouts and pipelines, compiled on first use.
 pub(crate) struct PipelineCache {
     device: wgpu::Device,
     capabilities: naga::valid::Capabilities,
     limits: wgpu::Limits,
     modules: Mutex<HashMap<ShaderFamily, std::result::Result<ModuleInfo, String>>>,
-    layouts: Mutex<HashMap<Vec<u32>, wgpu::BindGroupLayout>>,
+    layouts: Mutex<HashMap<LayoutKey, wgpu::BindGroupLayout>>,
     pipelines: Mutex<HashMap<(ShaderFamily, &'static str), Arc<Pipeline>>>,
 }
 
@@ -169,10 +172,10 @@ impl PipelineCache {
                 info.workgroup_bytes, l.max_compute_workgroup_storage_size
             ));
         }
-        if entry.bindings.len() as u32 > l.max_storage_buffers_per_shader_stage {
+        let storage = entry.bindings.len() - entry.uniform.len();
+        if storage as u32 > l.max_storage_buffers_per_shader_stage {
             return Err(format!(
-                "{} storage buffers exceed max_storage_buffers_per_shader_stage ({})",
-                entry.bindings.len(),
+                "{storage} storage buffers exceed max_storage_buffers_per_shader_stage ({})",
                 l.max_storage_buffers_per_shader_stage
             ));
         }
@@ -215,16 +218,16 @@ impl PipelineCache {
             device: device_name.to_string(),
             missing,
         })?;
-        let bindings = {
+        let (bindings, uniform) = {
             let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
             modules
                 .get(&kernel.family)
                 .and_then(|m| m.as_ref().ok())
                 .and_then(|m| m.entries.get(kernel.entry))
-                .map(|e| e.bindings.clone())
+                .map(|e| (e.bindings.clone(), e.uniform.clone()))
                 .unwrap_or_default()
         };
-        let layout = self.layout(&bindings);
+        let layout = self.layout(&bindings, &uniform);
         let pipeline_layout = self
             .device
             .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -280,10 +283,10 @@ impl PipelineCache {
         Ok(pipeline)
     }
 
-    fn layout(&self, bindings: &[u32]) -> wgpu::BindGroupLayout {
+    fn layout(&self, bindings: &[u32], uniform: &[u32]) -> wgpu::BindGroupLayout {
         let mut layouts = self.layouts.lock().unwrap_or_else(|e| e.into_inner());
         layouts
-            .entry(bindings.to_vec())
+            .entry((bindings.to_vec(), uniform.to_vec()))
             .or_insert_with(|| {
                 let mut entries = vec![wgpu::BindGroupLayoutEntry {
                     binding: 0,
@@ -301,7 +304,11 @@ impl PipelineCache {
                     binding,
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        ty: if uniform.contains(&binding) {
+                            wgpu::BufferBindingType::Uniform
+                        } else {
+                            wgpu::BufferBindingType::Storage { read_only: false }
+                        },
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
@@ -334,8 +341,11 @@ pub(crate) fn capabilities_of(features: wgpu::Features) -> naga::valid::Capabili
 #[derive(Clone, Debug)]
 pub(crate) struct EntryInfo {
     pub(crate) workgroup_size: [u32; 3],
-    /// Storage bindings (group 0) the entry point uses, ascending.
+    /// Bindings (group 0) the entry point uses besides the params, ascending: storage
+    /// buffers, and the uniform windows listed in `uniform`.
     pub(crate) bindings: Vec<u32>,
+    /// The bindings that are uniform buffers (a window of a tensor read at constant offsets).
+    pub(crate) uniform: Vec<u32>,
 }
 
 /// A family's shader after validation.
@@ -371,18 +381,33 @@ pub(crate) fn validate_source(
         .enumerate()
         .map(|(i, ep)| {
             let uses = info.get_entry_point(i);
-            let mut bindings: Vec<u32> = module
-                .global_variables
-                .iter()
-                .filter(|(h, g)| {
-                    matches!(g.space, naga::AddressSpace::Storage { .. }) && !uses[*h].is_empty()
-                })
-                .filter_map(|(_, g)| g.binding.as_ref().map(|b| b.binding))
-                .collect();
+            let used = |uniform: bool| -> Vec<u32> {
+                let mut bindings: Vec<u32> = module
+                    .global_variables
+                    .iter()
+                    .filter(|(h, g)| {
+                        let wanted = if uniform {
+                            g.space == naga::AddressSpace::Uniform
+                        } else {
+                            matches!(g.space, naga::AddressSpace::Storage { .. })
+                        };
+                        wanted && !uses[*h].is_empty()
+                    })
+                    .filter_map(|(_, g)| g.binding.as_ref().map(|b| b.binding))
+                    // Binding 0 is every kernel's params.
+                    .filter(|&b| b != 0)
+                    .collect();
+                bindings.sort_unstable();
+                bindings
+            };
+            let storage = used(false);
+            let uniform = used(true);
+            let mut bindings = [&storage[..], &uniform[..]].concat();
             bindings.sort_unstable();
             let entry = EntryInfo {
                 workgroup_size: ep.workgroup_size,
                 bindings,
+                uniform,
             };
             (ep.name.clone(), entry)
         })

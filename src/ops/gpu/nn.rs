@@ -78,12 +78,24 @@ pub(crate) const SGD_MOMENTUM: Kernel = opt("sgd_momentum");
 pub(crate) const ADAM: Kernel = opt("adam");
 
 /// Kernels of `Conv2D`.
-pub(crate) const CONV2D: &[Kernel] = &[CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
+pub(crate) const CONV2D: &[Kernel] = &[
+    CONV2D_S,
+    CONV2D_V4,
+    gk::MATMUL_16X8,
+    gk::MATMUL_UBO8,
+    gk::PACK_B8,
+];
 /// Kernels of `Conv2DBackpropInput`.
 /// (1×1 kernels with 64+ input channels on software adapters: the product on the flipped
 /// kernel.)
-pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] =
-    &[CONV2D_FLIP, CONV2D_S, CONV2D_V4, gk::MATMUL_16X8];
+pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
+    CONV2D_FLIP,
+    CONV2D_S,
+    CONV2D_V4,
+    gk::MATMUL_16X8,
+    gk::MATMUL_UBO8,
+    gk::PACK_B8,
+];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
     CONV2D_DK_S,
@@ -120,6 +132,8 @@ pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::MATMUL_16X8,
     gk::MATMUL_V4_SPLITK,
     gk::MATMUL_SMEM_V4,
+    gk::MATMUL_UBO8,
+    gk::PACK_B8,
     gk::MATMUL_SPLITK,
     gk::SPLITK_REDUCE,
     gk::SPLITK_REDUCE_V4,
@@ -143,6 +157,8 @@ pub(crate) const SEPARABLE: &[Kernel] = &[
     CONV2D_S,
     CONV2D_V4,
     gk::MATMUL_16X8,
+    gk::MATMUL_UBO8,
+    gk::PACK_B8,
 ];
 /// The kernels of `FusedSeparableConv2DGrad` after `$extra`: the forward depthwise again, the
 /// activation gradient, the 1×1 convolution's and the depthwise convolution's gradients.
@@ -165,6 +181,8 @@ macro_rules! separable_backward_kernels {
             CONV2D_S,
             CONV2D_V4,
             gk::MATMUL_16X8,
+            gk::MATMUL_UBO8,
+            gk::PACK_B8,
             DEPTHWISE_DK_S,
             DEPTHWISE_DK_V4,
             DEPTHWISE3X3_DK_V4,
