@@ -299,6 +299,8 @@ fn check_depthwise(devices: &[LogicalDevice]) {
         (1, 2, 1, 8, 3, 3),
         (1, 1, 7, 32, 3, 3),
         (3, 7, 7, 12, 1, 3),
+        // Two channel blocks of the 8×8 tiles, the second partial; partial tiles at the edges.
+        (2, 9, 11, 40, 3, 3),
     ];
     for dev in devices {
         let _s = dev.scope();
@@ -1143,6 +1145,8 @@ fn every_tuning_candidate_matches_the_reference() {
         "splitk",
         "rows_v4",
         "rows_wg",
+        "rows4x4",
+        "tile8x8",
         "direct",
         "product",
         "chunks_2k",
@@ -1182,7 +1186,9 @@ fn every_tuning_candidate_matches_the_reference() {
                 assert_close(&get(&db), &r::bias_grad(&to_f64(&x), cols), TOL, &what);
             }
         }
-        if candidate.starts_with("chunks") || matches!(candidate, "direct" | "product") {
+        if candidate.starts_with("chunks")
+            || matches!(candidate, "direct" | "product" | "rows4x4" | "tile8x8")
+        {
             check_conv2d(&gpus);
             check_depthwise(&gpus);
         }

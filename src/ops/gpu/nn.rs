@@ -63,6 +63,7 @@ pub(crate) const CONV2D_DK_1X1: Kernel = conv("conv2d_dk_1x1");
 pub(crate) const DEPTHWISE_S: Kernel = dw("depthwise_s");
 pub(crate) const DEPTHWISE_V4: Kernel = dw("depthwise_v4");
 pub(crate) const DEPTHWISE3X3_V4: Kernel = dw("depthwise3x3_v4");
+pub(crate) const DEPTHWISE3X3_TILE_V4: Kernel = dw("depthwise3x3_tile_v4");
 pub(crate) const DEPTHWISE_DK_S: Kernel = dw("depthwise_dk_s");
 pub(crate) const DEPTHWISE_DK_V4: Kernel = dw("depthwise_dk_v4");
 pub(crate) const DEPTHWISE3X3_DK_V4: Kernel = dw("depthwise3x3_dk_v4");
@@ -139,7 +140,12 @@ pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::SPLITK_REDUCE_V4,
 ];
 /// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation).
-pub(crate) const DEPTHWISE: &[Kernel] = &[DEPTHWISE_S, DEPTHWISE_V4, DEPTHWISE3X3_V4];
+pub(crate) const DEPTHWISE: &[Kernel] = &[
+    DEPTHWISE_S,
+    DEPTHWISE_V4,
+    DEPTHWISE3X3_V4,
+    DEPTHWISE3X3_TILE_V4,
+];
 /// Kernels of `DepthwiseConv2dNativeBackpropFilter`.
 pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
     DEPTHWISE_DK_S,
@@ -154,6 +160,7 @@ pub(crate) const SEPARABLE: &[Kernel] = &[
     DEPTHWISE_S,
     DEPTHWISE_V4,
     DEPTHWISE3X3_V4,
+    DEPTHWISE3X3_TILE_V4,
     CONV2D_S,
     CONV2D_V4,
     gk::MATMUL_16X8,
@@ -169,6 +176,7 @@ macro_rules! separable_backward_kernels {
             DEPTHWISE_S,
             DEPTHWISE_V4,
             DEPTHWISE3X3_V4,
+            DEPTHWISE3X3_TILE_V4,
             gk::ACTIVATION_BACKWARD,
             gk::ACTIVATION_BACKWARD_V4,
             gk::SUM_ROWS,
@@ -459,11 +467,45 @@ impl GpuKernels<'_> {
             (pt, pl)
         };
         let (v4, c) = channel_lanes(s.c);
+        if v4 && s.kh == 3 && s.kw == 3 {
+            let class = format!("3x3 c{} p{}", s.c, bucket(s.n * s.h * s.w));
+            let heuristic = "rows4x4";
+            return self.tuned(
+                Choice::new("depthwise", class, &["rows4x4", "tile8x8"], heuristic),
+                &mut |candidate| {
+                    let tiled = candidate == "tile8x8";
+                    let side = if tiled { 8 } else { 4 };
+                    let (wblocks, hblocks) = (s.w.div_ceil(side), s.h.div_ceil(side));
+                    let blocks = s.n * hblocks * wblocks;
+                    let p = DepthwiseParams {
+                        n: u(s.n),
+                        h: u(s.h),
+                        w: u(s.w),
+                        c: u(c),
+                        kh: 3,
+                        kw: 3,
+                        pt: u(pt),
+                        pl: u(pl),
+                        flip: u32::from(flip),
+                        wblocks: u(wblocks),
+                        hblocks: u(hblocks),
+                        items: u(blocks * c),
+                        ..Default::default()
+                    };
+                    let tensors = [input, kernel, out];
+                    if tiled {
+                        let workgroups = blocks * c.div_ceil(8);
+                        let grid = grid_1d(workgroups * 64, 64);
+                        self.launch(DEPTHWISE3X3_TILE_V4, &p, &tensors, grid)
+                    } else {
+                        self.launch(DEPTHWISE3X3_V4, &p, &tensors, grid_1d(blocks * c, 64))
+                    }
+                },
+            );
+        }
         let wblocks = s.w.div_ceil(4);
         let hblocks = s.h.div_ceil(4);
-        let (kernel_entry, items) = if v4 && s.kh == 3 && s.kw == 3 {
-            (DEPTHWISE3X3_V4, s.n * hblocks * wblocks * c)
-        } else if v4 {
+        let (kernel_entry, items) = if v4 {
             (DEPTHWISE_V4, s.n * s.h * wblocks * c)
         } else {
             (DEPTHWISE_S, s.n * s.h * wblocks * c)
