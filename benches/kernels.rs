@@ -6,6 +6,11 @@
 //! criterion's "elem/s" reads as FLOP/s) or, for pooling, bytes of input. Each timed region ends
 //! with `device.synchronize()`, so GPU times include the work, not just its recording.
 //!
+//! Each benchmark runs the ops the layer runs on that device (`nn/layers.rs`), and its runtime
+//! has soft placement off: an op the device cannot run (no kernel, a shader the adapter
+//! rejects) fails the benchmark with TensorFlow's placement error before anything is timed,
+//! instead of reporting CPU numbers under a GPU's name.
+//!
 //! ```text
 //! cargo bench --bench kernels                              # everything, every device
 //! ANYGPU_BENCH_DEVICES=cpu,gpu0 cargo bench --bench kernels  # only CPU:0 and GPU:0
@@ -99,6 +104,13 @@ fn bench(
     dev: &LogicalDevice,
     mut f: impl FnMut(),
 ) {
+    // Once before timing: an op that cannot run on `dev` fails here, loudly (soft placement is
+    // off), rather than being timed on another device.
+    {
+        let _s = dev.scope();
+        f();
+        dev.synchronize().expect("device");
+    }
     let mut group = c.benchmark_group(name);
     group
         .sample_size(10)
@@ -126,7 +138,8 @@ fn conv2d_first_layer(c: &mut Criterion, dev: &LogicalDevice) {
     bench(c, name, "fwd", Throughput::Elements(flops), dev, || {
         fwd();
     });
-    // The first layer's backward pass needs no input gradient (Keras skips it).
+    // The first layer's backward pass needs no input gradient (Keras skips it): the layer runs
+    // one op for the kernel and bias gradients (`Conv2D::backward` without `need_dx`).
     bench(
         c,
         name,
@@ -135,10 +148,9 @@ fn conv2d_first_layer(c: &mut Criterion, dev: &LogicalDevice) {
         dev,
         || {
             let y = fwd();
-            let dz = ops::activation_backward(&dy, &y, ACT).unwrap();
-            let _db = ops::bias_grad(&dz).unwrap();
-            let _dk =
-                ops::conv2d_backward_kernel(&x, &dz, &[3, 3, cin, cout], Padding::Same).unwrap();
+            let _grads =
+                ops::conv2d_backward_weights(&x, &y, &dy, &[3, 3, cin, cout], Padding::Same, ACT)
+                    .unwrap();
         },
     );
 }
@@ -203,15 +215,17 @@ fn sepconv(c: &mut Criterion, dev: &LogicalDevice, cin: usize, cout: usize, h: u
         dev,
         || {
             let (d, y) = fwd();
-            // The pointwise gradients: on a GPU as 1×1 convolution gradients (several times
-            // faster there than the products on the [rows, c] reshapes), on the CPU as one fused
-            // dense-layer gradient over the pixels.
+            // The pointwise gradients: on a GPU as the layer computes them, 1×1 convolution
+            // gradients (several times faster there than the products on the [rows, c]
+            // reshapes); on the CPU, for comparison, one fused dense-layer gradient over the
+            // pixels.
             let dd = if !cpu {
                 let dz = ops::activation_backward(&dy, &y, ACT).unwrap();
-                let _db = ops::bias_grad(&dz).unwrap();
-                let _dkp = ops::conv2d_backward_kernel(&d, &dz, &[1, 1, cin, cout], Padding::Valid)
+                let _dkp = ops::conv2d_backward_kernel(&d, &dz, &[1, 1, cin, cout], Padding::Same)
                     .unwrap();
-                ops::conv2d_backward_input(&dz, &kp, d.shape(), Padding::Valid).unwrap()
+                let dd = ops::conv2d_backward_input(&dz, &kp, d.shape(), Padding::Same).unwrap();
+                let _db = ops::bias_grad(&dz).unwrap();
+                dd
             } else {
                 let flat = |t: &Tensor, c: usize| t.reshape(&[rows, c]).unwrap();
                 let kp2 = kp.reshape(&[cin, cout]).unwrap();
@@ -291,7 +305,10 @@ fn head_and_update(c: &mut Criterion, dev: &LogicalDevice) {
         Throughput::Elements((BATCH * 10) as u64),
         dev,
         || {
-            let _l = ops::sparse_softmax_cross_entropy(&logits, &labels).unwrap();
+            // As `nn/pass.rs` computes a batch's loss terms.
+            let (per_example, _dlogits) =
+                ops::sparse_softmax_cross_entropy(&logits, &labels).unwrap();
+            let _loss_sum = per_example.reduce_sum(None).unwrap();
             let _a = ops::accuracy_count(&logits, &labels).unwrap();
         },
     );
@@ -340,6 +357,7 @@ fn matmul(c: &mut Criterion, dev: &LogicalDevice) {
 fn kernels(c: &mut Criterion) {
     let rt = Runtime::builder()
         .memory_growth(true)
+        .soft_device_placement(false)
         .build()
         .expect("runtime");
     for dev in devices(&rt) {

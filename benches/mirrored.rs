@@ -85,9 +85,12 @@ fn bench_step(
 }
 
 fn mirrored(c: &mut Criterion) {
+    // Soft placement off: a replica op its device cannot run fails the benchmark instead of
+    // being timed on the CPU.
     let rt = Runtime::builder()
         .memory_growth(true)
         .virtual_cpus(2)
+        .soft_device_placement(false)
         .build()
         .expect("a runtime");
     let host = rt.cpu().expect("CPU:0");
@@ -105,6 +108,7 @@ fn mirrored(c: &mut Criterion) {
         return;
     }
     let split = Runtime::builder()
+        .soft_device_placement(false)
         .visible_gpus(&[0])
         .virtual_gpus(0, &[1024, 1024])
         .build()

@@ -4,7 +4,9 @@
 //! One criterion group per device, `train_step/cpu0`, `train_step/gpu0-lavapipe`, ...; every
 //! timed step ends with `model.synchronize()`, so GPU times include the work, not just its
 //! recording. Flat sampling and 10 samples keep software adapters (seconds per step)
-//! affordable.
+//! affordable. Soft placement is off, so a step whose op cannot run on the device fails the
+//! benchmark rather than timing the CPU. The batch is on the device before timing, as in
+//! `scripts/tf_train_step.py` (upload outside the timing on both sides).
 //!
 //! ```text
 //! cargo bench --bench train_step
@@ -67,8 +69,11 @@ fn devices(rt: &Runtime) -> Vec<LogicalDevice> {
 }
 
 fn train_step(c: &mut Criterion) {
+    // Soft placement off: a layer op the device cannot run fails the benchmark instead of
+    // being timed on the CPU under the device's name.
     let rt = Runtime::builder()
         .memory_growth(true)
+        .soft_device_placement(false)
         .build()
         .expect("a runtime with memory growth builds");
     for device in devices(&rt) {

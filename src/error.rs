@@ -21,8 +21,11 @@ pub enum Error {
     #[error("{0} cannot be modified after being initialized")]
     AlreadyInitialized(&'static str),
 
-    /// A device string that is not a device name at all.
-    #[error("Failed parsing device name: '{0}'")]
+    /// A device string that is not a device name at all (with TF's hint).
+    #[error(
+        "Failed parsing device name: '{0}'. Note a valid device string should at least contain \
+         a device type and a device index, like \"GPU:0\"."
+    )]
     DeviceNameParse(String),
 
     /// A physical device that is not in `list_physical_devices`, or of another kind.
@@ -38,12 +41,12 @@ pub enum Error {
         available: String,
     },
 
-    /// A device name that matches several logical devices.
-    #[error("Multiple devices match '{spec}': [{matches}]")]
+    /// A device name that matches several logical devices (TF's sentence).
+    #[error("Multiple devices match the provided string '{spec}': {matches}.")]
     MultipleDevicesMatch {
         /// The name as the user wrote it.
         spec: String,
-        /// The devices it matched, comma separated.
+        /// The full names of the devices it matched, quoted and joined by " and ".
         matches: String,
     },
 
@@ -53,11 +56,11 @@ pub enum Error {
          Supported device types [{supported}]. All available devices [{available}]."
     )]
     Placement {
-        /// The requested device.
+        /// The requested device, as a full name (`/job:localhost/replica:0/task:0/device:GPU:7`).
         spec: String,
-        /// Device types that have a kernel for the op.
+        /// The device types among the existing devices that can run the op, GPU first.
         supported: String,
-        /// Every logical device.
+        /// Every logical device, CPUs first, by full name.
         available: String,
     },
 
@@ -162,7 +165,9 @@ pub enum Error {
     #[error("{0}")]
     AlreadyExists(String),
 
-    /// A service is not there (TF's UnavailableError): stopping a profiler that is not running.
+    /// A service is not there (TF's UnavailableError): stopping a profiler that is not running,
+    /// a GPU whose adapter failed to open or reserve its budget, a device whose runtime was
+    /// dropped.
     #[error("{0}")]
     Unavailable(String),
 

@@ -47,9 +47,9 @@
 //! | variable | effect |
 //! |---|---|
 //! | `WGPU_BACKEND` | backends searched for adapters (`vulkan,gl`, `metal`, `dx12`, ...), as in wgpu |
-//! | `ANYGPU_VISIBLE_DEVICES` | `2,0`: only these physical GPUs, in this order (like `CUDA_VISIBLE_DEVICES`; empty = none). `set_visible_devices` then picks among what is left. Bad entries are skipped with a warning |
+//! | `ANYGPU_VISIBLE_DEVICES` | `2,0`: only these physical GPUs, in this order (like `CUDA_VISIBLE_DEVICES`; empty = none). `set_visible_devices` then picks among what is left. As with CUDA, the list ends at its first invalid entry (`0,-1,1` keeps GPU 0), with a warning |
 //! | `ANYGPU_FORCE_GPU_ALLOW_GROWTH` | `true`/`false` overrides `set_memory_growth` (like `TF_FORCE_GPU_ALLOW_GROWTH`) |
-//! | `ANYGPU_GPU_MEMORY_LIMIT_MB` | budget of a whole physical GPU, instead of its reported memory less a reserve |
+//! | `ANYGPU_GPU_MEMORY_LIMIT_MB` | budget of a whole physical GPU, instead of its reported memory less a reserve (2^64 bytes or more fails initialization) |
 //! | `ANYGPU_MEMORY_LOG` | `1`: log each arena region reserved or released |
 //! | `ANYGPU_REQUIRE_ADAPTER` | `1`: initialization fails when no GPU adapter is found (CI) |
 //! | `ANYGPU_AUTOTUNE` | `on` (default): time an op's kernel variants on first use per adapter and shape class, keep the fastest (cached on disk); `full`: more runs and variants; `off`: heuristics |
@@ -57,10 +57,24 @@
 //! | `ANYGPU_AUTOTUNE_FORCE` | one named kernel variant wherever an op has it, untimed (tests) |
 //! | `ANYGPU_KERNEL_CLASS` | `software` or `gpu`: the adapter class the heuristics assume |
 //!
+//! ## Default placement
+//!
+//! Without a device scope an op runs on the default device — the first GPU on a hardware
+//! adapter, else `CPU:0` — with its inputs copied there, as in TensorFlow. Software adapters
+//! (lavapipe, llvmpipe, WARP: wgpu's `DeviceType::Cpu`) are listed and run anything you place
+//! on them, but never become the default: on the same cores `CPU:0`'s native kernels are
+//! faster. Name them (a device scope, [`LogicalDevice::scope`], `Tensor::from_slice_on`) to
+//! use them. See [`Runtime::default_device`].
+//!
+//! A GPU whose adapter fails to open or to reserve its budget at initialization is listed,
+//! marked unavailable ([`LogicalDevice::unavailable_reason`]) and logged; ops placed there fail
+//! with the reason, and every other device keeps working.
+//!
 //! ## Differences from TensorFlow
 //!
-//! * Without a device scope an op runs on the device of its first input (TensorFlow eager
-//!   would copy it to `GPU:0`); with no inputs, on `GPU:0`, else `CPU:0`.
+//! * Without a scope, an op whose first input is on a GPU runs on that GPU (TensorFlow would
+//!   copy it to the default device); inputs on a CPU go to the default device as in TF.
+//! * Software adapters never become the default device (see above); TF does not see them.
 //! * Device memory is known only where the backend reports it (Vulkan); elsewhere the budget is
 //!   [`runtime::DEFAULT_GPU_MEMORY_LIMIT_MB`] unless `ANYGPU_GPU_MEMORY_LIMIT_MB` sets it.
 #![deny(missing_docs)]

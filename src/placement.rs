@@ -2,17 +2,24 @@
 //! the placement log.
 //!
 //! Resolution for an op: the innermost scope's spec (merged with the enclosing ones); without a
-//! scope, the device of the op's first input; without inputs, the runtime's default device
-//! (`GPU:0`, else `CPU:0`). If that device does not exist, is hidden, or cannot run the op (no
-//! GPU kernel, or the adapter lacks what the kernel's shader needs), soft placement picks the
-//! first device that can — GPUs in order, then `CPU:0` — and the log shows where it really ran;
-//! with soft placement off it is an error in TensorFlow's words.
+//! scope, the runtime's default device (the first GPU on a hardware adapter, else `CPU:0`) when
+//! the op has no inputs or its first input is on a CPU — inputs are copied there, as in
+//! TensorFlow — and the first input's device when that is a GPU. If the device does not exist,
+//! is hidden, or cannot run the op (no GPU kernel, or the adapter lacks what the kernel's
+//! shader needs), soft placement picks the default device if it can, else the first device that
+//! can — GPUs in order, then the CPUs — and the log shows where it really ran; with soft
+//! placement off it is an error in TensorFlow's words. A GPU marked unavailable at
+//! initialization is never picked, and an op asked for there fails with the reason.
+//!
+//! The runtime an op runs on is the scope's (entered through a runtime or a device handle),
+//! else its first input's, else the process-wide one. A runtime that was dropped is an error,
+//! never a silent switch to the process-wide runtime.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Weak};
 
 use crate::device::logical::Backend;
-use crate::device::{DeviceSpec, LogicalDevice};
+use crate::device::{DeviceKind, DeviceSpec, LogicalDevice};
 use crate::error::{Error, Result};
 use crate::ops::gpu::Kernel;
 use crate::runtime::{Runtime, RuntimeShared};
@@ -78,6 +85,38 @@ fn push(spec: DeviceSpec, written: String, runtime: Option<Weak<RuntimeShared>>)
     })
 }
 
+/// The error for using a device or tensor whose [`Runtime`] was dropped.
+fn dropped_runtime(what: &str) -> Error {
+    Error::Unavailable(format!(
+        "the Runtime that owns {what} was dropped; keep it alive while its devices and tensors \
+         are used (ops on them are not sent to the process-wide runtime)"
+    ))
+}
+
+/// The runtime a weak handle names, or the dropped-runtime error about `what`.
+fn upgrade(runtime: &Weak<RuntimeShared>, what: &str) -> Result<Runtime> {
+    runtime
+        .upgrade()
+        .map(Runtime::from_shared)
+        .ok_or_else(|| dropped_runtime(what))
+}
+
+/// Enters a scope; the outermost one initializes its runtime, as `tf.device` does.
+fn enter(
+    spec: DeviceSpec,
+    written: String,
+    runtime: Option<Weak<RuntimeShared>>,
+) -> Result<DeviceScope> {
+    let outermost = SCOPES.with(|s| s.borrow().is_empty());
+    if outermost {
+        match &runtime {
+            Some(weak) => upgrade(weak, &written)?.initialize()?,
+            None => crate::config::runtime().initialize()?,
+        }
+    }
+    Ok(push(spec, written, runtime))
+}
+
 /// Something that names a device for a scope: a string such as `"GPU:1"` or a [`LogicalDevice`].
 pub trait IntoDeviceScope {
     /// Enters the scope.
@@ -91,7 +130,7 @@ impl IntoDeviceScope for &str {
     fn enter(self, runtime: Option<&Runtime>) -> Result<DeviceScope> {
         let spec = DeviceSpec::parse(self)?;
         let runtime = runtime.map(|rt| Arc::downgrade(&rt.shared));
-        Ok(push(spec, self.to_string(), runtime))
+        enter(spec, self.to_string(), runtime)
     }
 }
 
@@ -118,8 +157,9 @@ impl IntoDeviceScope for &LogicalDevice {
 /// ```
 ///
 /// # Errors
-/// `Failed parsing device name` at scope entry. A well-formed name of a device that does not
-/// exist is accepted here and handled by soft placement when an op runs.
+/// `Failed parsing device name` at scope entry; the outermost scope initializes the runtime,
+/// so its errors too. A well-formed name of a device that does not exist is accepted here and
+/// handled by soft placement when an op runs.
 pub fn with_device(device: impl IntoDeviceScope) -> Result<DeviceScope> {
     device.enter(None)
 }
@@ -180,6 +220,7 @@ pub fn current_device_spec() -> Option<String> {
 pub(crate) fn can_run(device: &LogicalDevice, op: &OpInfo) -> std::result::Result<(), String> {
     match &device.0.backend {
         Backend::Cpu => Ok(()),
+        Backend::Unavailable(u) => Err(u.reason.clone()),
         Backend::Gpu(g) => match op.gpu {
             None => Err(format!("no GPU kernel for {}", op.name)),
             Some(kernels) => kernels.iter().try_for_each(|k| g.ctx.pipelines.check(*k)),
@@ -187,17 +228,36 @@ pub(crate) fn can_run(device: &LogicalDevice, op: &OpInfo) -> std::result::Resul
     }
 }
 
+/// Without a scope, whether an op follows its first input rather than going to the default
+/// device: only when that input is on a GPU (TF would copy it to the default device too; we
+/// keep work on the GPU it was put on). Inputs on a CPU go to the default device, as in TF.
+fn follows_first_input(first_input: Option<DeviceKind>) -> bool {
+    first_input == Some(DeviceKind::Gpu)
+}
+
+/// The runtime `op` resolves against: the scope's, else the first input's, else the
+/// process-wide one; a dropped one is an error.
+fn runtime_for(scope: Option<&Scope>, inputs: &[&Tensor]) -> Result<Runtime> {
+    if let Some(scope) = scope {
+        if let Some(weak) = &scope.runtime {
+            return upgrade(weak, &scope.written);
+        }
+    }
+    match inputs.first() {
+        Some(t) => upgrade(
+            &t.device_handle().0.runtime,
+            &format!("a tensor on {}", t.device()),
+        ),
+        None => Ok(crate::config::runtime().clone()),
+    }
+}
+
 /// Picks the device for `op` with these inputs, and logs the placement.
 pub(crate) fn place(op: &OpInfo, inputs: &[&Tensor]) -> Result<LogicalDevice> {
     let scope = SCOPES.with(|s| s.borrow().last().cloned());
-    let runtime = scope
-        .as_ref()
-        .and_then(|s| s.runtime.as_ref())
-        .and_then(Weak::upgrade)
-        .or_else(|| inputs.first().and_then(|t| t.device_handle().runtime()))
-        .map(Runtime::from_shared)
-        .unwrap_or_else(|| crate::config::runtime().clone());
+    let runtime = runtime_for(scope.as_ref(), inputs)?;
     let devices = runtime.devices()?;
+    let default = runtime.default_device()?;
     let (requested, written) = match &scope {
         Some(scope) => {
             let found = devices
@@ -205,19 +265,34 @@ pub(crate) fn place(op: &OpInfo, inputs: &[&Tensor]) -> Result<LogicalDevice> {
                 .iter()
                 .chain(devices.gpus.iter())
                 .filter(|d| scope.spec.matches(d.device_type(), d.index()))
-                // A partial spec (`/device:GPU:*`) takes the first match, GPUs before the CPU.
-                .min_by_key(|d| (d.device_type() != crate::DeviceKind::Gpu, d.index()))
+                // A partial spec (`/device:GPU:*`) takes the first match: available devices
+                // first, GPUs before CPUs.
+                .min_by_key(|d| {
+                    (
+                        !d.is_available(),
+                        d.device_type() != DeviceKind::Gpu,
+                        d.index(),
+                    )
+                })
                 .cloned();
             (found, Some(scope.written.clone()))
         }
         None => (
             Some(match inputs.first() {
-                Some(t) => t.device_handle().clone(),
-                None => runtime.default_device()?,
+                Some(t) if follows_first_input(Some(t.device_handle().device_type())) => {
+                    t.device_handle().clone()
+                }
+                _ => default.clone(),
             }),
             None,
         ),
     };
+    if let Some(err) = requested
+        .as_ref()
+        .and_then(LogicalDevice::unavailable_error)
+    {
+        return Err(err);
+    }
     let why = match &requested {
         Some(device) => match can_run(device, op) {
             Ok(()) => {
@@ -234,20 +309,23 @@ pub(crate) fn place(op: &OpInfo, inputs: &[&Tensor]) -> Result<LogicalDevice> {
         (None, None) => String::new(),
     };
     if !runtime.shared.soft_placement() {
-        let supported = if op.gpu.is_some() { "GPU, CPU" } else { "CPU" };
-        let spec = match &scope {
-            Some(s) if requested.is_none() => s.spec.to_string(),
-            _ => requested_name.clone(),
+        // TF's message: the requested device as a full name, the device types among the
+        // existing devices that can run the op (GPU first), then every device.
+        let spec = match (&scope, &requested) {
+            (_, Some(d)) => d.full_name().to_string(),
+            (Some(s), None) => s.spec.local_full_name(),
+            (None, None) => String::new(),
         };
+        let gpu_can = devices.gpus.iter().any(|d| can_run(d, op).is_ok());
+        let supported = if gpu_can { "GPU, CPU" } else { "CPU" };
         return Err(Error::Placement {
             spec,
             supported: supported.into(),
             available: runtime.shared.available_names(),
         });
     }
-    let fallback = devices
-        .gpus
-        .iter()
+    let fallback = std::iter::once(&default)
+        .chain(devices.gpus.iter())
         .chain(devices.cpus.iter())
         .find(|d| can_run(d, op).is_ok())
         .cloned()
@@ -257,4 +335,19 @@ pub(crate) fn place(op: &OpInfo, inputs: &[&Tensor]) -> Result<LogicalDevice> {
         .warn_fallback(op.name, &requested_name, fallback.name(), &why);
     runtime.shared.log_placement(op.name, &fallback);
     Ok(fallback)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_scope_only_an_input_on_a_gpu_keeps_the_op_off_the_default_device() {
+        assert!(follows_first_input(Some(DeviceKind::Gpu)));
+        assert!(
+            !follows_first_input(Some(DeviceKind::Cpu)),
+            "CPU inputs go to the default device"
+        );
+        assert!(!follows_first_input(None), "no inputs: the default device");
+    }
 }

@@ -5,11 +5,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
-use crate::device::logical::{Backend, GpuContext, GpuDevice};
-use crate::device::name::{full_name, DeviceKind, DeviceSpec};
+use crate::device::logical::{Backend, GpuContext, GpuDevice, UnavailableGpu};
+use crate::device::name::{full_name, physical_name, DeviceKind, DeviceSpec};
 use crate::device::physical::{order_and_dedupe, parse_visible_env, AdapterEntry};
 use crate::device::{DeviceDetails, LogicalDevice, PhysicalDevice};
 use crate::error::{Error, Result};
@@ -75,9 +75,21 @@ impl From<Option<DeviceKind>> for KindFilter {
     }
 }
 
+/// TensorFlow's device types are case-sensitive: `"GPU"` and `"CPU"` name kinds, `"gpu"` names
+/// none (`tf.config.list_physical_devices("gpu")` is `[]`).
+///
+/// ```
+/// use anygpu::{DeviceKind, KindFilter};
+/// assert_eq!(KindFilter::from("GPU"), KindFilter::Kind(DeviceKind::Gpu));
+/// assert_eq!(KindFilter::from("gpu"), KindFilter::Unknown);
+/// ```
 impl From<&str> for KindFilter {
     fn from(s: &str) -> Self {
-        DeviceKind::parse(s).map_or(KindFilter::Unknown, KindFilter::Kind)
+        match s {
+            "GPU" => KindFilter::Kind(DeviceKind::Gpu),
+            "CPU" => KindFilter::Kind(DeviceKind::Cpu),
+            _ => KindFilter::Unknown,
+        }
     }
 }
 
@@ -130,6 +142,10 @@ pub(crate) struct RuntimeShared {
     soft_placement: AtomicBool,
     placement_callback: RwLock<Option<PlacementCallback>>,
     warned_fallbacks: Mutex<HashSet<(&'static str, String)>>,
+    /// Times the devices were created (see [`Runtime::initialization_count`]).
+    initializations: AtomicUsize,
+    /// Physical GPU index -> cause: adapters that fail to open, for tests of one bad adapter.
+    injected_failures: HashMap<usize, String>,
 }
 
 struct Discovery {
@@ -195,10 +211,13 @@ fn runs_compute(adapter: &wgpu::Adapter) -> bool {
 impl Runtime {
     /// A runtime that reads its environment variables from the process, not yet initialized.
     pub fn new() -> Runtime {
-        Runtime::with_env(HashMap::new())
+        Runtime::with_env(HashMap::new(), HashMap::new())
     }
 
-    fn with_env(env: HashMap<String, Option<String>>) -> Runtime {
+    fn with_env(
+        env: HashMap<String, Option<String>>,
+        injected_failures: HashMap<usize, String>,
+    ) -> Runtime {
         Runtime {
             shared: Arc::new(RuntimeShared {
                 env,
@@ -209,6 +228,8 @@ impl Runtime {
                 soft_placement: AtomicBool::new(true),
                 placement_callback: RwLock::new(None),
                 warned_fallbacks: Mutex::new(HashSet::new()),
+                initializations: AtomicUsize::new(0),
+                injected_failures,
             }),
         }
     }
@@ -381,21 +402,30 @@ impl Runtime {
     /// `tf.config.experimental.set_memory_growth`: let `pd`'s arena grow on demand instead of
     /// reserving its whole budget at initialization.
     ///
+    /// As in TensorFlow, growth is process-wide in effect: every visible GPU must agree, and
+    /// any virtual-device configuration turns growth off for every GPU (the value set here is
+    /// kept and still returned by [`Runtime::get_memory_growth`]).
+    ///
     /// # Errors
-    /// `Cannot set memory growth on non-GPU devices` for the CPU; `Cannot set memory growth on
-    /// device when virtual devices configured`; `Physical devices cannot be modified after being
-    /// initialized` for a change after initialization (the same value is a no-op).
+    /// `Cannot set memory growth on device when virtual devices configured` for a device with
+    /// a virtual configuration (checked first, as TF does); `Cannot set memory growth on
+    /// non-GPU and non-Pluggable devices` for the CPU; `Physical devices cannot be modified
+    /// after being initialized` for a change after initialization (the same value is a no-op).
     pub fn set_memory_growth(&self, pd: &PhysicalDevice, enable: bool) -> Result<()> {
         self.check_physical(pd, None)?;
-        if pd.device_type() != DeviceKind::Gpu {
-            return Err(Error::InvalidArgument(
-                "Cannot set memory growth on non-GPU devices".into(),
-            ));
-        }
         let mut config = self.config();
-        if config.virtual_gpus.contains_key(&pd.index()) {
+        let has_virtual = match pd.device_type() {
+            DeviceKind::Cpu => config.virtual_cpus.is_some(),
+            DeviceKind::Gpu => config.virtual_gpus.contains_key(&pd.index()),
+        };
+        if has_virtual {
             return Err(Error::InvalidArgument(
                 "Cannot set memory growth on device when virtual devices configured".into(),
+            ));
+        }
+        if pd.device_type() != DeviceKind::Gpu {
+            return Err(Error::InvalidArgument(
+                "Cannot set memory growth on non-GPU and non-Pluggable devices".into(),
             ));
         }
         if config.growth.get(&pd.index()) == Some(&enable) {
@@ -408,7 +438,10 @@ impl Runtime {
         Ok(())
     }
 
-    /// `tf.config.experimental.get_memory_growth`: `None` until set.
+    /// `tf.config.experimental.get_memory_growth`: the value last set, `None` until set.
+    ///
+    /// Like TensorFlow's, it reports the setting, not its effect: a virtual-device
+    /// configuration turns growth off without changing what this returns.
     pub fn get_memory_growth(&self, pd: &PhysicalDevice) -> Result<Option<bool>> {
         self.check_physical(pd, None)?;
         Ok(self.config().growth.get(&pd.index()).copied())
@@ -417,19 +450,32 @@ impl Runtime {
     /// `tf.config.set_logical_device_configuration`: cuts `pd` into one logical device per entry.
     ///
     /// A GPU entry needs a memory limit (MiB); each becomes a logical GPU with its own capped
-    /// arena on the adapter's shared queue. Memory growth set earlier is dropped, as in TF.
-    /// Several logical CPUs are allowed (without memory limits).
+    /// arena on the adapter's shared queue. While any GPU has virtual devices, memory growth is
+    /// off for every GPU, as in TF. Several logical CPUs are allowed (without memory limits).
+    /// The arguments are checked before the initialization state, as TF does.
+    ///
+    /// ```
+    /// use anygpu::{LogicalDeviceConfiguration, Runtime};
+    /// let rt = Runtime::builder().configure()?;
+    /// if let Some(gpu) = rt.list_physical_devices("GPU").first() {
+    ///     // 2^44 MiB is 2^64 bytes: refused instead of wrapping to a 0-byte device.
+    ///     let huge = LogicalDeviceConfiguration::new().memory_limit(1 << 44);
+    ///     assert!(rt.set_logical_device_configuration(gpu, &[huge]).is_err());
+    /// }
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
     ///
     /// # Errors
-    /// `Setting memory limit is required for GPU virtual devices`; a memory limit on a CPU;
-    /// `Virtual devices cannot be modified after being initialized` for a change after
-    /// initialization (the same value is a no-op).
+    /// `Setting memory limit is required for GPU virtual devices`; a memory limit on a CPU; a
+    /// memory limit of 0 MiB or of more than 2^64 bytes; `Virtual devices cannot be modified
+    /// after being initialized` for a change after initialization (the same value is a no-op).
     pub fn set_logical_device_configuration(
         &self,
         pd: &PhysicalDevice,
         configs: &[LogicalDeviceConfiguration],
     ) -> Result<()> {
         self.check_physical(pd, None)?;
+        check_virtual_configs(pd, configs)?;
         let mut config = self.config();
         let current = match pd.device_type() {
             DeviceKind::Cpu => config.virtual_cpus.clone(),
@@ -443,36 +489,18 @@ impl Runtime {
         }
         match pd.device_type() {
             DeviceKind::Cpu => {
-                if configs.iter().any(|c| c.memory_limit.is_some()) {
-                    return Err(Error::InvalidArgument(
-                        "Setting memory limit on CPU virtual devices is currently not supported"
-                            .into(),
-                    ));
-                }
                 config.virtual_cpus = (!configs.is_empty()).then(|| configs.to_vec());
             }
+            DeviceKind::Gpu if configs.is_empty() => {
+                config.virtual_gpus.remove(&pd.index());
+            }
             DeviceKind::Gpu => {
-                if configs.iter().any(|c| c.memory_limit.is_none()) {
-                    return Err(Error::InvalidArgument(
-                        "Setting memory limit is required for GPU virtual devices".into(),
-                    ));
-                }
-                if configs.iter().any(|c| c.memory_limit == Some(0)) {
-                    return Err(Error::InvalidArgument(format!(
-                        "memory_limit must be at least 1 MiB for the virtual devices of {}",
+                config.virtual_gpus.insert(pd.index(), configs.to_vec());
+                if config.growth.values().any(|&g| g) {
+                    log::warn!(
+                        "memory growth is off for every GPU: {} has virtual devices now",
                         pd.name()
-                    )));
-                }
-                if configs.is_empty() {
-                    config.virtual_gpus.remove(&pd.index());
-                } else {
-                    config.virtual_gpus.insert(pd.index(), configs.to_vec());
-                    if config.growth.remove(&pd.index()).is_some() {
-                        log::warn!(
-                            "memory growth on {} is dropped: it has virtual devices now",
-                            pd.name()
-                        );
-                    }
+                    );
                 }
             }
         }
@@ -546,15 +574,25 @@ impl Runtime {
         if let Some(d) = self.shared.devices.get() {
             return Ok(d);
         }
-        // Hold the config lock while creating, so concurrent first uses create devices once and
-        // no setter slips in between validation and freezing.
+        // Create and publish under the config lock: concurrent first uses create devices once,
+        // and a setter either runs before (and is applied) or after (and sees the runtime
+        // initialized), never in between.
         let config = self.config();
         if let Some(d) = self.shared.devices.get() {
             return Ok(d);
         }
         let devices = self.create_devices(&config)?;
+        self.shared.initializations.fetch_add(1, Ordering::Relaxed);
+        let devices = self.shared.devices.get_or_init(|| devices);
         drop(config);
-        Ok(self.shared.devices.get_or_init(|| devices))
+        Ok(devices)
+    }
+
+    /// How many times this runtime created its devices: 1 once initialized, whatever the
+    /// number of threads that raced to first use. For tests.
+    #[doc(hidden)]
+    pub fn initialization_count(&self) -> usize {
+        self.shared.initializations.load(Ordering::Relaxed)
     }
 
     fn create_devices(&self, config: &Config) -> Result<Devices> {
@@ -571,6 +609,7 @@ impl Runtime {
             .clone()
             .unwrap_or_else(|| (0..discovery.adapters.len()).collect());
         let growth = self.effective_growth(config, &visible)?;
+        let env_budget = self.env_budget()?;
         let weak = Arc::downgrade(&self.shared);
         let cpu_count = config.virtual_cpus.as_ref().map_or(1, Vec::len);
         let cpus = (0..cpu_count)
@@ -582,14 +621,66 @@ impl Runtime {
         let mut gpus: Vec<LogicalDevice> = Vec::new();
         for (physical_index, &adapter_index) in visible.iter().enumerate() {
             let adapter = discovery.adapters[adapter_index].clone();
-            let tune = TuneConfig::from_env(|key| self.env(key));
-            let ctx = GpuContext::open(adapter, full_name(DeviceKind::Gpu, gpus.len()), tune)?;
             let limits: Vec<(u64, bool)> = match config.virtual_gpus.get(&adapter_index) {
                 Some(v) => v
                     .iter()
-                    .map(|c| (c.memory_limit.unwrap_or(0) << 20, true))
-                    .collect(),
-                None => vec![(self.physical_budget(&ctx.adapter), false)],
+                    .map(|c| {
+                        // Checked when it was set; refused again rather than wrapped.
+                        let mib = c.memory_limit.unwrap_or(0);
+                        mib_to_bytes(mib).map(|bytes| (bytes, true)).ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "memory_limit of {mib} MiB is 2^64 bytes or more"
+                            ))
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                None => vec![(
+                    env_budget.unwrap_or_else(|| physical_budget(&adapter)),
+                    false,
+                )],
+            };
+            let unavailable = |gpus: &mut Vec<LogicalDevice>, cause: &Error| {
+                let index = gpus.len();
+                log::warn!(
+                    "{} ({}, {:?}) is unavailable: {cause}; every other device keeps working",
+                    full_name(DeviceKind::Gpu, index),
+                    adapter.info.name,
+                    adapter.info.backend
+                );
+                gpus.push(LogicalDevice::new(
+                    DeviceKind::Gpu,
+                    index,
+                    weak.clone(),
+                    Backend::Unavailable(UnavailableGpu {
+                        physical_index,
+                        adapter: adapter.info.name.clone(),
+                        backend: adapter.info.backend,
+                        reason: cause.to_string(),
+                    }),
+                ));
+            };
+            let opened = match self.shared.injected_failures.get(&adapter_index) {
+                Some(cause) => Err(Error::Gpu {
+                    device: physical_name(DeviceKind::Gpu, adapter_index),
+                    message: cause.clone(),
+                }),
+                None => {
+                    let tune = TuneConfig::from_env(|key| self.env(key));
+                    GpuContext::open(
+                        adapter.clone(),
+                        full_name(DeviceKind::Gpu, gpus.len()),
+                        tune,
+                    )
+                }
+            };
+            let ctx = match opened {
+                Ok(ctx) => ctx,
+                Err(cause) => {
+                    for _ in &limits {
+                        unavailable(&mut gpus, &cause);
+                    }
+                    continue;
+                }
             };
             for (bytes, is_virtual) in limits {
                 let index = gpus.len();
@@ -601,8 +692,8 @@ impl Runtime {
                         device: name.clone(),
                         allocator: format!("GPU_{index}_bfc"),
                         limit: bytes,
-                        // A virtual device reserves its cap (TF allows no growth with virtual
-                        // devices) unless ANYGPU_FORCE_GPU_ALLOW_GROWTH=true says otherwise.
+                        // With virtual devices anywhere, TF allows no growth on any GPU, unless
+                        // ANYGPU_FORCE_GPU_ALLOW_GROWTH=true says otherwise.
                         growth: if is_virtual {
                             growth.forced == Some(true)
                         } else {
@@ -613,7 +704,14 @@ impl Runtime {
                         log_regions,
                         released: ctx.regions_released(),
                     },
-                )?;
+                );
+                let arena = match arena {
+                    Ok(arena) => arena,
+                    Err(cause) => {
+                        unavailable(&mut gpus, &cause);
+                        continue;
+                    }
+                };
                 log::info!(
                     "Created device {name} with {} MB memory: -> device: {physical_index}, name: {}, backend: {:?}",
                     bytes >> 20,
@@ -636,6 +734,9 @@ impl Runtime {
     }
 
     /// The growth setting every visible GPU uses, after `ANYGPU_FORCE_GPU_ALLOW_GROWTH`.
+    ///
+    /// TF's `allow_growth` is one process-wide option: GPUs with a growth setting must agree,
+    /// and a virtual configuration on any visible GPU turns growth off for all of them.
     fn effective_growth(&self, config: &Config, visible: &[usize]) -> Result<Growth> {
         let settings: HashSet<Option<bool>> = visible
             .iter()
@@ -647,7 +748,8 @@ impl Runtime {
                 "Memory growth cannot differ between GPU devices".into(),
             ));
         }
-        let configured = settings.into_iter().next().flatten().unwrap_or(false);
+        let any_virtual = visible.iter().any(|i| config.virtual_gpus.contains_key(i));
+        let configured = !any_virtual && settings.into_iter().next().flatten().unwrap_or(false);
         let forced = match self.env("ANYGPU_FORCE_GPU_ALLOW_GROWTH").as_deref() {
             None => None,
             Some(v @ ("true" | "false")) => {
@@ -667,20 +769,28 @@ impl Runtime {
         })
     }
 
-    /// Budget of a whole physical GPU: `ANYGPU_GPU_MEMORY_LIMIT_MB` if set, else the reported
-    /// device memory less TensorFlow's system reserve, else [`DEFAULT_GPU_MEMORY_LIMIT_MB`].
-    fn physical_budget(&self, adapter: &AdapterEntry) -> u64 {
-        if let Some(v) = self.env("ANYGPU_GPU_MEMORY_LIMIT_MB") {
-            match v.trim().parse::<u64>() {
-                Ok(mib) if mib > 0 => return mib << 20,
-                _ => log::warn!(
+    /// `ANYGPU_GPU_MEMORY_LIMIT_MB` in bytes, if set to a positive number of MiB.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a number of MiB that is 2^64 bytes or more, rather than a budget
+    /// wrapped to a few bytes.
+    fn env_budget(&self) -> Result<Option<u64>> {
+        let Some(v) = self.env("ANYGPU_GPU_MEMORY_LIMIT_MB") else {
+            return Ok(None);
+        };
+        match v.trim().parse::<u64>() {
+            Ok(mib) if mib > 0 => mib_to_bytes(mib).map(Some).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "ANYGPU_GPU_MEMORY_LIMIT_MB={mib} is 2^64 bytes or more \
+                     (at most {MAX_MEMORY_LIMIT_MIB} MiB)"
+                ))
+            }),
+            _ => {
+                log::warn!(
                     "ANYGPU_GPU_MEMORY_LIMIT_MB='{v}' is not a positive number of MiB; ignored"
-                ),
+                );
+                Ok(None)
             }
-        }
-        match adapter.memory_bytes {
-            Some(total) => total.saturating_sub(system_reserve(total)).max(1 << 20),
-            None => DEFAULT_GPU_MEMORY_LIMIT_MB << 20,
         }
     }
 
@@ -697,9 +807,27 @@ impl Runtime {
 
     /// The logical device a name denotes (`"GPU:1"`, `"/device:CPU:0"`, ...).
     ///
+    /// A well-formed name of a type that does not exist here (`unknown_device:0`) matches
+    /// nothing, as in TensorFlow.
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().virtual_cpus(2).build()?;
+    /// assert_eq!(rt.device("cpu:1")?.name(), "/device:CPU:1");
+    /// let err = rt.device("unknown_device:0").unwrap_err();
+    /// assert!(err.to_string().starts_with("No matching devices found for 'unknown_device:0'"));
+    /// let err = rt.device("/device:CPU:*").unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "Multiple devices match the provided string '/device:CPU:*': \
+    ///      '/job:localhost/replica:0/task:0/device:CPU:0' and \
+    ///      '/job:localhost/replica:0/task:0/device:CPU:1'."
+    /// );
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
     /// # Errors
-    /// `Failed parsing device name`, `No matching devices found for '...'`, or `Multiple
-    /// devices match` for a partial name that fits several.
+    /// `Failed parsing device name` (with TF's hint), `No matching devices found for '...'`, or
+    /// `Multiple devices match the provided string` for a partial name that fits several.
     pub fn device(&self, name: &str) -> Result<LogicalDevice> {
         let spec = DeviceSpec::parse(name)?;
         let devices = self.devices()?;
@@ -715,7 +843,11 @@ impl Runtime {
             }),
             many => Err(Error::MultipleDevicesMatch {
                 spec: name.to_string(),
-                matches: many.iter().map(|d| d.name()).collect::<Vec<_>>().join(", "),
+                matches: many
+                    .iter()
+                    .map(|d| format!("'{}'", d.full_name()))
+                    .collect::<Vec<_>>()
+                    .join(" and "),
             }),
         }
     }
@@ -725,19 +857,32 @@ impl Runtime {
         Ok(self.devices()?.cpus[0].clone())
     }
 
-    /// Where ops go when nothing says otherwise: `GPU:0` if a GPU is visible, else `CPU:0`.
+    /// Where ops go when nothing says otherwise: the first available logical GPU on a hardware
+    /// adapter, else `CPU:0`.
+    ///
+    /// Software adapters (wgpu's `DeviceType::Cpu`: lavapipe, llvmpipe, WARP) are listed and
+    /// usable like any GPU, but never win the default over `CPU:0`, whose native kernels are
+    /// faster on the same cores: name them (a device scope, a device handle) to use them. A GPU
+    /// marked unavailable (its adapter failed at initialization) is skipped too.
     pub fn default_device(&self) -> Result<LogicalDevice> {
         let devices = self.devices()?;
-        Ok(devices.gpus.first().unwrap_or(&devices.cpus[0]).clone())
+        Ok(devices
+            .gpus
+            .iter()
+            .find(|d| d.is_available() && !d.is_software())
+            .unwrap_or(&devices.cpus[0])
+            .clone())
     }
 
-    fn gpu_arena(&self, name: &str) -> Result<Arc<Arena>> {
+    /// The arena of the GPU logical device `name`; `cpu_message` is the error for a CPU.
+    fn gpu_arena(&self, name: &str, cpu_message: &str) -> Result<Arc<Arena>> {
         let device = self.device(name)?;
+        if let Some(err) = device.unavailable_error() {
+            return Err(err);
+        }
         match device.gpu() {
             Some(g) => Ok(Arc::clone(&g.arena)),
-            None => Err(Error::InvalidArgument(format!(
-                "Allocator stats not available for device '{name}'"
-            ))),
+            None => Err(Error::InvalidArgument(format!("{cpu_message} '{name}'"))),
         }
     }
 
@@ -747,7 +892,7 @@ impl Runtime {
     /// `Allocator stats not available for device 'CPU:0'` for the CPU; name errors as
     /// [`Runtime::device`].
     pub fn get_memory_info(&self, device: &str) -> Result<MemoryInfo> {
-        let stats = self.gpu_arena(device)?.stats();
+        let stats = self.gpu_arena(device, ALLOCATOR_STATS)?.stats();
         Ok(MemoryInfo {
             current: stats.bytes_in_use,
             peak: stats.peak_bytes_in_use,
@@ -756,19 +901,24 @@ impl Runtime {
 
     /// Every allocator figure of a GPU logical device.
     pub fn get_memory_stats(&self, device: &str) -> Result<MemoryStats> {
-        Ok(self.gpu_arena(device)?.stats().into())
+        Ok(self.gpu_arena(device, ALLOCATOR_STATS)?.stats().into())
     }
 
     /// `tf.config.experimental.reset_memory_stats`: peak back to current; allocation count and
     /// largest allocation cleared.
+    ///
+    /// # Errors
+    /// `Cannot reset memory stats for device 'CPU:0'` for the CPU (TF's words); name errors as
+    /// [`Runtime::device`].
     pub fn reset_memory_stats(&self, device: &str) -> Result<()> {
-        self.gpu_arena(device)?.reset_stats();
+        self.gpu_arena(device, "Cannot reset memory stats for device")?
+            .reset_stats();
         Ok(())
     }
 
     /// Sizes of a GPU logical device's arena regions, in creation order.
     pub fn memory_regions(&self, device: &str) -> Result<Vec<u64>> {
-        Ok(self.gpu_arena(device)?.region_sizes())
+        Ok(self.gpu_arena(device, ALLOCATOR_STATS)?.region_sizes())
     }
 }
 
@@ -840,6 +990,69 @@ struct Growth {
     forced: Option<bool>,
 }
 
+/// TF's error for allocator statistics of a CPU, followed by the device as written.
+const ALLOCATOR_STATS: &str = "Allocator stats not available for device";
+
+/// `mib` MiB in bytes; `None` when that is 2^64 bytes or more.
+fn mib_to_bytes(mib: u64) -> Option<u64> {
+    mib.checked_mul(1 << 20)
+}
+
+/// The largest memory limit, in MiB, whose size in bytes fits in 64 bits.
+const MAX_MEMORY_LIMIT_MIB: u64 = u64::MAX >> 20;
+
+/// What `set_logical_device_configuration` refuses whatever the runtime's state: limits on
+/// CPUs, missing, zero or overflowing limits on GPUs.
+fn check_virtual_configs(
+    pd: &PhysicalDevice,
+    configs: &[LogicalDeviceConfiguration],
+) -> Result<()> {
+    match pd.device_type() {
+        DeviceKind::Cpu => {
+            if configs.iter().any(|c| c.memory_limit.is_some()) {
+                return Err(Error::InvalidArgument(
+                    "Setting memory limit on CPU virtual devices is currently not supported".into(),
+                ));
+            }
+        }
+        DeviceKind::Gpu => {
+            for c in configs {
+                match c.memory_limit {
+                    None => {
+                        return Err(Error::InvalidArgument(
+                            "Setting memory limit is required for GPU virtual devices".into(),
+                        ))
+                    }
+                    Some(0) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "memory_limit must be at least 1 MiB for the virtual devices of {}",
+                            pd.name()
+                        )))
+                    }
+                    Some(mib) if mib_to_bytes(mib).is_none() => {
+                        return Err(Error::InvalidArgument(format!(
+                            "memory_limit of {mib} MiB for a virtual device of {} is 2^64 bytes \
+                             or more (at most {MAX_MEMORY_LIMIT_MIB} MiB)",
+                            pd.name()
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Budget of a whole physical GPU without `ANYGPU_GPU_MEMORY_LIMIT_MB`: the reported device
+/// memory less TensorFlow's system reserve, else [`DEFAULT_GPU_MEMORY_LIMIT_MB`].
+fn physical_budget(adapter: &AdapterEntry) -> u64 {
+    match adapter.memory_bytes {
+        Some(total) => total.saturating_sub(system_reserve(total)).max(1 << 20),
+        None => DEFAULT_GPU_MEMORY_LIMIT_MB << 20,
+    }
+}
+
 /// TensorFlow's reserve for the system on a device of `total` bytes: 225 MiB below 2 GiB, 500 MiB
 /// below 4 GiB, 1 GiB below 16 GiB, 1.8 GiB above.
 fn system_reserve(total: u64) -> u64 {
@@ -873,6 +1086,7 @@ pub struct RuntimeBuilder {
     virtual_cpus: Option<usize>,
     log_placement: bool,
     soft_placement: Option<bool>,
+    injected_failures: HashMap<usize, String>,
 }
 
 impl RuntimeBuilder {
@@ -919,6 +1133,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Makes physical GPU `index` fail to open with `cause` at initialization, as a broken
+    /// driver would: for tests that one bad adapter leaves every other device working.
+    #[doc(hidden)]
+    pub fn fail_adapter_for_tests(mut self, index: usize, cause: &str) -> Self {
+        self.injected_failures.insert(index, cause.to_string());
+        self
+    }
+
     /// Applies the configuration and initializes.
     ///
     /// # Errors
@@ -931,7 +1153,7 @@ impl RuntimeBuilder {
 
     /// Applies the configuration without initializing, for further `set_*` calls.
     pub fn configure(self) -> Result<Runtime> {
-        let rt = Runtime::with_env(self.env);
+        let rt = Runtime::with_env(self.env, self.injected_failures);
         let gpus = rt.list_physical_devices(DeviceKind::Gpu);
         let gpu = |i: usize| {
             gpus.get(i)

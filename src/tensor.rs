@@ -196,6 +196,7 @@ impl Tensor {
                 }
                 Ok(t)
             }
+            Backend::Unavailable(u) => Err(u.error(device.full_name())),
         }
     }
 
@@ -224,6 +225,7 @@ impl Tensor {
                 let what = describe(shape, dtype);
                 Storage::Gpu(g.arena.allocate(bytes, Some(&what))?)
             }
+            Backend::Unavailable(u) => return Err(u.error(device.full_name())),
         };
         Ok(Tensor::with_storage(shape, dtype, device, storage))
     }

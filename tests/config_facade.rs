@@ -1,14 +1,20 @@
 //! The process-wide `tf.config` facade. One test in its own binary: the facade's runtime is
-//! global, so the steps run in order in one function.
+//! global, so the steps run in order in one function. Like every test, it leaves the process
+//! environment alone: the global runtime reads `WGPU_BACKEND` as the test run sets it.
 
 mod common;
 
-use anygpu::{config, DeviceKind, Tensor};
+use anygpu::{config, DeviceKind, Error, Tensor};
 
 #[test]
 fn the_facade_configures_freezes_and_reports_like_tf_config() {
-    // The global runtime reads the process environment; this binary owns it.
-    std::env::set_var("WGPU_BACKEND", common::backends());
+    // Ops on a tensor whose runtime was dropped fail; they do not wake the global runtime.
+    let rt = common::builder().build().unwrap();
+    let t = Tensor::from_slice_on(&[1.0f32], &[1], &rt.cpu().unwrap()).unwrap();
+    drop(rt);
+    assert!(matches!(t.add(&t).unwrap_err(), Error::Unavailable(_)));
+    assert!(!config::runtime().is_initialized());
+
     let gpus = config::list_physical_devices(DeviceKind::Gpu);
     if gpus.is_empty() && common::adapter_required() {
         panic!("ANYGPU_REQUIRE_ADAPTER=1 but no GPU adapter was found");
@@ -27,8 +33,14 @@ fn the_facade_configures_freezes_and_reports_like_tf_config() {
     assert!(config::runtime().is_initialized());
 
     let t = Tensor::from_vec(vec![1.0f32; 1000], &[1000]).unwrap();
+    let default = config::runtime().default_device().unwrap();
+    assert_eq!(t.device(), default.full_name(), "default placement");
+    drop(t);
     if let Some(first) = gpus.first() {
-        assert!(t.device().ends_with("GPU:0"), "default placement is GPU:0");
+        let on_gpu = anygpu::device("GPU:0", || Tensor::from_vec(vec![1.0f32; 1000], &[1000]))
+            .unwrap()
+            .unwrap();
+        assert!(on_gpu.device().ends_with("GPU:0"));
         let info = config::get_memory_info("GPU:0").unwrap();
         assert_eq!(info.current, 4096);
         config::reset_memory_stats("GPU:0").unwrap();
@@ -43,8 +55,9 @@ fn the_facade_configures_freezes_and_reports_like_tf_config() {
             err.to_string(),
             "Visible devices cannot be modified after being initialized"
         );
+        drop(on_gpu);
     } else {
-        assert!(t.device().ends_with("CPU:0"));
+        assert_eq!(default.name(), "/device:CPU:0");
     }
     let err = config::get_memory_info("CPU:0").unwrap_err();
     assert_eq!(
@@ -56,7 +69,7 @@ fn the_facade_configures_freezes_and_reports_like_tf_config() {
     let err = anygpu::device("GPU:9", || Tensor::zeros(&[1]))
         .unwrap()
         .unwrap_err();
-    assert!(err
-        .to_string()
-        .starts_with("Could not satisfy device specification '/device:GPU:9'"));
+    assert!(err.to_string().starts_with(
+        "Could not satisfy device specification '/job:localhost/replica:0/task:0/device:GPU:9'"
+    ));
 }

@@ -24,6 +24,10 @@ fn listing_physical_devices_does_not_initialize() {
         rt.list_physical_devices("TPU").is_empty(),
         "unknown kinds list nothing"
     );
+    // TF's device types are case-sensitive: "gpu" is no kind at all.
+    assert!(rt.list_physical_devices("gpu").is_empty());
+    assert!(rt.list_physical_devices("cpu").is_empty());
+    assert!(rt.get_visible_devices("gpu").is_empty());
     let _ = rt.get_device_details(&all[0]).unwrap();
     assert!(!rt.is_initialized());
 }
@@ -148,8 +152,78 @@ fn devices_not_listed_or_of_another_kind_are_unrecognized() {
     let err = rt.set_memory_growth(&cpu, true).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "Cannot set memory growth on non-GPU devices"
+        "Cannot set memory growth on non-GPU and non-Pluggable devices"
     );
+}
+
+#[test]
+fn on_a_device_with_virtual_devices_the_virtual_devices_error_comes_first() {
+    let rt = builder().virtual_cpus(2).configure().unwrap();
+    let cpu = rt.list_physical_devices("CPU")[0].clone();
+    let err = rt.set_memory_growth(&cpu, true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Cannot set memory growth on device when virtual devices configured"
+    );
+}
+
+#[test]
+fn set_logical_device_configuration_checks_its_arguments_before_the_initialization_state() {
+    let rt = builder().build().unwrap();
+    let cpu = rt.list_physical_devices("CPU")[0].clone();
+    let err = rt
+        .set_logical_device_configuration(
+            &cpu,
+            &[LogicalDeviceConfiguration::new().memory_limit(1)],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(_)),
+        "the argument error, not 'already initialized': {err}"
+    );
+    let Some(_) = gpus_at_least(1, "virtual_args_first") else {
+        return;
+    };
+    let err = rt
+        .set_logical_device_configuration(&gpu(&rt, 0), &[LogicalDeviceConfiguration::new()])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Setting memory limit is required for GPU virtual devices"
+    );
+}
+
+#[test]
+fn memory_limits_of_2_pow_64_bytes_or_more_are_refused_not_wrapped() {
+    let Some(_) = gpus_at_least(1, "memory_limit_overflow") else {
+        return;
+    };
+    let rt = builder().configure().unwrap();
+    let pd = gpu(&rt, 0);
+    // 2^44 MiB = 2^64 bytes: `<< 20` made this a 0-byte GPU.
+    let err = rt
+        .set_logical_device_configuration(
+            &pd,
+            &[LogicalDeviceConfiguration::new().memory_limit(17_592_186_044_416)],
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "memory_limit of 17592186044416 MiB for a virtual device of /physical_device:GPU:0 is \
+         2^64 bytes or more (at most 17592186044415 MiB)"
+    );
+    assert_eq!(rt.get_logical_device_configuration(&pd).unwrap(), None);
+    let rt = builder()
+        .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("17592186044416"))
+        .configure()
+        .unwrap();
+    let err = rt.initialize().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ANYGPU_GPU_MEMORY_LIMIT_MB=17592186044416 is 2^64 bytes or more (at most \
+         17592186044415 MiB)"
+    );
+    assert!(!rt.is_initialized());
 }
 
 #[test]
@@ -256,7 +330,7 @@ fn two_virtual_devices_on_gpu0_give_one_more_logical_gpu() {
 }
 
 #[test]
-fn memory_growth_after_virtual_devices_is_an_error_and_virtual_after_growth_drops_growth() {
+fn memory_growth_after_virtual_devices_is_an_error_and_get_memory_growth_keeps_the_setting() {
     let Some(_) = gpus_at_least(1, "growth_virtual_interplay") else {
         return;
     };
@@ -267,8 +341,8 @@ fn memory_growth_after_virtual_devices_is_an_error_and_virtual_after_growth_drop
         .unwrap();
     assert_eq!(
         rt.get_memory_growth(&pd).unwrap(),
-        None,
-        "growth is dropped"
+        Some(true),
+        "TF reports the value set, though virtual devices turn growth off"
     );
     let err = rt.set_memory_growth(&pd, true).unwrap_err();
     assert_eq!(
@@ -278,6 +352,27 @@ fn memory_growth_after_virtual_devices_is_an_error_and_virtual_after_growth_drop
     assert_eq!(
         rt.get_logical_device_configuration(&pd).unwrap().unwrap(),
         vec![LogicalDeviceConfiguration::new().memory_limit(64)]
+    );
+}
+
+#[test]
+fn virtual_devices_on_one_gpu_turn_memory_growth_off_for_every_gpu() {
+    let Some(_) = gpus_at_least(2, "virtual_disables_growth_everywhere") else {
+        return;
+    };
+    let rt = builder()
+        .memory_growth(true)
+        .virtual_gpus(0, &[16])
+        .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("32"))
+        .build()
+        .unwrap();
+    let gpus = rt.list_logical_devices("GPU").unwrap();
+    assert_eq!(gpus[1].physical_index(), Some(1));
+    assert_eq!(rt.get_memory_growth(&gpu(&rt, 1)).unwrap(), Some(true));
+    assert_eq!(
+        rt.get_memory_stats("GPU:1").unwrap().bytes_reserved,
+        32 << 20,
+        "the other GPU reserves its whole budget: allow_growth is process-wide"
     );
 }
 
@@ -323,9 +418,15 @@ fn device_names_resolve_or_fail_with_tensorflows_messages() {
     for bad in ["GPU", "GPU:", "GPU:CPU"] {
         assert_eq!(
             rt.device(bad).unwrap_err().to_string(),
-            format!("Failed parsing device name: '{bad}'")
+            format!("Failed parsing device name: '{bad}'. Note a valid device string should at least contain a device type and a device index, like \"GPU:0\".")
         );
     }
+    let err = rt.device("unknown_device:0").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("No matching devices found for 'unknown_device:0'"),
+        "{err}"
+    );
     let err = rt.device("GPU:9").unwrap_err();
     assert!(
         err.to_string()
@@ -333,10 +434,11 @@ fn device_names_resolve_or_fail_with_tensorflows_messages() {
         "{err}"
     );
     let err = rt.device("/device:CPU:*").unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("Multiple devices match '/device:CPU:*'"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        "Multiple devices match the provided string '/device:CPU:*': \
+         '/job:localhost/replica:0/task:0/device:CPU:0' and \
+         '/job:localhost/replica:0/task:0/device:CPU:1'."
     );
 }
 
@@ -366,12 +468,18 @@ fn anygpu_visible_devices_picks_and_orders_gpus() {
         .configure()
         .unwrap();
     assert!(none.list_physical_devices("GPU").is_empty());
-    // Bad entries are skipped with a warning, as wgpu does for WGPU_BACKEND.
+    // As CUDA_VISIBLE_DEVICES: the list ends at its first invalid entry.
     let some = builder()
-        .env("ANYGPU_VISIBLE_DEVICES", Some("x,99,1"))
+        .env("ANYGPU_VISIBLE_DEVICES", Some("1,-1,0"))
         .configure()
         .unwrap();
     assert_eq!(some.list_physical_devices("GPU").len(), 1);
+    assert_eq!(
+        some.get_device_details(&some.list_physical_devices("GPU")[0])
+            .unwrap()
+            .backend,
+        names[1]
+    );
     // The API then picks among what the variable left.
     some.set_visible_devices(&[], DeviceKind::Gpu).unwrap();
     assert!(some.list_logical_devices("GPU").unwrap().is_empty());
@@ -439,4 +547,59 @@ fn placement_settings_can_change_after_initialization() {
     rt.set_log_device_placement(true);
     assert!(!rt.get_soft_device_placement());
     assert!(rt.get_log_device_placement());
+}
+
+#[test]
+fn setters_racing_first_use_either_apply_or_fail_and_devices_are_created_once() {
+    use std::sync::Barrier;
+    // No adapters: each round initializes in microseconds, so the threads really race.
+    let bare = || {
+        anygpu::Runtime::builder()
+            .env("WGPU_BACKEND", Some(""))
+            .env("ANYGPU_REQUIRE_ADAPTER", None)
+            .configure()
+            .unwrap()
+    };
+    for _round in 0..200 {
+        let rt = bare();
+        let cpu = rt.list_physical_devices("CPU")[0].clone();
+        let barrier = Barrier::new(5);
+        let (applied, seen) = std::thread::scope(|s| {
+            let setter = s.spawn(|| {
+                barrier.wait();
+                let mut applied = None;
+                for k in 0..100_000 {
+                    let count = 1 + k % 7;
+                    let configs = vec![LogicalDeviceConfiguration::new(); count];
+                    match rt.set_logical_device_configuration(&cpu, &configs) {
+                        Ok(()) => applied = Some(count),
+                        Err(Error::AlreadyInitialized(what)) => {
+                            assert_eq!(what, "Virtual devices");
+                            break;
+                        }
+                        Err(other) => panic!("{other}"),
+                    }
+                }
+                applied
+            });
+            let listers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        rt.list_logical_devices("CPU").unwrap().len()
+                    })
+                })
+                .collect();
+            let seen: Vec<usize> = listers.into_iter().map(|h| h.join().unwrap()).collect();
+            (setter.join().unwrap(), seen)
+        });
+        let created = rt.list_logical_devices("CPU").unwrap().len();
+        assert_eq!(
+            created,
+            applied.unwrap_or(1),
+            "the last setter that returned Ok is the configuration in force"
+        );
+        assert!(seen.iter().all(|&n| n == created), "{seen:?} vs {created}");
+        assert_eq!(rt.initialization_count(), 1, "devices are created once");
+    }
 }

@@ -244,8 +244,17 @@ fn memory_statistics_need_a_gpu_device_name() {
             .starts_with("No matching devices found for 'GPU:42'"),
         "{err}"
     );
+    let err = rt.reset_memory_stats("CPU:0").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Cannot reset memory stats for device 'CPU:0'"
+    );
     let err = rt.get_memory_info("GPU").unwrap_err();
-    assert_eq!(err.to_string(), "Failed parsing device name: 'GPU'");
+    assert_eq!(
+        err.to_string(),
+        "Failed parsing device name: 'GPU'. Note a valid device string should at least contain \
+         a device type and a device index, like \"GPU:0\"."
+    );
 }
 
 #[test]
@@ -266,5 +275,49 @@ fn a_tensor_larger_than_one_storage_binding_is_refused_clearly() {
         let msg = err.to_string();
         assert!(matches!(err, Error::TooLarge { .. }), "{msg}");
         assert!(msg.contains("exceeds /job:localhost/replica:0/task:0/device:GPU:0 max_storage_buffer_binding_size"), "{msg}");
+    }
+}
+
+#[test]
+fn after_a_region_enlarged_to_fit_a_request_the_next_region_is_the_same_size() {
+    for rt in per_gpu("enlarged_region", |b| {
+        b.memory_growth(true)
+            .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("64"))
+    }) {
+        // 5 MiB does not fit the next 2 MiB region: it is enlarged 2 -> 4 -> 8 MiB. TF's
+        // Extend then keeps 8 MiB for the region after, rather than doubling to 16.
+        let a = f32s(&rt, "GPU:0", (5 * MIB / 4) as usize).unwrap();
+        assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![8 * MIB]);
+        let b = f32s(&rt, "GPU:0", (5 * MIB / 4) as usize).unwrap();
+        assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![8 * MIB, 8 * MIB]);
+        // A region that was not enlarged doubles the next one again.
+        let c = f32s(&rt, "GPU:0", (5 * MIB / 4) as usize).unwrap();
+        assert_eq!(
+            rt.memory_regions("GPU:0").unwrap(),
+            vec![8 * MIB, 8 * MIB, 16 * MIB]
+        );
+        drop((a, b, c));
+    }
+}
+
+#[test]
+fn a_failed_allocation_under_growth_keeps_live_tensors_and_hands_empty_regions_back() {
+    for rt in per_gpu("oom_releases_empty", |b| {
+        b.memory_growth(true)
+            .env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("8"))
+    }) {
+        let keep =
+            Tensor::from_slice_on(&[7.0f32; 1024], &[1024], &rt.device("GPU:0").unwrap()).unwrap(); // in the first 2 MiB region
+        drop(f32s(&rt, "GPU:0", (3 * MIB / 4) as usize).unwrap()); // a 4 MiB region, now empty
+        assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![2 * MIB, 4 * MIB]);
+        let before = rt.get_memory_stats("GPU:0").unwrap();
+        let err = f32s(&rt, "GPU:0", (7 * MIB / 4) as usize).unwrap_err();
+        assert!(matches!(err, Error::ResourceExhausted(_)), "{err}");
+        // As TF's DeallocateFreeRegions: the empty region went back while making room.
+        assert_eq!(rt.memory_regions("GPU:0").unwrap(), vec![2 * MIB]);
+        let after = rt.get_memory_stats("GPU:0").unwrap();
+        assert_eq!(after.bytes_in_use, before.bytes_in_use);
+        assert_eq!(after.num_allocs, before.num_allocs);
+        assert_eq!(keep.to_vec::<f32>().unwrap(), vec![7.0f32; 1024]);
     }
 }

@@ -45,20 +45,32 @@ fn ops_run_on_each_logical_device_including_both_adapters() {
 }
 
 #[test]
-fn default_placement_is_gpu0_when_a_gpu_is_visible_else_cpu0() {
+fn default_placement_is_the_first_hardware_gpu_else_cpu0_and_software_adapters_must_be_named() {
     let rt = builder().build().unwrap();
-    let expected = if rt.list_logical_devices("GPU").unwrap().is_empty() {
-        "CPU:0"
-    } else {
-        "GPU:0"
-    };
-    assert!(rt.default_device().unwrap().full_name().ends_with(expected));
+    let gpus = rt.list_logical_devices("GPU").unwrap();
+    let expected = gpus
+        .iter()
+        .find(|d| !d.is_software())
+        .map_or("/device:CPU:0".to_string(), |d| d.name().to_string());
+    assert_eq!(rt.default_device().unwrap().name(), expected);
     let cpu_only = builder().visible_gpus(&[]).build().unwrap();
     assert_eq!(cpu_only.default_device().unwrap().name(), "/device:CPU:0");
-    // Without a scope an op follows its first input.
-    let cpu = cpu_only.cpu().unwrap();
-    let a = Tensor::from_slice_on(&[1.0f32, 2.0], &[2], &cpu).unwrap();
-    assert!(a.add(&a).unwrap().device().ends_with("CPU:0"));
+    // Without a scope an op whose inputs are on the CPU runs on the default device (TF:
+    // GPU:0 when a GPU is visible), its inputs copied there.
+    let a = Tensor::from_slice_on(&[1.0f32, 2.0], &[2], &rt.cpu().unwrap()).unwrap();
+    let sum = a.add(&a).unwrap();
+    assert_eq!(sum.device(), rt.default_device().unwrap().full_name());
+    assert_eq!(sum.to_vec::<f32>().unwrap(), [2.0, 4.0]);
+    // An op whose first input is on a GPU stays on it; naming a software adapter uses it.
+    for gpu in &gpus {
+        let g = Tensor::from_slice_on(&[1.0f32, 2.0], &[2], gpu).unwrap();
+        assert_eq!(g.add(&a).unwrap().device(), gpu.full_name());
+        let named = rt
+            .device_scope(gpu, || Tensor::from_vec(vec![1.0f32], &[1]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(named.device(), gpu.full_name());
+    }
 }
 
 #[test]
@@ -79,7 +91,11 @@ fn nested_scopes_merge_partial_specs_and_restore_the_outer_one() {
     }
     assert!(Tensor::zeros(&[2]).unwrap().device().ends_with("CPU:1"));
     let err = rt.with_device("GPU:").err().unwrap();
-    assert_eq!(err.to_string(), "Failed parsing device name: 'GPU:'");
+    assert_eq!(
+        err.to_string(),
+        "Failed parsing device name: 'GPU:'. Note a valid device string should at least \
+         contain a device type and a device index, like \"GPU:0\"."
+    );
 }
 
 #[test]
@@ -116,8 +132,13 @@ fn with_soft_placement_off_a_missing_device_is_tensorflows_error() {
         .unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Placement { .. }));
+    let types = if rt.list_logical_devices("GPU").unwrap().is_empty() {
+        "CPU"
+    } else {
+        "GPU, CPU"
+    };
     assert!(
-        msg.starts_with("Could not satisfy device specification '/device:GPU:7'. enable_soft_placement=0. Supported device types [GPU, CPU]. All available devices [/job:localhost/replica:0/task:0/device:CPU:0"),
+        msg.starts_with(&format!("Could not satisfy device specification '/job:localhost/replica:0/task:0/device:GPU:7'. enable_soft_placement=0. Supported device types [{types}]. All available devices [/job:localhost/replica:0/task:0/device:CPU:0")),
         "{msg}"
     );
 }
@@ -138,7 +159,14 @@ fn a_hidden_gpu_is_a_missing_device() {
         .device_scope("GPU:0", || Tensor::zeros(&[3]))
         .unwrap()
         .unwrap_err();
-    assert!(err.to_string().contains("'/device:GPU:0'"), "{err}");
+    // TF's message: the merged full name, the device types of what is visible (no GPU
+    // is), every device.
+    assert_eq!(
+        err.to_string(),
+        "Could not satisfy device specification '/job:localhost/replica:0/task:0/device:GPU:0'. \
+         enable_soft_placement=0. Supported device types [CPU]. All available devices \
+         [/job:localhost/replica:0/task:0/device:CPU:0]."
+    );
 }
 
 #[test]
@@ -162,7 +190,7 @@ fn an_op_without_a_gpu_kernel_falls_back_to_the_cpu_or_fails_with_soft_placement
     rt.set_soft_device_placement(false);
     let err = x.cumsum().unwrap_err();
     assert!(
-        err.to_string().starts_with("Could not satisfy device specification '/device:GPU:0'. enable_soft_placement=0. Supported device types [CPU]."),
+        err.to_string().starts_with("Could not satisfy device specification '/job:localhost/replica:0/task:0/device:GPU:0'. enable_soft_placement=0. Supported device types [CPU]."),
         "{err}"
     );
 }
@@ -357,4 +385,95 @@ fn basic_ops_match_the_f64_reference_on_every_device() {
             .collect();
         r::assert_close(&cols, &expected, 1e-4, "column sums over chunks");
     }
+}
+
+#[test]
+fn the_outermost_device_scope_initializes_the_runtime() {
+    let rt = builder().configure().unwrap();
+    assert!(!rt.is_initialized());
+    let _scope = rt.with_device("/device:CPU:0").unwrap();
+    assert!(rt.is_initialized(), "tf.device initializes the context");
+}
+
+#[test]
+fn ops_on_devices_or_tensors_of_a_dropped_runtime_fail_clearly() {
+    let rt = builder().build().unwrap();
+    let cpu = rt.cpu().unwrap();
+    let t = Tensor::from_slice_on(&[1.0f32, 2.0], &[2], &cpu).unwrap();
+    drop(rt);
+    // The tensor's data outlives the runtime and can still be read.
+    assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 2.0]);
+    let err = t.add(&t).unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "the Runtime that owns a tensor on /job:localhost/replica:0/task:0/device:CPU:0 \
+             was dropped"
+        ),
+        "{err}"
+    );
+    // A device handle of a dropped runtime does not send its scoped ops to the process-wide
+    // runtime's device of the same name.
+    let _scope = cpu.scope();
+    let err = Tensor::zeros(&[2]).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("the Runtime that owns /device:CPU:0 was dropped"),
+        "{err}"
+    );
+}
+
+#[test]
+fn one_adapter_that_fails_to_open_leaves_every_other_device_working() {
+    let Some(n) = gpus_at_least(1, "one_bad_adapter") else {
+        return;
+    };
+    let rt = builder()
+        .fail_adapter_for_tests(0, "injected: the driver lost the device")
+        .build()
+        .expect("a bad adapter does not fail initialization");
+    let gpus = rt.list_logical_devices("GPU").unwrap();
+    assert_eq!(gpus.len(), n, "the bad GPU is still listed");
+    assert!(!gpus[0].is_available());
+    assert!(
+        gpus[0]
+            .unavailable_reason()
+            .is_some_and(|r| r.contains("injected: the driver lost the device")),
+        "{:?}",
+        gpus[0].unavailable_reason()
+    );
+    // Ops placed on it fail and say why, soft placement or not.
+    let err = rt
+        .device_scope("GPU:0", || Tensor::from_vec(vec![1.0f32, 2.0], &[2]))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("/job:localhost/replica:0/task:0/device:GPU:0 (")
+            && msg.contains("is unavailable: ")
+            && msg.contains("injected: the driver lost the device"),
+        "{msg}"
+    );
+    assert!(Tensor::zeros_on(&[2], DType::F32, &gpus[0]).is_err());
+    assert!(matches!(
+        rt.get_memory_info("GPU:0").unwrap_err(),
+        Error::Unavailable(_)
+    ));
+    // Every other device works.
+    let cpu = rt.cpu().unwrap();
+    assert_eq!(
+        matmul_on(&rt, &cpu).to_vec::<f32>().unwrap(),
+        [22.0, 28.0, 49.0, 64.0]
+    );
+    for gpu in &gpus[1..] {
+        assert!(gpu.is_available());
+        assert_eq!(
+            matmul_on(&rt, gpu).to_vec::<f32>().unwrap(),
+            [22.0, 28.0, 49.0, 64.0]
+        );
+    }
+    assert!(rt.default_device().unwrap().is_available());
+    let strategy = anygpu::distribute::MirroredStrategy::for_runtime(&rt).unwrap();
+    assert!(strategy.devices().iter().all(LogicalDevice::is_available));
 }

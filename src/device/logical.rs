@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 pub(crate) use crate::device::context::GpuContext;
 use crate::device::name::{full_name, logical_name, DeviceKind};
 use crate::device::stream::StreamStats;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::{Allocation, Arena};
 use crate::ops::gpu::tune::TuningDecision;
 use crate::runtime::RuntimeShared;
@@ -32,6 +32,30 @@ pub(crate) struct DeviceCore {
 pub(crate) enum Backend {
     Cpu,
     Gpu(GpuDevice),
+    /// A GPU whose adapter failed to open or to reserve its budget: listed, never used.
+    Unavailable(UnavailableGpu),
+}
+
+/// What is known of a GPU logical device that could not be created.
+pub(crate) struct UnavailableGpu {
+    /// Index of the physical GPU (after visibility) it was to be cut from.
+    pub(crate) physical_index: usize,
+    /// The adapter's name.
+    pub(crate) adapter: String,
+    /// The adapter's wgpu backend.
+    pub(crate) backend: wgpu::Backend,
+    /// Why it is unavailable (the driver's or the arena's error).
+    pub(crate) reason: String,
+}
+
+impl UnavailableGpu {
+    /// The error an op or a tensor placed on the device `full_name` gets.
+    pub(crate) fn error(&self, full_name: &str) -> Error {
+        Error::Unavailable(format!(
+            "{full_name} ({}) is unavailable: {}",
+            self.adapter, self.reason
+        ))
+    }
 }
 
 /// A GPU logical device: its arena on the shared adapter context.
@@ -84,6 +108,7 @@ impl LogicalDevice {
         match &self.0.backend {
             Backend::Cpu => "host CPU",
             Backend::Gpu(g) => &g.ctx.adapter.info.name,
+            Backend::Unavailable(u) => &u.adapter,
         }
     }
 
@@ -92,6 +117,7 @@ impl LogicalDevice {
         match &self.0.backend {
             Backend::Cpu => None,
             Backend::Gpu(g) => Some(g.ctx.adapter.info.backend),
+            Backend::Unavailable(u) => Some(u.backend),
         }
     }
 
@@ -100,7 +126,45 @@ impl LogicalDevice {
         match &self.0.backend {
             Backend::Cpu => None,
             Backend::Gpu(g) => Some(g.physical_index),
+            Backend::Unavailable(u) => Some(u.physical_index),
         }
+    }
+
+    /// Whether ops can run here: `false` for a GPU whose adapter failed to open or to reserve
+    /// its budget at initialization (see [`LogicalDevice::unavailable_reason`]).
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// assert!(rt.cpu()?.is_available());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn is_available(&self) -> bool {
+        !matches!(self.0.backend, Backend::Unavailable(_))
+    }
+
+    /// Why the device is unavailable (the driver's or the allocator's error), `None` when it is
+    /// available. Ops placed on an unavailable device fail with this reason; every other
+    /// device keeps working.
+    pub fn unavailable_reason(&self) -> Option<&str> {
+        match &self.0.backend {
+            Backend::Unavailable(u) => Some(&u.reason),
+            _ => None,
+        }
+    }
+
+    /// The error for using an unavailable device, `None` when it is available.
+    pub(crate) fn unavailable_error(&self) -> Option<Error> {
+        match &self.0.backend {
+            Backend::Unavailable(u) => Some(u.error(self.full_name())),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a GPU on a software adapter (wgpu's `DeviceType::Cpu`: lavapipe,
+    /// llvmpipe, WARP), which default placement passes over.
+    pub fn is_software(&self) -> bool {
+        self.adapter_info()
+            .is_some_and(|info| info.device_type == wgpu::DeviceType::Cpu)
     }
 
     /// Counters of the commands recorded on this device's adapter since it was opened; `None`
@@ -143,7 +207,7 @@ impl LogicalDevice {
     /// a tensor waits for exactly what it needs.
     pub fn synchronize(&self) -> Result<()> {
         match &self.0.backend {
-            Backend::Cpu => Ok(()),
+            Backend::Cpu | Backend::Unavailable(_) => Ok(()),
             Backend::Gpu(g) => g.ctx.wait_idle(),
         }
     }
@@ -156,7 +220,7 @@ impl LogicalDevice {
 
     pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
         match &self.0.backend {
-            Backend::Cpu => None,
+            Backend::Cpu | Backend::Unavailable(_) => None,
             Backend::Gpu(g) => Some(g),
         }
     }

@@ -3,7 +3,9 @@
 //! Accepted forms (case-insensitive device type):
 //! `/job:localhost/replica:0/task:0/device:GPU:0`, `/device:GPU:0`, `/physical_device:GPU:0`,
 //! `/gpu:0`, `gpu:0`, `GPU:0`, `CPU:0`, `/cpu:0`, and partial specs such as `/device:GPU:*` or
-//! `/job:localhost` that scopes merge into the enclosing one.
+//! `/job:localhost` that scopes merge into the enclosing one. As in TensorFlow, a well-formed
+//! name of a type that does not exist here (`unknown_device:0`, `TPU:0`) parses, and then
+//! matches no device.
 
 use std::fmt;
 use std::str::FromStr;
@@ -96,6 +98,9 @@ pub struct DeviceSpec {
     pub index: Option<usize>,
     /// Whether the name used the `/physical_device:` prefix.
     pub physical: bool,
+    /// A device type other than CPU or GPU (`TPU`, `unknown_device`), as written; such a spec
+    /// matches no device. `None` when `kind` says the type, or no type was given.
+    pub other_kind: Option<String>,
 }
 
 impl DeviceSpec {
@@ -111,7 +116,8 @@ impl DeviceSpec {
     /// Parses any of the accepted forms (see the module docs).
     ///
     /// # Errors
-    /// `Failed parsing device name: '...'` for anything else, e.g. `"GPU"`, `"GPU:"`, `"GPU:CPU"`.
+    /// `Failed parsing device name: '...'` (with TF's hint) for anything else, e.g. `"GPU"`,
+    /// `"GPU:"`, `"GPU:CPU"`.
     pub fn parse(name: &str) -> Result<DeviceSpec> {
         let fail = || Error::DeviceNameParse(name.to_string());
         let trimmed = name.trim();
@@ -136,8 +142,8 @@ impl DeviceSpec {
                     let (kind, index) = rest.split_once(':').ok_or_else(fail)?;
                     spec.set_kind_index(kind, index).ok_or_else(fail)?;
                 }
-                // The legacy short form: `gpu:0`, `/cpu:0`, `GPU:0`.
-                _ if i + 1 == parts.len() && DeviceKind::parse(key).is_some() => {
+                // The legacy short form: `gpu:0`, `/cpu:0`, `GPU:0`, `unknown_device:0`.
+                _ if i + 1 == parts.len() && is_device_type(key) => {
                     spec.set_kind_index(key, rest).ok_or_else(fail)?;
                 }
                 _ => return Err(fail()),
@@ -147,7 +153,11 @@ impl DeviceSpec {
     }
 
     fn set_kind_index(&mut self, kind: &str, index: &str) -> Option<()> {
-        self.kind = Some(DeviceKind::parse(kind)?);
+        if !is_device_type(kind) {
+            return None;
+        }
+        self.kind = DeviceKind::parse(kind);
+        self.other_kind = self.kind.is_none().then(|| kind.to_string());
         self.index = match index {
             "*" => None,
             digits if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
@@ -162,20 +172,29 @@ impl DeviceSpec {
     /// merge: the inner scope's fields win.
     pub fn merged_into(&self, outer: &DeviceSpec) -> DeviceSpec {
         // A different kind in the inner scope makes the outer index meaningless.
-        let same_kind = self.kind.is_none() || self.kind == outer.kind;
+        let names_kind = self.kind.is_some() || self.other_kind.is_some();
+        let same_kind =
+            !names_kind || (self.kind, &self.other_kind) == (outer.kind, &outer.other_kind);
+        let (kind, other_kind) = if names_kind {
+            (self.kind, self.other_kind.clone())
+        } else {
+            (outer.kind, outer.other_kind.clone())
+        };
         DeviceSpec {
             job: self.job.clone().or_else(|| outer.job.clone()),
             replica: self.replica.or(outer.replica),
             task: self.task.or(outer.task),
-            kind: self.kind.or(outer.kind),
+            kind,
             index: self.index.or(if same_kind { outer.index } else { None }),
             physical: self.physical,
+            other_kind,
         }
     }
 
     /// Whether a local logical device `kind:index` satisfies this spec.
     pub fn matches(&self, kind: DeviceKind, index: usize) -> bool {
-        self.job.as_deref().is_none_or(|j| j == "localhost")
+        self.other_kind.is_none()
+            && self.job.as_deref().is_none_or(|j| j == "localhost")
             && self.replica.is_none_or(|r| r == 0)
             && self.task.is_none_or(|t| t == 0)
             && self.kind.is_none_or(|k| k == kind)
@@ -186,6 +205,35 @@ impl DeviceSpec {
     pub fn is_complete(&self) -> bool {
         self.kind.is_some() && self.index.is_some()
     }
+
+    /// The spec as TensorFlow writes a requested device in its placement errors: job, replica
+    /// and task filled in with the local ones where the spec leaves them open
+    /// (`GPU:7` -> `/job:localhost/replica:0/task:0/device:GPU:7`).
+    ///
+    /// ```
+    /// use anygpu::DeviceSpec;
+    /// let spec: DeviceSpec = "GPU:7".parse()?;
+    /// assert_eq!(spec.local_full_name(), "/job:localhost/replica:0/task:0/device:GPU:7");
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn local_full_name(&self) -> String {
+        DeviceSpec {
+            job: Some(self.job.clone().unwrap_or_else(|| "localhost".into())),
+            replica: Some(self.replica.unwrap_or(0)),
+            task: Some(self.task.unwrap_or(0)),
+            physical: false,
+            ..self.clone()
+        }
+        .to_string()
+    }
+}
+
+/// Whether `s` can be a device type in a name: a letter, then letters, digits or `_` (the
+/// syntax of TensorFlow's `DeviceNameUtils`).
+fn is_device_type(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 impl FromStr for DeviceSpec {
@@ -208,7 +256,11 @@ impl fmt::Display for DeviceSpec {
         if let Some(task) = self.task {
             write!(f, "/task:{task}")?;
         }
-        if let Some(kind) = self.kind {
+        let kind = self
+            .kind
+            .map(DeviceKind::as_str)
+            .or(self.other_kind.as_deref());
+        if let Some(kind) = kind {
             let prefix = if self.physical {
                 "physical_device"
             } else {
@@ -272,16 +324,43 @@ mod tests {
             "GPU:",
             "GPU:CPU",
             "/device:GPU",
-            "TPU:0",
             "gpu:-1",
             "/job:",
+            "9PU:0",
         ] {
             let err = DeviceSpec::parse(bad).expect_err(bad);
             assert_eq!(
                 err.to_string(),
-                format!("Failed parsing device name: '{bad}'")
+                format!(
+                    "Failed parsing device name: '{bad}'. Note a valid device string should at \
+                     least contain a device type and a device index, like \"GPU:0\"."
+                )
             );
         }
+    }
+
+    #[test]
+    fn a_well_formed_name_of_an_unknown_type_parses_and_matches_nothing() {
+        for name in ["unknown_device:0", "TPU:0", "/device:XLA_GPU:1"] {
+            let spec = DeviceSpec::parse(name).expect(name);
+            assert_eq!(spec.kind, None, "{name}");
+            assert!(!spec.matches(DeviceKind::Gpu, 0), "{name}");
+            assert!(!spec.matches(DeviceKind::Cpu, 0), "{name}");
+        }
+        let spec = DeviceSpec::parse("unknown_device:0").unwrap();
+        assert_eq!(
+            spec.local_full_name(),
+            "/job:localhost/replica:0/task:0/device:unknown_device:0"
+        );
+        // An enclosing GPU scope does not lend its index to another type.
+        let outer = DeviceSpec::parse("GPU:1").unwrap();
+        assert_eq!(
+            DeviceSpec::parse("TPU:*")
+                .unwrap()
+                .merged_into(&outer)
+                .index,
+            None
+        );
     }
 
     #[test]

@@ -228,20 +228,30 @@ pub(crate) fn order_and_dedupe(mut adapters: Vec<AdapterEntry>) -> Vec<AdapterEn
     kept
 }
 
-/// Parses `ANYGPU_VISIBLE_DEVICES`: comma-separated indices into the adapter list. An empty
-/// string hides every GPU. Like wgpu's `WGPU_BACKEND`, entries that are not indices or are out
-/// of range are skipped with a warning; duplicates are kept once.
+/// Parses `ANYGPU_VISIBLE_DEVICES` as CUDA parses `CUDA_VISIBLE_DEVICES`: comma-separated
+/// indices into the adapter list, read up to the first entry that is not a listed GPU (not a
+/// number, negative, out of range, or a repeat), which ends the list with a warning: `0,-1,1`
+/// keeps only GPU 0. An empty string hides every GPU.
 pub(crate) fn parse_visible_env(value: &str, adapters: usize) -> Vec<usize> {
     let mut picked = Vec::new();
-    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match item.parse::<usize>() {
-            Ok(i) if i < adapters && !picked.contains(&i) => picked.push(i),
-            Ok(i) if i < adapters => log::warn!("ANYGPU_VISIBLE_DEVICES lists GPU {i} twice"),
-            Ok(i) => log::warn!(
-                "ANYGPU_VISIBLE_DEVICES: ignoring GPU {i}, only {adapters} GPU(s) were found"
-            ),
-            Err(_) => log::warn!("ANYGPU_VISIBLE_DEVICES: ignoring '{item}', not a GPU index"),
-        }
+    if value.trim().is_empty() {
+        return picked;
+    }
+    for item in value.split(',').map(str::trim) {
+        let problem = match item.parse::<usize>() {
+            Ok(i) if i < adapters && !picked.contains(&i) => {
+                picked.push(i);
+                continue;
+            }
+            Ok(i) if i < adapters => format!("GPU {i} is listed twice"),
+            Ok(_) => format!("only {adapters} GPU(s) were found"),
+            Err(_) => "not a GPU index".to_string(),
+        };
+        log::warn!(
+            "ANYGPU_VISIBLE_DEVICES='{value}': stopping at '{item}' ({problem}); as with \
+             CUDA_VISIBLE_DEVICES, the entries before it are visible"
+        );
+        break;
     }
     picked
 }
@@ -273,5 +283,22 @@ fn vulkan_device_local_heap(adapter: &wgpu::Adapter) -> Option<u64> {
             .filter(|heap| heap.flags.as_raw() & DEVICE_LOCAL != 0)
             .map(|heap| heap.size)
             .max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_visible_env;
+
+    #[test]
+    fn visible_devices_stop_at_the_first_invalid_entry_like_cuda() {
+        assert_eq!(parse_visible_env("0,-1,1", 3), [0]);
+        assert_eq!(parse_visible_env("2,0", 3), [2, 0]);
+        assert_eq!(parse_visible_env("1,9,0", 3), [1]);
+        assert_eq!(parse_visible_env("x,1", 3), Vec::<usize>::new());
+        assert_eq!(parse_visible_env("1,1,0", 3), [1]);
+        assert_eq!(parse_visible_env(" 1 , 0 ", 3), [1, 0]);
+        assert_eq!(parse_visible_env("", 3), Vec::<usize>::new());
+        assert_eq!(parse_visible_env("0,,1", 3), [0]);
     }
 }

@@ -94,8 +94,9 @@ fn device_tuple(devices: &[LogicalDevice]) -> String {
 
 impl MirroredStrategy {
     /// Every visible logical GPU of the process-wide runtime ([`crate::config`]) as a replica
-    /// — virtual GPUs count — or `CPU:0` when there is none
-    /// (`tf.distribute.MirroredStrategy()`).
+    /// — virtual GPUs count — or every logical CPU when there is none
+    /// (`tf.distribute.MirroredStrategy()`, TF's `all_local_devices`). A GPU marked
+    /// unavailable at initialization is left out.
     ///
     /// # Errors
     /// The runtime's initialization errors.
@@ -107,18 +108,23 @@ impl MirroredStrategy {
     ///
     /// ```
     /// use anygpu::distribute::MirroredStrategy;
-    /// let rt = anygpu::Runtime::builder().visible_gpus(&[]).build()?;
+    /// let rt = anygpu::Runtime::builder().visible_gpus(&[]).virtual_cpus(2).build()?;
     /// let strategy = MirroredStrategy::for_runtime(&rt)?;
-    /// assert_eq!(strategy.devices()[0].name(), "/device:CPU:0");
+    /// let names: Vec<&str> = strategy.devices().iter().map(|d| d.name()).collect();
+    /// assert_eq!(names, ["/device:CPU:0", "/device:CPU:1"]);
     /// # Ok::<(), anygpu::Error>(())
     /// ```
     ///
     /// # Errors
     /// The runtime's initialization errors.
     pub fn for_runtime(runtime: &Runtime) -> Result<MirroredStrategy> {
-        let mut devices = runtime.list_logical_devices("GPU")?;
+        let mut devices: Vec<LogicalDevice> = runtime
+            .list_logical_devices("GPU")?
+            .into_iter()
+            .filter(LogicalDevice::is_available)
+            .collect();
         if devices.is_empty() {
-            devices.push(runtime.cpu()?);
+            devices = runtime.list_logical_devices("CPU")?;
         }
         MirroredStrategy::with_devices(&devices)
     }

@@ -2,9 +2,11 @@
 //!
 //! Growth on (`set_memory_growth(true)`): the first region is `min(limit, 2 MiB)`, each later
 //! one doubles, never past the limit nor the adapter's `max_storage_buffer_binding_size` (so any
-//! allocation can be bound as one range). Before an allocation fails, empty regions are released
-//! and it is retried. Growth off (TensorFlow's default): the whole limit is reserved when the
-//! device is created.
+//! allocation can be bound as one range). As in TensorFlow's `BFCAllocator::Extend`, a request
+//! larger than the next region's size doubles it until it fits, and then the region after it is
+//! that same size, not double. Before an allocation fails, empty regions are released and it is
+//! retried (TF's `DeallocateFreeRegions`); if it still fails, they stay released. Growth off
+//! (TensorFlow's default): the whole limit is reserved when the device is created.
 //!
 //! On a software adapter (lavapipe, llvmpipe) a region is host memory; the driver maps it but the
 //! kernel commits pages only when they are first written, so a large reservation costs address
@@ -185,8 +187,9 @@ impl Arena {
     /// # Errors
     /// `ResourceExhausted` (TensorFlow's OOM message plus the arena's figures) when the request
     /// does not fit under the limit now; `TooLarge` when it exceeds what one storage binding of
-    /// the adapter can cover, so no arena could ever hold it. Either way the arena is left
-    /// exactly as it was.
+    /// the adapter can cover, so no arena could ever hold it. Either way no live allocation
+    /// moves and the statistics are unchanged; under growth, regions that were empty may have
+    /// been released while making room (TF's `DeallocateFreeRegions` does the same).
     pub(crate) fn allocate(self: &Arc<Self>, bytes: u64, what: Option<&str>) -> Result<Allocation> {
         let mut state = self.lock();
         let rounded = state.bfc.rounded(bytes);
@@ -236,10 +239,13 @@ impl Arena {
     ) -> Result<Block> {
         if self.config.growth {
             let rounded = state.bfc.rounded(bytes);
-            let mut size = state.next_region.max(self.config.alignment);
-            while size < rounded {
-                size *= 2;
+            let mut next = state.next_region.max(self.config.alignment);
+            let mut enlarged = false;
+            while next < rounded {
+                next = next.saturating_mul(2);
+                enlarged = true;
             }
+            let mut size = next;
             let available = self.config.limit - state.bfc.stats().bytes_reserved;
             if size > available {
                 // The doubling overshoots: take what is left if that suffices, else make room
@@ -254,7 +260,14 @@ impl Arena {
                 size.min(self.config.max_region) / self.config.alignment * self.config.alignment;
             if size >= rounded {
                 self.add_region(state, size)?;
-                state.next_region = (size * 2).min(self.config.max_region);
+                // TF's Extend: a region enlarged to fit a request is followed by one of the same
+                // size; otherwise the next one doubles.
+                let following = if enlarged {
+                    next
+                } else {
+                    next.saturating_mul(2)
+                };
+                state.next_region = following.min(self.config.max_region);
                 if let Some(block) = state.bfc.allocate(bytes) {
                     return Ok(block);
                 }

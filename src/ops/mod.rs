@@ -76,6 +76,7 @@ pub(crate) fn with_kernels<R>(
             let k = gpu::kernels::GpuKernels::new(g, device.full_name());
             f(&k, &k)
         }
+        Backend::Unavailable(u) => Err(u.error(device.full_name())),
     }
 }
 
