@@ -15,12 +15,17 @@
 //               memory adds the row lanes. For GPUs and narrow sums (bias gradients: 8 vec4
 //               columns over 100k rows), where one invocation per column leaves the device
 //               idle; dispatch (ceil(cols / 4 / n), ceil(rows / chunk), 1).
+//   act_grad_sum_rows_v4  the activation's gradient and the first pass of its column sums in
+//               one (cols % 4 == 0): for the vec4 column c over the rows of chunk g,
+//               dz4[i] = act'(dy4[i], x4[i] = y) is written and out4[g * cols4 + c] = Σ dz4[i],
+//               so the gradient is not read back for the bias sum; dispatch as sum_rows_v4.
 //   argmax_rows @workgroup_size(64), dispatch grid_1d(rows, 64): idx[r] = first arg max of row r.
 //   add_into    @workgroup_size(256), dispatch grid_1d(n, 256): out[i] += x[i] (AddN's steps).
 //
 // Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>;
-// 4 x4, 5 out4: x and out as array<vec4<f32>>.
-// Params: n, rows, cols, chunk, alpha (n is sum_all's length and sum_rows_wg's column lanes).
+// 4 x4, 5 out4: x and out as array<vec4<f32>>; 6 dy4, 7 dz4 (act_grad_sum_rows_v4).
+// Params: n, rows, cols, chunk, alpha (n is sum_all's length and sum_rows_wg's column lanes);
+// act (act_grad_sum_rows_v4: 1 relu, 2 selu, else linear).
 // Limits: 5 KiB of workgroup memory.
 
 struct Params {
@@ -29,6 +34,7 @@ struct Params {
     cols: u32,
     chunk: u32,
     alpha: f32,
+    act: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -37,6 +43,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> idx: array<i32>;
 @group(0) @binding(4) var<storage, read_write> x4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> out4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> dy4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dz4: array<vec4<f32>>;
+
+const SELU_ALPHA: f32 = 1.6732632423543772;
+const SELU_SCALE: f32 = 1.0507009873554805;
 
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> partial4: array<vec4<f32>, 256>;
@@ -114,6 +125,34 @@ fn sum_rows_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     if (lr == 0u && c < cols4) {
         out4[wg.y * cols4 + c] = partial4[lc];
     }
+}
+
+// The derivative through the activation's output y, as elementwise.wgsl's act_grad4.
+fn act_grad4(dy: vec4<f32>, y: vec4<f32>, kind: u32) -> vec4<f32> {
+    switch kind {
+        case 1u: { return select(vec4<f32>(0.0), dy, y > vec4<f32>(0.0)); }
+        case 2u: {
+            return select(dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE, y > vec4<f32>(0.0));
+        }
+        default: { return dy; }
+    }
+}
+
+@compute @workgroup_size(64)
+fn act_grad_sum_rows_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let cols4 = p.cols / 4u;
+    let c = gid.x;
+    if (c >= cols4) { return; }
+    let start = gid.y * p.chunk;
+    let end = min(start + p.chunk, p.rows);
+    var s = vec4<f32>(0.0);
+    for (var r = start; r < end; r++) {
+        let i = r * cols4 + c;
+        let d = act_grad4(dy4[i], x4[i], p.act);
+        dz4[i] = d;
+        s += d;
+    }
+    out4[gid.y * cols4 + c] = s;
 }
 
 @compute @workgroup_size(64)

@@ -1147,6 +1147,8 @@ fn every_tuning_candidate_matches_the_reference() {
         "rows_wg",
         "rows4x4",
         "tile8x8",
+        "fused",
+        "separate",
         "direct",
         "product",
         "chunks_2k",
@@ -1187,7 +1189,10 @@ fn every_tuning_candidate_matches_the_reference() {
             }
         }
         if candidate.starts_with("chunks")
-            || matches!(candidate, "direct" | "product" | "rows4x4" | "tile8x8")
+            || matches!(
+                candidate,
+                "direct" | "product" | "rows4x4" | "tile8x8" | "fused" | "separate"
+            )
         {
             check_conv2d(&gpus);
             check_depthwise(&gpus);

@@ -35,6 +35,8 @@ pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const SUM_ROWS_V4: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_v4");
 pub(crate) const SUM_ROWS_WG: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_wg");
+pub(crate) const ACT_GRAD_SUM_ROWS_V4: Kernel =
+    Kernel::new(ShaderFamily::Reduce, "act_grad_sum_rows_v4");
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
 pub(crate) const ADD_INTO: Kernel = Kernel::new(ShaderFamily::Reduce, "add_into");
 
@@ -195,6 +197,7 @@ struct ReduceParams {
     cols: u32,
     chunk: u32,
     alpha: f32,
+    act: u32,
 }
 
 impl GpuKernels<'_> {
@@ -259,6 +262,63 @@ impl GpuKernels<'_> {
     }
 }
 
+impl GpuKernels<'_> {
+    /// `dz = act'(dy, y)` (`[rows, cols]`) and the bias gradient `db = Σ_rows dz`: fused, the
+    /// column sums' first pass runs in the activation's kernel and `dz` is not read again; the
+    /// tuner weighs that against the separate kernels (the tree of `sum_rows_wg` keeps a GPU
+    /// busier on narrow sums).
+    pub(crate) fn activation_bias_grad(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        db: &Tensor,
+        (rows, cols): (usize, usize),
+        act: Activation,
+    ) -> Result<()> {
+        let separate = || -> Result<()> {
+            self.activation_backward_impl(dy, y, dz, act)?;
+            self.sum_rows(dz, rows, cols, db)
+        };
+        if rows == 0 || !cols.is_multiple_of(4) {
+            return separate();
+        }
+        let class = format!("{}x{}", bucket(rows), bucket(cols));
+        let heuristic = if self.dev.ctx.software_kernels {
+            "fused"
+        } else {
+            "separate"
+        };
+        let choice = Choice::new("act_bias_grad", class, &["fused", "separate"], heuristic);
+        self.tuned(choice, &mut |candidate| {
+            if candidate == "separate" {
+                return separate();
+            }
+            let chunks = rows.div_ceil(SUM_ROWS_CHUNK);
+            let partials = if chunks == 1 {
+                db.clone()
+            } else {
+                self.scratch(&[chunks, cols], db)?
+            };
+            let p = ReduceParams {
+                n: 0,
+                rows: u(rows),
+                cols: u(cols),
+                chunk: u(SUM_ROWS_CHUNK),
+                alpha: 0.0,
+                act: act.code(),
+            };
+            // Bindings 4, 5, 6, 7: y, the partial sums, dy, dz.
+            let grid = [u(cols.div_ceil(256)), u(chunks), 1];
+            self.launch(ACT_GRAD_SUM_ROWS_V4, &p, &[y, &partials, dy, dz], grid)?;
+            if chunks > 1 {
+                self.sum_rows(&partials, chunks, cols, db)?;
+            }
+            Ok(())
+        })
+    }
+}
+
 impl Kernels for GpuKernels<'_> {
     fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()> {
         let n = a.len();
@@ -283,6 +343,7 @@ impl Kernels for GpuKernels<'_> {
                 cols: 0,
                 chunk: 0,
                 alpha: 0.0,
+                act: 0,
             };
             self.launch(ADD_INTO, &p, &[x, out], grid_1d(n, 256))?;
         }
@@ -409,6 +470,7 @@ impl Kernels for GpuKernels<'_> {
             cols: 0,
             chunk: 0,
             alpha,
+            act: 0,
         };
         if x.is_empty() {
             return self.scale_fill_zero(out);
@@ -443,6 +505,7 @@ impl Kernels for GpuKernels<'_> {
             cols: u(cols),
             chunk: 0,
             alpha: 0.0,
+            act: 0,
         };
         self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
     }
@@ -508,6 +571,7 @@ impl GpuKernels<'_> {
                 cols: u(cols),
                 chunk: u(pass.chunk),
                 alpha: 0.0,
+                act: 0,
             };
             let grid = [u(pass.column_groups), u(chunks), 1];
             self.launch(pass.kernel, &p, &[&current, &target], grid)?;

@@ -106,11 +106,12 @@ pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
     gk::SUM_ROWS_V4,
     gk::SUM_ROWS_WG,
 ];
-/// Kernels of `FusedConv2DWeightGrad`: the activation gradient, then the kernel's and the
-/// bias' (unfused).
+/// Kernels of `FusedConv2DWeightGrad`: the activation gradient with the bias', then the
+/// kernel's.
 pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
+    gk::ACT_GRAD_SUM_ROWS_V4,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK_1X1,
@@ -120,10 +121,11 @@ pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
 ];
 /// Kernels of `BiasAddGrad`.
 pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SUM_ROWS_WG];
-/// Kernels of `FusedDenseGrad`: the activation gradient, its column sums, two products.
+/// Kernels of `FusedDenseGrad`: the activation gradient and its column sums, two products.
 pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
+    gk::ACT_GRAD_SUM_ROWS_V4,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
     gk::SUM_ROWS_WG,
@@ -1003,33 +1005,39 @@ impl NnKernels for GpuKernels<'_> {
     }
 
     fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {
-        // The unfused sequence, as for `dense_backward`.
+        let (oh, ow) = g.s.out_hw();
+        let rows = g.s.n * oh * ow;
         let dz = match g.act {
-            Activation::Linear => g.dy.clone(),
+            Activation::Linear => {
+                if g.s.c_out > 0 {
+                    self.sum_rows(g.dy, rows, g.s.c_out, g.db)?;
+                }
+                g.dy.clone()
+            }
             act => {
                 let dz = self.scratch(g.y.shape(), g.y)?;
-                self.activation_backward_impl(g.dy, g.y, &dz, act)?;
+                if g.s.c_out > 0 {
+                    let dims = (rows, g.s.c_out);
+                    self.activation_bias_grad(g.dy, g.y, &dz, g.db, dims, act)?;
+                }
                 dz
             }
         };
-        let (oh, ow) = g.s.out_hw();
-        if g.s.c_out > 0 {
-            self.sum_rows(&dz, g.s.n * oh * ow, g.s.c_out, g.db)?;
-        }
         self.conv2d_backward_kernel(g.x, &dz, g.dk, &g.s)
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
-        // The unfused sequence: on a GPU each step is its own dispatch anyway.
         let dz = match g.act {
-            Activation::Linear => g.dy.clone(),
+            Activation::Linear => {
+                self.sum_rows(g.dy, g.m, g.n, g.db)?;
+                g.dy.clone()
+            }
             act => {
                 let dz = self.scratch(&[g.m, g.n], g.y)?;
-                self.activation_backward_impl(g.dy, g.y, &dz, act)?;
+                self.activation_bias_grad(g.dy, g.y, &dz, g.db, (g.m, g.n), act)?;
                 dz
             }
         };
-        self.sum_rows(&dz, g.m, g.n, g.db)?;
         let dw_dims = MatmulDims {
             m: g.k,
             k: g.m,
