@@ -53,7 +53,7 @@ impl Sequential {
     /// a new pass starts. After each epoch the model is evaluated on `validation`.
     ///
     /// The per-step loss and correct count are accumulated on the device with
-    /// [`Tensor::add`] and read every [`set_log_every`](Sequential::set_log_every) steps and at
+    /// [`Tensor::add`](crate::Tensor::add) and read every [`set_log_every`](Sequential::set_log_every) steps and at
     /// the end of the epoch, so the device is not stalled every step. With
     /// [`Verbosity::ProgressBar`] each epoch shows a progress bar with the running loss,
     /// accuracy and images/s, then a line such as
