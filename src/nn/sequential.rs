@@ -524,6 +524,40 @@ impl Sequential {
         self.compiled.as_ref().map_or(0, |c| c.optimizer.iterations)
     }
 
+    /// The optimizer's slot variables (Keras' `optimizer.variables` without `iterations`),
+    /// named `layer_name/weight_name/slot`: `momentum` for SGD with momentum and Adam's first
+    /// moment, `velocity` for Adam's second. A slot exists once its weight has been updated;
+    /// plain SGD has none. Under a strategy, the primary replica's.
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Loss, Sequential, Sgd};
+    /// use anygpu::Tensor;
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).activation(Activation::Softmax).input_shape(&[3]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1).momentum(0.9), &[])?;
+    /// assert!(model.optimizer_variables().is_empty());
+    /// let x = Tensor::from_vec(vec![1.0f32, 0.0, 0.0], &[1, 3])?;
+    /// model.train_step(&x, &Tensor::from_vec(vec![1i32], &[1])?)?;
+    /// let names: Vec<String> = model.optimizer_variables().into_iter().map(|(n, _)| n).collect();
+    /// assert_eq!(names, ["dense/kernel/momentum", "dense/bias/momentum"]);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn optimizer_variables(&self) -> Vec<(String, &Tensor)> {
+        let Some(compiled) = &self.compiled else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let names = e.layer.weights();
+            for (w, slot, t) in compiled.optimizer.named_slots(i) {
+                let weight = names.get(w).map_or("?", |(n, _)| n);
+                out.push((format!("{}/{weight}/{slot}", e.name), t));
+            }
+        }
+        out
+    }
+
     fn check_loss(&self, loss: Loss) -> Result<()> {
         let Some(last) = self.entries.last() else {
             return Ok(());
@@ -614,50 +648,31 @@ impl Sequential {
             .collect()
     }
 
-    /// Forward, loss, backward on the primary replica; with `update`, each layer's weights are
-    /// updated as soon as its gradients exist (its backward has already used them), else the
-    /// gradients are returned.
+    /// Forward, loss, backward on the primary replica, then, with `update`, the optimizer
+    /// step; without, the gradients are returned.
+    ///
+    /// The update is all or nothing: it starts only once every layer's gradients exist and
+    /// every optimizer slot is allocated, so a failure anywhere before (out of memory on one
+    /// device of a split model, say) leaves every weight, every slot and the iteration count
+    /// as they were — as the mirrored step does.
     fn step(&mut self, x: &Tensor, y: &Tensor, update: bool) -> Result<(StepOutput, Vec<Tensor>)> {
         let what = if update { "fit" } else { "loss_and_gradients" };
         self.require_built(what)?;
         let accuracy = self.compiled(what)?.accuracy;
         let n = self.check_batch(what, x, Some(y))?;
-        let stages: Vec<Stage<'_>> = self
-            .entries
-            .iter()
-            .map(|e| Stage {
-                layer: e.layer.as_ref(),
-                device: &e.device,
-            })
-            .collect();
-        // (Built from the fields, not `self.stages()`, so `compiled` can be borrowed apart.)
+        let stages = self.stages();
         let last = stages[stages.len() - 1].device;
         let (logits, saved) = pass::forward(&stages, x, true)?;
         let terms = pass::loss_terms(last, &logits, y, accuracy)?;
         drop(logits);
-        let mut all_grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
-        let compiled = &mut self.compiled;
-        pass::backward(&stages, saved, terms.dlogits, |i, grads| {
-            if update {
-                let weights: Vec<&Tensor> = stages[i]
-                    .layer
-                    .weights()
-                    .into_iter()
-                    .map(|(_, t)| t)
-                    .collect();
-                let compiled = compiled
-                    .as_mut()
-                    .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
-                compiled.optimizer.apply(i, &weights, &grads)
-            } else {
-                all_grads[i] = grads;
-                Ok(())
-            }
+        let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
+        pass::backward(&stages, saved, terms.dlogits, |i, g| {
+            grads[i] = g;
+            Ok(())
         })?;
+        drop(stages);
         if update {
-            if let Some(c) = self.compiled.as_mut() {
-                c.optimizer.finish_step();
-            }
+            self.apply_gradients(&grads)?;
         }
         let out = StepOutput::new(
             vec![StepPart {
@@ -666,7 +681,29 @@ impl Sequential {
             }],
             n,
         );
-        Ok((out, all_grads.into_iter().flatten().collect()))
+        Ok((out, grads.into_iter().flatten().collect()))
+    }
+
+    /// The optimizer step from every layer's gradients: the slots are allocated first (the only
+    /// allocation of an update), then every weight is updated in place and the step counted.
+    fn apply_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
+        let compiled = self
+            .compiled
+            .as_mut()
+            .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
+        let layer_weights: Vec<Vec<&Tensor>> = self
+            .entries
+            .iter()
+            .map(|e| e.layer.weights().into_iter().map(|(_, t)| t).collect())
+            .collect();
+        for (i, weights) in layer_weights.iter().enumerate() {
+            compiled.optimizer.ensure_slots(i, weights)?;
+        }
+        for (i, (weights, g)) in layer_weights.iter().zip(grads).enumerate() {
+            compiled.optimizer.apply(i, weights, g)?;
+        }
+        compiled.optimizer.finish_step();
+        Ok(())
     }
 
     /// A data-parallel step over the strategy's replicas.
@@ -690,6 +727,13 @@ impl Sequential {
     /// `x` is `[batch, ...input_shape]` f32 and `y` `[batch]` i32, on any device: they move to
     /// the first and last layers' devices.
     ///
+    /// A step is all or nothing: the update starts only once every gradient exists, on every
+    /// device of a split model as on every replica of a mirrored one, so an error in the
+    /// forward or backward pass (out of memory on one device, say) leaves every weight, every
+    /// optimizer slot and [`iterations`](Sequential::iterations) as they were. A batch of 0
+    /// examples changes nothing either — no momentum decay, no Adam step — and its loss reads
+    /// NaN.
+    ///
     /// ```
     /// use anygpu::nn::{Activation, Dense, Loss, Sequential, Sgd};
     /// use anygpu::Tensor;
@@ -711,6 +755,9 @@ impl Sequential {
     /// [`Error::Model`] before `compile` or `build`; a shape error naming the expected batch
     /// shape; device errors.
     pub fn train_step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepOutput> {
+        if x.shape().first() == Some(&0) {
+            return self.empty_step(x, y);
+        }
         if self.mirrors.is_none() {
             return Ok(self.step(x, y, true)?.0);
         }
@@ -722,6 +769,16 @@ impl Sequential {
             x_shape: x.shape(),
             y: &ys,
         })
+    }
+
+    /// A batch without examples: checked like any other, then nothing happens. Its gradient
+    /// would be zero, but an update with it would still decay SGD's momentum and Adam's
+    /// moments and count a step, so there is no update at all.
+    fn empty_step(&self, x: &Tensor, y: &Tensor) -> Result<StepOutput> {
+        self.require_built("fit")?;
+        self.compiled("fit")?;
+        self.check_batch("fit", x, Some(y))?;
+        Ok(StepOutput::new(Vec::new(), 0))
     }
 
     /// One training step on a batch from a [`Dataset`]: under a strategy each replica takes

@@ -32,11 +32,14 @@ impl StepOutput {
         self.batch_size
     }
 
-    /// Reads the mean loss of the batch (waits for the step).
+    /// Reads the mean loss of the batch (waits for the step); NaN for an empty batch.
     ///
     /// # Errors
     /// A device error.
     pub fn loss(&self) -> Result<f32> {
+        if self.batch_size == 0 {
+            return Ok(f32::NAN);
+        }
         let mut sum = 0.0;
         for p in &self.parts {
             sum += read_scalar(&p.loss_sum)?;
