@@ -38,6 +38,8 @@
 
 mod activation;
 mod atomic;
+mod callbacks;
+mod checkpoint;
 mod fit;
 mod history;
 mod init;
@@ -53,6 +55,8 @@ mod summary;
 mod weights;
 
 pub use activation::Activation;
+pub use callbacks::{Callback, CsvLogger, FitContext, ModelCheckpoint};
+pub use checkpoint::BackupAndRestore;
 pub use fit::Verbosity;
 pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};

@@ -339,6 +339,15 @@ impl OptimizerState {
     }
 }
 
+/// The slot names of each weight under `config`, in [`OptimizerState::named_slots`] order.
+pub(crate) fn slot_names(config: &Optimizer) -> &'static [&'static str] {
+    match config {
+        Optimizer::Sgd(s) if s.momentum != 0.0 => &["momentum"],
+        Optimizer::Sgd(_) => &[],
+        Optimizer::Adam(_) => &["momentum", "velocity"],
+    }
+}
+
 fn new_slots(config: &Optimizer, w: &Tensor) -> Result<Slots> {
     let zeros = || Tensor::zeros_on(w.shape(), DType::F32, w.device_handle());
     Ok(match config {

@@ -8,12 +8,13 @@ use crate::distribute::{self, MirroredStrategy};
 use crate::error::{Error, Result};
 use crate::nn::activation::Activation;
 use crate::nn::fit::Verbosity;
+use crate::nn::history::History;
 use crate::nn::init::derive_seed;
 use crate::nn::layers::{count_params, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
-use crate::nn::optimizer::{Optimizer, OptimizerState};
+use crate::nn::optimizer::{self, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::step_output::{StepOutput, StepPart};
 use crate::nn::weights;
@@ -73,6 +74,8 @@ pub struct Sequential {
     pub(super) log_every: usize,
     /// The other replicas' copies, for a model created inside a strategy's scope.
     pub(super) mirrors: Option<Mirrors>,
+    /// The last `fit`'s history, epoch by epoch as they finish (Keras' `model.history`).
+    pub(super) history: History,
 }
 
 impl fmt::Debug for Sequential {
@@ -127,6 +130,7 @@ impl Sequential {
             verbose: Verbosity::default(),
             log_every: 10,
             mirrors: distribute::get_strategy().map(Mirrors::new),
+            history: History::default(),
         }
     }
 
@@ -519,6 +523,13 @@ impl Sequential {
         self.compiled.as_ref().map(|c| &c.optimizer.config)
     }
 
+    /// The history of the last [`fit`](Sequential::fit) (Keras' `model.history`), updated as
+    /// each epoch finishes: after a `fit` that failed in epoch 9, it holds epochs 1–8; after a
+    /// resumed one, the restored epochs too.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
     /// Training steps run since `compile` (Keras' `optimizer.iterations`).
     pub fn iterations(&self) -> u64 {
         self.compiled.as_ref().map_or(0, |c| c.optimizer.iterations)
@@ -556,6 +567,64 @@ impl Sequential {
             }
         }
         out
+    }
+
+    /// `(name, shape)` of every slot the optimizer has once each weight was updated, in
+    /// [`optimizer_variables`](Sequential::optimizer_variables) order; empty before `compile`.
+    pub(crate) fn optimizer_layout(&self) -> Vec<(String, Vec<usize>)> {
+        let Some(compiled) = &self.compiled else {
+            return Vec::new();
+        };
+        let names = optimizer::slot_names(&compiled.optimizer.config);
+        self.weight_layout()
+            .into_iter()
+            .flat_map(|(weight, shape)| {
+                names
+                    .iter()
+                    .map(move |slot| (format!("{weight}/{slot}"), shape.clone()))
+            })
+            .collect()
+    }
+
+    /// Puts back a training state checked against [`weight_layout`](Sequential::weight_layout)
+    /// and [`optimizer_layout`](Sequential::optimizer_layout): the weights, the optimizer
+    /// slots and the iteration count, on every replica. Every slot is allocated before anything
+    /// is written.
+    pub(crate) fn restore_training_state(
+        &mut self,
+        weights: &[Vec<f32>],
+        slots: &[Vec<f32>],
+        iterations: u64,
+    ) -> Result<()> {
+        for view in self.replica_views() {
+            let opt = view.optimizer.ok_or_else(|| {
+                Error::Model("restore: the model is not compiled; compile it first".into())
+            })?;
+            for (i, layer) in view.layers.iter().enumerate() {
+                let ws: Vec<&Tensor> = layer.weights().into_iter().map(|(_, t)| t).collect();
+                opt.ensure_slots(i, &ws)?;
+            }
+        }
+        self.write_weights(weights)?;
+        for view in self.replica_views() {
+            let layers = view.layers.len();
+            let Some(opt) = view.optimizer else { continue };
+            let tensors: Vec<&Tensor> = (0..layers)
+                .flat_map(|i| opt.named_slots(i).into_iter().map(|(_, _, t)| t))
+                .collect();
+            if tensors.len() != slots.len() {
+                return Err(Error::Model(format!(
+                    "restore: {} optimizer slots for {} in the model",
+                    slots.len(),
+                    tensors.len()
+                )));
+            }
+            for (t, v) in tensors.into_iter().zip(slots) {
+                t.write_words(bytemuck::cast_slice(v))?;
+            }
+            opt.iterations = iterations;
+        }
+        Ok(())
     }
 
     fn check_loss(&self, loss: Loss) -> Result<()> {

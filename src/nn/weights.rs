@@ -37,6 +37,16 @@ impl Blob {
             bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         })
     }
+
+    /// A 1-D f64 series.
+    pub(crate) fn f64s(name: &str, values: &[f64]) -> Blob {
+        Blob {
+            name: name.to_string(),
+            dtype: Dtype::F64,
+            shape: vec![values.len()],
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
 }
 
 /// The bytes of a safetensors file holding `blobs` and `metadata`; `what` names the caller in
