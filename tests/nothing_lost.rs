@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anygpu::data::Dataset;
+use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
     Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Layer, Loss,
     Optimizer, Sequential, Sgd, Verbosity,
@@ -345,6 +346,61 @@ fn a_checkpoint_of_another_optimizer_is_refused_and_changes_nothing() {
         .to_string();
     assert!(err.contains("Adam(") && err.contains("SGD("), "{err}");
     assert_eq!(state(&sgd), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resumed_mirrored_fit_restores_every_replica() {
+    let rt = cpu_runtime(2);
+    let cpus = rt.list_logical_devices("CPU").unwrap();
+    let strategy = MirroredStrategy::with_devices(&cpus).unwrap();
+    let fresh = || {
+        strategy
+            .scope(|| -> anygpu::Result<Sequential> {
+                let mut m = Sequential::with_seed(3);
+                m.add(Dense::new(4).activation(Activation::Selu).input_shape(&[3]))?;
+                m.add(Dense::new(3).activation(Activation::Softmax))?;
+                m.compile(
+                    Loss::sparse_categorical_crossentropy(),
+                    Sgd::new(0.1).momentum(0.9),
+                    &[],
+                )?;
+                m.set_verbose(Verbosity::Silent);
+                Ok(m)
+            })
+            .unwrap()
+            .unwrap()
+    };
+    let mut straight = fresh();
+    straight.fit(&dataset(false), 3, Some(4), None).unwrap();
+
+    let dir = scratch("mirrored");
+    let mut killed = fresh();
+    killed
+        .fit_with_callbacks(
+            &dataset(false),
+            3,
+            Some(4),
+            None,
+            &mut [&mut BackupAndRestore::new(&dir), &mut KillAfter(2)],
+        )
+        .unwrap_err();
+    let mut resumed = fresh();
+    resumed
+        .fit_with_callbacks(
+            &dataset(false),
+            3,
+            Some(4),
+            None,
+            &mut [&mut BackupAndRestore::new(&dir)],
+        )
+        .unwrap();
+    assert_eq!(state(&resumed), state(&straight));
+    assert_eq!(
+        resumed.replica_weights(1).unwrap(),
+        straight.replica_weights(1).unwrap(),
+        "the second replica is restored and trained like the first"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
