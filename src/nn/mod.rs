@@ -52,12 +52,12 @@ mod pass;
 mod sequential;
 mod step_output;
 mod summary;
+mod verbosity;
 mod weights;
 
 pub use activation::Activation;
 pub use callbacks::{Callback, CsvLogger, FitContext, ModelCheckpoint};
 pub use checkpoint::BackupAndRestore;
-pub use fit::Verbosity;
 pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
@@ -66,6 +66,7 @@ pub use optimizer::{Adam, Optimizer, Sgd};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;
 pub use summary::LayerInfo;
+pub use verbosity::Verbosity;
 
 use crate::device::LogicalDevice;
 use crate::error::Result;
