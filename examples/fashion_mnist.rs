@@ -20,7 +20,25 @@
 //!   --epochs 10 --batch-size 128 --steps-per-epoch 429
 //!   --optimizer sgd|momentum|adam --lr 0.01 --seed 42
 //!   --time-steps N            time N training steps after a warm-up, print the median, exit
-//!   --out DIR                 history.json and learning_curves.png (default ./runs/<timestamp>)
+//!   --out DIR                 model.safetensors, history.json, history.csv (after every epoch)
+//!                             and learning_curves.png; default a new ./runs/<timestamp>. An
+//!                             existing, non-empty DIR needs --overwrite (or --resume)
+//!   --overwrite               replace the files of an existing --out, and start afresh over a
+//!                             checkpoint found in --checkpoint-dir
+//!   --checkpoint-dir DIR      checkpoint the whole run after every epoch (weights, optimizer
+//!                             state, data position, history: keras.callbacks.BackupAndRestore);
+//!                             deleted when training completes
+//!   --resume                  continue the run checkpointed in --checkpoint-dir
+//! ```
+//!
+//! `--out` is checked for writing before anything trains, and a run never silently replaces an
+//! earlier one. When training fails, `history.json` still gets the epochs that finished, and a
+//! killed run with `--checkpoint-dir` continues where its last epoch ended with `--resume`:
+//!
+//! ```text
+//! cargo run --release --example fashion_mnist -- --epochs 10 --checkpoint-dir ckpt --out runs/a
+//! # ... killed in epoch 7
+//! cargo run --release --example fashion_mnist -- --epochs 10 --checkpoint-dir ckpt --out runs/a --resume
 //! ```
 //!
 //! Short CI run: `cargo run --release --example fashion_mnist -- --epochs 1 --steps-per-epoch 5`.
@@ -58,7 +76,7 @@
 //! Epoch 1/1
 //! 429/429 - 34s - 78ms/step - accuracy: 0.7465 - loss: 0.6995 - val_accuracy: 0.8448 - val_loss: 0.4182
 //! test_loss: 0.4134 - test_accuracy: 0.8498
-//! wrote runs/20261202-145512/history.json and runs/20261202-145512/learning_curves.png
+//! wrote runs/20261202-145512/model.safetensors, history.json and learning_curves.png
 //! memory: /device:GPU:0 reserved 1.5 GiB, in use 0 B, peak 0 B
 //! memory: /device:GPU:1 reserved 1.0 GiB, in use 0 B, peak 0 B
 //! memory: host peak RSS 1522784 kB
@@ -78,7 +96,10 @@ use std::time::Instant;
 use anygpu::config;
 use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
 use anygpu::distribute::MirroredStrategy;
-use anygpu::nn::{self, Adam, Loss, Metric, Optimizer, Sequential, Sgd};
+use anygpu::nn::{
+    self, Adam, BackupAndRestore, CsvLogger, Evaluation, History, Loss, Metric, Optimizer,
+    Sequential, Sgd,
+};
 use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, StreamStats, Tensor};
 use clap::Parser;
 use serde::Serialize;
@@ -133,9 +154,21 @@ struct Args {
     /// writes DIR/trace.json (open it in ui.perfetto.dev) and DIR/top_ops.txt, prints the table.
     #[arg(long, value_name = "DIR")]
     profile: Option<PathBuf>,
-    /// Output directory; default ./runs/<timestamp>.
+    /// Output directory; default a new ./runs/<timestamp>. An existing, non-empty directory
+    /// needs --overwrite (or --resume).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Replace the files of an existing --out; start afresh over a checkpoint found in
+    /// --checkpoint-dir.
+    #[arg(long)]
+    overwrite: bool,
+    /// Checkpoint the whole run into DIR after every epoch (keras.callbacks.BackupAndRestore);
+    /// the checkpoint is deleted when training completes.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Continue the run checkpointed in --checkpoint-dir.
+    #[arg(long)]
+    resume: bool,
 }
 
 /// The `--strategy` values.
@@ -163,7 +196,8 @@ struct HistoryJson {
     accuracy: Vec<f64>,
     val_loss: Vec<f64>,
     val_accuracy: Vec<f64>,
-    test_loss: f64,
+    /// `None` when training failed before the test.
+    test_loss: Option<f64>,
     test_accuracy: Option<f64>,
     images_per_second: f64,
     devices: Vec<String>,
@@ -201,6 +235,20 @@ fn run(args: Args) -> Result<(), BoxError> {
                 .into(),
         );
     }
+    let trains = args.time_steps.is_none() && args.profile.is_none();
+    if args.resume && args.checkpoint_dir.is_none() {
+        return Err("--resume continues the run checkpointed in --checkpoint-dir; name it".into());
+    }
+    // Where the checkpoints and results go, checked before anything trains.
+    let mut backup = match &args.checkpoint_dir {
+        Some(dir) if trains => Some(prepare_checkpoint(dir, &args)?),
+        _ => None,
+    };
+    let out = match trains {
+        true => Some(prepare_out_dir(&args)?),
+        false => None,
+    };
+
     // tf.config, before anything touches a device.
     let physical = config::list_physical_devices(DeviceKind::Gpu);
     println!("Num GPUs Available: {}", physical.len());
@@ -372,72 +420,76 @@ fn run(args: Args) -> Result<(), BoxError> {
         );
     }
 
-    let history = model.fit(
-        &train_ds,
-        args.epochs,
-        Some(steps_per_epoch),
-        Some(&valid_ds),
-    )?;
+    let out = out.ok_or("no output directory")?;
+    let run = RunInfo {
+        args: &args,
+        optimizer,
+        steps_per_epoch,
+    };
+    if let (true, Some(dir)) = (args.resume, &args.checkpoint_dir) {
+        println!("resuming the run checkpointed in {}", dir.display());
+    }
+    let mut csv = CsvLogger::new(out.join("history.csv"));
+    let fitted = match backup.as_mut() {
+        Some(backup) => model.fit_with_callbacks(
+            &train_ds,
+            args.epochs,
+            Some(steps_per_epoch),
+            Some(&valid_ds),
+            &mut [backup, &mut csv],
+        ),
+        None => model.fit_with_callbacks(
+            &train_ds,
+            args.epochs,
+            Some(steps_per_epoch),
+            Some(&valid_ds),
+            &mut [&mut csv],
+        ),
+    };
+    let history = match fitted {
+        Ok(history) => history,
+        Err(e) => {
+            // Keep what finished: the epochs before the failure.
+            let partial = model.history().clone();
+            let json = run.history_json(&model, &partial, None);
+            let json_path = out.join("history.json");
+            write_json(&json_path, &json)?;
+            return Err(format!(
+                "{e}\n(the {} finished epoch(s) are in {}{})",
+                partial.epochs(),
+                json_path.display(),
+                match &args.checkpoint_dir {
+                    Some(dir) => format!(
+                        "; continue with --resume --checkpoint-dir {}",
+                        dir.display()
+                    ),
+                    None => String::new(),
+                }
+            )
+            .into());
+        }
+    };
     let test = model.evaluate(&test_ds, None)?;
     match test.accuracy {
         Some(a) => println!("test_loss: {:.4} - test_accuracy: {a:.4}", test.loss),
         None => println!("test_loss: {:.4}", test.loss),
     }
 
-    // history.json and the learning curves.
-    let out = args.out.clone().unwrap_or_else(default_out_dir);
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let model_devices = model.devices();
-    let epochs = (0..history.epochs())
-        .map(|i| EpochLog {
-            epoch: i + 1,
-            loss: history.loss[i],
-            accuracy: history.accuracy.get(i).copied(),
-            val_loss: history.val_loss.get(i).copied(),
-            val_accuracy: history.val_accuracy.get(i).copied(),
-            seconds: history.epoch_seconds[i],
-            images_per_second: history.images_per_second[i],
-        })
-        .collect();
+    // The trained model, history.json and the learning curves.
+    let weights_path = out.join("model.safetensors");
+    model.save_weights(&weights_path)?;
     let mean_ips = history.images_per_second.iter().sum::<f64>() / history.epochs().max(1) as f64;
     println!("throughput: {mean_ips:.0} images/s in fit");
-    let json = HistoryJson {
-        epochs,
-        loss: history.loss.clone(),
-        accuracy: history.accuracy.clone(),
-        val_loss: history.val_loss.clone(),
-        val_accuracy: history.val_accuracy.clone(),
-        test_loss: test.loss,
-        test_accuracy: test.accuracy,
-        images_per_second: mean_ips,
-        devices: model_devices.iter().map(|d| d.name().to_string()).collect(),
-        adapters: model_devices
-            .iter()
-            .map(|d| d.adapter_name().to_string())
-            .collect(),
-        layer_devices: model
-            .layer_infos()
-            .into_iter()
-            .map(|l| (l.name, l.device))
-            .collect(),
-        replicas: model
-            .strategy()
-            .map(|s| s.devices().iter().map(|d| d.name().to_string()).collect())
-            .unwrap_or_default(),
-        optimizer: optimizer.to_string(),
-        batch_size: args.batch_size,
-        steps_per_epoch,
-        params: model.count_params(),
-        seed: args.seed,
-    };
     let json_path = out.join("history.json");
-    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
-        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    write_json(&json_path, &run.history_json(&model, &history, Some(&test)))?;
     let png_path = out.join("learning_curves.png");
     match plot::learning_curves(&png_path, &history) {
-        Ok(()) => println!("wrote {} and {}", json_path.display(), png_path.display()),
+        Ok(()) => println!(
+            "wrote {}, history.json and learning_curves.png",
+            weights_path.display()
+        ),
         Err(e) => {
-            println!("wrote {}", json_path.display());
+            println!("wrote {} and history.json", weights_path.display());
             eprintln!("warning: no learning-curve chart: {e}");
         }
     }
@@ -630,6 +682,155 @@ fn print_memory(gpus: &[LogicalDevice]) {
 }
 
 /// `./runs/YYYYMMDD-HHMMSS` (UTC).
+/// What history.json records besides the history.
+struct RunInfo<'a> {
+    args: &'a Args,
+    optimizer: Optimizer,
+    steps_per_epoch: usize,
+}
+
+impl RunInfo<'_> {
+    fn history_json(
+        &self,
+        model: &Sequential,
+        history: &History,
+        test: Option<&Evaluation>,
+    ) -> HistoryJson {
+        let model_devices = model.devices();
+        let epochs = (0..history.epochs())
+            .map(|i| EpochLog {
+                epoch: i + 1,
+                loss: history.loss[i],
+                accuracy: history.accuracy.get(i).copied(),
+                val_loss: history.val_loss.get(i).copied(),
+                val_accuracy: history.val_accuracy.get(i).copied(),
+                seconds: history.epoch_seconds.get(i).copied().unwrap_or(0.0),
+                images_per_second: history.images_per_second.get(i).copied().unwrap_or(0.0),
+            })
+            .collect();
+        HistoryJson {
+            epochs,
+            loss: history.loss.clone(),
+            accuracy: history.accuracy.clone(),
+            val_loss: history.val_loss.clone(),
+            val_accuracy: history.val_accuracy.clone(),
+            test_loss: test.map(|t| t.loss),
+            test_accuracy: test.and_then(|t| t.accuracy),
+            images_per_second: history.images_per_second.iter().sum::<f64>()
+                / history.epochs().max(1) as f64,
+            devices: model_devices.iter().map(|d| d.name().to_string()).collect(),
+            adapters: model_devices
+                .iter()
+                .map(|d| d.adapter_name().to_string())
+                .collect(),
+            layer_devices: model
+                .layer_infos()
+                .into_iter()
+                .map(|l| (l.name, l.device))
+                .collect(),
+            replicas: model
+                .strategy()
+                .map(|s| s.devices().iter().map(|d| d.name().to_string()).collect())
+                .unwrap_or_default(),
+            optimizer: self.optimizer.to_string(),
+            batch_size: self.args.batch_size,
+            steps_per_epoch: self.steps_per_epoch,
+            params: model.count_params(),
+            seed: self.args.seed,
+        }
+    }
+}
+
+fn write_json(path: &Path, json: &HistoryJson) -> Result<(), BoxError> {
+    std::fs::write(path, serde_json::to_string_pretty(json)?)
+        .map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+/// The output directory, created and checked for writing before anything trains: `--out` (an
+/// existing, non-empty one only with `--overwrite` or `--resume`), else a new
+/// `runs/<timestamp>` that no earlier run has.
+fn prepare_out_dir(args: &Args) -> Result<PathBuf, BoxError> {
+    let dir = match &args.out {
+        Some(dir) => {
+            let non_empty = std::fs::read_dir(dir)
+                .map(|mut entries| entries.next().is_some())
+                .unwrap_or(false);
+            if non_empty && !args.overwrite && !args.resume {
+                return Err(format!(
+                    "--out {}: the directory is not empty (an earlier run?); pass --overwrite to \
+                     replace its files, or name another directory",
+                    dir.display()
+                )
+                .into());
+            }
+            std::fs::create_dir_all(dir).map_err(|e| format!("--out {}: {e}", dir.display()))?;
+            dir.clone()
+        }
+        None => new_run_dir(&default_out_dir())?,
+    };
+    // A file written and removed now, rather than an error after hours of training.
+    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"ok")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| format!("--out {}: cannot write there: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `base`, or `base-2`, `base-3`, ...: the first that did not exist, created here (so two runs
+/// started in the same second get different directories).
+fn new_run_dir(base: &Path) -> Result<PathBuf, BoxError> {
+    if let Some(parent) = base.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let name = base
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for n in 1..10_000 {
+        let candidate = match n {
+            1 => base.to_path_buf(),
+            n => base.with_file_name(format!("{name}-{n}")),
+        };
+        match std::fs::create_dir(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("{}: {e}", candidate.display()).into()),
+        }
+    }
+    Err(format!("{}: no free run directory name", base.display()).into())
+}
+
+/// The `--checkpoint-dir` callback. A checkpoint already there is resumed with `--resume`,
+/// discarded with `--overwrite`, and otherwise an error: a new run never silently continues,
+/// or silently replaces, an earlier one.
+fn prepare_checkpoint(dir: &Path, args: &Args) -> Result<BackupAndRestore, BoxError> {
+    let backup = BackupAndRestore::new(dir);
+    match (backup.has_checkpoint(), args.resume, args.overwrite) {
+        (true, false, false) => Err(format!(
+            "--checkpoint-dir {}: it holds the checkpoint of an earlier run; pass --resume to \
+             continue it, or --overwrite to start afresh",
+            dir.display()
+        )
+        .into()),
+        (true, false, true) => {
+            let path = backup.checkpoint_path();
+            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(backup)
+        }
+        (false, true, _) => Err(format!(
+            "--resume: there is no checkpoint in {} ({} is missing)",
+            dir.display(),
+            backup.checkpoint_path().display()
+        )
+        .into()),
+        _ => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("--checkpoint-dir {}: {e}", dir.display()))?;
+            Ok(backup)
+        }
+    }
+}
+
 fn default_out_dir() -> PathBuf {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

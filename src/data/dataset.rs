@@ -263,6 +263,17 @@ impl Dataset {
         }
     }
 
+    /// How many passes were started so far: the number of the next [`iter`](Dataset::iter)'s
+    /// pass, which seeds its shuffles. A training checkpoint records it.
+    pub(crate) fn passes_started(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Makes the next [`iter`](Dataset::iter) pass number `pass` (restoring a checkpoint).
+    pub(crate) fn set_passes_started(&self, pass: u64) {
+        self.passes.store(pass, Ordering::Relaxed);
+    }
+
     /// The number of elements (batches, or examples when unbatched) in one pass, or `None`
     /// when the pipeline repeats forever; TF's `cardinality()`.
     pub fn len(&self) -> Option<usize> {

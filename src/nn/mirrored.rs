@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::nn::layers::Layer;
 use crate::nn::optimizer::{Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
-use crate::nn::sequential::{StepOutput, StepPart};
+use crate::nn::step_output::{StepOutput, StepPart};
 use crate::tensor::{DType, Direction, Tensor};
 
 /// The replicas of a mirrored model after the first (the model's own layers are replica 0).

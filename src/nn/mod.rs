@@ -37,6 +37,10 @@
 //!   distributed) weights than in TensorFlow.
 
 mod activation;
+mod atomic;
+mod callbacks;
+mod checkpoint;
+mod fit;
 mod history;
 mod init;
 mod layers;
@@ -46,15 +50,23 @@ mod mirrored;
 mod optimizer;
 mod pass;
 mod sequential;
+mod step_output;
+mod summary;
+mod verbosity;
 mod weights;
 
 pub use activation::Activation;
+pub use callbacks::{Callback, CsvLogger, FitContext, ModelCheckpoint};
+pub use checkpoint::BackupAndRestore;
 pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
 pub use optimizer::{Adam, Optimizer, Sgd};
-pub use sequential::{LayerInfo, Sequential, StepOutput, Verbosity};
+pub use sequential::Sequential;
+pub use step_output::StepOutput;
+pub use summary::LayerInfo;
+pub use verbosity::Verbosity;
 
 use crate::device::LogicalDevice;
 use crate::error::Result;

@@ -316,9 +316,35 @@ impl OptimizerState {
             .collect()
     }
 
+    /// The slot tensors of layer `layer` with their weight's index and Keras 3's slot name:
+    /// `momentum` (SGD's velocity, Adam's first moment) and `velocity` (Adam's second moment).
+    pub(crate) fn named_slots(&self, layer: usize) -> Vec<(usize, &'static str, &Tensor)> {
+        let Some(slots) = self.slots.get(layer) else {
+            return Vec::new();
+        };
+        slots
+            .iter()
+            .enumerate()
+            .flat_map(|(w, s)| match s {
+                Slots::None => vec![],
+                Slots::Velocity(v) => vec![(w, "momentum", v)],
+                Slots::Moments(m, v) => vec![(w, "momentum", m), (w, "velocity", v)],
+            })
+            .collect()
+    }
+
     /// Counts a finished step.
     pub(crate) fn finish_step(&mut self) {
         self.iterations += 1;
+    }
+}
+
+/// The slot names of each weight under `config`, in [`OptimizerState::named_slots`] order.
+pub(crate) fn slot_names(config: &Optimizer) -> &'static [&'static str] {
+    match config {
+        Optimizer::Sgd(s) if s.momentum != 0.0 => &["momentum"],
+        Optimizer::Sgd(_) => &[],
+        Optimizer::Adam(_) => &["momentum", "velocity"],
     }
 }
 

@@ -1,139 +1,38 @@
 //! `keras.Sequential`: a stack of layers, each on its own device, trained with `fit`.
 
-use std::fmt::{self, Write as _};
-use std::time::{Duration, Instant};
+use std::fmt;
 
-use indicatif::{ProgressBar, ProgressStyle};
-
-use crate::data::{Batch, Dataset};
+use crate::data::Batch;
 use crate::device::LogicalDevice;
 use crate::distribute::{self, MirroredStrategy};
 use crate::error::{Error, Result};
 use crate::nn::activation::Activation;
-use crate::nn::history::{Evaluation, History};
+use crate::nn::history::History;
 use crate::nn::init::derive_seed;
 use crate::nn::layers::{count_params, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
-use crate::nn::optimizer::{Optimizer, OptimizerState};
+use crate::nn::optimizer::{self, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
+use crate::nn::step_output::{StepOutput, StepPart};
+use crate::nn::verbosity::Verbosity;
+use crate::nn::weights;
 use crate::ops;
 use crate::tensor::{DType, Tensor};
 
-/// How much [`Sequential::fit`] prints (Keras' `verbose=`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Verbosity {
-    /// `verbose=0`: nothing.
-    Silent,
-    /// `verbose=1`: a progress bar per epoch (running loss, accuracy, images/s), then the
-    /// epoch's line.
-    #[default]
-    ProgressBar,
-    /// `verbose=2`: one line per epoch.
-    OneLinePerEpoch,
-}
-
-impl Verbosity {
-    /// Keras' numbers: 0 silent, 1 progress bar, 2 (or more) one line per epoch.
-    ///
-    /// ```
-    /// use anygpu::nn::Verbosity;
-    /// assert_eq!(Verbosity::from_level(0), Verbosity::Silent);
-    /// ```
-    pub fn from_level(level: u8) -> Verbosity {
-        match level {
-            0 => Verbosity::Silent,
-            1 => Verbosity::ProgressBar,
-            _ => Verbosity::OneLinePerEpoch,
-        }
-    }
-}
-
-/// One row of [`Sequential::summary`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LayerInfo {
-    /// The layer's name in the model: `conv2d`, `separable_conv2d_1`, ...
-    pub name: String,
-    /// Keras' class name: `Conv2D`, ...
-    pub class_name: &'static str,
-    /// Output shape without the batch axis; `None` before the layer is built.
-    pub output_shape: Option<Vec<usize>>,
-    /// Number of weights' elements.
-    pub params: usize,
-    /// The device holding the layer's weights and running it: `/device:GPU:0`.
-    pub device: String,
-}
-
-/// What one training step leaves on the device(s): the sum of the batch's per-example losses
-/// and its number of correct predictions — one part per replica under a
-/// [`MirroredStrategy`]. Nothing is read back until asked.
-#[derive(Clone, Debug)]
-pub struct StepOutput {
-    parts: Vec<StepPart>,
-    batch_size: usize,
-}
-
-/// One device's share of a [`StepOutput`].
-#[derive(Clone, Debug)]
-pub(crate) struct StepPart {
-    /// Sum of the per-example losses, a scalar `f32` tensor.
-    pub(crate) loss_sum: Tensor,
-    /// Correct predictions (`f32`, shape `[1]`) when the model tracks accuracy.
-    pub(crate) correct: Option<Tensor>,
-}
-
-impl StepOutput {
-    pub(crate) fn new(parts: Vec<StepPart>, batch_size: usize) -> StepOutput {
-        StepOutput { parts, batch_size }
-    }
-
-    /// Examples in the batch.
-    pub fn batch_size(&self) -> usize {
-        self.batch_size
-    }
-
-    /// Reads the mean loss of the batch (waits for the step).
-    ///
-    /// # Errors
-    /// A device error.
-    pub fn loss(&self) -> Result<f32> {
-        let mut sum = 0.0;
-        for p in &self.parts {
-            sum += read_scalar(&p.loss_sum)?;
-        }
-        Ok(sum / self.batch_size.max(1) as f32)
-    }
-
-    /// Reads the fraction of correct predictions, when the model tracks accuracy (waits for
-    /// the step).
-    ///
-    /// # Errors
-    /// A device error.
-    pub fn accuracy(&self) -> Result<Option<f32>> {
-        let mut sum = None;
-        for c in self.parts.iter().filter_map(|p| p.correct.as_ref()) {
-            *sum.get_or_insert(0.0) += read_scalar(c)?;
-        }
-        Ok(sum.map(|s| s / self.batch_size.max(1) as f32))
-    }
-}
-
-/// A layer's name, device, and `(weight name, shape)` list, for the weights module.
-pub(crate) type LayerWeights = (String, LogicalDevice, Vec<(String, Vec<usize>)>);
-
-struct Entry {
-    name: String,
-    layer: Box<dyn Layer>,
-    device: LogicalDevice,
+pub(super) struct Entry {
+    pub(super) name: String,
+    pub(super) layer: Box<dyn Layer>,
+    pub(super) device: LogicalDevice,
     input_shape: Option<Vec<usize>>,
-    output_shape: Option<Vec<usize>>,
+    pub(super) output_shape: Option<Vec<usize>>,
 }
 
-struct Compiled {
+pub(super) struct Compiled {
     loss: Loss,
-    optimizer: OptimizerState,
-    accuracy: bool,
+    pub(super) optimizer: OptimizerState,
+    pub(super) accuracy: bool,
 }
 
 /// A linear stack of layers (`keras.Sequential`), each running on the device it was added on.
@@ -167,14 +66,16 @@ struct Compiled {
 /// # Ok::<(), anygpu::Error>(())
 /// ```
 pub struct Sequential {
-    name: String,
+    pub(super) name: String,
     seed: u64,
-    entries: Vec<Entry>,
-    compiled: Option<Compiled>,
-    verbose: Verbosity,
-    log_every: usize,
+    pub(super) entries: Vec<Entry>,
+    pub(super) compiled: Option<Compiled>,
+    pub(super) verbose: Verbosity,
+    pub(super) log_every: usize,
     /// The other replicas' copies, for a model created inside a strategy's scope.
-    mirrors: Option<Mirrors>,
+    pub(super) mirrors: Option<Mirrors>,
+    /// The last `fit`'s history, epoch by epoch as they finish (Keras' `model.history`).
+    pub(super) history: History,
 }
 
 impl fmt::Debug for Sequential {
@@ -198,37 +99,6 @@ impl Default for Sequential {
     }
 }
 
-fn read_scalar(t: &Tensor) -> Result<f32> {
-    Ok(t.to_vec::<f32>()?.first().copied().unwrap_or(0.0))
-}
-
-fn shape_str(shape: Option<&[usize]>) -> String {
-    match shape {
-        None => "?".to_string(),
-        Some(s) => {
-            let mut out = String::from("(None");
-            for d in s {
-                let _ = write!(out, ", {d}");
-            }
-            out.push(')');
-            out
-        }
-    }
-}
-
-/// `184234` → `184,234`.
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// The devices a model runs on, each once, in layer order.
 fn distinct_devices<'a>(
     devices: impl Iterator<Item = &'a LogicalDevice>,
@@ -240,46 +110,6 @@ fn distinct_devices<'a>(
         }
     }
     out
-}
-
-/// Running sums of a loop over batches, kept on the devices: one part per device.
-#[derive(Default)]
-struct Accumulator {
-    parts: Vec<StepPart>,
-    examples: usize,
-}
-
-impl Accumulator {
-    fn push(&mut self, step: StepOutput) -> Result<()> {
-        for part in step.parts {
-            let device = part.loss_sum.device_handle();
-            match self
-                .parts
-                .iter_mut()
-                .find(|p| p.loss_sum.device_handle().same_device(device))
-            {
-                None => self.parts.push(part),
-                Some(acc) => {
-                    acc.loss_sum = acc.loss_sum.add(&part.loss_sum)?;
-                    acc.correct = match (acc.correct.take(), part.correct) {
-                        (Some(a), Some(c)) => Some(a.add(&c)?),
-                        (a, c) => a.or(c),
-                    };
-                }
-            }
-        }
-        self.examples += step.batch_size;
-        Ok(())
-    }
-
-    /// Reads `(mean loss, accuracy)`; waits for the steps so far.
-    fn read(&self) -> Result<(f64, Option<f64>)> {
-        if self.parts.is_empty() {
-            return Ok((f64::NAN, None));
-        }
-        let total = StepOutput::new(self.parts.clone(), self.examples);
-        Ok((total.loss()? as f64, total.accuracy()?.map(f64::from)))
-    }
 }
 
 impl Sequential {
@@ -300,6 +130,7 @@ impl Sequential {
             verbose: Verbosity::default(),
             log_every: 10,
             mirrors: distribute::get_strategy().map(Mirrors::new),
+            history: History::default(),
         }
     }
 
@@ -338,7 +169,7 @@ impl Sequential {
     }
 
     /// Every replica's layers, the primary first, for passes that update nothing.
-    fn replica_layers(&self) -> Vec<ReplicaView<'_>> {
+    pub(super) fn replica_layers(&self) -> Vec<ReplicaView<'_>> {
         let Some(first) = self.entries.first() else {
             return Vec::new();
         };
@@ -592,7 +423,7 @@ impl Sequential {
         !self.entries.is_empty() && self.entries.iter().all(|e| e.output_shape.is_some())
     }
 
-    fn require_built(&self, what: &str) -> Result<()> {
+    pub(super) fn require_built(&self, what: &str) -> Result<()> {
         if self.entries.is_empty() {
             return Err(Error::Model(format!("{what}: the model has no layers")));
         }
@@ -603,20 +434,6 @@ impl Sequential {
             )));
         }
         Ok(())
-    }
-
-    /// The rows of the summary: name, class, output shape, parameters, device per layer.
-    pub fn layer_infos(&self) -> Vec<LayerInfo> {
-        self.entries
-            .iter()
-            .map(|e| LayerInfo {
-                name: e.name.clone(),
-                class_name: e.layer.class_name(),
-                output_shape: e.output_shape.clone(),
-                params: count_params(e.layer.as_ref()),
-                device: e.device.name().to_string(),
-            })
-            .collect()
     }
 
     /// The layer at `index`.
@@ -646,99 +463,6 @@ impl Sequential {
             .iter()
             .map(|e| count_params(e.layer.as_ref()))
             .sum()
-    }
-
-    /// The Keras-like summary table, with a device column:
-    ///
-    /// ```text
-    /// Model: "sequential"
-    /// ________________________________________________________________________________
-    ///  Layer (type)                        Output Shape          Param #   Device
-    /// ================================================================================
-    ///  conv2d (Conv2D)                     (None, 28, 28, 32)    320       /device:GPU:0
-    ///  ...
-    /// ================================================================================
-    /// Total params: 184,234
-    /// Trainable params: 184,234
-    /// Non-trainable params: 0
-    /// ________________________________________________________________________________
-    /// ```
-    ///
-    /// ```
-    /// let model = anygpu::nn::tutorial_cnn(42, &[])?;
-    /// let summary = model.summary();
-    /// assert!(summary.contains("separable_conv2d_1 (SeparableConv2D)"));
-    /// assert!(summary.contains("Total params: 184,234"));
-    /// # Ok::<(), anygpu::Error>(())
-    /// ```
-    ///
-    /// Unbuilt layers show `?` as their output shape and 0 parameters.
-    pub fn summary(&self) -> String {
-        let headers = ["Layer (type)", "Output Shape", "Param #", "Device"];
-        let rows: Vec<[String; 4]> = self
-            .layer_infos()
-            .into_iter()
-            .map(|info| {
-                [
-                    format!("{} ({})", info.name, info.class_name),
-                    shape_str(info.output_shape.as_deref()),
-                    info.params.to_string(),
-                    info.device,
-                ]
-            })
-            .collect();
-        let mut widths = headers.map(str::len);
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.len());
-            }
-        }
-        let gap = 3;
-        let total_width = 1 + widths.iter().map(|w| w + gap).sum::<usize>();
-        let line = |row: [&str; 4]| {
-            let mut s = String::from(" ");
-            for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
-                if i + 1 == row.len() {
-                    s.push_str(cell);
-                } else {
-                    let _ = write!(s, "{cell:<width$}", width = w + gap);
-                }
-            }
-            s.push('\n');
-            s
-        };
-        let total = self.count_params();
-        let mut out = format!("Model: \"{}\"\n", self.name);
-        out.push_str(&"_".repeat(total_width));
-        out.push('\n');
-        out.push_str(&line(headers));
-        out.push_str(&"=".repeat(total_width));
-        out.push('\n');
-        for row in &rows {
-            out.push_str(&line([&row[0], &row[1], &row[2], &row[3]]));
-        }
-        out.push_str(&"=".repeat(total_width));
-        out.push('\n');
-        let _ = writeln!(out, "Total params: {}", thousands(total));
-        let _ = writeln!(out, "Trainable params: {}", thousands(total));
-        out.push_str("Non-trainable params: 0\n");
-        if let Some(strategy) = self.strategy() {
-            let names: Vec<&str> = strategy.devices().iter().map(|d| d.name()).collect();
-            let _ = writeln!(
-                out,
-                "Mirrored on {} replica(s): {}",
-                names.len(),
-                names.join(", ")
-            );
-        }
-        out.push_str(&"_".repeat(total_width));
-        out.push('\n');
-        out
-    }
-
-    /// Prints [`summary`](Sequential::summary) to stdout (`model.summary()`).
-    pub fn print_summary(&self) {
-        print!("{}", self.summary());
     }
 
     /// Configures training (`model.compile(loss, optimizer, metrics)`); resets the optimizer
@@ -799,9 +523,108 @@ impl Sequential {
         self.compiled.as_ref().map(|c| &c.optimizer.config)
     }
 
+    /// The history of the last [`fit`](Sequential::fit) (Keras' `model.history`), updated as
+    /// each epoch finishes: after a `fit` that failed in epoch 9, it holds epochs 1–8; after a
+    /// resumed one, the restored epochs too.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
     /// Training steps run since `compile` (Keras' `optimizer.iterations`).
     pub fn iterations(&self) -> u64 {
         self.compiled.as_ref().map_or(0, |c| c.optimizer.iterations)
+    }
+
+    /// The optimizer's slot variables (Keras' `optimizer.variables` without `iterations`),
+    /// named `layer_name/weight_name/slot`: `momentum` for SGD with momentum and Adam's first
+    /// moment, `velocity` for Adam's second. A slot exists once its weight has been updated;
+    /// plain SGD has none. Under a strategy, the primary replica's.
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Loss, Sequential, Sgd};
+    /// use anygpu::Tensor;
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).activation(Activation::Softmax).input_shape(&[3]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1).momentum(0.9), &[])?;
+    /// assert!(model.optimizer_variables().is_empty());
+    /// let x = Tensor::from_vec(vec![1.0f32, 0.0, 0.0], &[1, 3])?;
+    /// model.train_step(&x, &Tensor::from_vec(vec![1i32], &[1])?)?;
+    /// let names: Vec<String> = model.optimizer_variables().into_iter().map(|(n, _)| n).collect();
+    /// assert_eq!(names, ["dense/kernel/momentum", "dense/bias/momentum"]);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn optimizer_variables(&self) -> Vec<(String, &Tensor)> {
+        let Some(compiled) = &self.compiled else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let names = e.layer.weights();
+            for (w, slot, t) in compiled.optimizer.named_slots(i) {
+                let weight = names.get(w).map_or("?", |(n, _)| n);
+                out.push((format!("{}/{weight}/{slot}", e.name), t));
+            }
+        }
+        out
+    }
+
+    /// `(name, shape)` of every slot the optimizer has once each weight was updated, in
+    /// [`optimizer_variables`](Sequential::optimizer_variables) order; empty before `compile`.
+    pub(crate) fn optimizer_layout(&self) -> Vec<(String, Vec<usize>)> {
+        let Some(compiled) = &self.compiled else {
+            return Vec::new();
+        };
+        let names = optimizer::slot_names(&compiled.optimizer.config);
+        self.weight_layout()
+            .into_iter()
+            .flat_map(|(weight, shape)| {
+                names
+                    .iter()
+                    .map(move |slot| (format!("{weight}/{slot}"), shape.clone()))
+            })
+            .collect()
+    }
+
+    /// Puts back a training state checked against [`weight_layout`](Sequential::weight_layout)
+    /// and [`optimizer_layout`](Sequential::optimizer_layout): the weights, the optimizer
+    /// slots and the iteration count, on every replica. Every slot is allocated before anything
+    /// is written.
+    pub(crate) fn restore_training_state(
+        &mut self,
+        weights: &[Vec<f32>],
+        slots: &[Vec<f32>],
+        iterations: u64,
+    ) -> Result<()> {
+        for view in self.replica_views() {
+            let opt = view.optimizer.ok_or_else(|| {
+                Error::Model("restore: the model is not compiled; compile it first".into())
+            })?;
+            for (i, layer) in view.layers.iter().enumerate() {
+                let ws: Vec<&Tensor> = layer.weights().into_iter().map(|(_, t)| t).collect();
+                opt.ensure_slots(i, &ws)?;
+            }
+        }
+        self.write_weights(weights)?;
+        for view in self.replica_views() {
+            let layers = view.layers.len();
+            let Some(opt) = view.optimizer else { continue };
+            let tensors: Vec<&Tensor> = (0..layers)
+                .flat_map(|i| opt.named_slots(i).into_iter().map(|(_, _, t)| t))
+                .collect();
+            if tensors.len() != slots.len() {
+                return Err(Error::Model(format!(
+                    "restore: {} optimizer slots for {} in the model",
+                    slots.len(),
+                    tensors.len()
+                )));
+            }
+            for (t, v) in tensors.into_iter().zip(slots) {
+                t.write_words(bytemuck::cast_slice(v))?;
+            }
+            opt.iterations = iterations;
+        }
+        Ok(())
     }
 
     fn check_loss(&self, loss: Loss) -> Result<()> {
@@ -833,7 +656,7 @@ impl Sequential {
         }
     }
 
-    fn compiled(&self, what: &str) -> Result<&Compiled> {
+    pub(super) fn compiled(&self, what: &str) -> Result<&Compiled> {
         let compiled = self.compiled.as_ref().ok_or_else(|| {
             Error::Model(format!(
                 "{what}: you must compile your model before training/testing. Use \
@@ -844,7 +667,12 @@ impl Sequential {
         Ok(compiled)
     }
 
-    fn check_batch(&self, what: &'static str, x: &Tensor, y: Option<&Tensor>) -> Result<usize> {
+    pub(super) fn check_batch(
+        &self,
+        what: &'static str,
+        x: &Tensor,
+        y: Option<&Tensor>,
+    ) -> Result<usize> {
         let input = self.input_shape().unwrap_or(&[]);
         let shape = x.shape();
         if shape.len() != input.len() + 1 || shape[1..] != *input {
@@ -879,7 +707,7 @@ impl Sequential {
     }
 
     /// The primary replica's layers with their devices (the whole model when not mirrored).
-    fn stages(&self) -> Vec<Stage<'_>> {
+    pub(super) fn stages(&self) -> Vec<Stage<'_>> {
         self.entries
             .iter()
             .map(|e| Stage {
@@ -889,50 +717,31 @@ impl Sequential {
             .collect()
     }
 
-    /// Forward, loss, backward on the primary replica; with `update`, each layer's weights are
-    /// updated as soon as its gradients exist (its backward has already used them), else the
-    /// gradients are returned.
+    /// Forward, loss, backward on the primary replica, then, with `update`, the optimizer
+    /// step; without, the gradients are returned.
+    ///
+    /// The update is all or nothing: it starts only once every layer's gradients exist and
+    /// every optimizer slot is allocated, so a failure anywhere before (out of memory on one
+    /// device of a split model, say) leaves every weight, every slot and the iteration count
+    /// as they were — as the mirrored step does.
     fn step(&mut self, x: &Tensor, y: &Tensor, update: bool) -> Result<(StepOutput, Vec<Tensor>)> {
         let what = if update { "fit" } else { "loss_and_gradients" };
         self.require_built(what)?;
         let accuracy = self.compiled(what)?.accuracy;
         let n = self.check_batch(what, x, Some(y))?;
-        let stages: Vec<Stage<'_>> = self
-            .entries
-            .iter()
-            .map(|e| Stage {
-                layer: e.layer.as_ref(),
-                device: &e.device,
-            })
-            .collect();
-        // (Built from the fields, not `self.stages()`, so `compiled` can be borrowed apart.)
+        let stages = self.stages();
         let last = stages[stages.len() - 1].device;
         let (logits, saved) = pass::forward(&stages, x, true)?;
         let terms = pass::loss_terms(last, &logits, y, accuracy)?;
         drop(logits);
-        let mut all_grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
-        let compiled = &mut self.compiled;
-        pass::backward(&stages, saved, terms.dlogits, |i, grads| {
-            if update {
-                let weights: Vec<&Tensor> = stages[i]
-                    .layer
-                    .weights()
-                    .into_iter()
-                    .map(|(_, t)| t)
-                    .collect();
-                let compiled = compiled
-                    .as_mut()
-                    .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
-                compiled.optimizer.apply(i, &weights, &grads)
-            } else {
-                all_grads[i] = grads;
-                Ok(())
-            }
+        let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
+        pass::backward(&stages, saved, terms.dlogits, |i, g| {
+            grads[i] = g;
+            Ok(())
         })?;
+        drop(stages);
         if update {
-            if let Some(c) = self.compiled.as_mut() {
-                c.optimizer.finish_step();
-            }
+            self.apply_gradients(&grads)?;
         }
         let out = StepOutput::new(
             vec![StepPart {
@@ -941,7 +750,29 @@ impl Sequential {
             }],
             n,
         );
-        Ok((out, all_grads.into_iter().flatten().collect()))
+        Ok((out, grads.into_iter().flatten().collect()))
+    }
+
+    /// The optimizer step from every layer's gradients: the slots are allocated first (the only
+    /// allocation of an update), then every weight is updated in place and the step counted.
+    fn apply_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
+        let compiled = self
+            .compiled
+            .as_mut()
+            .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
+        let layer_weights: Vec<Vec<&Tensor>> = self
+            .entries
+            .iter()
+            .map(|e| e.layer.weights().into_iter().map(|(_, t)| t).collect())
+            .collect();
+        for (i, weights) in layer_weights.iter().enumerate() {
+            compiled.optimizer.ensure_slots(i, weights)?;
+        }
+        for (i, (weights, g)) in layer_weights.iter().zip(grads).enumerate() {
+            compiled.optimizer.apply(i, weights, g)?;
+        }
+        compiled.optimizer.finish_step();
+        Ok(())
     }
 
     /// A data-parallel step over the strategy's replicas.
@@ -965,6 +796,13 @@ impl Sequential {
     /// `x` is `[batch, ...input_shape]` f32 and `y` `[batch]` i32, on any device: they move to
     /// the first and last layers' devices.
     ///
+    /// A step is all or nothing: the update starts only once every gradient exists, on every
+    /// device of a split model as on every replica of a mirrored one, so an error in the
+    /// forward or backward pass (out of memory on one device, say) leaves every weight, every
+    /// optimizer slot and [`iterations`](Sequential::iterations) as they were. A batch of 0
+    /// examples changes nothing either — no momentum decay, no Adam step — and its loss reads
+    /// NaN.
+    ///
     /// ```
     /// use anygpu::nn::{Activation, Dense, Loss, Sequential, Sgd};
     /// use anygpu::Tensor;
@@ -986,6 +824,9 @@ impl Sequential {
     /// [`Error::Model`] before `compile` or `build`; a shape error naming the expected batch
     /// shape; device errors.
     pub fn train_step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepOutput> {
+        if x.shape().first() == Some(&0) {
+            return self.empty_step(x, y);
+        }
         if self.mirrors.is_none() {
             return Ok(self.step(x, y, true)?.0);
         }
@@ -999,9 +840,19 @@ impl Sequential {
         })
     }
 
+    /// A batch without examples: checked like any other, then nothing happens. Its gradient
+    /// would be zero, but an update with it would still decay SGD's momentum and Adam's
+    /// moments and count a step, so there is no update at all.
+    fn empty_step(&self, x: &Tensor, y: &Tensor) -> Result<StepOutput> {
+        self.require_built("fit")?;
+        self.compiled("fit")?;
+        self.check_batch("fit", x, Some(y))?;
+        Ok(StepOutput::new(Vec::new(), 0))
+    }
+
     /// One training step on a batch from a [`Dataset`]: under a strategy each replica takes
     /// its examples straight from the host batch.
-    fn train_batch(&mut self, batch: &Batch) -> Result<StepOutput> {
+    pub(super) fn train_batch(&mut self, batch: &Batch) -> Result<StepOutput> {
         if self.mirrors.is_some() {
             self.check_host_batch("fit", batch)?;
             return self.mirrored_step(HostBatch::from(batch));
@@ -1011,7 +862,7 @@ impl Sequential {
     }
 
     /// Checks a host batch's shape as [`check_batch`](Sequential::check_batch) does a tensor's.
-    fn check_host_batch(&self, what: &'static str, batch: &Batch) -> Result<()> {
+    pub(super) fn check_host_batch(&self, what: &'static str, batch: &Batch) -> Result<()> {
         let input = self.input_shape().unwrap_or(&[]);
         let shape = &batch.x_shape;
         if shape.len() != input.len() + 1 {
@@ -1082,7 +933,7 @@ impl Sequential {
         Ok(())
     }
 
-    fn batch_tensors(&self, what: &str, batch: &Batch) -> Result<(Tensor, Tensor)> {
+    pub(super) fn batch_tensors(&self, what: &str, batch: &Batch) -> Result<(Tensor, Tensor)> {
         let input = self.input_shape().unwrap_or(&[]);
         if batch.x_shape.len() != input.len() + 1 {
             return Err(Error::InvalidArgument(format!(
@@ -1096,210 +947,6 @@ impl Sequential {
         let x = Tensor::from_slice_on(&batch.x, &batch.x_shape, first)?;
         let y = Tensor::from_slice_on(&batch.y, &[batch.y.len()], last)?;
         Ok((x, y))
-    }
-
-    /// Trains for `epochs` epochs (`model.fit(dataset, epochs, steps_per_epoch,
-    /// validation_data)`).
-    ///
-    /// Each epoch runs `steps_per_epoch` batches, or one pass over a finite dataset when it is
-    /// `None`. With `steps_per_epoch`, batches continue across epochs from one iterator over
-    /// the dataset, as Keras does with a repeated `tf.data` pipeline; if the dataset runs out,
-    /// a new pass starts. After each epoch the model is evaluated on `validation`.
-    ///
-    /// The per-step loss and correct count are accumulated on the device with
-    /// [`Tensor::add`] and read every [`set_log_every`](Sequential::set_log_every) steps and at
-    /// the end of the epoch, so the device is not stalled every step. With
-    /// [`Verbosity::ProgressBar`] each epoch shows a progress bar with the running loss,
-    /// accuracy and images/s, then a line such as
-    /// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: 0.8790 - val_loss: 0.3341`.
-    ///
-    /// # Errors
-    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] for an unbatched or
-    /// empty dataset, or an infinite one without `steps_per_epoch`; shape and device errors.
-    pub fn fit(
-        &mut self,
-        dataset: &Dataset,
-        epochs: usize,
-        steps_per_epoch: Option<usize>,
-        validation: Option<&Dataset>,
-    ) -> Result<History> {
-        if self.input_shape().is_none() {
-            self.build(dataset.example_shape())?;
-        }
-        self.require_built("fit")?;
-        let accuracy = self.compiled("fit")?.accuracy;
-        let steps = match (steps_per_epoch, dataset.len()) {
-            (Some(0), _) => {
-                return Err(Error::InvalidArgument(
-                    "fit: steps_per_epoch must be positive".into(),
-                ))
-            }
-            (Some(s), _) => s,
-            (None, Some(0)) => {
-                return Err(Error::InvalidArgument(
-                    "fit: the dataset is empty; there is nothing to train on".into(),
-                ))
-            }
-            (None, Some(n)) => n,
-            (None, None) => {
-                return Err(Error::InvalidArgument(
-                    "fit: when providing an infinite dataset, you must specify the number of \
-                     steps to run (steps_per_epoch)"
-                        .into(),
-                ))
-            }
-        };
-        let mut history = History::default();
-        let mut iter = dataset.iter();
-        for epoch in 0..epochs {
-            if steps_per_epoch.is_none() && epoch > 0 {
-                iter = dataset.iter();
-            }
-            let bar = self.epoch_bar(epoch, epochs, steps);
-            let start = Instant::now();
-            let mut acc = Accumulator::default();
-            let mut last_read = (f64::NAN, None);
-            for step in 0..steps {
-                let batch = match iter.next() {
-                    Some(b) => b,
-                    None => {
-                        iter = dataset.iter();
-                        iter.next().ok_or_else(|| {
-                            Error::InvalidArgument("fit: the dataset is empty".into())
-                        })?
-                    }
-                };
-                let out = self.train_batch(&batch)?;
-                acc.push(out)?;
-                let done = step + 1;
-                if done % self.log_every == 0 || done == steps {
-                    last_read = acc.read()?;
-                    if let Some(bar) = &bar {
-                        bar.set_position(done as u64);
-                        bar.set_message(progress_message(last_read, acc.examples, start.elapsed()));
-                    }
-                }
-            }
-            let elapsed = start.elapsed();
-            if let Some(bar) = &bar {
-                bar.finish_and_clear();
-            }
-            let (loss, acc_value) = last_read;
-            history.loss.push(loss);
-            if let (true, Some(a)) = (accuracy, acc_value) {
-                history.accuracy.push(a);
-            }
-            history.steps.push(steps);
-            let secs = elapsed.as_secs_f64();
-            history.epoch_seconds.push(secs);
-            history
-                .images_per_second
-                .push(acc.examples as f64 / secs.max(1e-9));
-            let val = match validation {
-                Some(v) => Some(self.evaluate(v, None)?),
-                None => None,
-            };
-            if let Some(v) = &val {
-                history.val_loss.push(v.loss);
-                if let Some(a) = v.accuracy {
-                    history.val_accuracy.push(a);
-                }
-            }
-            if self.verbose != Verbosity::Silent {
-                if self.verbose == Verbosity::OneLinePerEpoch {
-                    println!("Epoch {}/{epochs}", epoch + 1);
-                }
-                println!(
-                    "{}",
-                    epoch_line(steps, elapsed, (loss, acc_value), val.as_ref())
-                );
-            }
-        }
-        Ok(history)
-    }
-
-    fn epoch_bar(&self, epoch: usize, epochs: usize, steps: usize) -> Option<ProgressBar> {
-        if self.verbose != Verbosity::ProgressBar {
-            return None;
-        }
-        println!("Epoch {}/{epochs}", epoch + 1);
-        let bar = ProgressBar::new(steps as u64);
-        let style = ProgressStyle::with_template(
-            "{pos:>5}/{len:<5} [{bar:30.cyan/blue}] {elapsed_precise} - {msg}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
-        Some(bar)
-    }
-
-    /// Mean loss and accuracy over a dataset (`model.evaluate(dataset, steps)`): one pass, or
-    /// `steps` batches.
-    ///
-    /// ```
-    /// use anygpu::data::Dataset;
-    /// use anygpu::nn::{Activation, Dense, Loss, Metric, Sequential, Sgd};
-    /// let mut model = Sequential::new();
-    /// model.add(Dense::new(3).activation(Activation::Softmax).input_shape(&[2]))?;
-    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[Metric::Accuracy])?;
-    /// let test = Dataset::from_tensor_slices(vec![0.5; 10], &[2], vec![0, 1, 2, 0, 1])?.batch(2, false);
-    /// let result = model.evaluate(&test, None)?;
-    /// assert_eq!(result.examples, 5);
-    /// assert!(result.loss > 0.0 && result.accuracy.is_some());
-    /// # Ok::<(), anygpu::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] for an empty, unbatched or
-    /// infinite (without `steps`) dataset.
-    pub fn evaluate(&self, dataset: &Dataset, steps: Option<usize>) -> Result<Evaluation> {
-        self.require_built("evaluate")?;
-        let accuracy = self.compiled("evaluate")?.accuracy;
-        if steps.is_none() && dataset.len().is_none() {
-            return Err(Error::InvalidArgument(
-                "evaluate: when providing an infinite dataset, you must specify the number of \
-                 steps to run"
-                    .into(),
-            ));
-        }
-        let mut acc = Accumulator::default();
-        let replicas = self.replica_layers();
-        for (i, batch) in dataset.iter().take(steps.unwrap_or(usize::MAX)).enumerate() {
-            self.check_host_batch("evaluate", &batch)?;
-            let out = match self.strategy() {
-                Some(strategy) => {
-                    mirrored::evaluate_batch(strategy, &replicas, (&batch).into(), accuracy)?
-                }
-                None => {
-                    let (x, y) = self.batch_tensors("evaluate", &batch)?;
-                    let stages = self.stages();
-                    let (logits, _) = pass::forward(&stages, &x, false)?;
-                    let last = stages[stages.len() - 1].device;
-                    let terms = pass::loss_terms(last, &logits, &y, accuracy)?;
-                    let part = StepPart {
-                        loss_sum: terms.loss_sum,
-                        correct: terms.correct,
-                    };
-                    StepOutput::new(vec![part], batch.batch_size())
-                }
-            };
-            acc.push(out)?;
-            if (i + 1) % self.log_every == 0 {
-                // Bounds how far the host runs ahead of the device.
-                acc.read()?;
-            }
-        }
-        if acc.examples == 0 {
-            return Err(Error::InvalidArgument(
-                "evaluate: the dataset is empty".into(),
-            ));
-        }
-        let (loss, accuracy) = acc.read()?;
-        Ok(Evaluation {
-            loss,
-            accuracy,
-            examples: acc.examples,
-        })
     }
 
     /// The model's output for a batch `x` of shape `[batch, ...input_shape]`
@@ -1457,7 +1104,7 @@ impl Sequential {
     /// # Errors
     /// [`Error::Io`] when the file cannot be written; device errors.
     pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        crate::nn::weights::save(self, path.as_ref())
+        weights::save(&self.named_weights(), &self.name, path.as_ref())
     }
 
     /// Loads weights saved by [`save_weights`](Sequential::save_weights) into this model
@@ -1469,92 +1116,16 @@ impl Sequential {
     /// extra weight, a dtype other than f32, or a shape mismatch (naming the weight and both
     /// shapes).
     pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        crate::nn::weights::load(self, path.as_ref())
+        let staged = weights::load(path.as_ref(), &self.weight_layout())?;
+        // In place, on every replica of a mirrored model.
+        self.write_weights(&staged)
     }
 
-    /// `(layer name, device, [(weight name, shape)])` per layer, for the weights module.
-    pub(crate) fn weight_layout(&self) -> Vec<LayerWeights> {
-        self.entries
-            .iter()
-            .map(|e| {
-                let ws = e
-                    .layer
-                    .weights()
-                    .into_iter()
-                    .map(|(n, t)| (format!("{}/{n}", e.name), t.shape().to_vec()))
-                    .collect();
-                (e.name.clone(), e.device.clone(), ws)
-            })
+    /// Every weight's name and shape, in [`weights`](Sequential::weights) order.
+    pub(crate) fn weight_layout(&self) -> Vec<(String, Vec<usize>)> {
+        self.named_weights()
+            .into_iter()
+            .map(|(n, t)| (n, t.shape().to_vec()))
             .collect()
-    }
-}
-
-fn fmt_metrics(prefix: &str, (loss, acc): (f64, Option<f64>)) -> String {
-    let mut s = String::new();
-    if let Some(a) = acc {
-        let _ = write!(s, " - {prefix}accuracy: {a:.4}");
-    }
-    let _ = write!(s, " - {prefix}loss: {loss:.4}");
-    s
-}
-
-fn progress_message(read: (f64, Option<f64>), examples: usize, elapsed: Duration) -> String {
-    let ips = examples as f64 / elapsed.as_secs_f64().max(1e-9);
-    let metrics = fmt_metrics("", read);
-    format!("{} - {ips:.0} images/s", metrics.trim_start_matches(" - "))
-}
-
-/// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: ... - val_loss: ...`
-fn epoch_line(
-    steps: usize,
-    elapsed: Duration,
-    train: (f64, Option<f64>),
-    val: Option<&Evaluation>,
-) -> String {
-    let secs = elapsed.as_secs_f64();
-    let mut line = format!(
-        "{steps}/{steps} - {:.0}s - {:.0}ms/step{}",
-        secs,
-        secs * 1e3 / steps.max(1) as f64,
-        fmt_metrics("", train)
-    );
-    if let Some(v) = val {
-        line.push_str(&fmt_metrics("val_", (v.loss, v.accuracy)));
-    }
-    line
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1000), "1,000");
-        assert_eq!(thousands(184_234), "184,234");
-        assert_eq!(thousands(1_234_567), "1,234,567");
-    }
-
-    #[test]
-    fn epoch_line_reads_like_keras() {
-        let line = epoch_line(
-            429,
-            Duration::from_millis(12_012),
-            (0.38, Some(0.8622)),
-            None,
-        );
-        assert_eq!(
-            line,
-            "429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800"
-        );
-    }
-
-    #[test]
-    fn shapes_print_with_none_for_the_batch() {
-        assert_eq!(shape_str(Some(&[28, 28, 32])), "(None, 28, 28, 32)");
-        assert_eq!(shape_str(Some(&[1152])), "(None, 1152)");
-        assert_eq!(shape_str(None), "?");
     }
 }

@@ -1,0 +1,246 @@
+//! Keras callbacks for [`Sequential::fit_with_callbacks`]: the [`Callback`] trait, what a
+//! callback sees ([`FitContext`]), and two of Keras' own: [`ModelCheckpoint`] (the weights
+//! after every epoch) and [`CsvLogger`] (the history after every epoch).
+//! [`BackupAndRestore`](crate::nn::BackupAndRestore), which also resumes, is in
+//! `checkpoint.rs`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::data::{BatchIter, Dataset};
+use crate::error::{Error, Result};
+use crate::nn::atomic::write_atomically;
+use crate::nn::history::History;
+use crate::nn::sequential::Sequential;
+
+/// Hooks into [`Sequential::fit_with_callbacks`] (Keras' `keras.callbacks.Callback`).
+///
+/// Every hook gets the model and the run's state through a [`FitContext`]; an error from a hook
+/// ends `fit` with that error (the epochs completed stay in
+/// [`Sequential::history`]). Hooks run in the order the callbacks are given.
+///
+/// ```
+/// use anygpu::nn::{Callback, FitContext};
+///
+/// /// Prints the loss after every epoch.
+/// struct PrintLoss;
+/// impl Callback for PrintLoss {
+///     fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> anygpu::Result<()> {
+///         println!("epoch {}: loss {:?}", fit.epoch(), fit.history().last("loss"));
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Callback {
+    /// Before the first epoch runs: [`BackupAndRestore`](crate::nn::BackupAndRestore)
+    /// restores a checkpoint here, after which [`FitContext::epoch`] is the number of epochs
+    /// already done.
+    ///
+    /// # Errors
+    /// Ends `fit` before any training.
+    fn on_train_begin(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        let _ = fit;
+        Ok(())
+    }
+
+    /// After every epoch, once its entries (validation included) are in the history.
+    ///
+    /// # Errors
+    /// Ends `fit`; the epoch stays in the history.
+    fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        let _ = fit;
+        Ok(())
+    }
+
+    /// After the last epoch, when every epoch succeeded.
+    ///
+    /// # Errors
+    /// Ends `fit` with this error, the whole history recorded.
+    fn on_train_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        let _ = fit;
+        Ok(())
+    }
+}
+
+/// Where a training pipeline stands: enough to rebuild the same stream of batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// The pass the training iterator is in, `None` when the next epoch starts a new one.
+    pub(crate) iter_pass: Option<u64>,
+    /// Batches already taken from that pass.
+    pub(crate) taken: u64,
+    /// The training dataset's pass counter ([`Dataset::passes_started`]).
+    pub(crate) passes: u64,
+    /// The validation dataset's pass counter.
+    pub(crate) validation_passes: Option<u64>,
+}
+
+impl Position {
+    /// Moves both datasets to this position; the training iterator (when mid-pass), with its
+    /// pass number and the batches taken, is returned.
+    pub(crate) fn resume(
+        &self,
+        dataset: &Dataset,
+        validation: Option<&Dataset>,
+    ) -> Result<Option<(BatchIter, u64, u64)>> {
+        let resumed = match self.iter_pass {
+            None => None,
+            Some(pass) => {
+                dataset.set_passes_started(pass);
+                let mut iter = dataset.iter();
+                for skipped in 0..self.taken {
+                    if iter.next().is_none() {
+                        return Err(Error::InvalidArgument(format!(
+                            "fit: the checkpoint stopped after batch {} of pass {pass}, but \
+                             this dataset's pass ends after {skipped}: resume with the \
+                             dataset the checkpoint was written with",
+                            self.taken
+                        )));
+                    }
+                }
+                Some((iter, pass, self.taken))
+            }
+        };
+        dataset.set_passes_started(self.passes);
+        if let (Some(v), Some(p)) = (validation, self.validation_passes) {
+            v.set_passes_started(p);
+        }
+        Ok(resumed)
+    }
+}
+
+/// What a [`Callback`] sees of a `fit` in progress: the model, the epochs done and how many
+/// were asked for.
+pub struct FitContext<'a> {
+    pub(crate) model: &'a mut Sequential,
+    /// Epochs done: restored ones included.
+    pub(crate) epochs_done: usize,
+    pub(crate) epochs: usize,
+    /// Where the datasets stand after `epochs_done` epochs (set by `fit` after every epoch;
+    /// set by a restore before the first).
+    pub(crate) position: Option<Position>,
+}
+
+impl FitContext<'_> {
+    /// The model being trained.
+    pub fn model(&self) -> &Sequential {
+        self.model
+    }
+
+    /// The history so far ([`Sequential::history`]).
+    pub fn history(&self) -> &History {
+        self.model.history()
+    }
+
+    /// Epochs done so far, 1-based after an epoch (Keras passes the 0-based index of the
+    /// epoch just finished; this is that plus one).
+    pub fn epoch(&self) -> usize {
+        self.epochs_done
+    }
+
+    /// The `epochs` given to `fit`.
+    pub fn epochs(&self) -> usize {
+        self.epochs
+    }
+}
+
+/// Saves the model's weights after every epoch (Keras'
+/// `ModelCheckpoint(filepath, save_weights_only=True)`), atomically, with
+/// [`Sequential::save_weights`].
+///
+/// `{epoch}` in the file name becomes the epoch's number (1-based, as Keras formats it), so
+/// every epoch keeps its own file; without it, each save replaces the last.
+///
+/// ```
+/// use anygpu::nn::ModelCheckpoint;
+/// let every = ModelCheckpoint::new("runs/weights-{epoch}.safetensors");
+/// assert_eq!(every.path_for(3), std::path::Path::new("runs/weights-3.safetensors"));
+/// ```
+#[derive(Clone, Debug)]
+pub struct ModelCheckpoint {
+    filepath: String,
+}
+
+impl ModelCheckpoint {
+    /// Saves to `filepath` after every epoch.
+    pub fn new(filepath: impl AsRef<Path>) -> ModelCheckpoint {
+        ModelCheckpoint {
+            filepath: filepath.as_ref().to_string_lossy().into_owned(),
+        }
+    }
+
+    /// The file written after epoch `epoch` (1-based).
+    pub fn path_for(&self, epoch: usize) -> PathBuf {
+        PathBuf::from(self.filepath.replace("{epoch}", &epoch.to_string()))
+    }
+}
+
+impl Callback for ModelCheckpoint {
+    fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        fit.model.save_weights(self.path_for(fit.epochs_done))
+    }
+}
+
+/// Writes the history to a CSV file after every epoch (Keras' `CSVLogger`): a header
+/// `epoch,accuracy,loss,val_accuracy,val_loss` (the columns the run has, Keras' sorted order),
+/// then one row per epoch, `epoch` counted from 0 as Keras does.
+///
+/// Differences from Keras: the whole file is rewritten atomically after every epoch from the
+/// model's history (which a resumed run restores), rather than appended to, so a crash never
+/// leaves half a row and a resumed run's file has every epoch once.
+///
+/// ```
+/// use anygpu::nn::{CsvLogger, History};
+/// let h = History { loss: vec![0.5, 0.25], ..History::default() };
+/// assert_eq!(CsvLogger::format(&h), "epoch,loss\n0,0.5\n1,0.25\n");
+/// ```
+#[derive(Clone, Debug)]
+pub struct CsvLogger {
+    path: PathBuf,
+}
+
+impl CsvLogger {
+    /// Writes to `path`.
+    pub fn new(path: impl AsRef<Path>) -> CsvLogger {
+        CsvLogger {
+            path: path.as_ref().to_path_buf(),
+        }
+    }
+
+    /// The CSV text of `history`.
+    pub fn format(history: &History) -> String {
+        let columns: Vec<(&str, &[f64])> = [
+            ("accuracy", &history.accuracy[..]),
+            ("loss", &history.loss[..]),
+            ("val_accuracy", &history.val_accuracy[..]),
+            ("val_loss", &history.val_loss[..]),
+        ]
+        .into_iter()
+        .filter(|(_, values)| !values.is_empty())
+        .collect();
+        let mut out = String::from("epoch");
+        for (name, _) in &columns {
+            let _ = write!(out, ",{name}");
+        }
+        out.push('\n');
+        for epoch in 0..history.epochs() {
+            let _ = write!(out, "{epoch}");
+            for (_, values) in &columns {
+                match values.get(epoch) {
+                    Some(v) => {
+                        let _ = write!(out, ",{v}");
+                    }
+                    None => out.push(','),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+impl Callback for CsvLogger {
+    fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        write_atomically(&self.path, Self::format(fit.history()).as_bytes())
+    }
+}

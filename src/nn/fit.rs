@@ -1,0 +1,378 @@
+//! `model.fit` and `model.evaluate`: the loops over a [`Dataset`], the progress bar and the
+//! per-epoch lines.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::data::{Batch, BatchIter, Dataset};
+use crate::error::{Error, Result};
+use crate::nn::callbacks::{Callback, FitContext, Position};
+use crate::nn::history::{Evaluation, History};
+use crate::nn::mirrored;
+use crate::nn::pass;
+use crate::nn::sequential::Sequential;
+use crate::nn::step_output::{Accumulator, StepOutput, StepPart};
+use crate::nn::verbosity::Verbosity;
+
+impl Sequential {
+    /// Trains for `epochs` epochs (`model.fit(dataset, epochs, steps_per_epoch,
+    /// validation_data)`).
+    ///
+    /// Each epoch runs `steps_per_epoch` batches, or one pass over a finite dataset when it is
+    /// `None`. With `steps_per_epoch`, batches continue across epochs from one iterator over
+    /// the dataset, as Keras does with a repeated `tf.data` pipeline; if the dataset runs out,
+    /// a new pass starts. After each epoch the model is evaluated on `validation`.
+    ///
+    /// The per-step loss and correct count are accumulated on the device with
+    /// [`Tensor::add`](crate::Tensor::add) and read every [`set_log_every`](Sequential::set_log_every) steps and at
+    /// the end of the epoch, so the device is not stalled every step. With
+    /// [`Verbosity::ProgressBar`] each epoch shows a progress bar with the running loss,
+    /// accuracy and images/s, then a line such as
+    /// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: 0.8790 - val_loss: 0.3341`.
+    ///
+    /// Each finished epoch is recorded in [`history`](Sequential::history) at once (Keras'
+    /// `model.history`), so a `fit` that fails in epoch 9 leaves the history of epochs 1–8
+    /// there; callbacks ([`fit_with_callbacks`](Sequential::fit_with_callbacks)) can also write
+    /// it out, or checkpoint the whole run, after every epoch.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] for an unbatched or
+    /// empty dataset, or an infinite one without `steps_per_epoch`; shape and device errors.
+    pub fn fit(
+        &mut self,
+        dataset: &Dataset,
+        epochs: usize,
+        steps_per_epoch: Option<usize>,
+        validation: Option<&Dataset>,
+    ) -> Result<History> {
+        self.fit_with_callbacks(dataset, epochs, steps_per_epoch, validation, &mut [])
+    }
+
+    /// [`fit`](Sequential::fit) with Keras callbacks (`model.fit(..., callbacks=[...])`):
+    /// [`BackupAndRestore`](crate::nn::BackupAndRestore) to checkpoint every epoch and resume
+    /// a killed run, [`ModelCheckpoint`](crate::nn::ModelCheckpoint),
+    /// [`CsvLogger`](crate::nn::CsvLogger), or a [`Callback`] of your own.
+    ///
+    /// ```
+    /// use anygpu::data::Dataset;
+    /// use anygpu::nn::{Activation, CsvLogger, Dense, Loss, Sequential, Sgd, Verbosity};
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).activation(Activation::Softmax).input_shape(&[2]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[])?;
+    /// model.set_verbose(Verbosity::Silent);
+    /// let data = Dataset::from_tensor_slices(vec![0.5; 8], &[2], vec![0, 1, 0, 1])?.batch(2, false);
+    /// let csv = std::env::temp_dir().join(format!("anygpu-doc-{}.csv", std::process::id()));
+    /// model.fit_with_callbacks(&data, 2, None, None, &mut [&mut CsvLogger::new(&csv)])?;
+    /// assert_eq!(std::fs::read_to_string(&csv)?.lines().count(), 3); // header + 2 epochs
+    /// # std::fs::remove_file(&csv).ok();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`fit`](Sequential::fit), and the callbacks' errors.
+    pub fn fit_with_callbacks(
+        &mut self,
+        dataset: &Dataset,
+        epochs: usize,
+        steps_per_epoch: Option<usize>,
+        validation: Option<&Dataset>,
+        callbacks: &mut [&mut dyn Callback],
+    ) -> Result<History> {
+        if self.input_shape().is_none() {
+            self.build(dataset.example_shape())?;
+        }
+        self.require_built("fit")?;
+        let accuracy = self.compiled("fit")?.accuracy;
+        let steps = match (steps_per_epoch, dataset.len()) {
+            (Some(0), _) => {
+                return Err(Error::InvalidArgument(
+                    "fit: steps_per_epoch must be positive".into(),
+                ))
+            }
+            (Some(s), _) => s,
+            (None, Some(0)) => {
+                return Err(Error::InvalidArgument(
+                    "fit: the dataset is empty; there is nothing to train on".into(),
+                ))
+            }
+            (None, Some(n)) => n,
+            (None, None) => {
+                return Err(Error::InvalidArgument(
+                    "fit: when providing an infinite dataset, you must specify the number of \
+                     steps to run (steps_per_epoch)"
+                        .into(),
+                ))
+            }
+        };
+        self.history = History::default();
+        let mut run = FitContext {
+            model: self,
+            epochs_done: 0,
+            epochs,
+            position: None,
+        };
+        for cb in callbacks.iter_mut() {
+            cb.on_train_begin(&mut run)?;
+        }
+        // Where a restored checkpoint left the pipeline; else a new pass at the first batch.
+        let mut train = match run.position.take() {
+            Some(position) => position.resume(dataset, validation)?,
+            None => None,
+        };
+        for epoch in run.epochs_done..epochs {
+            if steps_per_epoch.is_none() {
+                // One whole pass per epoch.
+                train = None;
+            }
+            run.model.fit_epoch(
+                dataset,
+                &mut train,
+                (epoch, epochs, steps),
+                validation,
+                accuracy,
+            )?;
+            run.epochs_done = epoch + 1;
+            run.position = Some(Position {
+                iter_pass: train
+                    .as_ref()
+                    .filter(|_| steps_per_epoch.is_some())
+                    .map(|(_, pass, _)| *pass),
+                taken: train.as_ref().map_or(0, |(_, _, taken)| *taken),
+                passes: dataset.passes_started(),
+                validation_passes: validation.map(Dataset::passes_started),
+            });
+            for cb in callbacks.iter_mut() {
+                cb.on_epoch_end(&mut run)?;
+            }
+        }
+        for cb in callbacks.iter_mut() {
+            cb.on_train_end(&mut run)?;
+        }
+        Ok(self.history.clone())
+    }
+
+    /// One epoch: `steps` batches from `train` (the iterator, its pass and the batches taken
+    /// from it; a new pass when `None` or spent), then validation; the epoch's entries go into
+    /// the history together, once all exist.
+    fn fit_epoch(
+        &mut self,
+        dataset: &Dataset,
+        train: &mut Option<(BatchIter, u64, u64)>,
+        (epoch, epochs, steps): (usize, usize, usize),
+        validation: Option<&Dataset>,
+        accuracy: bool,
+    ) -> Result<()> {
+        let bar = self.epoch_bar(epoch, epochs, steps);
+        let start = Instant::now();
+        let mut acc = Accumulator::default();
+        let mut last_read = (f64::NAN, None);
+        for step in 0..steps {
+            let batch = next_batch(dataset, train)?;
+            let out = self.train_batch(&batch)?;
+            acc.push(out)?;
+            let done = step + 1;
+            if done % self.log_every == 0 || done == steps {
+                last_read = acc.read()?;
+                if let Some(bar) = &bar {
+                    bar.set_position(done as u64);
+                    bar.set_message(progress_message(last_read, acc.examples, start.elapsed()));
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        let val = match validation {
+            Some(v) => Some(self.evaluate(v, None)?),
+            None => None,
+        };
+        let (loss, acc_value) = last_read;
+        let history = &mut self.history;
+        history.loss.push(loss);
+        if let (true, Some(a)) = (accuracy, acc_value) {
+            history.accuracy.push(a);
+        }
+        history.steps.push(steps);
+        let secs = elapsed.as_secs_f64();
+        history.epoch_seconds.push(secs);
+        history
+            .images_per_second
+            .push(acc.examples as f64 / secs.max(1e-9));
+        if let Some(v) = &val {
+            history.val_loss.push(v.loss);
+            if let Some(a) = v.accuracy {
+                history.val_accuracy.push(a);
+            }
+        }
+        if self.verbose != Verbosity::Silent {
+            if self.verbose == Verbosity::OneLinePerEpoch {
+                println!("Epoch {}/{epochs}", epoch + 1);
+            }
+            println!(
+                "{}",
+                epoch_line(steps, elapsed, (loss, acc_value), val.as_ref())
+            );
+        }
+        Ok(())
+    }
+
+    fn epoch_bar(&self, epoch: usize, epochs: usize, steps: usize) -> Option<ProgressBar> {
+        if self.verbose != Verbosity::ProgressBar {
+            return None;
+        }
+        println!("Epoch {}/{epochs}", epoch + 1);
+        let bar = ProgressBar::new(steps as u64);
+        let style = ProgressStyle::with_template(
+            "{pos:>5}/{len:<5} [{bar:30.cyan/blue}] {elapsed_precise} - {msg}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Some(bar)
+    }
+
+    /// Mean loss and accuracy over a dataset (`model.evaluate(dataset, steps)`): one pass, or
+    /// `steps` batches.
+    ///
+    /// ```
+    /// use anygpu::data::Dataset;
+    /// use anygpu::nn::{Activation, Dense, Loss, Metric, Sequential, Sgd};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(3).activation(Activation::Softmax).input_shape(&[2]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[Metric::Accuracy])?;
+    /// let test = Dataset::from_tensor_slices(vec![0.5; 10], &[2], vec![0, 1, 2, 0, 1])?.batch(2, false);
+    /// let result = model.evaluate(&test, None)?;
+    /// assert_eq!(result.examples, 5);
+    /// assert!(result.loss > 0.0 && result.accuracy.is_some());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] for an empty, unbatched or
+    /// infinite (without `steps`) dataset.
+    pub fn evaluate(&self, dataset: &Dataset, steps: Option<usize>) -> Result<Evaluation> {
+        self.require_built("evaluate")?;
+        let accuracy = self.compiled("evaluate")?.accuracy;
+        if steps.is_none() && dataset.len().is_none() {
+            return Err(Error::InvalidArgument(
+                "evaluate: when providing an infinite dataset, you must specify the number of \
+                 steps to run"
+                    .into(),
+            ));
+        }
+        let mut acc = Accumulator::default();
+        let replicas = self.replica_layers();
+        for (i, batch) in dataset.iter().take(steps.unwrap_or(usize::MAX)).enumerate() {
+            self.check_host_batch("evaluate", &batch)?;
+            let out = match self.strategy() {
+                Some(strategy) => {
+                    mirrored::evaluate_batch(strategy, &replicas, (&batch).into(), accuracy)?
+                }
+                None => {
+                    let (x, y) = self.batch_tensors("evaluate", &batch)?;
+                    let stages = self.stages();
+                    let (logits, _) = pass::forward(&stages, &x, false)?;
+                    let last = stages[stages.len() - 1].device;
+                    let terms = pass::loss_terms(last, &logits, &y, accuracy)?;
+                    let part = StepPart {
+                        loss_sum: terms.loss_sum,
+                        correct: terms.correct,
+                    };
+                    StepOutput::new(vec![part], batch.batch_size())
+                }
+            };
+            acc.push(out)?;
+            if (i + 1) % self.log_every == 0 {
+                // Bounds how far the host runs ahead of the device.
+                acc.read()?;
+            }
+        }
+        if acc.examples == 0 {
+            return Err(Error::InvalidArgument(
+                "evaluate: the dataset is empty".into(),
+            ));
+        }
+        let (loss, accuracy) = acc.read()?;
+        Ok(Evaluation {
+            loss,
+            accuracy,
+            examples: acc.examples,
+        })
+    }
+}
+
+/// The next training batch: from the current pass, or from a new one when there is none or it
+/// is spent (counting the batches taken, for checkpoints).
+fn next_batch(dataset: &Dataset, train: &mut Option<(BatchIter, u64, u64)>) -> Result<Batch> {
+    if let Some((iter, _, taken)) = train.as_mut() {
+        if let Some(b) = iter.next() {
+            *taken += 1;
+            return Ok(b);
+        }
+    }
+    let pass = dataset.passes_started();
+    let mut iter = dataset.iter();
+    let b = iter
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("fit: the dataset is empty".into()))?;
+    *train = Some((iter, pass, 1));
+    Ok(b)
+}
+
+fn fmt_metrics(prefix: &str, (loss, acc): (f64, Option<f64>)) -> String {
+    let mut s = String::new();
+    if let Some(a) = acc {
+        let _ = write!(s, " - {prefix}accuracy: {a:.4}");
+    }
+    let _ = write!(s, " - {prefix}loss: {loss:.4}");
+    s
+}
+
+fn progress_message(read: (f64, Option<f64>), examples: usize, elapsed: Duration) -> String {
+    let ips = examples as f64 / elapsed.as_secs_f64().max(1e-9);
+    let metrics = fmt_metrics("", read);
+    format!("{} - {ips:.0} images/s", metrics.trim_start_matches(" - "))
+}
+
+/// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: ... - val_loss: ...`
+fn epoch_line(
+    steps: usize,
+    elapsed: Duration,
+    train: (f64, Option<f64>),
+    val: Option<&Evaluation>,
+) -> String {
+    let secs = elapsed.as_secs_f64();
+    let mut line = format!(
+        "{steps}/{steps} - {:.0}s - {:.0}ms/step{}",
+        secs,
+        secs * 1e3 / steps.max(1) as f64,
+        fmt_metrics("", train)
+    );
+    if let Some(v) = val {
+        line.push_str(&fmt_metrics("val_", (v.loss, v.accuracy)));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_line_reads_like_keras() {
+        let line = epoch_line(
+            429,
+            Duration::from_millis(12_012),
+            (0.38, Some(0.8622)),
+            None,
+        );
+        assert_eq!(
+            line,
+            "429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800"
+        );
+    }
+}
