@@ -280,6 +280,32 @@ fn check_conv2d(devices: &[LogicalDevice]) {
 }
 
 #[test]
+fn activation_and_bias_gradients_in_one_op() {
+    let _g = serial();
+    // Rows past one 256-row chunk, columns in vec4s and not.
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(rows, cols)) in [(600, 32), (7, 12), (300, 6), (1, 4)].iter().enumerate() {
+            for act in [Activation::Relu, Activation::Selu, Activation::Linear] {
+                let seed = 7600 + 10 * t as u64;
+                let (y, dy) = (
+                    random_vec(rows * cols, seed),
+                    random_vec(rows * cols, seed + 1),
+                );
+                let (yt, dyt) = (put(dev, &y, &[rows, cols]), put(dev, &dy, &[rows, cols]));
+                let (dz, db) = ops::activation_bias_grad(&dyt, &yt, act).unwrap();
+                on(&dz, dev);
+                let expected = r::activation_backward(&to_f64(&dy), &to_f64(&y), act);
+                let what = format!("{rows}x{cols} {act:?} {}", label(dev));
+                assert_close(&get(&dz), &expected, TOL, &format!("dz {what}"));
+                let expected = r::bias_grad(&expected, cols);
+                assert_close(&get(&db), &expected, TOL, &format!("db {what}"));
+            }
+        }
+    }
+}
+
+#[test]
 fn depthwise_forward_and_gradients() {
     let _g = serial();
     check_depthwise(&env().devices);

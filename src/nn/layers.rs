@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::nn::activation::Activation;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::ops;
-use crate::ops::spec::{Activation as OpActivation, Padding};
+use crate::ops::spec::Padding;
 use crate::tensor::Tensor;
 
 /// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
@@ -172,13 +172,10 @@ fn replace(layer: &str, weights: &mut [Tensor], index: usize, value: Tensor) -> 
     Ok(())
 }
 
-/// `dz = dy * act'(z)` from the layer's output `y`; the identity for linear (and softmax, whose
-/// derivative the fused loss already applied).
-fn activation_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<Tensor> {
-    match act.fused() {
-        OpActivation::Linear => Ok(dy.clone()),
-        fused => ops::activation_backward(dy, y, fused),
-    }
+/// `(dz, db)`: `dz = dy * act'(z)` from the layer's output `y` (`dy` itself for linear, and for
+/// softmax, whose derivative the fused loss already applied) and the bias gradient, in one op.
+fn activation_and_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+    ops::activation_bias_grad(dy, y, act.fused())
 }
 
 fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize)> {
@@ -355,9 +352,8 @@ impl Layer for Conv2D {
                 ops::conv2d_backward_weights(&x, &y, dy, kernel.shape(), self.padding, act)?;
             return Ok((None, vec![dk, db]));
         }
-        let dz = activation_grad(dy, &y, self.activation)?;
+        let (dz, db) = activation_and_bias_grad(dy, &y, self.activation)?;
         let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), self.padding)?;
-        let db = ops::bias_grad(&dz)?;
         let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), self.padding)?;
         Ok((Some(dx), vec![dk, db]))
     }
@@ -516,10 +512,9 @@ impl Layer for SeparableConv2D {
         }
         let [x, y, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
         // (The GPU path: separate kernels, `d` kept from the forward pass.)
-        let dz = activation_grad(dy, &y, self.activation)?;
+        let (dz, db) = activation_and_bias_grad(dy, &y, self.activation)?;
         let dp = ops::conv2d_backward_kernel(&d, &dz, pointwise.shape(), Padding::Same)?;
         let dd = ops::conv2d_backward_input(&dz, pointwise, d.shape(), Padding::Same)?;
-        let db = ops::bias_grad(&dz)?;
         let dk = ops::depthwise_conv2d_backward_kernel(&x, &dd, depthwise.shape())?;
         let dx = if need_dx {
             Some(ops::depthwise_conv2d_backward_input(&dd, depthwise)?)

@@ -223,6 +223,19 @@ impl NnKernels for HostKernels {
         Ok(())
     }
 
+    fn activation_bias_grad(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        db: &Tensor,
+        (rows, cols): (usize, usize),
+        act: Activation,
+    ) -> Result<()> {
+        self.activation_backward(dy, y, dz, act)?;
+        self.sum_rows(dz, rows, cols, db)
+    }
+
     fn activation_backward(
         &self,
         dy: &Tensor,

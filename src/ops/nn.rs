@@ -74,6 +74,17 @@ pub(crate) trait NnKernels {
         dz: &Tensor,
         act: Activation,
     ) -> Result<()>;
+    /// `dz = dy * act'(z)` (`[rows, cols]`) and the bias gradient `db = Σ_rows dz` in one call,
+    /// which a device may fuse.
+    fn activation_bias_grad(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        db: &Tensor,
+        rows_cols: (usize, usize),
+        act: Activation,
+    ) -> Result<()>;
     /// Row-wise softmax of `[rows, cols]`.
     fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()>;
     /// Sparse categorical cross-entropy fused with softmax: per-row loss and the gradient of
@@ -204,6 +215,7 @@ const CONV2D: OpInfo = op("Conv2D", gn::CONV2D);
 const CONV2D_BACKWARD_INPUT: OpInfo = op("Conv2DBackpropInput", gn::CONV2D_BACKWARD_INPUT);
 const CONV2D_BACKWARD_KERNEL: OpInfo = op("Conv2DBackpropFilter", gn::CONV2D_BACKWARD_KERNEL);
 const BIAS_GRAD: OpInfo = op("BiasAddGrad", gn::BIAS_GRAD);
+const ACTIVATION_BIAS_GRAD: OpInfo = op("FusedActivationBiasGrad", gn::ACTIVATION_BIAS_GRAD);
 const CONV2D_BACKWARD_WEIGHTS: OpInfo = op("FusedConv2DWeightGrad", gn::CONV2D_BACKWARD_WEIGHTS);
 const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
@@ -713,6 +725,57 @@ pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<T
             nk.activation_backward(&moved[0], &moved[1], &dz, act)
         })?;
         Ok(dz)
+    })
+}
+
+/// [`activation_backward`] and [`bias_grad`] of its result in one op: `(dz, db)` with
+/// `dz = dy · act'(z)` from the activation's output `y` and `db` the sum of `dz` over every axis
+/// but the last. A GPU fuses the bias sum's first pass into the activation's kernel, so `dz` is
+/// not read back for it. Logged as `FusedActivationBiasGrad` (`Linear` as `BiasAddGrad`, with
+/// `dz` being `dy`).
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let y = Tensor::from_vec(vec![1.0f32, -0.5, 2.0, 0.0], &[2, 2])?;
+/// let dy = Tensor::from_vec(vec![1.0f32, 1.0, 3.0, 1.0], &[2, 2])?;
+/// let (dz, db) = ops::activation_bias_grad(&dy, &y, Activation::Relu)?;
+/// assert_eq!(dz.to_vec::<f32>()?, [1.0, 0.0, 3.0, 0.0]);
+/// assert_eq!(db.to_vec::<f32>()?, [4.0, 0.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; `dy` and `y` of different shapes, or scalars.
+pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+    if act == Activation::Linear {
+        return Ok((dy.clone(), bias_grad(dy)?));
+    }
+    let name = ACTIVATION_BIAS_GRAD.name;
+    expect_f32(name, &[dy, y])?;
+    if dy.shape() != y.shape() {
+        return Err(mismatch(
+            name,
+            dy.shape(),
+            y.shape(),
+            ": the gradient and the activation output must have the same shape",
+        ));
+    }
+    let Some(&cols) = dy.shape().last() else {
+        return Err(Error::InvalidArgument(format!(
+            "{name}: the gradient must have at least one axis, got a scalar"
+        )));
+    };
+    let rows = dy.len().checked_div(cols).unwrap_or(0);
+    run(&ACTIVATION_BIAS_GRAD, &[dy, y], |device, moved| {
+        let dz = Tensor::uninit(dy.shape(), DType::F32, device)?;
+        let db = Tensor::uninit(&[cols], DType::F32, device)?;
+        if cols > 0 {
+            with_kernels(device, |_, nk| {
+                nk.activation_bias_grad(&moved[0], &moved[1], &dz, &db, (rows, cols), act)
+            })?;
+        }
+        Ok((dz, db))
     })
 }
 

@@ -267,7 +267,7 @@ impl GpuKernels<'_> {
     /// column sums' first pass runs in the activation's kernel and `dz` is not read again; the
     /// tuner weighs that against the separate kernels (the tree of `sum_rows_wg` keeps a GPU
     /// busier on narrow sums).
-    pub(crate) fn activation_bias_grad(
+    pub(crate) fn activation_bias_grad_impl(
         &self,
         dy: &Tensor,
         y: &Tensor,

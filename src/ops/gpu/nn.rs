@@ -121,6 +121,15 @@ pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
 ];
 /// Kernels of `BiasAddGrad`.
 pub(crate) const BIAS_GRAD: &[Kernel] = &[gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SUM_ROWS_WG];
+/// Kernels of `FusedActivationBiasGrad`: fused, or the activation gradient and `BiasAddGrad`.
+pub(crate) const ACTIVATION_BIAS_GRAD: &[Kernel] = &[
+    gk::ACT_GRAD_SUM_ROWS_V4,
+    gk::ACTIVATION_BACKWARD,
+    gk::ACTIVATION_BACKWARD_V4,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
+];
 /// Kernels of `FusedDenseGrad`: the activation gradient and its column sums, two products.
 pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
@@ -953,6 +962,18 @@ impl NnKernels for GpuKernels<'_> {
         self.activation_backward_impl(dy, y, dz, act)
     }
 
+    fn activation_bias_grad(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        db: &Tensor,
+        rows_cols: (usize, usize),
+        act: Activation,
+    ) -> Result<()> {
+        self.activation_bias_grad_impl(dy, y, dz, db, rows_cols, act)
+    }
+
     fn separable(&self, f: &SeparableForward<'_>) -> Result<()> {
         // Unfused: on a GPU each step is its own dispatch anyway.
         let d = self.scratch(f.x.shape(), f.x)?;
@@ -1018,7 +1039,7 @@ impl NnKernels for GpuKernels<'_> {
                 let dz = self.scratch(g.y.shape(), g.y)?;
                 if g.s.c_out > 0 {
                     let dims = (rows, g.s.c_out);
-                    self.activation_bias_grad(g.dy, g.y, &dz, g.db, dims, act)?;
+                    self.activation_bias_grad_impl(g.dy, g.y, &dz, g.db, dims, act)?;
                 }
                 dz
             }
@@ -1034,7 +1055,7 @@ impl NnKernels for GpuKernels<'_> {
             }
             act => {
                 let dz = self.scratch(&[g.m, g.n], g.y)?;
-                self.activation_bias_grad(g.dy, g.y, &dz, g.db, (g.m, g.n), act)?;
+                self.activation_bias_grad_impl(g.dy, g.y, &dz, g.db, (g.m, g.n), act)?;
                 dz
             }
         };
