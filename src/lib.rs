@@ -92,6 +92,7 @@ mod placement;
 pub mod profiler;
 mod rng;
 pub mod runtime;
+mod shape;
 mod tensor;
 
 pub use device::{

@@ -11,6 +11,7 @@ use crate::memory::{host, Allocation};
 use crate::ops::gpu::kernels::GpuKernels;
 use crate::placement::{self, OpInfo};
 use crate::rng::SplitMix64;
+use crate::shape;
 
 /// Element types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -131,8 +132,9 @@ pub(crate) fn describe(shape: &[usize], dtype: DType) -> String {
     format!("tensor with shape[{}] and type {dtype}", dims.join(","))
 }
 
-fn check_len(len: usize, shape: &[usize]) -> Result<()> {
-    let expected: usize = shape.iter().product();
+/// Checks that `len` values fill a tensor of `shape`, in arithmetic that cannot wrap.
+fn check_len(len: usize, shape: &[usize], dtype: DType) -> Result<()> {
+    let expected = shape::num_elements(shape, dtype)?;
     if expected != len {
         return Err(Error::ShapeMismatch {
             op: "from_vec",
@@ -144,19 +146,35 @@ fn check_len(len: usize, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
+/// The head of the CPU's out-of-memory message: `tensor with shape[..] and type float on
+/// /job:localhost/replica:0/task:0/device:CPU:0` (TensorFlow's wording).
+fn oom_what(shape: &[usize], dtype: DType, device: &LogicalDevice) -> String {
+    format!("{} on {}", describe(shape, dtype), device.full_name())
+}
+
+/// Zeros for a host-side f32 tensor of `shape`, its size checked and its memory reserved
+/// fallibly.
+fn host_values(shape: &[usize]) -> Result<Vec<f32>> {
+    let len = shape::num_elements(shape, DType::F32)?;
+    host::filled(len, 0.0, || {
+        format!("{} on the host", describe(shape, DType::F32))
+    })
+}
+
 impl Tensor {
     /// A tensor of `shape` holding `data` (row-major), on the current scope's device.
     ///
     /// # Errors
-    /// A shape mismatch when `data.len()` is not the product of `shape`; `ResourceExhausted`
-    /// when the device is out of memory.
+    /// A shape mismatch when `data.len()` is not the product of `shape`; `InvalidArgument`
+    /// when that product does not fit in memory at all; `ResourceExhausted` when the device is
+    /// out of memory.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
         Tensor::from_slice(&data, shape)
     }
 
     /// Like [`Tensor::from_vec`], copying from a slice.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
-        check_len(data.len(), shape)?;
+        check_len(data.len(), shape, T::DTYPE)?;
         let device = placement::place(&CONST_OP, &[])?;
         Tensor::from_slice_on(data, shape, &device)
     }
@@ -167,7 +185,7 @@ impl Tensor {
         shape: &[usize],
         device: &LogicalDevice,
     ) -> Result<Tensor> {
-        check_len(data.len(), shape)?;
+        check_len(data.len(), shape, T::DTYPE)?;
         let words: &[u32] = bytemuck::cast_slice(data);
         Tensor::from_words(words, shape, T::DTYPE, device)
     }
@@ -184,7 +202,7 @@ impl Tensor {
                 dtype,
                 device,
                 Storage::Cpu(RwLock::new({
-                    let mut buffer = host::take(words.len());
+                    let mut buffer = host::take(words.len(), || oom_what(shape, dtype, device))?;
                     buffer.copy_from_slice(words);
                     buffer
                 })),
@@ -214,14 +232,21 @@ impl Tensor {
         }))
     }
 
-    /// A tensor whose contents are unspecified (ops overwrite all of it).
+    /// A tensor whose contents are unspecified (ops overwrite all of it; NaN on the CPU under
+    /// the NaN trap of `memory::host`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the shape when its size overflows; the device's out-of-memory
+    /// error.
     pub(crate) fn uninit(shape: &[usize], dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
-        let len: usize = shape.iter().product();
-        crate::profiler::note_allocation((len * dtype.size()) as u64);
+        let len = shape::num_elements(shape, dtype)?;
+        let bytes = (len * dtype.size()) as u64;
+        crate::profiler::note_allocation(bytes);
         let storage = match &device.0.backend {
-            Backend::Cpu => Storage::Cpu(RwLock::new(host::take(len))),
+            Backend::Cpu => Storage::Cpu(RwLock::new(host::take(len, || {
+                oom_what(shape, dtype, device)
+            })?)),
             Backend::Gpu(g) => {
-                let bytes = (len * dtype.size()) as u64;
                 let what = describe(shape, dtype);
                 Storage::Gpu(g.arena.allocate(bytes, Some(&what))?)
             }
@@ -257,8 +282,9 @@ impl Tensor {
     /// Seeded normal samples (`tf.random.normal`), on the current scope's device.
     pub fn random_normal(shape: &[usize], mean: f32, stddev: f32, seed: u64) -> Result<Tensor> {
         let mut rng = SplitMix64::new(seed);
-        let len: usize = shape.iter().product();
-        let data: Vec<f32> = (0..len).map(|_| mean + stddev * rng.normal()).collect();
+        let mut data = host_values(shape)?;
+        data.iter_mut()
+            .for_each(|v| *v = mean + stddev * rng.normal());
         Tensor::from_vec(data, shape)
     }
 
@@ -266,10 +292,9 @@ impl Tensor {
     /// device.
     pub fn random_uniform(shape: &[usize], low: f32, high: f32, seed: u64) -> Result<Tensor> {
         let mut rng = SplitMix64::new(seed);
-        let len: usize = shape.iter().product();
-        let data: Vec<f32> = (0..len)
-            .map(|_| low + (high - low) * rng.uniform() as f32)
-            .collect();
+        let mut data = host_values(shape)?;
+        data.iter_mut()
+            .for_each(|v| *v = low + (high - low) * rng.uniform() as f32);
         Tensor::from_vec(data, shape)
     }
 
@@ -332,6 +357,12 @@ impl Tensor {
         }
     }
 
+    /// Whether both tensors are views of one storage (a tensor and its reshapes): their host
+    /// words sit behind one lock.
+    pub(crate) fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
     /// Checks the dtype, for ops.
     pub(crate) fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
         if self.dtype() != dtype {
@@ -368,7 +399,8 @@ impl Tensor {
                     .gpu()
                     .expect("GPU storage implies a GPU device")
                     .ctx;
-                let mut words = vec![0u32; self.len()];
+                let mut words =
+                    host::filled(self.len(), 0u32, || format!("a host copy of {self:?}"))?;
                 ctx.read_with(range, (self.len() * 4) as u64, |bytes| {
                     words_from_bytes(bytes, &mut words)
                 })?;
@@ -470,9 +502,11 @@ impl Tensor {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
+        let ends_within =
+            |offset: usize, t: &Tensor| offset.checked_add(len).is_some_and(|end| end <= t.len());
         if self.dtype() != dst.dtype()
-            || src_offset + len > self.len()
-            || dst_offset + len > dst.len()
+            || !ends_within(src_offset, self)
+            || !ends_within(dst_offset, dst)
         {
             return Err(Error::InvalidArgument(format!(
                 "copy of {len} elements from {src_offset} of {self:?} to {dst_offset} of {dst:?}: \
@@ -623,7 +657,7 @@ impl Tensor {
 
     /// The same data with another shape of as many elements (`tf.reshape`).
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = shape::num_elements(shape, self.dtype())?;
         if n != self.len() {
             return Err(Error::ShapeMismatch {
                 op: "Reshape",

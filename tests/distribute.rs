@@ -110,6 +110,13 @@ fn mirrored_trains_like_one_device(
         let primary = model.replica_weights(0).expect("primary weights");
         for r in 1..replicas.len() {
             let mirror = model.replica_weights(r).expect("replica weights");
+            // `zip` stops at the shorter side: a replica missing weights must not pass.
+            let lengths = |w: &[Vec<f32>]| w.iter().map(Vec::len).collect::<Vec<_>>();
+            assert_eq!(
+                lengths(&mirror),
+                lengths(&primary),
+                "step {step}: replica {r} holds other weights than the primary"
+            );
             let same_bits = primary
                 .iter()
                 .flatten()
@@ -123,6 +130,7 @@ fn mirrored_trains_like_one_device(
     }
     let want = reference.get_weights().expect("reference weights");
     let got = model.get_weights().expect("mirrored weights");
+    assert_eq!(got.len(), want.len(), "number of weight tensors");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_close(&format!("weight {i}"), g, w, 1e-4);
     }
@@ -484,10 +492,13 @@ fn all_reduce_agrees_everywhere(devices: &[LogicalDevice]) {
     let want: Vec<f64> = (0..n)
         .map(|i| parts.iter().map(|p| p[i] as f64).sum())
         .collect();
+    assert_eq!(sums.len(), devices.len(), "one sum per device");
     let first = sums[0].to_vec::<f32>().expect("read");
+    assert_eq!(first.len(), n, "the sum has every element");
     for (s, d) in sums.iter().zip(devices) {
         assert_eq!(s.device_handle(), d);
         let got = s.to_vec::<f32>().expect("read");
+        assert_eq!(got.len(), n, "the sum on {d:?} has every element");
         assert!(got
             .iter()
             .zip(&first)

@@ -20,9 +20,13 @@ pub const IDX_TYPE_U8: u8 = 0x08;
 /// The first two bytes of every gzip stream.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
-/// At most this many bytes are reserved up front from a gzip trailer's size field; the vector
-/// still grows past it when the data is larger. Keeps a lying trailer from reserving gigabytes.
+/// At most this many bytes are reserved up front from the size a gzip'd file's header claims;
+/// the buffer still grows past it as data arrives. Keeps a lying header from reserving
+/// gigabytes that the stream never delivers.
 const MAX_SIZE_HINT: usize = 1 << 28;
+
+/// Bytes decompressed per read.
+const CHUNK: usize = 64 << 10;
 
 /// A decoded IDX array of unsigned bytes: its dimensions and its elements in row-major order.
 ///
@@ -102,6 +106,10 @@ impl IdxArray {
 /// name; otherwise it is parsed as raw IDX. I/O failures are [`Error::Io`], a corrupt gzip
 /// stream or a malformed IDX structure [`Error::Data`], both naming `path`.
 ///
+/// A compressed file is decompressed header first, then at most the data size the header
+/// implies and one byte more: a small gzip bomb (a valid header, then gigabytes of zeros) is a
+/// trailing-data error after a few kilobytes, not an exhausted memory.
+///
 /// ```no_run
 /// use anygpu::data::idx::read_idx;
 /// use std::path::Path;
@@ -118,23 +126,75 @@ pub fn read_idx(path: &Path) -> Result<IdxArray> {
     if !raw.starts_with(&GZIP_MAGIC) {
         return parse_idx_owned(raw, path);
     }
-    // The gzip trailer's last 4 bytes are the uncompressed size modulo 2^32: a capacity hint.
-    let hint = raw
-        .len()
-        .checked_sub(4)
-        .and_then(|at| raw.get(at..))
-        .and_then(|tail| <[u8; 4]>::try_from(tail).ok())
-        .map_or(0, |t| u32::from_le_bytes(t) as usize)
-        .min(MAX_SIZE_HINT);
-    let mut bytes = Vec::with_capacity(hint);
-    flate2::read::MultiGzDecoder::new(raw.as_slice())
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::Data {
-            path: path.to_path_buf(),
-            message: format!("corrupt gzip data: {e}"),
+    decompress_idx(raw.as_slice(), path)
+}
+
+/// Decompresses a gzip'd IDX file from `compressed`, reading no more of it than the header and
+/// the data size the header implies need (plus one byte, to detect trailing data).
+fn decompress_idx(compressed: impl Read, path: &Path) -> Result<IdxArray> {
+    let data_err = |message: String| Error::Data {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut stream = flate2::read::MultiGzDecoder::new(compressed);
+    let mut bytes = Vec::new();
+    read_at_most(&mut stream, 4, &mut bytes, path)?;
+    // Only a well-formed magic number says how long the header is; `parse_dims` reports the rest.
+    let ndims = match bytes[..] {
+        [0, 0, _, n] => usize::from(n),
+        _ => 0,
+    };
+    read_at_most(&mut stream, 4 * ndims, &mut bytes, path)?;
+    let (dims, offset, expected) = parse_dims(&bytes, path)?;
+    bytes
+        .try_reserve_exact(expected.min(MAX_SIZE_HINT))
+        .map_err(|_| {
+            data_err(format!(
+                "IDX dimensions {dims:?} need {expected} data bytes, more than can be allocated"
+            ))
         })?;
-    drop(raw);
+    read_at_most(&mut stream, expected.saturating_add(1), &mut bytes, path)?;
+    if bytes.len() - offset > expected {
+        return Err(data_err(format!(
+            "trailing data after the {expected} data bytes of dimensions {dims:?}: the \
+             decompressed stream is longer than its header says"
+        )));
+    }
     parse_idx_owned(bytes, path)
+}
+
+/// Appends up to `limit` bytes of `stream` to `bytes` (fewer only at its end), reserving memory
+/// fallibly as data arrives.
+fn read_at_most(
+    stream: &mut impl Read,
+    limit: usize,
+    bytes: &mut Vec<u8>,
+    path: &Path,
+) -> Result<()> {
+    let err = |message: String| Error::Data {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut chunk = vec![0u8; CHUNK.min(limit)];
+    let mut left = limit;
+    while left > 0 {
+        let want = left.min(chunk.len());
+        let n = match stream.read(&mut chunk[..want]) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(err(format!("corrupt gzip data: {e}"))),
+        };
+        bytes.try_reserve(n).map_err(|_| {
+            err(format!(
+                "out of memory decompressing: {} bytes read so far",
+                bytes.len()
+            ))
+        })?;
+        bytes.extend_from_slice(&chunk[..n]);
+        left -= n;
+    }
+    Ok(())
 }
 
 /// Parses an uncompressed IDX file held in memory; `path` is only used in error messages.
@@ -166,6 +226,32 @@ fn parse_idx_owned(mut bytes: Vec<u8>, path: &Path) -> Result<IdxArray> {
 
 /// Validates the whole buffer and returns the dimensions and the offset of the data.
 fn parse_header(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, usize)> {
+    let (dims, offset, expected) = parse_dims(bytes, path)?;
+    let err = |message: String| Error::Data {
+        path: path.to_path_buf(),
+        message,
+    };
+    let found = bytes.len() - offset;
+    if found < expected {
+        return Err(err(format!(
+            "truncated IDX data: expected {expected} data bytes for dimensions {dims:?}, found {found}"
+        )));
+    }
+    if found > expected {
+        return Err(err(format!(
+            "{} trailing bytes after the {expected} data bytes of dimensions {dims:?} \
+             (file is {} bytes, expected {})",
+            found - expected,
+            bytes.len(),
+            offset + expected
+        )));
+    }
+    Ok((dims, offset))
+}
+
+/// Reads the magic number and the dimensions at the start of `bytes` (the data need not be
+/// there): the dimensions, the offset of the data and its length in bytes.
+fn parse_dims(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, usize, usize)> {
     let err = |message: String| Error::Data {
         path: path.to_path_buf(),
         message,
@@ -211,22 +297,7 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, usize)> {
             "IDX dimensions {dims:?} overflow: their product does not fit in usize"
         )));
     };
-    let found = bytes.len() - offset;
-    if found < expected {
-        return Err(err(format!(
-            "truncated IDX data: expected {expected} data bytes for dimensions {dims:?}, found {found}"
-        )));
-    }
-    if found > expected {
-        return Err(err(format!(
-            "{} trailing bytes after the {expected} data bytes of dimensions {dims:?} \
-             (file is {} bytes, expected {})",
-            found - expected,
-            bytes.len(),
-            offset + expected
-        )));
-    }
-    Ok((dims, offset))
+    Ok((dims, offset, expected))
 }
 
 /// The product of `dims`, or `None` on overflow.
@@ -392,6 +463,94 @@ mod tests {
         let e = read_idx(&p).unwrap_err();
         assert!(e.to_string().contains("corrupt gzip data"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    }
+
+    /// A valid 16-label file, then 1 GiB of zeros in 1024 more gzip members (about 1 MB in all):
+    /// one member of 1 MiB of zeros compressed once and repeated, so building it is cheap.
+    fn gzip_bomb() -> Vec<u8> {
+        let labels = IdxArray {
+            dims: vec![16],
+            data: (0..16).collect(),
+        };
+        let mut bomb = gzip(&labels.to_bytes().unwrap());
+        let zeros = gzip(&vec![0u8; 1 << 20]);
+        for _ in 0..1024 {
+            bomb.extend_from_slice(&zeros);
+        }
+        bomb
+    }
+
+    /// Counts the bytes read through it.
+    struct Counting<'a> {
+        inner: &'a [u8],
+        read: usize,
+    }
+
+    impl Read for Counting<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_read_no_further_than_its_header_allows() {
+        let bomb = gzip_bomb();
+        let mut input = Counting {
+            inner: &bomb,
+            read: 0,
+        };
+        let e = decompress_idx(&mut input, Path::new("bomb.gz")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("trailing data after the 16 data bytes of dimensions [16]"),
+            "{e}"
+        );
+        // Decompressing it all would read every compressed byte (and fill 1 GiB).
+        assert!(
+            input.read < bomb.len() / 10,
+            "read {} of {} compressed bytes for a 16-byte file",
+            input.read,
+            bomb.len()
+        );
+
+        let dir = tmp_dir("bomb");
+        let path = dir.join("bomb.gz");
+        std::fs::write(&path, &bomb).unwrap();
+        let e = read_idx(&path).unwrap_err();
+        assert!(matches!(e, Error::Data { .. }), "{e}");
+        assert!(e.to_string().contains("trailing data"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_gzip_file_with_one_byte_too_many_or_too_few_is_rejected() {
+        let bytes = sample().to_bytes().unwrap();
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let e = decompress_idx(gzip(&longer).as_slice(), Path::new("l.gz")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("trailing data after the 60 data bytes"),
+            "{e}"
+        );
+        let shorter = &bytes[..bytes.len() - 1];
+        let e = decompress_idx(gzip(shorter).as_slice(), Path::new("s.gz")).unwrap_err();
+        assert!(e.to_string().contains("expected 60 data bytes"), "{e}");
+        let header_only = &bytes[..6];
+        let e = decompress_idx(gzip(header_only).as_slice(), Path::new("h.gz")).unwrap_err();
+        assert!(e.to_string().contains("truncated IDX header"), "{e}");
+        assert_eq!(
+            decompress_idx(gzip(&bytes).as_slice(), Path::new("ok.gz")).unwrap(),
+            sample()
+        );
     }
 
     #[test]

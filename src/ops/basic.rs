@@ -6,6 +6,7 @@ use crate::ops::gpu::kernels as gk;
 use crate::ops::spec::{Activation, BinaryOp};
 use crate::ops::{run, with_kernels, MatmulDims};
 use crate::placement::OpInfo;
+use crate::shape;
 use crate::tensor::{DType, Tensor};
 
 const MATMUL: OpInfo = OpInfo {
@@ -170,8 +171,9 @@ impl Tensor {
             }),
             Some(0) if self.rank() >= 1 => run(info, &[self], |device, inputs| {
                 let rows = self.shape()[0];
-                let cols = self.len() / rows.max(1);
                 let shape = &self.shape()[1..];
+                // Not `len / rows`: with no rows that is 0 columns for a non-empty result.
+                let cols = shape::num_elements(shape, DType::F32)?;
                 let sums = Tensor::uninit(shape, DType::F32, device)?;
                 with_kernels(device, |k, _| k.sum_rows(&inputs[0], rows, cols, &sums))?;
                 if !mean {

@@ -1,5 +1,9 @@
 //! [`Kernels`] and [`NnKernels`] on `CPU:0`: the native kernels of [`crate::ops::cpu`] on host
 //! storage. Tensors here are raw 32-bit words; these impls view them as f32 or i32.
+//!
+//! Inputs are locked through [`Inputs`], once per storage: `x.add(&x)` passes one tensor twice,
+//! and a second read guard on a lock the thread already holds deadlocks as soon as another
+//! thread queues for the write lock in between (std's `RwLock` lets a waiting writer go first).
 
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
@@ -17,19 +21,48 @@ use crate::tensor::Tensor;
 /// The CPU device's kernels.
 pub(crate) struct HostKernels;
 
-/// Read access to a host tensor's words.
-struct Read<'a>(RwLockReadGuard<'a, Vec<u32>>);
-/// Write access to a host tensor's words.
-struct Write<'a>(RwLockWriteGuard<'a, Vec<u32>>);
+/// Read access to a kernel's input tensors: one guard per distinct storage, shared by every
+/// input that is a view of it.
+struct Inputs<'a> {
+    guards: Vec<RwLockReadGuard<'a, Vec<u32>>>,
+    /// For each input, the index of its guard.
+    guard_of: Vec<usize>,
+}
 
-impl Read<'_> {
-    fn f32(&self) -> &[f32] {
-        bytemuck::cast_slice(&self.0)
+impl<'a> Inputs<'a> {
+    fn lock(tensors: &[&'a Tensor]) -> Self {
+        let mut guards = Vec::with_capacity(tensors.len());
+        // One tensor per guard, to compare storages against (few: `add_n` of a thousand
+        // gradients of one tensor searches one entry each time).
+        let mut locked: Vec<&Tensor> = Vec::with_capacity(tensors.len());
+        let mut guard_of = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            match locked.iter().position(|u| u.shares_storage(t)) {
+                Some(j) => guard_of.push(j),
+                None => {
+                    guard_of.push(guards.len());
+                    locked.push(t);
+                    guards.push(
+                        t.host_read()
+                            .expect("host kernels get tensors placed on the CPU"),
+                    );
+                }
+            }
+        }
+        Self { guards, guard_of }
     }
-    fn i32(&self) -> &[i32] {
-        bytemuck::cast_slice(&self.0)
+
+    fn f32(&self, input: usize) -> &[f32] {
+        bytemuck::cast_slice(&self.guards[self.guard_of[input]])
+    }
+
+    fn i32(&self, input: usize) -> &[i32] {
+        bytemuck::cast_slice(&self.guards[self.guard_of[input]])
     }
 }
+
+/// Write access to a host tensor's words.
+struct Write<'a>(RwLockWriteGuard<'a, Vec<u32>>);
 
 impl Write<'_> {
     fn f32(&mut self) -> &mut [f32] {
@@ -40,13 +73,8 @@ impl Write<'_> {
     }
 }
 
-fn read(t: &Tensor) -> Read<'_> {
-    Read(
-        t.host_read()
-            .expect("host kernels get tensors placed on the CPU"),
-    )
-}
-
+/// An output (or, for the optimizer updates, a variable or slot the front-end proved distinct
+/// from every other tensor of the call).
 fn write(t: &Tensor) -> Write<'_> {
     Write(
         t.host_write()
@@ -54,21 +82,27 @@ fn write(t: &Tensor) -> Write<'_> {
     )
 }
 
+/// The inputs, then `extra` (an optional bias) last.
+fn with_optional<'a>(inputs: &[&'a Tensor], extra: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+    inputs.iter().copied().chain(extra).collect()
+}
+
 impl Kernels for HostKernels {
     fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()> {
-        cpu::binary(read(a).f32(), read(b).f32(), write(out).f32(), op);
+        let r = Inputs::lock(&[a, b]);
+        cpu::binary(r.f32(0), r.f32(1), write(out).f32(), op);
         Ok(())
     }
 
     fn add_n(&self, inputs: &[&Tensor], out: &Tensor) -> Result<()> {
-        let guards: Vec<Read<'_>> = inputs.iter().map(|t| read(t)).collect();
-        let slices: Vec<&[f32]> = guards.iter().map(Read::f32).collect();
+        let r = Inputs::lock(inputs);
+        let slices: Vec<&[f32]> = (0..inputs.len()).map(|i| r.f32(i)).collect();
         cpu::add_n(&slices, write(out).f32());
         Ok(())
     }
 
     fn scale(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
-        cpu::scale(read(x).f32(), alpha, write(out).f32());
+        cpu::scale(Inputs::lock(&[x]).f32(0), alpha, write(out).f32());
         Ok(())
     }
 
@@ -82,17 +116,16 @@ impl Kernels for HostKernels {
         act: Activation,
     ) -> Result<()> {
         let mut out = write(out);
-        let (a, b) = (read(a), read(b));
-        let bias_guard = bias.map(read);
+        let r = Inputs::lock(&with_optional(&[a, b], bias));
+        let bias = bias.map(|_| r.f32(2));
         if !d.trans_a && !d.trans_b {
             // Bias and activation applied block by block while the output is in cache.
-            let bias = bias_guard.as_ref().map(Read::f32);
-            cpu::matmul_bias_act(a.f32(), b.f32(), bias, out.f32(), d.m, d.k, d.n, act);
+            cpu::matmul_bias_act(r.f32(0), r.f32(1), bias, out.f32(), d.m, d.k, d.n, act);
             return Ok(());
         }
         cpu::matmul(
-            a.f32(),
-            b.f32(),
+            r.f32(0),
+            r.f32(1),
             out.f32(),
             d.m,
             d.k,
@@ -101,25 +134,24 @@ impl Kernels for HostKernels {
             d.trans_b,
         );
         if bias.is_some() || act != Activation::Linear {
-            let bias = bias_guard.as_ref().map(Read::f32);
             cpu::elementwise::bias_act_rows(out.f32(), bias, d.n, act);
         }
         Ok(())
     }
 
     fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
-        let s = cpu::sum_all(read(x).f32());
+        let s = cpu::sum_all(Inputs::lock(&[x]).f32(0));
         write(out).f32()[0] = alpha * s;
         Ok(())
     }
 
     fn sum_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
-        cpu::sum_rows(read(x).f32(), rows, cols, write(out).f32());
+        cpu::sum_rows(Inputs::lock(&[x]).f32(0), rows, cols, write(out).f32());
         Ok(())
     }
 
     fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
-        cpu::argmax_rows(read(x).f32(), rows, cols, write(out).i32());
+        cpu::argmax_rows(Inputs::lock(&[x]).f32(0), rows, cols, write(out).i32());
         Ok(())
     }
 }
@@ -134,11 +166,11 @@ impl NnKernels for HostKernels {
         s: &Conv2dShape,
         act: Activation,
     ) -> Result<()> {
-        let bias = bias.map(read);
+        let r = Inputs::lock(&with_optional(&[x, kernel], bias));
         cpu::conv2d_forward(
-            read(x).f32(),
-            read(kernel).f32(),
-            bias.as_ref().map(Read::f32),
+            r.f32(0),
+            r.f32(1),
+            bias.map(|_| r.f32(2)),
             write(y).f32(),
             s,
             act,
@@ -153,7 +185,8 @@ impl NnKernels for HostKernels {
         dx: &Tensor,
         s: &Conv2dShape,
     ) -> Result<()> {
-        cpu::conv2d_backward_input(read(dz).f32(), read(kernel).f32(), write(dx).f32(), s);
+        let r = Inputs::lock(&[dz, kernel]);
+        cpu::conv2d_backward_input(r.f32(0), r.f32(1), write(dx).f32(), s);
         Ok(())
     }
 
@@ -164,16 +197,17 @@ impl NnKernels for HostKernels {
         dk: &Tensor,
         s: &Conv2dShape,
     ) -> Result<()> {
-        cpu::conv2d_backward_kernel(read(x).f32(), read(dz).f32(), write(dk).f32(), s);
+        let r = Inputs::lock(&[x, dz]);
+        cpu::conv2d_backward_kernel(r.f32(0), r.f32(1), write(dk).f32(), s);
         Ok(())
     }
 
     fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {
-        let (x, y, dy) = (read(g.x), read(g.y), read(g.dy));
+        let r = Inputs::lock(&[g.x, g.y, g.dy]);
         let (mut dk, mut db) = (write(g.dk), write(g.db));
         cpu::conv2d_backward_weights(
-            x.f32(),
-            (y.f32(), dy.f32()),
+            r.f32(0),
+            (r.f32(1), r.f32(2)),
             g.act,
             (dk.f32(), db.f32()),
             &g.s,
@@ -182,7 +216,8 @@ impl NnKernels for HostKernels {
     }
 
     fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()> {
-        cpu::depthwise_forward(read(x).f32(), read(kernel).f32(), write(y).f32(), s);
+        let r = Inputs::lock(&[x, kernel]);
+        cpu::depthwise_forward(r.f32(0), r.f32(1), write(y).f32(), s);
         Ok(())
     }
 
@@ -193,7 +228,8 @@ impl NnKernels for HostKernels {
         dx: &Tensor,
         s: &DepthwiseShape,
     ) -> Result<()> {
-        cpu::depthwise_backward_input(read(dy).f32(), read(kernel).f32(), write(dx).f32(), s);
+        let r = Inputs::lock(&[dy, kernel]);
+        cpu::depthwise_backward_input(r.f32(0), r.f32(1), write(dx).f32(), s);
         Ok(())
     }
 
@@ -204,22 +240,24 @@ impl NnKernels for HostKernels {
         dk: &Tensor,
         s: &DepthwiseShape,
     ) -> Result<()> {
-        cpu::depthwise_backward_kernel(read(x).f32(), read(dy).f32(), write(dk).f32(), s);
+        let r = Inputs::lock(&[x, dy]);
+        cpu::depthwise_backward_kernel(r.f32(0), r.f32(1), write(dk).f32(), s);
         Ok(())
     }
 
     fn maxpool(&self, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
-        cpu::maxpool_forward(read(x).f32(), write(y).f32(), s);
+        cpu::maxpool_forward(Inputs::lock(&[x]).f32(0), write(y).f32(), s);
         Ok(())
     }
 
     fn maxpool_backward(&self, x: &Tensor, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()> {
-        cpu::maxpool_backward(read(x).f32(), read(dy).f32(), write(dx).f32(), s);
+        let r = Inputs::lock(&[x, dy]);
+        cpu::maxpool_backward(r.f32(0), r.f32(1), write(dx).f32(), s);
         Ok(())
     }
 
     fn activation(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> {
-        cpu::activation_forward(read(x).f32(), write(y).f32(), act);
+        cpu::activation_forward(Inputs::lock(&[x]).f32(0), write(y).f32(), act);
         Ok(())
     }
 
@@ -243,17 +281,18 @@ impl NnKernels for HostKernels {
         dz: &Tensor,
         act: Activation,
     ) -> Result<()> {
-        cpu::activation_backward(read(dy).f32(), read(y).f32(), write(dz).f32(), act);
+        let r = Inputs::lock(&[dy, y]);
+        cpu::activation_backward(r.f32(0), r.f32(1), write(dz).f32(), act);
         Ok(())
     }
 
     fn separable(&self, f: &SeparableForward<'_>) -> Result<()> {
-        let bias = f.bias.map(read);
+        let r = Inputs::lock(&with_optional(&[f.x, f.depthwise, f.pointwise], f.bias));
         cpu::separable_forward(
-            read(f.x).f32(),
-            read(f.depthwise).f32(),
-            read(f.pointwise).f32(),
-            bias.as_ref().map(|b| b.f32()),
+            r.f32(0),
+            r.f32(1),
+            r.f32(2),
+            f.bias.map(|_| r.f32(3)),
             write(f.y).f32(),
             &f.s,
             f.filters,
@@ -263,22 +302,16 @@ impl NnKernels for HostKernels {
     }
 
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
-        let (x, dk, pk, y, dy) = (
-            read(g.x),
-            read(g.depthwise),
-            read(g.pointwise),
-            read(g.y),
-            read(g.dy),
-        );
+        let r = Inputs::lock(&[g.x, g.depthwise, g.pointwise, g.y, g.dy]);
         let (mut ddk, mut dpk, mut db) =
             (write(g.d_depthwise), write(g.d_pointwise), write(g.d_bias));
         let mut dx = g.dx.map(write);
         let grads = cpu::SeparableGrads {
-            x: x.f32(),
-            dk: dk.f32(),
-            pk: pk.f32(),
-            y: y.f32(),
-            dy: dy.f32(),
+            x: r.f32(0),
+            dk: r.f32(1),
+            pk: r.f32(2),
+            y: r.f32(3),
+            dy: r.f32(4),
             act: g.act,
             pooled: g.pooled,
         };
@@ -293,14 +326,14 @@ impl NnKernels for HostKernels {
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
-        let (x, w, y, dy) = (read(g.x), read(g.w), read(g.y), read(g.dy));
+        let r = Inputs::lock(&[g.x, g.w, g.y, g.dy]);
         let (mut dw, mut db) = (write(g.dw), write(g.db));
         let mut dx = g.dx.map(write);
         cpu::dense_backward(
-            x.f32(),
-            w.f32(),
-            y.f32(),
-            dy.f32(),
+            r.f32(0),
+            r.f32(1),
+            r.f32(2),
+            r.f32(3),
             dx.as_mut().map(|d| d.f32()),
             dw.f32(),
             db.f32(),
@@ -311,7 +344,12 @@ impl NnKernels for HostKernels {
     }
 
     fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()> {
-        cpu::softmax(read(logits).f32(), write(probs).f32(), rows, cols);
+        cpu::softmax(
+            Inputs::lock(&[logits]).f32(0),
+            write(probs).f32(),
+            rows,
+            cols,
+        );
         Ok(())
     }
 
@@ -324,9 +362,10 @@ impl NnKernels for HostKernels {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
+        let r = Inputs::lock(&[logits, labels]);
         cpu::softmax_cross_entropy(
-            read(logits).f32(),
-            read(labels).i32(),
+            r.f32(0),
+            r.i32(1),
             write(loss).f32(),
             write(dlogits).f32(),
             rows,
@@ -343,25 +382,26 @@ impl NnKernels for HostKernels {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        let n = cpu::accuracy_count(read(logits).f32(), read(labels).i32(), rows, cols);
+        let r = Inputs::lock(&[logits, labels]);
+        let n = cpu::accuracy_count(r.f32(0), r.i32(1), rows, cols);
         write(out).f32()[0] = n as f32;
         Ok(())
     }
 
     fn sgd(&self, w: &Tensor, g: &Tensor, p: &SgdParams) -> Result<()> {
-        cpu::sgd(write(w).f32(), read(g).f32(), p);
+        cpu::sgd(write(w).f32(), Inputs::lock(&[g]).f32(0), p);
         Ok(())
     }
 
     fn sgd_momentum(&self, w: &Tensor, g: &Tensor, v: &Tensor, p: &SgdParams) -> Result<()> {
-        cpu::sgd_momentum(write(w).f32(), read(g).f32(), write(v).f32(), p);
+        cpu::sgd_momentum(write(w).f32(), Inputs::lock(&[g]).f32(0), write(v).f32(), p);
         Ok(())
     }
 
     fn adam(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()> {
         cpu::adam(
             write(w).f32(),
-            read(g).f32(),
+            Inputs::lock(&[g]).f32(0),
             write(m).f32(),
             write(v).f32(),
             p,

@@ -8,6 +8,7 @@ use crate::ops::spec::{
 };
 use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
+use crate::shape;
 use crate::tensor::{DType, Tensor};
 
 /// Kernels of the CNN ops, on one device (see [`crate::ops::Kernels`]). Shapes are validated by
@@ -394,6 +395,8 @@ pub fn conv2d_backward_input(
 ) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_INPUT.name;
     expect_f32(name, &[dz, kernel])?;
+    // A shape argument is checked like a tensor's before any arithmetic on its dimensions.
+    shape::num_elements(input_shape, DType::F32)?;
     let s = conv_shape(name, input_shape, kernel.shape(), padding)?;
     let (oh, ow) = s.out_hw();
     let expected = [s.n, oh, ow, s.c_out];
@@ -431,6 +434,7 @@ pub fn conv2d_backward_kernel(
 ) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_KERNEL.name;
     expect_f32(name, &[x, dz])?;
+    shape::num_elements(kernel_shape, DType::F32)?;
     let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
     let (oh, ow) = s.out_hw();
     let expected = [s.n, oh, ow, s.c_out];
@@ -486,6 +490,7 @@ pub fn conv2d_backward_weights(
 ) -> Result<(Tensor, Tensor)> {
     let name = CONV2D_BACKWARD_WEIGHTS.name;
     expect_f32(name, &[x, y, dy])?;
+    shape::num_elements(kernel_shape, DType::F32)?;
     let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
     let (oh, ow) = s.out_hw();
     let expected = [s.n, oh, ow, s.c_out];
@@ -590,6 +595,7 @@ pub fn depthwise_conv2d_backward_kernel(
 ) -> Result<Tensor> {
     let name = DEPTHWISE_BACKWARD_KERNEL.name;
     expect_f32(name, &[x, dy])?;
+    shape::num_elements(kernel_shape, DType::F32)?;
     if x.shape() != dy.shape() {
         return Err(mismatch(
             name,
@@ -1268,21 +1274,10 @@ pub fn accuracy_count(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     })
 }
 
-/// Whether two non-empty tensors are views of the same memory.
+/// Whether two tensors are views of the same memory. Empty ones count too: on the CPU a
+/// variable's write guard and its own gradient's read guard would deadlock whatever the size.
 fn same_memory(a: &Tensor, b: &Tensor) -> bool {
-    if a.is_empty() || b.is_empty() {
-        return false;
-    }
-    match (a.gpu_range(), b.gpu_range()) {
-        (Some(x), Some(y)) => x.buffer == y.buffer && x.offset == y.offset,
-        (None, None) => {
-            // One lock at a time: two read locks of one tensor are fine, but not needed.
-            let pa = a.host_read().map(|d| d.as_ptr());
-            let pb = b.host_read().map(|d| d.as_ptr());
-            pa.is_some() && pa == pb
-        }
-        _ => false,
-    }
+    a.shares_storage(b)
 }
 
 /// Runs an in-place update of `w` (and its `slots`) on `w`'s device, whatever the current

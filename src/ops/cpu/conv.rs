@@ -21,6 +21,7 @@
 use rayon::prelude::*;
 
 use crate::ops::spec::{Activation, Conv2dShape};
+use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, small_k_bias_act, SmallK, Strided, SMALL_K};
@@ -357,22 +358,24 @@ fn correlate(
         });
 }
 
-/// Panics unless the slices match the shape.
+/// Panics unless the slices match the shape, each length computed without wrapping (a shape
+/// whose product wraps matches no slice).
 fn check(s: &Conv2dShape, x: usize, k: usize, y: usize, what: &str) {
     assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
+    let (oh, ow) = s.out_hw();
     assert_eq!(
-        x,
-        s.input_len(),
+        product(&[s.n, s.h, s.w, s.c_in]),
+        Some(x),
         "{what}: input length does not match the shape"
     );
     assert_eq!(
-        k,
-        s.kernel_len(),
+        product(&[s.kh, s.kw, s.c_in, s.c_out]),
+        Some(k),
         "{what}: kernel length does not match the shape"
     );
     assert_eq!(
-        y,
-        s.output_len(),
+        product(&[s.n, oh, ow, s.c_out]),
+        Some(y),
         "{what}: output length does not match the shape"
     );
 }
@@ -406,6 +409,11 @@ pub(crate) fn conv2d_forward(
 /// `dz` is correlated with the flipped kernel through the forward machinery.
 pub(crate) fn conv2d_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dShape) {
     check(s, dx.len(), kernel.len(), dz.len(), "conv2d_backward_input");
+    if kernel.is_empty() || dz.is_empty() {
+        // Nothing flows back; and an empty kernel's `kh * kw` may be astronomically large.
+        dx.fill(0.0);
+        return;
+    }
     let (kh, kw, ci, co) = (s.kh, s.kw, s.c_in, s.c_out);
     if ci < co {
         col2im_backward_input(dz, kernel, dx, s);

@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use crate::ops::spec::DepthwiseShape;
+use crate::shape::product;
 
 use super::{madd, prefetch, with_scratch, Vector, V16, V8};
 
@@ -31,6 +32,24 @@ pub(super) struct Geometry {
 }
 
 impl Geometry {
+    /// Whether `len` covers one image (`h * w * c`, computed without wrapping).
+    #[inline(always)]
+    fn holds_image(&self, len: usize) -> bool {
+        product(&[self.h, self.w, self.c]).is_some_and(|n| len >= n)
+    }
+
+    /// Whether `len` covers one image row (`w * c`, computed without wrapping).
+    #[inline(always)]
+    fn holds_row(&self, len: usize) -> bool {
+        product(&[self.w, self.c]).is_some_and(|n| len >= n)
+    }
+
+    /// Whether `len` covers the kernel (`kh * kw * c`, computed without wrapping).
+    #[inline(always)]
+    fn holds_kernel(&self, len: usize) -> bool {
+        product(&[self.kh, self.kw, self.c]).is_some_and(|n| len >= n)
+    }
+
     /// Output columns `[j0, j1)` whose input column `j + b - pl` is inside the image.
     #[inline(always)]
     fn cols(&self, b: usize) -> (usize, usize) {
@@ -92,9 +111,9 @@ fn correlate_pixels<const NV: usize, const NP: usize, const FMA: bool>(
     let (b0, b1) = g.taps(j);
     assert!(
         c % (8 * NV) == 0
-            && x.len() >= g.h * w * c
-            && k.len() >= g.kh * kw * c
-            && out.len() >= w * c
+            && g.holds_image(x.len())
+            && g.holds_kernel(k.len())
+            && g.holds_row(out.len())
             && j + NP <= w
             && (b0 == b1 || g.taps(j + NP - 1).1 >= b1),
         "depthwise: pixel group out of range"
@@ -214,9 +233,9 @@ fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
         g.is_3x3_same()
             && c % (lanes * NV) == 0
             && w > 0
-            && x.len() >= g.h * w * c
-            && k.len() >= 9 * c
-            && out.len() >= w * c,
+            && g.holds_image(x.len())
+            && g.holds_kernel(k.len())
+            && g.holds_row(out.len()),
         "depthwise: 3x3 row out of range"
     );
     // Kernel rows whose input row `i + a - 1` is inside the image.
@@ -304,9 +323,9 @@ fn kernel_grad_row_v8<const NV: usize, const FMA: bool>(
     let (w, c) = (g.w, g.c);
     assert!(
         c % (8 * NV) == 0
-            && x.len() >= g.h * w * c
-            && dy_row.len() >= w * c
-            && acc.len() >= g.kh * g.kw * c,
+            && g.holds_image(x.len())
+            && g.holds_row(dy_row.len())
+            && g.holds_kernel(acc.len()),
         "depthwise: kernel-gradient row out of range"
     );
     let (a0, a1) = g.rows(i);
@@ -405,9 +424,9 @@ fn kernel_grad_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     assert!(
         g.is_3x3_same()
             && c % (lanes * NV) == 0
-            && x.len() >= g.h * w * c
-            && dy_row.len() >= w * c
-            && acc.len() >= 9 * c,
+            && g.holds_image(x.len())
+            && g.holds_row(dy_row.len())
+            && g.holds_kernel(acc.len()),
         "depthwise: 3x3 kernel-gradient row out of range"
     );
     let (a0, a1) = g.rows(i);
@@ -509,7 +528,8 @@ pub(super) fn kernel_grad_image(x: &[f32], dy: &[f32], acc: &mut [f32], g: Geome
 pub(super) fn flipped(kernel: &[f32], g: Geometry) -> (Vec<f32>, Geometry) {
     let (kh, kw, c) = (g.kh, g.kw, g.c);
     let mut flipped = vec![0.0f32; kernel.len()];
-    for a in 0..kh {
+    // No channels, no taps: an empty kernel's `kh * kw` may be astronomically large.
+    for a in 0..if c == 0 { 0 } else { kh } {
         for b in 0..kw {
             let src = ((kh - 1 - a) * kw + (kw - 1 - b)) * c;
             flipped[(a * kw + b) * c..(a * kw + b + 1) * c].copy_from_slice(&kernel[src..src + c]);
@@ -526,19 +546,22 @@ pub(super) fn flipped(kernel: &[f32], g: Geometry) -> (Vec<f32>, Geometry) {
 /// Checks slice lengths against the shape and returns the forward geometry.
 pub(super) fn geometry(s: &DepthwiseShape, x: usize, k: usize, y: usize, what: &str) -> Geometry {
     assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
+    // Lengths computed without wrapping: a shape whose product wraps matches no slice, so the
+    // per-image bounds the unchecked loads rely on (`h * w * c <= x.len()`) cannot wrap either.
+    let input = product(&[s.n, s.h, s.w, s.c]);
     assert_eq!(
-        x,
-        s.input_len(),
+        input,
+        Some(x),
         "{what}: input length does not match the shape"
     );
     assert_eq!(
-        k,
-        s.kernel_len(),
+        product(&[s.kh, s.kw, s.c]),
+        Some(k),
         "{what}: kernel length does not match the shape"
     );
     assert_eq!(
-        y,
-        s.input_len(),
+        input,
+        Some(y),
         "{what}: output length does not match the shape"
     );
     let (pt, pl) = s.pad_top_left();

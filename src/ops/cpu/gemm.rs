@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use crate::ops::spec::Activation;
+use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, act_in_place, bias_act_rows};
 use super::{madd, Vector, V8};
@@ -51,14 +52,19 @@ impl<'a> Strided<'a> {
         }
     }
 
-    /// Panics unless every element of a `rows × cols` view lies inside `data`.
+    /// Panics unless every element of a `rows × cols` view lies inside `data`: the offset of
+    /// the last one, `(rows - 1) * rs + (cols - 1) * cs`, computed without wrapping, is below
+    /// `data.len()`.
     fn check(&self, rows: usize, cols: usize, what: &str) {
         if rows == 0 || cols == 0 {
             return;
         }
-        let last = (rows - 1) * self.rs + (cols - 1) * self.cs;
+        let last = (rows - 1)
+            .checked_mul(self.rs)
+            .zip((cols - 1).checked_mul(self.cs))
+            .and_then(|(r, c)| r.checked_add(c));
         assert!(
-            last < self.data.len(),
+            last.is_some_and(|last| last < self.data.len()),
             "gemm: {what} is {rows}x{cols} (strides {}, {}) but has only {} elements",
             self.rs,
             self.cs,
@@ -85,7 +91,7 @@ pub(crate) fn gemm_strided(
     accumulate: bool,
     parallel: bool,
 ) {
-    assert_eq!(dst.len(), m * n, "gemm: dst must be m x n");
+    assert_eq!(product(&[m, n]), Some(dst.len()), "gemm: dst must be m x n");
     if m == 0 || n == 0 {
         return;
     }
@@ -97,12 +103,14 @@ pub(crate) fn gemm_strided(
     }
     lhs.check(m, k, "lhs");
     rhs.check(k, n, "rhs");
-    let parallelism = if parallel && m * n * k >= PAR_MIN_MACS && rayon::current_num_threads() > 1 {
+    let macs = m.saturating_mul(n).saturating_mul(k);
+    let parallelism = if parallel && macs >= PAR_MIN_MACS && rayon::current_num_threads() > 1 {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: `dst` is exactly m*n elements, written row-major (row stride n, column stride 1);
+    // SAFETY: `dst` is exactly m*n elements (a product checked not to wrap), written row-major
+    // (row stride n, column stride 1);
     // `check` proved every element the views address, (m-1)*rs + (k-1)*cs for lhs and likewise
     // for rhs, lies inside its slice, with strides representable as isize. The three slices are
     // distinct borrows (dst is `&mut`), so nothing aliases. With `read_dst == false` the crate
@@ -145,9 +153,21 @@ pub(crate) fn matmul(
     trans_a: bool,
     trans_b: bool,
 ) {
-    assert_eq!(a.len(), m * k, "matmul: a must have m*k elements");
-    assert_eq!(b.len(), k * n, "matmul: b must have k*n elements");
-    assert_eq!(out.len(), m * n, "matmul: out must have m*n elements");
+    assert_eq!(
+        product(&[m, k]),
+        Some(a.len()),
+        "matmul: a must have m*k elements"
+    );
+    assert_eq!(
+        product(&[k, n]),
+        Some(b.len()),
+        "matmul: b must have k*n elements"
+    );
+    assert_eq!(
+        product(&[m, n]),
+        Some(out.len()),
+        "matmul: out must have m*n elements"
+    );
     let lhs = if trans_a {
         Strided::transposed(a, m)
     } else {
@@ -174,11 +194,19 @@ pub(crate) fn matmul_bias_act(
     n: usize,
     act: Activation,
 ) {
-    assert_eq!(a.len(), m * k, "matmul_bias_act: a must have m*k elements");
-    assert_eq!(b.len(), k * n, "matmul_bias_act: b must have k*n elements");
     assert_eq!(
-        out.len(),
-        m * n,
+        product(&[m, k]),
+        Some(a.len()),
+        "matmul_bias_act: a must have m*k elements"
+    );
+    assert_eq!(
+        product(&[k, n]),
+        Some(b.len()),
+        "matmul_bias_act: b must have k*n elements"
+    );
+    assert_eq!(
+        product(&[m, n]),
+        Some(out.len()),
         "matmul_bias_act: out must have m*n elements"
     );
     if let Some(bias) = bias {
@@ -188,7 +216,7 @@ pub(crate) fn matmul_bias_act(
         return;
     }
     let rhs = Strided::row_major(b, n);
-    if m * n * k < PAR_MIN_MACS || rayon::current_num_threads() == 1 {
+    if m.saturating_mul(n).saturating_mul(k) < PAR_MIN_MACS || rayon::current_num_threads() == 1 {
         gemm_strided(out, m, n, k, Strided::row_major(a, k), rhs, false, false);
         bias_act_rows(out, bias, n, act);
         return;
@@ -232,12 +260,13 @@ pub(crate) fn dense_backward(
     (m, k, n): (usize, usize, usize),
     act: Activation,
 ) {
+    let (mk, kn, mn) = (product(&[m, k]), product(&[k, n]), product(&[m, n]));
     assert!(
-        x.len() == m * k && w.len() == k * n && y.len() == m * n && dy.len() == m * n,
+        mk == Some(x.len()) && kn == Some(w.len()) && mn == Some(y.len()) && mn == Some(dy.len()),
         "dense_backward: inputs do not match m = {m}, k = {k}, n = {n}"
     );
     assert!(
-        dw.len() == k * n && db.len() == n && dx.as_ref().is_none_or(|dx| dx.len() == m * k),
+        kn == Some(dw.len()) && db.len() == n && dx.as_ref().is_none_or(|dx| mk == Some(dx.len())),
         "dense_backward: outputs do not match m = {m}, k = {k}, n = {n}"
     );
     dw.fill(0.0);
@@ -350,17 +379,21 @@ pub(crate) struct SmallK<'a> {
 /// `rhs` load feeds two independent accumulator chains.
 ///
 /// Panics unless `c0 + 8 * NV <= n`, `out` is `m × n`, `rhs` holds `k × n` and every
-/// `lhs(p, t)` of the `m` rows is inside `lhs` (the bounds the unchecked reads rely on).
+/// `lhs(p, t)` of the `m` rows is inside `lhs` (the bounds the unchecked reads rely on, each
+/// computed without wrapping).
 #[inline(always)]
 fn small_k_tile<const NV: usize, const FMA: bool>(p: &SmallK<'_>, c0: usize, out: &mut [f32]) {
     let (n, ps, k) = (p.n, p.ps, p.offs.len());
     let m = out.len() / n.max(1);
     let max_off = p.offs.iter().copied().max().unwrap_or(0);
+    let last_lhs = (m.max(1) - 1)
+        .checked_mul(ps)
+        .and_then(|r| r.checked_add(max_off));
     assert!(
-        c0 + 8 * NV <= n
-            && out.len() == m * n
-            && p.rhs.len() >= k * n
-            && (k == 0 || m == 0 || (m - 1) * ps + max_off < p.lhs.len()),
+        c0.checked_add(8 * NV).is_some_and(|end| end <= n)
+            && product(&[m, n]) == Some(out.len())
+            && product(&[k, n]).is_some_and(|kn| p.rhs.len() >= kn)
+            && (k == 0 || m == 0 || last_lhs.is_some_and(|last| last < p.lhs.len())),
         "small_k: operands too short"
     );
     let init: [V8; NV] = match p.bias {
