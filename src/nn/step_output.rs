@@ -83,6 +83,9 @@ impl Accumulator {
             {
                 None => self.parts.push(part),
                 Some(acc) => {
+                    // On the part's device: unscoped, an op on CPU tensors would go to the
+                    // default device (a GPU, when there is a hardware one).
+                    let _on_part = crate::placement::with_device(device)?;
                     acc.loss_sum = acc.loss_sum.add(&part.loss_sum)?;
                     acc.correct = match (acc.correct.take(), part.correct) {
                         (Some(a), Some(c)) => Some(a.add(&c)?),
