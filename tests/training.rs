@@ -381,6 +381,50 @@ fn a_pool_fused_into_the_separable_layer_before_it_gives_the_unfused_gradients()
 }
 
 #[test]
+fn training_the_tutorial_cnn_on_the_cpu_is_reproducible_bit_for_bit() {
+    // Parallel reductions (kernel and bias gradients) must not round differently from run to
+    // run: a resumed run must match an uninterrupted one, and two runs each other.
+    let rt = cpu_runtime(1);
+    let cpu = rt.cpu().unwrap();
+    let _s = cpu.scope();
+    let (x, y) = common::synthetic(128 * 2, 7);
+    let (x, y): (Vec<f32>, Vec<i32>) = (
+        x.iter().cycle().take(128 * 784).copied().collect(),
+        y.iter().cycle().take(128).copied().collect(),
+    );
+    let xb = Tensor::from_slice_on(&x, &[128, 28, 28, 1], &cpu).unwrap();
+    let yb = Tensor::from_slice_on(&y, &[128], &cpu).unwrap();
+    let train = || {
+        let mut model = anygpu::nn::tutorial_cnn(11, &[]).unwrap();
+        model
+            .compile(
+                Loss::sparse_categorical_crossentropy(),
+                Sgd::new(0.05).momentum(0.9),
+                &[],
+            )
+            .unwrap();
+        for _ in 0..3 {
+            model.train_on_batch(&xb, &yb).unwrap();
+        }
+        model.get_weights().unwrap()
+    };
+    // More threads than cores: how rayon splits work then varies most from run to run.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .unwrap();
+    let first = pool.install(train);
+    for run in 1..4 {
+        let again = pool.install(train);
+        for (i, (a, b)) in first.iter().zip(&again).enumerate() {
+            let same =
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "run {run}: weight {i} differs from the first run's");
+        }
+    }
+}
+
+#[test]
 fn sgd_reduces_the_loss_on_a_small_synthetic_problem() {
     let rt = cpu_runtime(1);
     let cpu = rt.cpu().unwrap();

@@ -26,13 +26,15 @@ use crate::shape::product;
 use super::elementwise::{act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, small_k_bias_act, SmallK, Strided, SMALL_K};
 use super::reduce::sum_rows_leaf;
-use super::with_scratch;
+use super::{ordered_reduce, with_scratch};
 
 /// Patch-matrix bytes a task aims for (fits in L2 next to the kernel and the output block).
 const COL_BYTES: usize = 192 * 1024;
 
 /// Output pixels a task aims for when no patch matrix is built (1×1 kernels).
 const DIRECT_PIXELS: usize = 2048;
+/// Tasks a kernel-gradient reduction is cut into, at least, when the batch allows it.
+const REDUCTION_TASKS: usize = 64;
 
 /// One stride-1 correlation `out[i, j, :] = Σ_{a,b} in[i + a - pt, j + b - pl, :] · K[a, b]`
 /// between an `[h, w, c_in]` input and an `[oh, ow, c_out]` output (per image), out-of-range
@@ -126,7 +128,9 @@ impl Geometry {
     }
 
     /// Output rows (over the whole batch) per task.
-    fn rows_per_task(&self) -> usize {
+    /// Output rows per task: what fills the cache, but at least `tasks` tasks when the batch
+    /// allows it.
+    fn rows_per_task(&self, tasks: usize) -> usize {
         let total_rows = self.n * self.oh;
         let pixels = if self.is_pointwise() {
             DIRECT_PIXELS
@@ -134,8 +138,7 @@ impl Geometry {
             (COL_BYTES / (4 * self.patch_len().max(1))).max(1)
         };
         let rows = (pixels / self.ow.max(1)).max(1);
-        // At least two tasks per thread when the batch allows it.
-        let balanced = total_rows.div_ceil(2 * rayon::current_num_threads()).max(1);
+        let balanced = total_rows.div_ceil(tasks.max(1)).max(1);
         rows.min(balanced)
     }
 
@@ -276,7 +279,8 @@ fn correlate(
         return;
     }
     let k = g.patch_len();
-    let rows_per_task = g.rows_per_task();
+    // Two tasks per thread: each writes its own rows, so how they are cut changes nothing.
+    let rows_per_task = g.rows_per_task(2 * rayon::current_num_threads());
     let rhs = Strided::row_major(kmat, g.c_out);
     let small = k <= SMALL_K;
     // Patch offsets: within the input block (pointwise) or within the padded rows.
@@ -553,54 +557,55 @@ fn weight_grads(
         return;
     }
     let k = g.patch_len();
-    let rows_per_task = g.rows_per_task();
+    // Tasks cut independently of the thread count: each sums its rows into its own partial,
+    // so the cut decides the rounding, which must be the same on every run and machine.
+    let rows_per_task = g.rows_per_task(REDUCTION_TASKS);
     let block = rows_per_task * out_row;
     let with_bias = db.is_some();
-    let partial = (0..total.div_ceil(block))
-        .into_par_iter()
-        .fold(
-            || (vec![0.0f32; dk.len()], vec![0.0f64; g.c_out]),
-            |(mut acc, mut bias), t| {
-                let (r0, range) = (t * rows_per_task, t * block..((t + 1) * block).min(total));
-                let pixels = range.len() / g.c_out;
-                let col_len = if g.is_pointwise() { 0 } else { pixels * k };
-                let dz_len = match grad {
-                    OutputGrad::Dz(_) => 0,
-                    OutputGrad::Activated { .. } => range.len(),
-                };
-                // One scratch buffer for both: a nested `with_scratch` would allocate.
-                with_scratch(col_len + dz_len, |buf| {
-                    let (col, dz_buf) = buf.split_at_mut(col_len);
-                    let dz: &[f32] = match grad {
-                        OutputGrad::Dz(dz) => &dz[range.clone()],
-                        OutputGrad::Activated { dy, y, act } => {
-                            act_backward_leaf(&dy[range.clone()], &y[range.clone()], dz_buf, act);
-                            dz_buf
-                        }
-                    };
-                    if with_bias {
-                        sum_rows_leaf(dz, g.c_out, &mut bias);
+    let partial = ordered_reduce(
+        total.div_ceil(block),
+        || (vec![0.0f32; dk.len()], vec![0.0f64; g.c_out]),
+        |(mut acc, mut bias), t| {
+            let (r0, range) = (t * rows_per_task, t * block..((t + 1) * block).min(total));
+            let pixels = range.len() / g.c_out;
+            let col_len = if g.is_pointwise() { 0 } else { pixels * k };
+            let dz_len = match grad {
+                OutputGrad::Dz(_) => 0,
+                OutputGrad::Activated { .. } => range.len(),
+            };
+            // One scratch buffer for both: a nested `with_scratch` would allocate.
+            with_scratch(col_len + dz_len, |buf| {
+                let (col, dz_buf) = buf.split_at_mut(col_len);
+                let dz: &[f32] = match grad {
+                    OutputGrad::Dz(dz) => &dz[range.clone()],
+                    OutputGrad::Activated { dy, y, act } => {
+                        act_backward_leaf(&dy[range.clone()], &y[range.clone()], dz_buf, act);
+                        dz_buf
                     }
-                    let patches: &[f32] = if g.is_pointwise() {
-                        &x[r0 * g.ow * k..(r0 * g.ow + pixels) * k]
-                    } else {
-                        g.im2col(x, r0, pixels / g.ow, col);
-                        col
-                    };
-                    let (lhs, rhs) = (
-                        Strided::transposed(patches, k),
-                        Strided::row_major(dz, g.c_out),
-                    );
-                    gemm_strided(&mut acc, k, g.c_out, pixels, lhs, rhs, true, false);
-                });
-                (acc, bias)
-            },
-        )
-        .reduce_with(|(mut a, mut ab), (b, bb)| {
+                };
+                if with_bias {
+                    sum_rows_leaf(dz, g.c_out, &mut bias);
+                }
+                let patches: &[f32] = if g.is_pointwise() {
+                    &x[r0 * g.ow * k..(r0 * g.ow + pixels) * k]
+                } else {
+                    g.im2col(x, r0, pixels / g.ow, col);
+                    col
+                };
+                let (lhs, rhs) = (
+                    Strided::transposed(patches, k),
+                    Strided::row_major(dz, g.c_out),
+                );
+                gemm_strided(&mut acc, k, g.c_out, pixels, lhs, rhs, true, false);
+            });
+            (acc, bias)
+        },
+        |(mut a, mut ab), (b, bb)| {
             a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
             ab.iter_mut().zip(&bb).for_each(|(a, b)| *a += b);
             (a, ab)
-        });
+        },
+    );
     let (total, bias) = partial.unwrap_or_else(|| (vec![0.0; dk.len()], vec![0.0; g.c_out]));
     dk.copy_from_slice(&total);
     if let Some(db) = db {

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use crate::ops::spec::DepthwiseShape;
 use crate::shape::product;
 
-use super::{madd, prefetch, with_scratch, Vector, V16, V8};
+use super::{madd, ordered_reduce, prefetch, with_scratch, Vector, V16, V8};
 
 /// Geometry of one depthwise correlation: input and output are both `[h, w, c]` per image,
 /// `out[i, j] = Σ_{a,b} in[i + a - pt, j + b - pl] * k[a, b]` (out-of-range inputs are zero).
@@ -611,28 +611,27 @@ pub(crate) fn depthwise_backward_kernel(x: &[f32], dy: &[f32], dk: &mut [f32], s
         return;
     }
     let klen = dk.len();
-    let total = x
-        .par_chunks(image)
-        .zip(dy.par_chunks(image))
-        .fold(
-            || vec![0.0f64; klen],
-            |mut total, (x, dy)| {
-                with_scratch(klen, |acc| {
-                    acc.fill(0.0);
-                    kernel_grad_image(x, dy, acc, g);
-                    total
-                        .iter_mut()
-                        .zip(acc.iter())
-                        .for_each(|(t, &a)| *t += f64::from(a));
-                });
+    let total = ordered_reduce(
+        s.n,
+        || vec![0.0f64; klen],
+        |mut total, n| {
+            let (x, dy) = (&x[n * image..][..image], &dy[n * image..][..image]);
+            with_scratch(klen, |acc| {
+                acc.fill(0.0);
+                kernel_grad_image(x, dy, acc, g);
                 total
-            },
-        )
-        .reduce_with(|mut a, b| {
+                    .iter_mut()
+                    .zip(acc.iter())
+                    .for_each(|(t, &a)| *t += f64::from(a));
+            });
+            total
+        },
+        |mut a, b| {
             a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
             a
-        })
-        .unwrap_or_else(|| vec![0.0f64; klen]);
+        },
+    )
+    .unwrap_or_else(|| vec![0.0f64; klen]);
     dk.iter_mut().zip(&total).for_each(|(d, &t)| *d = t as f32);
 }
 

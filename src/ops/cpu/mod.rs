@@ -133,6 +133,31 @@ pub(crate) const PAR_MIN_ELEMS: usize = 1 << 16;
 /// Elements per rayon task in element-wise kernels.
 pub(crate) const PAR_CHUNK: usize = 1 << 15;
 
+/// Groups [`ordered_reduce`] cuts its tasks into: enough for 16 cores, and fixed, so that the
+/// grouping, and with it the rounding, depends on neither scheduling nor the thread count.
+const ORDERED_GROUPS: usize = 32;
+
+/// A parallel reduction over tasks `0..tasks` whose result is the same, bit for bit, on every
+/// run: the tasks are cut into at most [`ORDERED_GROUPS`] contiguous groups, each folded in
+/// task order from `init()`, and the groups' results are added in group order. (rayon's
+/// `fold` + `reduce` group tasks by how work happened to be stolen, so the sums' rounding
+/// varied from run to run, and a resumed training run could not match an uninterrupted one.)
+/// `None` for no tasks.
+pub(crate) fn ordered_reduce<A: Send>(
+    tasks: usize,
+    init: impl Fn() -> A + Sync,
+    fold: impl Fn(A, usize) -> A + Sync,
+    add: impl Fn(A, A) -> A,
+) -> Option<A> {
+    use rayon::prelude::*;
+    let groups = tasks.min(ORDERED_GROUPS);
+    let parts: Vec<A> = (0..groups)
+        .into_par_iter()
+        .map(|g| (g * tasks / groups..(g + 1) * tasks / groups).fold(init(), &fold))
+        .collect();
+    parts.into_iter().reduce(add)
+}
+
 /// Whether the build target itself guarantees a fused multiply-add instruction (so that
 /// `f32::mul_add` is one instruction rather than a library call).
 pub(crate) const NATIVE_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
@@ -345,6 +370,88 @@ pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R 
         cell.set(if other.len() > buf.len() { other } else { buf });
     });
     result
+}
+
+#[cfg(test)]
+mod ordered_tests {
+    use crate::ops::reference::random_vec;
+    use crate::ops::spec::{Conv2dShape, DepthwiseShape, Padding};
+
+    /// `f`'s result in rayon pools of 1, 2, 3, 5 and 8 threads, as bits.
+    fn bits_per_pool(f: impl Fn() -> Vec<f32> + Sync) -> Vec<Vec<u32>> {
+        [1, 2, 3, 5, 8]
+            .iter()
+            .map(|&threads| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(&f).iter().map(|v| v.to_bits()).collect()
+            })
+            .collect()
+    }
+
+    fn all_equal(runs: &[Vec<u32>], what: &str) {
+        for (i, run) in runs.iter().enumerate().skip(1) {
+            assert!(
+                run == &runs[0],
+                "{what}: pool {i} rounds differently from pool 0"
+            );
+        }
+    }
+
+    #[test]
+    fn reductions_give_the_same_bits_with_any_number_of_threads() {
+        let s = Conv2dShape {
+            n: 64,
+            h: 28,
+            w: 28,
+            c_in: 1,
+            c_out: 32,
+            kh: 3,
+            kw: 3,
+            padding: Padding::Same,
+        };
+        let (x, dz) = (
+            random_vec(64 * 28 * 28, 1),
+            random_vec(64 * 28 * 28 * 32, 2),
+        );
+        all_equal(
+            &bits_per_pool(|| {
+                let mut dk = vec![0.0; 9 * 32];
+                super::conv2d_backward_kernel(&x, &dz, &mut dk, &s);
+                dk
+            }),
+            "conv2d_backward_kernel",
+        );
+        let d = DepthwiseShape {
+            n: 16,
+            h: 28,
+            w: 28,
+            c: 32,
+            kh: 3,
+            kw: 3,
+        };
+        let (x, dy) = (random_vec(d.input_len(), 3), random_vec(d.input_len(), 4));
+        all_equal(
+            &bits_per_pool(|| {
+                let mut dk = vec![0.0; 9 * 32];
+                super::depthwise_backward_kernel(&x, &dy, &mut dk, &d);
+                dk
+            }),
+            "depthwise_backward_kernel",
+        );
+        let big = random_vec(1 << 20, 5);
+        all_equal(
+            &bits_per_pool(|| {
+                let mut out = vec![0.0; 32];
+                super::sum_rows(&big, (1 << 20) / 32, 32, &mut out);
+                out.push(super::sum_all(&big));
+                out
+            }),
+            "sum_rows and sum_all",
+        );
+    }
 }
 
 #[cfg(test)]

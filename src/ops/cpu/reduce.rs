@@ -2,9 +2,7 @@
 //!
 //! Sums accumulate in f64, so a million f32 terms lose nothing visible at f32 precision.
 
-use rayon::prelude::*;
-
-use super::{PAR_CHUNK, PAR_MIN_ELEMS};
+use super::{ordered_reduce, PAR_CHUNK, PAR_MIN_ELEMS};
 
 multiversion! {
     /// Σ x in f64, with 8 independent lanes so the loop vectorizes.
@@ -26,7 +24,15 @@ pub(crate) fn sum_all(x: &[f32]) -> f32 {
     let total = if x.len() < PAR_MIN_ELEMS {
         sum_leaf(x)
     } else {
-        x.par_chunks(PAR_CHUNK).map(sum_leaf).sum::<f64>()
+        let chunk = |t: usize| &x[t * PAR_CHUNK..((t + 1) * PAR_CHUNK).min(x.len())];
+        let tasks = x.len().div_ceil(PAR_CHUNK);
+        ordered_reduce(
+            tasks,
+            || 0.0,
+            |acc, t| acc + sum_leaf(chunk(t)),
+            |a, b| a + b,
+        )
+        .unwrap_or(0.0)
     };
     total as f32
 }
@@ -59,20 +65,24 @@ pub(crate) fn sum_rows(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
         sum_rows_leaf(x, cols, &mut acc);
         acc
     } else {
-        let rows_per_task = PAR_CHUNK.div_ceil(cols);
-        x.par_chunks(rows_per_task * cols)
-            .fold(
-                || vec![0.0f64; cols],
-                |mut acc, block| {
-                    sum_rows_leaf(block, cols, &mut acc);
-                    acc
-                },
-            )
-            .reduce_with(|mut a, b| {
+        let block = PAR_CHUNK.div_ceil(cols) * cols;
+        ordered_reduce(
+            x.len().div_ceil(block),
+            || vec![0.0f64; cols],
+            |mut acc, t| {
+                sum_rows_leaf(
+                    &x[t * block..((t + 1) * block).min(x.len())],
+                    cols,
+                    &mut acc,
+                );
+                acc
+            },
+            |mut a, b| {
                 a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
                 a
-            })
-            .unwrap_or_else(|| vec![0.0f64; cols])
+            },
+        )
+        .unwrap_or_else(|| vec![0.0f64; cols])
     };
     out.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a as f32);
 }
