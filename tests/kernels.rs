@@ -1171,6 +1171,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "splitk",
         "rows_v4",
         "rows_wg",
+        "rows_sg",
         "rows4x4",
         "tile8x8",
         "fused",

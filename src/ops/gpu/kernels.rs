@@ -35,6 +35,8 @@ pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const SUM_ROWS_V4: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_v4");
 pub(crate) const SUM_ROWS_WG: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_wg");
+/// Only where the adapter has subgroups (never in an op's required kernels).
+pub(crate) const SUM_ROWS_SG: Kernel = Kernel::new(ShaderFamily::ReduceSubgroup, "sum_rows_sg");
 pub(crate) const ACT_GRAD_SUM_ROWS_V4: Kernel =
     Kernel::new(ShaderFamily::Reduce, "act_grad_sum_rows_v4");
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
@@ -484,14 +486,24 @@ impl Kernels for GpuKernels<'_> {
         }
         if cols.is_multiple_of(4) {
             let class = format!("{}x{}", bucket(rows), bucket(cols));
+            // (The device is opened with every subgroup-capable adapter's SUBGROUP feature.)
+            let subgroups = self
+                .dev
+                .ctx
+                .adapter
+                .features
+                .contains(wgpu::Features::SUBGROUP);
+            let candidates: &[&str] = if subgroups {
+                &["rows_v4", "rows_wg", "rows_sg"]
+            } else {
+                &["rows_v4", "rows_wg"]
+            };
             return self.tuned(
-                Choice::new("sum_rows", class, &["rows_v4", "rows_wg"], "rows_v4"),
-                &mut |c| {
-                    if c == "rows_wg" {
-                        self.sum_rows_wg(x, rows, cols, out)
-                    } else {
-                        self.sum_rows_chunked(x, rows, cols, out)
-                    }
+                Choice::new("sum_rows", class, candidates, "rows_v4"),
+                &mut |c| match c {
+                    "rows_wg" => self.sum_rows_wg(x, rows, cols, out),
+                    "rows_sg" => self.sum_rows_sg(x, rows, cols, out),
+                    _ => self.sum_rows_chunked(x, rows, cols, out),
                 },
             );
         }
@@ -541,6 +553,22 @@ impl GpuKernels<'_> {
                 chunk: rows.div_ceil(wanted).max(256 / lanes * 8),
                 lanes,
                 column_groups,
+            }
+        })
+    }
+
+    /// Column sums (cols a multiple of 4) by `sum_rows_sg`: a workgroup per vec4 column and
+    /// chunk of rows, its lanes combined by subgroup operations.
+    fn sum_rows_sg(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        let cols4 = cols / 4;
+        self.sum_rows_in_passes(x, rows, cols, out, |rows| {
+            // Each invocation adds at least 8 rows; the chunks fill ~512 workgroups.
+            let wanted = WG_SUM_WORKGROUPS.div_ceil(cols4);
+            SumPass {
+                kernel: SUM_ROWS_SG,
+                chunk: rows.div_ceil(wanted).max(256 * 8),
+                lanes: 0,
+                column_groups: cols4,
             }
         })
     }

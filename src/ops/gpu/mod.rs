@@ -24,6 +24,8 @@ pub(crate) enum ShaderFamily {
     Matmul,
     /// Sums, column sums, argmax.
     Reduce,
+    /// Column sums with subgroup operations (adapters with subgroups only).
+    ReduceSubgroup,
     /// Direct 2-D convolution and its gradients.
     Conv2d,
     /// Depthwise convolution and its gradients.
@@ -38,10 +40,11 @@ pub(crate) enum ShaderFamily {
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 8] = [
+    pub(crate) const ALL: [ShaderFamily; 9] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
+        ShaderFamily::ReduceSubgroup,
         ShaderFamily::Conv2d,
         ShaderFamily::Depthwise,
         ShaderFamily::Pool,
@@ -55,6 +58,7 @@ impl ShaderFamily {
             ShaderFamily::Elementwise => "elementwise.wgsl",
             ShaderFamily::Matmul => "matmul.wgsl",
             ShaderFamily::Reduce => "reduce.wgsl",
+            ShaderFamily::ReduceSubgroup => "reduce_subgroup.wgsl",
             ShaderFamily::Conv2d => "conv2d.wgsl",
             ShaderFamily::Depthwise => "depthwise.wgsl",
             ShaderFamily::Pool => "pool.wgsl",
@@ -69,6 +73,7 @@ impl ShaderFamily {
             ShaderFamily::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
             ShaderFamily::Matmul => include_str!("../../../shaders/matmul.wgsl"),
             ShaderFamily::Reduce => include_str!("../../../shaders/reduce.wgsl"),
+            ShaderFamily::ReduceSubgroup => include_str!("../../../shaders/reduce_subgroup.wgsl"),
             ShaderFamily::Conv2d => include_str!("../../../shaders/conv2d.wgsl"),
             ShaderFamily::Depthwise => include_str!("../../../shaders/depthwise.wgsl"),
             ShaderFamily::Pool => include_str!("../../../shaders/pool.wgsl"),
@@ -450,10 +455,21 @@ mod tests {
     #[test]
     fn every_shader_parses_and_validates_without_optional_capabilities() {
         // Without f16 or subgroups: what llvmpipe's GL backend offers, so every kernel runs on
-        // every adapter.
+        // every adapter; the subgroup family (optional candidates only) with subgroups, and is
+        // refused without.
         for family in ShaderFamily::ALL {
-            let v = validate(family, Capabilities::empty())
-                .unwrap_or_else(|e| panic!("{}: {e}", family.file()));
+            let caps = if family == ShaderFamily::ReduceSubgroup {
+                let refused = validate(family, Capabilities::empty()).err();
+                assert!(
+                    refused.is_some(),
+                    "{} validates without subgroups",
+                    family.file()
+                );
+                capabilities_of(wgpu::Features::SUBGROUP)
+            } else {
+                Capabilities::empty()
+            };
+            let v = validate(family, caps).unwrap_or_else(|e| panic!("{}: {e}", family.file()));
             for (entry, info) in &v.entries {
                 let invocations: u32 = info.workgroup_size.iter().product();
                 assert!(
