@@ -51,6 +51,39 @@ pub fn get_visible_devices(kind: impl Into<KindFilter>) -> Vec<PhysicalDevice> {
     runtime().get_visible_devices(kind)
 }
 
+/// `tf.config.threading`: threads within and between ops, process-wide.
+///
+/// ```
+/// use anygpu::config::threading;
+/// assert_eq!(threading::get_intra_op_parallelism_threads(), 0); // the system picks
+/// ```
+pub mod threading {
+    use super::runtime;
+    use crate::error::Result;
+
+    /// `tf.config.threading.set_intra_op_parallelism_threads`. See
+    /// [`crate::Runtime::set_intra_op_parallelism_threads`].
+    pub fn set_intra_op_parallelism_threads(threads: usize) -> Result<()> {
+        runtime().set_intra_op_parallelism_threads(threads)
+    }
+
+    /// `tf.config.threading.get_intra_op_parallelism_threads`.
+    pub fn get_intra_op_parallelism_threads() -> usize {
+        runtime().get_intra_op_parallelism_threads()
+    }
+
+    /// `tf.config.threading.set_inter_op_parallelism_threads`. See
+    /// [`crate::Runtime::set_inter_op_parallelism_threads`].
+    pub fn set_inter_op_parallelism_threads(threads: usize) -> Result<()> {
+        runtime().set_inter_op_parallelism_threads(threads)
+    }
+
+    /// `tf.config.threading.get_inter_op_parallelism_threads`.
+    pub fn get_inter_op_parallelism_threads() -> usize {
+        runtime().get_inter_op_parallelism_threads()
+    }
+}
+
 /// `tf.config.experimental.set_memory_growth`. See [`Runtime::set_memory_growth`].
 pub fn set_memory_growth(device: &PhysicalDevice, enable: bool) -> Result<()> {
     runtime().set_memory_growth(device, enable)

@@ -21,6 +21,11 @@ pub enum Error {
     #[error("{0} cannot be modified after being initialized")]
     AlreadyInitialized(&'static str),
 
+    /// A threading setter after the runtime was initialized (TF's RuntimeError, its wording:
+    /// `Intra op parallelism cannot be modified after initialization.`).
+    #[error("{0} parallelism cannot be modified after initialization.")]
+    ThreadingInitialized(&'static str),
+
     /// A device string that is not a device name at all (with TF's hint).
     #[error(
         "Failed parsing device name: '{0}'. Note a valid device string should at least contain \

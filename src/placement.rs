@@ -219,7 +219,7 @@ pub fn current_device_spec() -> Option<String> {
 /// to exist and pass its adapter's checks. `Err` says what is missing.
 pub(crate) fn can_run(device: &LogicalDevice, op: &OpInfo) -> std::result::Result<(), String> {
     match &device.0.backend {
-        Backend::Cpu => Ok(()),
+        Backend::Cpu(_) => Ok(()),
         Backend::Unavailable(u) => Err(u.reason.clone()),
         Backend::Gpu(g) => match op.gpu {
             None => Err(format!("no GPU kernel for {}", op.name)),

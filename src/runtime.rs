@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
-use crate::device::logical::{Backend, GpuContext, GpuDevice, UnavailableGpu};
+use crate::device::logical::{Backend, CpuDevice, GpuContext, GpuDevice, UnavailableGpu};
 use crate::device::name::{full_name, physical_name, DeviceKind, DeviceSpec};
 use crate::device::physical::{order_and_dedupe, parse_visible_env, AdapterEntry};
 use crate::device::{DeviceDetails, LogicalDevice, PhysicalDevice};
@@ -32,6 +32,7 @@ pub const DEFAULT_GPU_MEMORY_LIMIT_MB: u64 = 1024;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LogicalDeviceConfiguration {
     memory_limit: Option<u64>,
+    threads: Option<usize>,
 }
 
 impl LogicalDeviceConfiguration {
@@ -49,6 +50,31 @@ impl LogicalDeviceConfiguration {
     /// The cap in MiB, if set.
     pub fn memory_limit_mib(&self) -> Option<u64> {
         self.memory_limit
+    }
+
+    /// Runs a virtual CPU's kernels on `threads` threads of its own (CPUs only; not in
+    /// TensorFlow, where every CPU device shares one pool). Two virtual CPUs of one thread each
+    /// are then two devices that work at the same time, the stand-in for two GPUs on a small
+    /// machine.
+    ///
+    /// ```
+    /// use anygpu::{DeviceKind, LogicalDeviceConfiguration, Runtime};
+    /// let rt = Runtime::builder().configure()?;
+    /// let cpu = &rt.list_physical_devices(DeviceKind::Cpu)[0];
+    /// let one = LogicalDeviceConfiguration::new().threads(1);
+    /// rt.set_logical_device_configuration(cpu, &[one, one])?;
+    /// let cpus = rt.list_logical_devices("CPU")?;
+    /// assert_eq!(cpus[1].threads(), 1);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// The thread count, if set.
+    pub fn thread_count(&self) -> Option<usize> {
+        self.threads
     }
 }
 
@@ -161,6 +187,10 @@ struct Config {
     growth: HashMap<usize, bool>,
     virtual_gpus: HashMap<usize, Vec<LogicalDeviceConfiguration>>,
     virtual_cpus: Option<Vec<LogicalDeviceConfiguration>>,
+    /// `tf.config.threading`: threads within an op (0: the system picks) ...
+    intra_op_threads: usize,
+    /// ... and between ops (0: the system picks; recorded, see the setter).
+    inter_op_threads: usize,
 }
 
 pub(crate) struct Devices {
@@ -520,6 +550,65 @@ impl Runtime {
         })
     }
 
+    /// `tf.config.threading.set_intra_op_parallelism_threads`: the threads one op may use on
+    /// the CPU (0, the default: every core). Each logical CPU then runs its kernels on a pool
+    /// of that many threads, unless its [`LogicalDeviceConfiguration::threads`] says otherwise.
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().configure()?;
+    /// rt.set_intra_op_parallelism_threads(1)?;
+    /// assert_eq!(rt.get_intra_op_parallelism_threads(), 1);
+    /// assert_eq!(rt.list_logical_devices("CPU")?[0].threads(), 1);
+    /// let err = rt.set_intra_op_parallelism_threads(2).unwrap_err();
+    /// assert_eq!(err.to_string(), "Intra op parallelism cannot be modified after initialization.");
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// TF's `Intra op parallelism cannot be modified after initialization.` for a change after
+    /// initialization (the same value is a no-op).
+    pub fn set_intra_op_parallelism_threads(&self, threads: usize) -> Result<()> {
+        let mut config = self.config();
+        if config.intra_op_threads == threads {
+            return Ok(());
+        }
+        if self.is_initialized() {
+            return Err(Error::ThreadingInitialized("Intra op"));
+        }
+        config.intra_op_threads = threads;
+        Ok(())
+    }
+
+    /// `tf.config.threading.get_intra_op_parallelism_threads` (0: the system picks).
+    pub fn get_intra_op_parallelism_threads(&self) -> usize {
+        self.config().intra_op_threads
+    }
+
+    /// `tf.config.threading.set_inter_op_parallelism_threads`: the threads for running
+    /// independent ops at once (0, the default: the system picks). Recorded and reported, with
+    /// TF's rules; anygpu runs each op on the thread that calls it (a mirrored step has a
+    /// thread per replica), so nothing uses it yet.
+    ///
+    /// # Errors
+    /// TF's `Inter op parallelism cannot be modified after initialization.` for a change after
+    /// initialization (the same value is a no-op).
+    pub fn set_inter_op_parallelism_threads(&self, threads: usize) -> Result<()> {
+        let mut config = self.config();
+        if config.inter_op_threads == threads {
+            return Ok(());
+        }
+        if self.is_initialized() {
+            return Err(Error::ThreadingInitialized("Inter op"));
+        }
+        config.inter_op_threads = threads;
+        Ok(())
+    }
+
+    /// `tf.config.threading.get_inter_op_parallelism_threads` (0: the system picks).
+    pub fn get_inter_op_parallelism_threads(&self) -> usize {
+        self.config().inter_op_threads
+    }
+
     /// `tf.debugging.set_log_device_placement`: print `Executing op X in device Y` for every
     /// op. May change at any time.
     pub fn set_log_device_placement(&self, enabled: bool) {
@@ -611,10 +700,26 @@ impl Runtime {
         let growth = self.effective_growth(config, &visible)?;
         let env_budget = self.env_budget()?;
         let weak = Arc::downgrade(&self.shared);
-        let cpu_count = config.virtual_cpus.as_ref().map_or(1, Vec::len);
-        let cpus = (0..cpu_count)
-            .map(|i| LogicalDevice::new(DeviceKind::Cpu, i, weak.clone(), Backend::Cpu))
-            .collect();
+        let cpu_configs = config
+            .virtual_cpus
+            .clone()
+            .unwrap_or_else(|| vec![Default::default()]);
+        let cpus = cpu_configs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                // A thread count of its own, else the intra-op count, else the shared pool.
+                let intra = (config.intra_op_threads > 0).then_some(config.intra_op_threads);
+                let threads = c.threads.or(intra);
+                let cpu = CpuDevice::new(&format!("CPU:{i}"), threads)?;
+                Ok(LogicalDevice::new(
+                    DeviceKind::Cpu,
+                    i,
+                    weak.clone(),
+                    Backend::Cpu(cpu),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let log_regions = self
             .env("ANYGPU_MEMORY_LOG")
             .is_some_and(|v| v != "0" && !v.is_empty());
@@ -1014,8 +1119,20 @@ fn check_virtual_configs(
                     "Setting memory limit on CPU virtual devices is currently not supported".into(),
                 ));
             }
+            if configs.iter().any(|c| c.threads == Some(0)) {
+                return Err(Error::InvalidArgument(format!(
+                    "threads must be at least 1 for the virtual devices of {}",
+                    pd.name()
+                )));
+            }
         }
         DeviceKind::Gpu => {
+            if configs.iter().any(|c| c.threads.is_some()) {
+                return Err(Error::InvalidArgument(format!(
+                    "threads applies to CPU virtual devices only, not to {}",
+                    pd.name()
+                )));
+            }
             for c in configs {
                 match c.memory_limit {
                     None => {

@@ -197,7 +197,7 @@ impl Tensor {
         device: &LogicalDevice,
     ) -> Result<Tensor> {
         match &device.0.backend {
-            Backend::Cpu => Ok(Tensor::with_storage(
+            Backend::Cpu(_) => Ok(Tensor::with_storage(
                 shape,
                 dtype,
                 device,
@@ -243,7 +243,7 @@ impl Tensor {
         let bytes = (len * dtype.size()) as u64;
         crate::profiler::note_allocation(bytes);
         let storage = match &device.0.backend {
-            Backend::Cpu => Storage::Cpu(RwLock::new(host::take(len, || {
+            Backend::Cpu(_) => Storage::Cpu(RwLock::new(host::take(len, || {
                 oom_what(shape, dtype, device)
             })?)),
             Backend::Gpu(g) => {

@@ -30,10 +30,46 @@ pub(crate) struct DeviceCore {
 }
 
 pub(crate) enum Backend {
-    Cpu,
+    Cpu(CpuDevice),
     Gpu(GpuDevice),
     /// A GPU whose adapter failed to open or to reserve its budget: listed, never used.
     Unavailable(UnavailableGpu),
+}
+
+/// A logical CPU: its own thread pool when it was given a thread count (virtual CPUs with
+/// `threads`, or `set_intra_op_parallelism_threads`), else the process-wide rayon pool.
+#[derive(Default)]
+pub(crate) struct CpuDevice {
+    pub(crate) pool: Option<rayon::ThreadPool>,
+}
+
+impl CpuDevice {
+    /// A device whose kernels run on `threads` threads of their own (`None`: the shared pool).
+    pub(crate) fn new(name: &str, threads: Option<usize>) -> crate::error::Result<CpuDevice> {
+        let Some(threads) = threads else {
+            return Ok(CpuDevice::default());
+        };
+        let label = name.to_string();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("anygpu {label} #{i}"))
+            .build()
+            .map_err(|e| {
+                crate::error::Error::ResourceExhausted(format!(
+                    "{threads} threads for {name} could not be started: {e}"
+                ))
+            })?;
+        Ok(CpuDevice { pool: Some(pool) })
+    }
+
+    /// Runs `f` where this device's kernels run: on its pool, or on the calling thread with the
+    /// shared pool.
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
 }
 
 /// What is known of a GPU logical device that could not be created.
@@ -106,7 +142,7 @@ impl LogicalDevice {
     /// The adapter's name for a GPU (`"llvmpipe (LLVM 15.0.6, 256 bits)"`), `"host CPU"` else.
     pub fn adapter_name(&self) -> &str {
         match &self.0.backend {
-            Backend::Cpu => "host CPU",
+            Backend::Cpu(_) => "host CPU",
             Backend::Gpu(g) => &g.ctx.adapter.info.name,
             Backend::Unavailable(u) => &u.adapter,
         }
@@ -115,7 +151,7 @@ impl LogicalDevice {
     /// The wgpu backend (`Vulkan`, `Gl`, ...) of a GPU, `None` for the CPU.
     pub fn backend(&self) -> Option<wgpu::Backend> {
         match &self.0.backend {
-            Backend::Cpu => None,
+            Backend::Cpu(_) => None,
             Backend::Gpu(g) => Some(g.ctx.adapter.info.backend),
             Backend::Unavailable(u) => Some(u.backend),
         }
@@ -124,7 +160,7 @@ impl LogicalDevice {
     /// Index of the (visible) physical GPU this logical device lives on; `None` for the CPU.
     pub fn physical_index(&self) -> Option<usize> {
         match &self.0.backend {
-            Backend::Cpu => None,
+            Backend::Cpu(_) => None,
             Backend::Gpu(g) => Some(g.physical_index),
             Backend::Unavailable(u) => Some(u.physical_index),
         }
@@ -201,13 +237,30 @@ impl LogicalDevice {
             .unwrap_or_default()
     }
 
+    /// The threads a CPU device's kernels run on, as rayon counts them where they run: the
+    /// device's own pool (see [`crate::LogicalDeviceConfiguration::threads`] and
+    /// [`crate::Runtime::set_intra_op_parallelism_threads`]) or the shared one (every core);
+    /// 0 for a GPU.
+    ///
+    /// ```
+    /// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
+    /// assert!(cpu.threads() >= 1);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn threads(&self) -> usize {
+        match &self.0.backend {
+            Backend::Cpu(cpu) => cpu.run(rayon::current_num_threads),
+            Backend::Gpu(_) | Backend::Unavailable(_) => 0,
+        }
+    }
+
     /// Waits until every op submitted to this device has finished (a no-op on the CPU).
     ///
     /// Benchmarks call this inside the timed region; ordinary code never needs it, since reading
     /// a tensor waits for exactly what it needs.
     pub fn synchronize(&self) -> Result<()> {
         match &self.0.backend {
-            Backend::Cpu | Backend::Unavailable(_) => Ok(()),
+            Backend::Cpu(_) | Backend::Unavailable(_) => Ok(()),
             Backend::Gpu(g) => g.ctx.wait_idle(),
         }
     }
@@ -220,7 +273,7 @@ impl LogicalDevice {
 
     pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
         match &self.0.backend {
-            Backend::Cpu | Backend::Unavailable(_) => None,
+            Backend::Cpu(_) | Backend::Unavailable(_) => None,
             Backend::Gpu(g) => Some(g),
         }
     }

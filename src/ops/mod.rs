@@ -66,12 +66,12 @@ pub(crate) trait Kernels {
 }
 
 /// Runs `f` with the kernels of `device`.
-pub(crate) fn with_kernels<R>(
+pub(crate) fn with_kernels<R: Send>(
     device: &LogicalDevice,
-    f: impl FnOnce(&dyn Kernels, &dyn NnKernels) -> Result<R>,
+    f: impl FnOnce(&dyn Kernels, &dyn NnKernels) -> Result<R> + Send,
 ) -> Result<R> {
     match &device.0.backend {
-        Backend::Cpu => f(&host::HostKernels, &host::HostKernels),
+        Backend::Cpu(cpu) => cpu.run(|| f(&host::HostKernels, &host::HostKernels)),
         Backend::Gpu(g) => {
             let k = gpu::kernels::GpuKernels::new(g, device.full_name());
             f(&k, &k)

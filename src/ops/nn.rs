@@ -1288,7 +1288,7 @@ fn update_in_place(
     w: &Tensor,
     g: &Tensor,
     slots: &[&Tensor],
-    f: impl FnOnce(&dyn NnKernels, &Tensor) -> Result<()>,
+    f: impl FnOnce(&dyn NnKernels, &Tensor) -> Result<()> + Send,
 ) -> Result<()> {
     let name = info.name;
     expect_f32(name, &[w, g])?;
