@@ -22,6 +22,13 @@
 //   conv2d_v4    co % 4 == 0: 4 output pixels × 32 output channels (8 vec4) per invocation;
 //                items = n*oh*ceil(ow/4); dispatch (.., .., ceil(co/32)).
 //                bindings x, k4, bias4, y4.
+//   conv2d_smem_v4  co % 4 == 0, for GPUs: the correlation as an implicit matrix product
+//                (m = n*oh*ow output pixels × k = kh*kw*ci taps × co; no im2col buffer) on
+//                matmul_smem_v4's tiles: a workgroup (16, 16) computes 64 pixels × 64 output
+//                channels, stepping 16 of k at a time through workgroup memory (the pixels'
+//                taps gathered from x with the padding, the kernel rows as vec4), 4 pixels ×
+//                one vec4 of channels per invocation; dispatch (ceil(co/64), ceil(m/64), 1).
+//                bindings x, k4, bias4, y4.
 //   conv2d_flip  @workgroup_size(256), dispatch grid_1d(items = kh*kw*ci*co, 256):
 //                y[((a*kw + b)*co + o)*ci + c] = k[(((kh-1-a)*kw + kw-1-b)*ci + c)*co + o]
 //                (params in the forward op's terms). bindings k, y.
@@ -46,7 +53,8 @@
 // Params: in the correlation's terms (for backward input: h, w = the forward oh, ow; ci = c_out;
 // co = c_in; oh, ow = the forward h, w); act 0 linear, 1 relu, 2 selu; has_bias; wblocks;
 // items; chunk, pixels, taps (backward kernel).
-// Limits: four storage buffers, no workgroup memory, no f16 or subgroups (GL-compatible).
+// Limits: four storage buffers, 8 KiB of workgroup memory (conv2d_smem_v4), no f16 or subgroups
+// (GL-compatible).
 
 struct Params {
     n: u32,
@@ -296,6 +304,76 @@ fn conv2d_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     store_v4(blk, 2u, ob + 4u, acc[20], acc[21], acc[22], acc[23]);
     store_v4(blk, 3u, ob + 0u, acc[24], acc[25], acc[26], acc[27]);
     store_v4(blk, 3u, ob + 4u, acc[28], acc[29], acc[30], acc[31]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// conv2d_smem_v4
+
+var<workgroup> tile_x: array<vec4<f32>, 256>;
+var<workgroup> tile_k: array<vec4<f32>, 256>;
+
+// Element t of the implicit im2col row of output pixel (n, oi, oj): tap t / ci, channel t % ci;
+// zero past the taps or in the padding.
+fn patch_at(n: u32, oi: u32, oj: u32, t: u32) -> f32 {
+    if (t >= p.kh * p.kw * p.ci) { return 0.0; }
+    let c = t % p.ci;
+    let tap = t / p.ci;
+    // u32 arithmetic wraps, so positions above or left of the image fail the `< h` tests.
+    let ii = oi + tap / p.kw - p.pt;
+    let jj = oj + tap % p.kw - p.pl;
+    if (ii >= p.h || jj >= p.w) { return 0.0; }
+    return x[((n * p.h + ii) * p.w + jj) * p.ci + c];
+}
+
+@compute @workgroup_size(16, 16)
+fn conv2d_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let co4 = p.co / 4u;
+    let m = p.n * p.oh * p.ow;
+    let taps = p.kh * p.kw * p.ci;
+    let cv = wg.x * 16u + lid.x;
+    let row0 = wg.y * 64u;
+    // What this invocation loads: pixel li / 4 of the tile, its 4 taps 4 * (li % 4) of the
+    // step's 16; kernel row li / 16 of the step, vec4 column li % 16 of the tile.
+    let pix = min(row0 + li / 4u, m - 1u);
+    let pn = pix / (p.oh * p.ow);
+    let oi = (pix / p.ow) % p.oh;
+    let oj = pix % p.ow;
+    let a_q = li % 4u;
+    let b_r = li / 16u;
+    let b_c = min(wg.x * 16u + li % 16u, co4 - 1u);
+    var acc: array<vec4<f32>, 4>;
+    for (var kk = 0u; kk < taps; kk += 16u) {
+        let t0 = kk + 4u * a_q;
+        tile_x[li] = vec4<f32>(
+            patch_at(pn, oi, oj, t0),
+            patch_at(pn, oi, oj, t0 + 1u),
+            patch_at(pn, oi, oj, t0 + 2u),
+            patch_at(pn, oi, oj, t0 + 3u),
+        );
+        let br = kk + b_r;
+        var bv = vec4<f32>(0.0);
+        if (br < taps) { bv = k4[br * co4 + b_c]; }
+        tile_k[li] = bv;
+        workgroupBarrier();
+        for (var q = 0u; q < 4u; q++) {
+            let b0 = tile_k[(4u * q) * 16u + lid.x];
+            let b1 = tile_k[(4u * q + 1u) * 16u + lid.x];
+            let b2 = tile_k[(4u * q + 2u) * 16u + lid.x];
+            let b3 = tile_k[(4u * q + 3u) * 16u + lid.x];
+            for (var i = 0u; i < 4u; i++) {
+                let a = tile_x[(lid.y + 16u * i) * 4u + q];
+                acc[i] += a.x * b0 + a.y * b1 + a.z * b2 + a.w * b3;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (cv >= co4) { return; }
+    var b = vec4<f32>(0.0);
+    if (p.has_bias == 1u) { b = bias4[cv]; }
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + lid.y + 16u * i;
+        if (r < m) { y4[r * co4 + cv] = act4(acc[i] + b, p.act); }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1174,6 +1174,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "rows_sg",
         "rows4x4",
         "tile8x8",
+        "smem64",
         "fused",
         "separate",
         "direct",
@@ -1218,7 +1219,7 @@ fn every_tuning_candidate_matches_the_reference() {
         if candidate.starts_with("chunks")
             || matches!(
                 candidate,
-                "direct" | "product" | "rows4x4" | "tile8x8" | "fused" | "separate"
+                "direct" | "product" | "rows4x4" | "tile8x8" | "smem64" | "fused" | "separate"
             )
         {
             check_conv2d(&gpus);

@@ -56,6 +56,7 @@ const fn opt(entry: &'static str) -> Kernel {
 
 pub(crate) const CONV2D_S: Kernel = conv("conv2d_s");
 pub(crate) const CONV2D_V4: Kernel = conv("conv2d_v4");
+pub(crate) const CONV2D_SMEM_V4: Kernel = conv("conv2d_smem_v4");
 pub(crate) const CONV2D_FLIP: Kernel = conv("conv2d_flip");
 pub(crate) const CONV2D_DK_S: Kernel = conv("conv2d_dk_s");
 pub(crate) const CONV2D_DK_V4: Kernel = conv("conv2d_dk_v4");
@@ -82,6 +83,7 @@ pub(crate) const ADAM: Kernel = opt("adam");
 pub(crate) const CONV2D: &[Kernel] = &[
     CONV2D_S,
     CONV2D_V4,
+    CONV2D_SMEM_V4,
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
@@ -93,6 +95,7 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
     CONV2D_FLIP,
     CONV2D_S,
     CONV2D_V4,
+    CONV2D_SMEM_V4,
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
@@ -174,6 +177,7 @@ pub(crate) const SEPARABLE: &[Kernel] = &[
     DEPTHWISE3X3_TILE_V4,
     CONV2D_S,
     CONV2D_V4,
+    CONV2D_SMEM_V4,
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
@@ -199,6 +203,7 @@ macro_rules! separable_backward_kernels {
             CONV2D_FLIP,
             CONV2D_S,
             CONV2D_V4,
+    CONV2D_SMEM_V4,
             gk::MATMUL_16X8,
             gk::MATMUL_UBO8,
             gk::PACK_B8,
@@ -376,9 +381,68 @@ struct Correlation {
 }
 
 impl GpuKernels<'_> {
-    /// Runs `out = act(correlate(input, kernel) + bias)`: `conv2d_v4` when `co` is a multiple
-    /// of 4, `conv2d_s` otherwise.
+    /// Runs `out = act(correlate(input, kernel) + bias)`: when `co` is a multiple of 4, tuned
+    /// between `conv2d_v4` and the workgroup-memory `conv2d_smem_v4`; `conv2d_s` otherwise.
     fn correlate(
+        &self,
+        g: &Correlation,
+        input: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        act: Activation,
+    ) -> Result<()> {
+        let v4 = g.co.is_multiple_of(4);
+        let pixels = g.n * g.oh * g.ow;
+        if v4 && pixels.div_ceil(64) <= 65_535 && pixels > 0 {
+            let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
+            let choice = Choice::new("conv2d", class, &["direct", "smem64"], "direct");
+            return self.tuned(choice, &mut |candidate| {
+                if candidate == "smem64" {
+                    self.correlate_smem(g, input, kernel, bias, out, act)
+                } else {
+                    self.correlate_direct(g, input, kernel, bias, out, act)
+                }
+            });
+        }
+        self.correlate_direct(g, input, kernel, bias, out, act)
+    }
+
+    /// [`GpuKernels::correlate`] by `conv2d_smem_v4`: an implicit product on workgroup-memory
+    /// tiles (co a multiple of 4).
+    fn correlate_smem(
+        &self,
+        g: &Correlation,
+        input: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        act: Activation,
+    ) -> Result<()> {
+        let p = ConvParams {
+            n: u(g.n),
+            h: u(g.h),
+            w: u(g.w),
+            ci: u(g.ci),
+            co: u(g.co),
+            kh: u(g.kh),
+            kw: u(g.kw),
+            oh: u(g.oh),
+            ow: u(g.ow),
+            pt: u(g.pt),
+            pl: u(g.pl),
+            act: act.code(),
+            has_bias: u32::from(bias.is_some()),
+            ..Default::default()
+        };
+        let grid = [u(g.co.div_ceil(64)), u((g.n * g.oh * g.ow).div_ceil(64)), 1];
+        // Without a bias the (unread) bias binding takes the output.
+        let b = bias.unwrap_or(out);
+        self.launch(CONV2D_SMEM_V4, &p, &[input, kernel, b, out], grid)
+    }
+
+    /// [`GpuKernels::correlate`] by the register-blocked direct kernels.
+    fn correlate_direct(
         &self,
         g: &Correlation,
         input: &Tensor,
