@@ -394,7 +394,9 @@ impl GpuKernels<'_> {
     ) -> Result<()> {
         let v4 = g.co.is_multiple_of(4);
         let pixels = g.n * g.oh * g.ow;
-        if v4 && pixels.div_ceil(64) <= 65_535 && pixels > 0 {
+        // (A 1×1 correlation is already tuned against the products, workgroup tiles included.)
+        let pointwise = g.kh * g.kw == 1;
+        if v4 && !pointwise && pixels.div_ceil(64) <= 65_535 && pixels > 0 {
             let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
             let choice = Choice::new("conv2d", class, &["direct", "smem64"], "direct");
             return self.tuned(choice, &mut |candidate| {
