@@ -25,6 +25,8 @@
 //              a time, each loaded once by the workgroup with one vec4 per invocation (matmul_v4
 //              has every invocation load its own, 16 times over the workgroup). For GPUs, whose
 //              workgroup memory is on-chip; dispatch as matmul_v4.
+//   matmul_smem128_v4  matmul_smem_v4 on 128×64 tiles (8 rows × one vec4 per invocation);
+//              dispatch (ceil(n / 64), ceil(m / 128), 1). A second tile size for the tuner.
 //   matmul_16x8  n and k multiples of 4, no transposes; @workgroup_size(8, 8), dispatch
 //              (ceil(n / 64), ceil(m / 128), 1). For software adapters (lavapipe, llvmpipe),
 //              which run 8 invocations as the lanes of one SIMD register, so that every
@@ -61,7 +63,7 @@
 // Params: m, k, n; a_rs, a_cs: strides of A(i, l) = a[i * a_rs + l * a_cs] (and b_rs, b_cs
 // for B(l, j)), which encode the transposes; has_bias; act (0 linear, 1 relu, 2 selu); k_slice
 // (matmul_v4_splitk only); block and chunk (matmul_ubo8 only).
-// Limits: 256 invocations per workgroup, four storage buffers, 8 KiB of workgroup memory.
+// Limits: 256 invocations per workgroup, four storage buffers, 12 KiB of workgroup memory.
 
 struct Params {
     m: u32,
@@ -195,7 +197,8 @@ fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     store_v4(row0, cv, block_v4(row0, cv, 0u, p.k / 4u));
 }
 
-var<workgroup> tile_a: array<vec4<f32>, 256>;
+// matmul_smem_v4 uses the first 256 vec4s of tile_a, matmul_smem128_v4 all 512.
+var<workgroup> tile_a: array<vec4<f32>, 512>;
 var<workgroup> tile_b: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(16, 16)
@@ -234,6 +237,52 @@ fn matmul_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         workgroupBarrier();
     }
     store_v4(row0 + lid.y, cv, acc);
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_smem128_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    // matmul_smem_v4 on a 128×64 tile: 8 rows (stride 16) × one vec4 per invocation, each
+    // tile_b vector read from workgroup memory feeding twice the multiply-adds.
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let cv = wg.x * 16u + lid.x;
+    let row0 = wg.y * 128u;
+    // A rows li / 4 and 64 + li / 4, vec4 li % 4 of the step's 16 k; B as matmul_smem_v4.
+    let a_row0 = min(row0 + li / 4u, p.m - 1u) * k4;
+    let a_row1 = min(row0 + 64u + li / 4u, p.m - 1u) * k4;
+    let a_q = li % 4u;
+    let b_r = li / 16u;
+    let b_c = min(wg.x * 16u + li % 16u, n4 - 1u);
+    var acc: array<vec4<f32>, 8>;
+    for (var kk = 0u; kk < p.k; kk += 16u) {
+        let aq = kk / 4u + a_q;
+        var av0 = vec4<f32>(0.0);
+        var av1 = vec4<f32>(0.0);
+        if (aq < k4) {
+            av0 = a4[a_row0 + aq];
+            av1 = a4[a_row1 + aq];
+        }
+        tile_a[li] = av0;
+        tile_a[256u + li] = av1;
+        let br = kk + b_r;
+        var bv = vec4<f32>(0.0);
+        if (br < p.k) { bv = b4[br * n4 + b_c]; }
+        tile_b[li] = bv;
+        workgroupBarrier();
+        for (var q = 0u; q < 4u; q++) {
+            let b0 = tile_b[(4u * q) * 16u + lid.x];
+            let b1 = tile_b[(4u * q + 1u) * 16u + lid.x];
+            let b2 = tile_b[(4u * q + 2u) * 16u + lid.x];
+            let b3 = tile_b[(4u * q + 3u) * 16u + lid.x];
+            for (var i = 0u; i < 8u; i++) {
+                let a = tile_a[(lid.y + 16u * i) * 4u + q];
+                acc[i] += a.x * b0 + a.y * b1 + a.z * b2 + a.w * b3;
+            }
+        }
+        workgroupBarrier();
+    }
+    store_v4(row0 + lid.y, cv, array<vec4<f32>, 4>(acc[0], acc[1], acc[2], acc[3]));
+    store_v4(row0 + 64u + lid.y, cv, array<vec4<f32>, 4>(acc[4], acc[5], acc[6], acc[7]));
 }
 
 @compute @workgroup_size(16, 16)

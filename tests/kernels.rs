@@ -1165,6 +1165,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "tall_16x8",
         "splitk_v4",
         "smem64_v4",
+        "smem128_v4",
         "ubo8",
         "tile64",
         "tall",

@@ -25,6 +25,7 @@ pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v
 pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_tall");
 pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
 pub(crate) const MATMUL_SMEM_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem_v4");
+pub(crate) const MATMUL_SMEM128_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem128_v4");
 pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4_splitk");
 pub(crate) const MATMUL_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_splitk");
 pub(crate) const MATMUL_UBO8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_ubo8");
@@ -409,7 +410,14 @@ impl Kernels for GpuKernels<'_> {
             // aligned and sized, so the vec4 views are valid). Software adapters want the tall
             // register block (see matmul.wgsl for the measurements), GPUs many invocations to
             // hide latency, and split k when the output has few tiles.
-            let mut candidates = vec!["tile64_v4", "tall_16x8", "smem64_v4"];
+            let mut candidates = vec!["tile64_v4", "tall_16x8"];
+            // Workgroup memory is as slow as storage on a software adapter (loaded lane by
+            // lane): there its tiles are timed only under ANYGPU_AUTOTUNE=full, which keeps the
+            // cold start short.
+            let tiles = ["smem64_v4", "smem128_v4"];
+            if !software {
+                candidates.extend(tiles);
+            }
             if splitk_slices(d).is_some() {
                 candidates.push("splitk_v4");
             }
@@ -418,8 +426,9 @@ impl Kernels for GpuKernels<'_> {
             }
             let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
             let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
+            let full_only: &[&str] = if software { &tiles } else { &[] };
             return self.tuned(
-                Choice::new("matmul", class, &candidates, heuristic),
+                Choice::new("matmul", class, &candidates, heuristic).full_only(full_only),
                 &mut |c| match c {
                     "tall_16x8" => {
                         let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
@@ -430,6 +439,10 @@ impl Kernels for GpuKernels<'_> {
                     "smem64_v4" => {
                         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
                         self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
+                    }
+                    "smem128_v4" => {
+                        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
+                        self.launch(MATMUL_SMEM128_V4, &p, &[bias_or_out, b, out, a], grid)
                     }
                     _ => {
                         let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];

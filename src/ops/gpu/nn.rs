@@ -147,6 +147,7 @@ pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::MATMUL_16X8,
     gk::MATMUL_V4_SPLITK,
     gk::MATMUL_SMEM_V4,
+    gk::MATMUL_SMEM128_V4,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
     gk::MATMUL_SPLITK,
@@ -398,7 +399,12 @@ impl GpuKernels<'_> {
         let pointwise = g.kh * g.kw == 1;
         if v4 && !pointwise && pixels.div_ceil(64) <= 65_535 && pixels > 0 {
             let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
-            let choice = Choice::new("conv2d", class, &["direct", "smem64"], "direct");
+            // Workgroup tiles only under ANYGPU_AUTOTUNE=full on software adapters (see matmul).
+            let choice = if self.dev.ctx.software_kernels {
+                Choice::new("conv2d", class, &["direct"], "direct").full_only(&["smem64"])
+            } else {
+                Choice::new("conv2d", class, &["direct", "smem64"], "direct")
+            };
             return self.tuned(choice, &mut |candidate| {
                 if candidate == "smem64" {
                     self.correlate_smem(g, input, kernel, bias, out, act)
@@ -546,39 +552,41 @@ impl GpuKernels<'_> {
         let (v4, c) = channel_lanes(s.c);
         if v4 && s.kh == 3 && s.kw == 3 {
             let class = format!("3x3 c{} p{}", s.c, bucket(s.n * s.h * s.w));
-            let heuristic = "rows4x4";
-            return self.tuned(
-                Choice::new("depthwise", class, &["rows4x4", "tile8x8"], heuristic),
-                &mut |candidate| {
-                    let tiled = candidate == "tile8x8";
-                    let side = if tiled { 8 } else { 4 };
-                    let (wblocks, hblocks) = (s.w.div_ceil(side), s.h.div_ceil(side));
-                    let blocks = s.n * hblocks * wblocks;
-                    let p = DepthwiseParams {
-                        n: u(s.n),
-                        h: u(s.h),
-                        w: u(s.w),
-                        c: u(c),
-                        kh: 3,
-                        kw: 3,
-                        pt: u(pt),
-                        pl: u(pl),
-                        flip: u32::from(flip),
-                        wblocks: u(wblocks),
-                        hblocks: u(hblocks),
-                        items: u(blocks * c),
-                        ..Default::default()
-                    };
-                    let tensors = [input, kernel, out];
-                    if tiled {
-                        let workgroups = blocks * c.div_ceil(8);
-                        let grid = grid_1d(workgroups * 64, 64);
-                        self.launch(DEPTHWISE3X3_TILE_V4, &p, &tensors, grid)
-                    } else {
-                        self.launch(DEPTHWISE3X3_V4, &p, &tensors, grid_1d(blocks * c, 64))
-                    }
-                },
-            );
+            // Workgroup tiles only under ANYGPU_AUTOTUNE=full on software adapters (see matmul).
+            let choice = if self.dev.ctx.software_kernels {
+                Choice::new("depthwise", class, &["rows4x4"], "rows4x4").full_only(&["tile8x8"])
+            } else {
+                Choice::new("depthwise", class, &["rows4x4", "tile8x8"], "rows4x4")
+            };
+            return self.tuned(choice, &mut |candidate| {
+                let tiled = candidate == "tile8x8";
+                let side = if tiled { 8 } else { 4 };
+                let (wblocks, hblocks) = (s.w.div_ceil(side), s.h.div_ceil(side));
+                let blocks = s.n * hblocks * wblocks;
+                let p = DepthwiseParams {
+                    n: u(s.n),
+                    h: u(s.h),
+                    w: u(s.w),
+                    c: u(c),
+                    kh: 3,
+                    kw: 3,
+                    pt: u(pt),
+                    pl: u(pl),
+                    flip: u32::from(flip),
+                    wblocks: u(wblocks),
+                    hblocks: u(hblocks),
+                    items: u(blocks * c),
+                    ..Default::default()
+                };
+                let tensors = [input, kernel, out];
+                if tiled {
+                    let workgroups = blocks * c.div_ceil(8);
+                    let grid = grid_1d(workgroups * 64, 64);
+                    self.launch(DEPTHWISE3X3_TILE_V4, &p, &tensors, grid)
+                } else {
+                    self.launch(DEPTHWISE3X3_V4, &p, &tensors, grid_1d(blocks * c, 64))
+                }
+            });
         }
         let wblocks = s.w.div_ceil(4);
         let hblocks = s.h.div_ceil(4);
