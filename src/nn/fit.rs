@@ -185,6 +185,7 @@ impl Sequential {
             let batch_hook = callbacks.iter().any(|cb| wants(&**cb, global));
             if done % self.log_every == 0 || done == steps || batch_hook {
                 last_read = acc.read()?;
+                crate::smi::record_step(global, start.elapsed().as_secs_f64() / done as f64);
                 if let Some(bar) = &bar {
                     bar.set_position(done as u64);
                     bar.set_message(progress_message(last_read, acc.examples, start.elapsed()));
