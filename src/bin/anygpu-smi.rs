@@ -13,6 +13,7 @@
 //! ```
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -51,7 +52,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 args.pid = Some(v.parse().map_err(|_| format!("--pid '{v}': not a PID"))?);
             }
             "--dir" => args.dir = Some(PathBuf::from(value(&a)?)),
-            "-h" | "--help" => return Err(USAGE.into()),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
         }
     }
@@ -281,11 +285,18 @@ fn main() {
     loop {
         match render(&args, &physical, &dir) {
             Ok(text) => {
-                if args.watch.is_some() {
-                    // Home, clear: redraw in place, as `watch` does.
-                    print!("\x1b[H\x1b[2J");
+                // Home, clear: redraw in place, as `watch` does.
+                let clear = if args.watch.is_some() {
+                    "\x1b[H\x1b[2J"
+                } else {
+                    ""
+                };
+                let mut stdout = std::io::stdout().lock();
+                let shown = write!(stdout, "{clear}{text}").and_then(|()| stdout.flush());
+                if shown.is_err() {
+                    // The reader went away (`anygpu-smi | head`): nothing left to do.
+                    std::process::exit(0);
                 }
-                print!("{text}");
             }
             Err(e) => {
                 eprintln!("anygpu-smi: {e}");
