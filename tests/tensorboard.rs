@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use anygpu::data::Dataset;
 use anygpu::nn::{
-    Activation, Adam, Dense, History, Loss, Metric, Sequential, TensorBoard, Verbosity,
+    Activation, Adam, BackupAndRestore, Dense, History, Loss, Metric, Sequential, TensorBoard,
+    Verbosity,
 };
 
 /// CRC-32C, one bit at a time.
@@ -390,6 +391,63 @@ fn by_default_only_epochs_are_logged_and_each_fit_starts_a_new_file() {
     assert!(scalars(&train, "batch_loss").is_empty());
     assert!(!train.iter().any(|e| matches!(e, Event::Histogram { .. })));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resumed_run_continues_the_step_numbers() {
+    let dir = scratch("resume");
+    let backup_dir = scratch("resume-backup");
+    let setup = || {
+        let _cpu = anygpu::with_device("/cpu:0").unwrap();
+        let mut model = Sequential::with_seed(5);
+        model
+            .add(
+                Dense::new(2)
+                    .activation(Activation::Softmax)
+                    .input_shape(&[2]),
+            )
+            .unwrap();
+        model
+            .compile(
+                Loss::sparse_categorical_crossentropy(),
+                Adam::default(),
+                &[],
+            )
+            .unwrap();
+        model.set_verbose(Verbosity::Silent);
+        let data =
+            Dataset::from_tensor_slices(vec![0.5, 0.1, 0.2, 0.9, 0.3, 0.3], &[2], vec![0, 1, 0])
+                .unwrap()
+                .batch(1, false);
+        (model, data)
+    };
+    // Two of three epochs (3 steps each), checkpointed; then the rest in a new fit.
+    let (mut first, data) = setup();
+    let mut backup = BackupAndRestore::new(&backup_dir).delete_checkpoint(false);
+    let mut tensorboard = TensorBoard::new(&dir).update_freq(1);
+    first
+        .fit_with_callbacks(&data, 2, None, None, &mut [&mut backup, &mut tensorboard])
+        .unwrap();
+    let (mut resumed, data) = setup();
+    let mut backup = BackupAndRestore::new(&backup_dir);
+    let mut tensorboard = TensorBoard::new(&dir).update_freq(1);
+    let history = resumed
+        .fit_with_callbacks(&data, 3, None, None, &mut [&mut backup, &mut tensorboard])
+        .unwrap();
+    assert_eq!(backup.restored_epochs(), Some(2));
+    let events = events(tensorboard.train_file().unwrap());
+    let steps: Vec<i64> = scalars(&events, "batch_loss").iter().map(|s| s.0).collect();
+    assert_eq!(
+        steps,
+        [7, 8, 9],
+        "the third epoch's steps, numbered after the first six"
+    );
+    assert_eq!(
+        scalars(&events, "epoch_loss"),
+        [(2, history.loss[2] as f32)]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&backup_dir);
 }
 
 #[test]
