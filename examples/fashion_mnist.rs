@@ -29,6 +29,9 @@
 //!                             state, data position, history: keras.callbacks.BackupAndRestore);
 //!                             deleted when training completes
 //!   --resume                  continue the run checkpointed in --checkpoint-dir
+//!   --tensorboard DIR         TensorBoard logs (keras.callbacks.TensorBoard: per-epoch
+//!                             curves, the running loss every 50 steps, weight histograms);
+//!                             default <out>/tensorboard. View: tensorboard --logdir DIR
 //! ```
 //!
 //! `--out` is checked for writing before anything trains, and a run never silently replaces an
@@ -98,7 +101,7 @@ use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
     self, Adam, BackupAndRestore, CsvLogger, Evaluation, History, Loss, Metric, Optimizer,
-    Sequential, Sgd,
+    Sequential, Sgd, TensorBoard,
 };
 use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, StreamStats, Tensor};
 use clap::Parser;
@@ -169,7 +172,14 @@ struct Args {
     /// Continue the run checkpointed in --checkpoint-dir.
     #[arg(long)]
     resume: bool,
+    /// TensorBoard logs (keras.callbacks.TensorBoard) in DIR; default <out>/tensorboard.
+    #[arg(long, value_name = "DIR")]
+    tensorboard: Option<PathBuf>,
 }
+
+/// Training steps between the running losses logged for TensorBoard: a few points per epoch
+/// of the default 429 steps, each read costing one wait for the device.
+const TENSORBOARD_UPDATE_FREQ: u64 = 50;
 
 /// The `--strategy` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -430,20 +440,31 @@ fn run(args: Args) -> Result<(), BoxError> {
         println!("resuming the run checkpointed in {}", dir.display());
     }
     let mut csv = CsvLogger::new(out.join("history.csv"));
+    let log_dir = args
+        .tensorboard
+        .clone()
+        .unwrap_or_else(|| out.join("tensorboard"));
+    let mut tensorboard = TensorBoard::new(&log_dir)
+        .update_freq(TENSORBOARD_UPDATE_FREQ)
+        .histogram_freq(1);
+    println!(
+        "TensorBoard logs in {0} (view: tensorboard --logdir {0})",
+        log_dir.display()
+    );
     let fitted = match backup.as_mut() {
         Some(backup) => model.fit_with_callbacks(
             &train_ds,
             args.epochs,
             Some(steps_per_epoch),
             Some(&valid_ds),
-            &mut [backup, &mut csv],
+            &mut [backup, &mut csv, &mut tensorboard],
         ),
         None => model.fit_with_callbacks(
             &train_ds,
             args.epochs,
             Some(steps_per_epoch),
             Some(&valid_ds),
-            &mut [&mut csv],
+            &mut [&mut csv, &mut tensorboard],
         ),
     };
     let history = match fitted {

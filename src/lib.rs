@@ -51,6 +51,8 @@
 //! | `ANYGPU_FORCE_GPU_ALLOW_GROWTH` | `true`/`false` overrides `set_memory_growth` (like `TF_FORCE_GPU_ALLOW_GROWTH`) |
 //! | `ANYGPU_GPU_MEMORY_LIMIT_MB` | budget of a whole physical GPU, instead of its reported memory less a reserve (2^64 bytes or more fails initialization) |
 //! | `ANYGPU_MEMORY_LOG` | `1`: log each arena region reserved or released |
+//! | `ANYGPU_SMI` | `0`: do not publish this process's devices and memory for `anygpu-smi` (see [`smi`]) |
+//! | `ANYGPU_SMI_DIR` | where processes publish for `anygpu-smi` (default `$XDG_RUNTIME_DIR/anygpu-smi`, else `<temp>/anygpu-smi-<uid>`) |
 //! | `ANYGPU_REQUIRE_ADAPTER` | `1`: initialization fails when no GPU adapter is found (CI) |
 //! | `ANYGPU_AUTOTUNE` | `on` (default): time an op's kernel variants on first use per adapter and shape class, keep the fastest (cached on disk); `full`: more runs and variants; `off`: heuristics |
 //! | `ANYGPU_CACHE_DIR` | the autotuner's cache directory (default `$XDG_CACHE_HOME/anygpu`, else `~/.cache/anygpu`) |
@@ -93,6 +95,7 @@ pub mod profiler;
 mod rng;
 pub mod runtime;
 mod shape;
+pub mod smi;
 mod tensor;
 
 pub use device::{

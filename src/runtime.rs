@@ -674,6 +674,7 @@ impl Runtime {
         self.shared.initializations.fetch_add(1, Ordering::Relaxed);
         let devices = self.shared.devices.get_or_init(|| devices);
         drop(config);
+        crate::smi::start(&self.shared, devices);
         Ok(devices)
     }
 

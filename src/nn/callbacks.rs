@@ -52,6 +52,26 @@ pub trait Callback {
         Ok(())
     }
 
+    /// How often [`on_train_batch_end`](Callback::on_train_batch_end) runs: after every
+    /// training step whose number ([`BatchLogs::step`]) is a multiple of this; `None` (the
+    /// default) or 0, never. Reading the running loss waits for the device, so a callback asks
+    /// only for the steps it needs.
+    fn train_batch_interval(&self) -> Option<u64> {
+        None
+    }
+
+    /// After a training step, at the interval [`train_batch_interval`](Callback::train_batch_interval)
+    /// asks for, with the epoch's running loss and accuracy (Keras' `on_train_batch_end(batch,
+    /// logs)`). The step is not yet in the history, and [`FitContext::epoch`] is the epochs
+    /// finished before it.
+    ///
+    /// # Errors
+    /// Ends `fit`; the epoch in progress is not recorded.
+    fn on_train_batch_end(&mut self, fit: &mut FitContext<'_>, logs: &BatchLogs) -> Result<()> {
+        let _ = (fit, logs);
+        Ok(())
+    }
+
     /// After the last epoch, when every epoch succeeded.
     ///
     /// # Errors
@@ -60,6 +80,27 @@ pub trait Callback {
         let _ = fit;
         Ok(())
     }
+}
+
+/// The running metrics after a training step, for [`Callback::on_train_batch_end`].
+///
+/// ```
+/// use anygpu::nn::BatchLogs;
+/// let logs = BatchLogs { step: 12, batch: 1, loss: 0.5, accuracy: None };
+/// assert_eq!(logs.step, 12);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchLogs {
+    /// Training steps run so far in this run, the one just finished included (1 after the
+    /// first step; counted across epochs, restored ones included, as Keras' TensorBoard counts
+    /// its batch steps).
+    pub step: u64,
+    /// The step's 0-based index in its epoch (Keras' `batch`).
+    pub batch: usize,
+    /// Mean loss over the epoch's examples so far.
+    pub loss: f64,
+    /// Accuracy over the epoch's examples so far (with the `accuracy` metric).
+    pub accuracy: Option<f64>,
 }
 
 /// Where a training pipeline stands: enough to rebuild the same stream of batches.

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::data::{Batch, BatchIter, Dataset};
 use crate::error::{Error, Result};
-use crate::nn::callbacks::{Callback, FitContext, Position};
+use crate::nn::callbacks::{BatchLogs, Callback, FitContext, Position};
 use crate::nn::history::{Evaluation, History};
 use crate::nn::mirrored;
 use crate::nn::pass;
@@ -53,7 +53,8 @@ impl Sequential {
     /// [`fit`](Sequential::fit) with Keras callbacks (`model.fit(..., callbacks=[...])`):
     /// [`BackupAndRestore`](crate::nn::BackupAndRestore) to checkpoint every epoch and resume
     /// a killed run, [`ModelCheckpoint`](crate::nn::ModelCheckpoint),
-    /// [`CsvLogger`](crate::nn::CsvLogger), or a [`Callback`] of your own.
+    /// [`CsvLogger`](crate::nn::CsvLogger), [`TensorBoard`](crate::nn::TensorBoard), or a
+    /// [`Callback`] of your own.
     ///
     /// ```
     /// use anygpu::data::Dataset;
@@ -132,7 +133,7 @@ impl Sequential {
                 &mut train,
                 (epoch, epochs, steps),
                 validation,
-                accuracy,
+                (accuracy, &mut *callbacks),
             )?;
             run.epochs_done = epoch + 1;
             run.position = Some(Position {
@@ -156,29 +157,57 @@ impl Sequential {
 
     /// One epoch: `steps` batches from `train` (the iterator, its pass and the batches taken
     /// from it; a new pass when `None` or spent), then validation; the epoch's entries go into
-    /// the history together, once all exist.
+    /// the history together, once all exist. The callbacks' batch hooks run at the steps they
+    /// ask for.
     fn fit_epoch(
         &mut self,
         dataset: &Dataset,
         train: &mut Option<(BatchIter, u64, u64)>,
         (epoch, epochs, steps): (usize, usize, usize),
         validation: Option<&Dataset>,
-        accuracy: bool,
+        (accuracy, callbacks): (bool, &mut [&mut dyn Callback]),
     ) -> Result<()> {
         let bar = self.epoch_bar(epoch, epochs, steps);
         let start = Instant::now();
         let mut acc = Accumulator::default();
         let mut last_read = (f64::NAN, None);
+        let steps_before: u64 = self.history.steps.iter().map(|&s| s as u64).sum();
+        let wants = |cb: &dyn Callback, global: u64| {
+            cb.train_batch_interval()
+                .is_some_and(|n| n > 0 && global.is_multiple_of(n))
+        };
         for step in 0..steps {
             let batch = next_batch(dataset, train)?;
             let out = self.train_batch(&batch)?;
             acc.push(out)?;
             let done = step + 1;
-            if done % self.log_every == 0 || done == steps {
+            let global = steps_before + done as u64;
+            let batch_hook = callbacks.iter().any(|cb| wants(&**cb, global));
+            if done % self.log_every == 0 || done == steps || batch_hook {
                 last_read = acc.read()?;
+                crate::smi::record_step(global, start.elapsed().as_secs_f64() / done as f64);
                 if let Some(bar) = &bar {
                     bar.set_position(done as u64);
                     bar.set_message(progress_message(last_read, acc.examples, start.elapsed()));
+                }
+            }
+            if batch_hook {
+                let logs = BatchLogs {
+                    step: global,
+                    batch: step,
+                    loss: last_read.0,
+                    accuracy: last_read.1.filter(|_| accuracy),
+                };
+                let mut run = FitContext {
+                    model: self,
+                    epochs_done: epoch,
+                    epochs,
+                    position: None,
+                };
+                for cb in callbacks.iter_mut() {
+                    if wants(&**cb, global) {
+                        cb.on_train_batch_end(&mut run, &logs)?;
+                    }
                 }
             }
         }

@@ -1,0 +1,311 @@
+//! `anygpu-smi`: our `nvidia-smi`, over every adapter wgpu finds and every running anygpu
+//! process's logical devices and memory.
+//!
+//! ```text
+//! anygpu-smi [-L] [--json] [--watch SECONDS] [--pid PID] [--dir DIR]
+//!
+//!   (none)           the physical devices, then the processes using anygpu
+//!   -L               one line per physical device (nvidia-smi -L)
+//!   --json           the same as JSON
+//!   --watch SECONDS  redraw every SECONDS (watch -n 0.1 nvidia-smi)
+//!   --pid PID        only this process
+//!   --dir DIR        where processes publish (default: anygpu::smi::default_dir())
+//! ```
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anygpu::smi::{self, DeviceUse, Scan, Snapshot};
+use anygpu::{format_bytes, DeviceKind, Runtime};
+
+const USAGE: &str = "usage: anygpu-smi [-L] [--json] [--watch SECONDS] [--pid PID] [--dir DIR]";
+
+#[derive(Debug, Default)]
+struct Args {
+    list: bool,
+    json: bool,
+    watch: Option<f64>,
+    pid: Option<u32>,
+    dir: Option<PathBuf>,
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut args = Args::default();
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| it.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
+        match a.as_str() {
+            "-L" | "--list-gpus" => args.list = true,
+            "--json" => args.json = true,
+            "--watch" | "-l" => {
+                let v = value(&a)?;
+                let secs: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                    .ok_or(format!("--watch '{v}': not a positive number of seconds"))?;
+                args.watch = Some(secs);
+            }
+            "--pid" => {
+                let v = value(&a)?;
+                args.pid = Some(v.parse().map_err(|_| format!("--pid '{v}': not a PID"))?);
+            }
+            "--dir" => args.dir = Some(PathBuf::from(value(&a)?)),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+/// A physical device as listed: index, adapter, backend, type, memory.
+struct Physical {
+    name: String,
+    adapter: String,
+    backend: String,
+    kind: String,
+    memory: Option<u64>,
+}
+
+fn physical_devices() -> Vec<Physical> {
+    // Listing never initializes a runtime: this process publishes nothing.
+    let rt = Runtime::new();
+    rt.list_physical_devices(None::<DeviceKind>)
+        .iter()
+        .map(|pd| {
+            let details = rt.get_device_details(pd).ok();
+            let gpu = details.as_ref().and_then(|d| d.gpu.as_ref());
+            Physical {
+                name: pd.name().to_string(),
+                adapter: details
+                    .as_ref()
+                    .map_or_else(|| "?".into(), |d| d.device_name.clone()),
+                backend: details
+                    .as_ref()
+                    .map_or_else(|| "?".into(), |d| d.backend.clone()),
+                kind: gpu.map_or_else(|| "host".into(), |g| g.adapter_type.clone()),
+                memory: gpu.and_then(|g| g.memory_bytes),
+            }
+        })
+        .collect()
+}
+
+fn bytes(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), format_bytes)
+}
+
+fn last_step(s: &Snapshot) -> String {
+    match (s.step_seconds, s.steps) {
+        (Some(t), Some(n)) => format!("{:.1} ms (step {n})", t * 1e3),
+        (Some(t), None) => format!("{:.1} ms", t * 1e3),
+        _ => "-".into(),
+    }
+}
+
+fn table(physical: &[Physical], scan: &Scan) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<28} {:<40} {:<8} {:<14} {:>10}",
+        "Device", "Adapter", "Backend", "Type", "Memory"
+    );
+    for p in physical {
+        let _ = writeln!(
+            out,
+            "{:<28} {:<40} {:<8} {:<14} {:>10}",
+            p.name,
+            p.adapter,
+            p.backend,
+            p.kind,
+            bytes(p.memory)
+        );
+    }
+    if let Ok(v) = std::env::var("ANYGPU_VISIBLE_DEVICES") {
+        let _ = writeln!(
+            out,
+            "(ANYGPU_VISIBLE_DEVICES={v}: only these GPUs are listed)"
+        );
+    }
+    let _ = writeln!(out, "\nProcesses:");
+    let _ = writeln!(
+        out,
+        "{:>8} {:<20} {:<16} {:>11} {:>11} {:>11} {:>10}  Last step",
+        "PID", "Program", "Device", "Reserved", "In use", "Peak", "Kernels"
+    );
+    if scan.processes.is_empty() {
+        let _ = writeln!(out, "{:>8} (no running process uses anygpu)", "");
+    }
+    let no_device = [DeviceUse {
+        name: "-".into(),
+        ..DeviceUse::default()
+    }];
+    for s in &scan.processes {
+        // A process is listed even before it has a device.
+        let devices = match s.devices.is_empty() {
+            true => &no_device[..],
+            false => &s.devices[..],
+        };
+        for (i, d) in devices.iter().enumerate() {
+            let (pid, program, step) = match i {
+                0 => (s.pid.to_string(), s.program.clone(), last_step(s)),
+                _ => (String::new(), String::new(), String::new()),
+            };
+            let _ = writeln!(
+                out,
+                "{pid:>8} {program:<20} {:<16} {:>11} {:>11} {:>11} {:>10}  {step}",
+                d.name,
+                bytes(d.reserved),
+                bytes(d.in_use),
+                bytes(d.peak),
+                d.kernels.map_or_else(|| "-".into(), |k| k.to_string())
+            );
+        }
+    }
+    for note in &scan.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    out
+}
+
+fn list(physical: &[Physical]) -> String {
+    let mut out = String::new();
+    for p in physical.iter().filter(|p| p.kind != "host") {
+        let index = p.name.rsplit(':').next().unwrap_or("?");
+        let _ = writeln!(
+            out,
+            "GPU {index}: {} ({}, {})",
+            p.adapter, p.backend, p.kind
+        );
+    }
+    out
+}
+
+/// A JSON string literal.
+fn js(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn jn<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "null".into(), |v| v.to_string())
+}
+
+fn json_device(d: &DeviceUse) -> String {
+    format!(
+        "{{\"name\":{},\"adapter\":{},\"backend\":{},\"reserved\":{},\"in_use\":{},\"peak\":{},\"limit\":{},\"kernels\":{}}}",
+        js(&d.name),
+        js(&d.adapter),
+        js(&d.backend),
+        jn(d.reserved),
+        jn(d.in_use),
+        jn(d.peak),
+        jn(d.limit),
+        jn(d.kernels)
+    )
+}
+
+fn json(physical: &[Physical], scan: &Scan) -> String {
+    let devices: Vec<String> = physical
+        .iter()
+        .map(|p| {
+            format!(
+                "{{\"name\":{},\"adapter\":{},\"backend\":{},\"type\":{},\"memory\":{}}}",
+                js(&p.name),
+                js(&p.adapter),
+                js(&p.backend),
+                js(&p.kind),
+                jn(p.memory)
+            )
+        })
+        .collect();
+    let processes: Vec<String> = scan
+        .processes
+        .iter()
+        .map(|s| {
+            let step_seconds = s.step_seconds.filter(|t| t.is_finite());
+            format!(
+                "{{\"pid\":{},\"program\":{},\"updated\":{},\"steps\":{},\"step_seconds\":{},\"devices\":[{}]}}",
+                s.pid,
+                js(&s.program),
+                s.updated,
+                jn(s.steps),
+                jn(step_seconds),
+                s.devices.iter().map(json_device).collect::<Vec<_>>().join(",")
+            )
+        })
+        .collect();
+    let notes: Vec<String> = scan.notes.iter().map(|n| js(n)).collect();
+    format!(
+        "{{\"devices\":[{}],\"processes\":[{}],\"notes\":[{}]}}\n",
+        devices.join(","),
+        processes.join(","),
+        notes.join(",")
+    )
+}
+
+fn render(args: &Args, physical: &[Physical], dir: &std::path::Path) -> Result<String, String> {
+    if args.list {
+        return Ok(list(physical));
+    }
+    let mut scan = smi::scan(dir).map_err(|e| e.to_string())?;
+    if let Some(pid) = args.pid {
+        scan.processes.retain(|s| s.pid == pid);
+    }
+    Ok(match args.json {
+        true => json(physical, &scan),
+        false => table(physical, &scan),
+    })
+}
+
+fn main() {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            std::process::exit(2);
+        }
+    };
+    let dir = args.dir.clone().unwrap_or_else(smi::default_dir);
+    let physical = physical_devices();
+    loop {
+        match render(&args, &physical, &dir) {
+            Ok(text) => {
+                // Home, clear: redraw in place, as `watch` does.
+                let clear = if args.watch.is_some() {
+                    "\x1b[H\x1b[2J"
+                } else {
+                    ""
+                };
+                let mut stdout = std::io::stdout().lock();
+                let shown = write!(stdout, "{clear}{text}").and_then(|()| stdout.flush());
+                if shown.is_err() {
+                    // The reader went away (`anygpu-smi | head`): nothing left to do.
+                    std::process::exit(0);
+                }
+            }
+            Err(e) => {
+                eprintln!("anygpu-smi: {e}");
+                std::process::exit(1);
+            }
+        }
+        match args.watch {
+            Some(secs) => std::thread::sleep(Duration::from_secs_f64(secs)),
+            None => break,
+        }
+    }
+}

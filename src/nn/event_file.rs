@@ -1,0 +1,373 @@
+//! TensorBoard event files, written without TensorFlow: TFRecord framing around `Event`
+//! protobufs, with the few protobuf fields and the CRC32C they need written by hand (no
+//! protobuf or CRC dependency for some forty lines of encoding).
+//!
+//! A record is `u64 length`, `u32 masked_crc32c(length bytes)`, `data`,
+//! `u32 masked_crc32c(data)`, all little-endian (TensorFlow's `tensorflow/core/lib/io/record_writer.cc`).
+//! The events (`tensorflow/core/util/event.proto`, `tensorflow/core/framework/summary.proto`):
+//!
+//! ```text
+//! Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+//! Summary { repeated Value value = 1; }
+//! Value   { string tag = 1; float simple_value = 2; HistogramProto histo = 5; }
+//! ```
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+/// CRC-32C (Castagnoli, reflected polynomial `0x82F63B78`), one byte per table step.
+const CRC32C_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = i as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// CRC-32C of `bytes`.
+pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc = CRC32C_TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+/// TFRecord's masked CRC: a CRC of data that itself holds CRCs would be weak, so it is rotated
+/// and offset (`tensorflow/core/lib/hash/crc32c.h`, `Mask`).
+pub(crate) fn masked_crc32c(bytes: &[u8]) -> u32 {
+    crc32c(bytes).rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// One TFRecord: length, its masked CRC, the data, its masked CRC.
+pub(crate) fn record(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + 16);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc32c(data).to_le_bytes());
+    out
+}
+
+/// Protobuf wire types.
+const VARINT: u32 = 0;
+const FIXED64: u32 = 1;
+const LENGTH_DELIMITED: u32 = 2;
+const FIXED32: u32 = 5;
+
+/// A protobuf message under construction: the fields in the order they are added.
+#[derive(Default)]
+struct Message(Vec<u8>);
+
+impl Message {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+
+    fn key(&mut self, field: u32, wire_type: u32) {
+        self.varint(u64::from(field << 3 | wire_type));
+    }
+
+    fn int64(&mut self, field: u32, v: i64) {
+        self.key(field, VARINT);
+        // int64 is encoded as its two's complement, ten bytes when negative.
+        self.varint(v as u64);
+    }
+
+    fn double(&mut self, field: u32, v: f64) {
+        self.key(field, FIXED64);
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    fn float(&mut self, field: u32, v: f32) {
+        self.key(field, FIXED32);
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    fn bytes(&mut self, field: u32, v: &[u8]) {
+        self.key(field, LENGTH_DELIMITED);
+        self.varint(v.len() as u64);
+        self.0.extend_from_slice(v);
+    }
+
+    /// Repeated doubles, packed (proto3's default for `repeated double`).
+    fn packed_doubles(&mut self, field: u32, values: &[f64]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.bytes(field, &bytes);
+    }
+}
+
+/// A histogram in TensorFlow's `HistogramProto`: bucket `i` counts the values in
+/// `(bucket_limit[i-1], bucket_limit[i]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Histogram {
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) num: f64,
+    pub(crate) sum: f64,
+    pub(crate) sum_squares: f64,
+    pub(crate) bucket_limit: Vec<f64>,
+    pub(crate) bucket: Vec<f64>,
+}
+
+impl Histogram {
+    /// `values` in `buckets` equal-width buckets between their minimum and maximum (one bucket
+    /// when they are all equal); `None` for no values or a non-finite one.
+    pub(crate) fn of(values: &[f32], buckets: usize) -> Option<Histogram> {
+        if values.is_empty() || values.iter().any(|v| !v.is_finite()) || buckets == 0 {
+            return None;
+        }
+        let (mut min, mut max, mut sum, mut sum_squares) = (f64::MAX, f64::MIN, 0.0, 0.0);
+        for &v in values {
+            let v = f64::from(v);
+            min = min.min(v);
+            max = max.max(v);
+            sum += v;
+            sum_squares += v * v;
+        }
+        let buckets = if max > min { buckets } else { 1 };
+        let width = (max - min) / buckets as f64;
+        let mut bucket = vec![0.0; buckets];
+        for &v in values {
+            // Upper bounds are inclusive, as in TensorFlow's `HistogramProto`.
+            let i = if width > 0.0 {
+                let upper = ((f64::from(v) - min) / width).ceil() as usize;
+                upper.saturating_sub(1).min(buckets - 1)
+            } else {
+                0
+            };
+            bucket[i] += 1.0;
+        }
+        let bucket_limit = (1..=buckets)
+            .map(|i| {
+                if i == buckets {
+                    max
+                } else {
+                    min + width * i as f64
+                }
+            })
+            .collect();
+        Some(Histogram {
+            min,
+            max,
+            num: values.len() as f64,
+            sum,
+            sum_squares,
+            bucket_limit,
+            bucket,
+        })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut m = Message::default();
+        m.double(1, self.min);
+        m.double(2, self.max);
+        m.double(3, self.num);
+        m.double(4, self.sum);
+        m.double(5, self.sum_squares);
+        m.packed_doubles(6, &self.bucket_limit);
+        m.packed_doubles(7, &self.bucket);
+        m.0
+    }
+}
+
+/// What one summary value holds.
+pub(crate) enum Value<'a> {
+    Scalar(f32),
+    Histogram(&'a Histogram),
+}
+
+/// An `Event` with `file_version`: the first record of every event file.
+fn file_version_event(wall_time: f64) -> Vec<u8> {
+    let mut event = Message::default();
+    event.double(1, wall_time);
+    event.bytes(3, b"brain.Event:2");
+    event.0
+}
+
+/// An `Event` holding one summary value.
+pub(crate) fn summary_event(wall_time: f64, step: i64, tag: &str, value: Value<'_>) -> Vec<u8> {
+    let mut v = Message::default();
+    v.bytes(1, tag.as_bytes());
+    match value {
+        Value::Scalar(x) => v.float(2, x),
+        Value::Histogram(h) => v.bytes(5, &h.encode()),
+    }
+    let mut summary = Message::default();
+    summary.bytes(1, &v.0);
+    let mut event = Message::default();
+    event.double(1, wall_time);
+    event.int64(2, step);
+    event.bytes(5, &summary.0);
+    event.0
+}
+
+/// Seconds since the Unix epoch, as TensorFlow stamps events.
+pub(crate) fn wall_time() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The machine's name for the file name, as TensorFlow puts it there; `localhost` where it
+/// cannot be read.
+fn hostname() -> String {
+    let from_proc = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    let name = from_proc
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_default();
+    let name: String = name
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .collect();
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
+    }
+}
+
+/// An open event file: `dir/events.out.tfevents.<secs>.<hostname>.<pid>.v2`, its
+/// `file_version` event written on creation; every later event is appended whole.
+pub(crate) struct EventFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl EventFile {
+    /// Creates `dir` (when needed) and a new event file in it.
+    pub(crate) fn create(dir: &Path) -> Result<EventFile> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let now = wall_time();
+        let stem = format!(
+            "events.out.tfevents.{}.{}.{}",
+            now as u64,
+            hostname(),
+            std::process::id()
+        );
+        // Two writers in one second (two fits in a test) get `.1.v2`, `.2.v2`, ...
+        for n in 0u32.. {
+            let name = match n {
+                0 => format!("{stem}.v2"),
+                n => format!("{stem}.{n}.v2"),
+            };
+            let path = dir.join(name);
+            match File::options().write(true).create_new(true).open(&path) {
+                Ok(file) => {
+                    let mut events = EventFile { path, file };
+                    events.append(&[file_version_event(now)])?;
+                    return Ok(events);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
+        unreachable!("u32 file-name suffixes run out only after 4 billion files")
+    }
+
+    /// The file's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `events`, each framed as a record, in one write, and flushes them to the OS so
+    /// a TensorBoard reading along sees them at once.
+    pub(crate) fn append(&mut self, events: &[Vec<u8>]) -> Result<()> {
+        let bytes: Vec<u8> = events.iter().flat_map(|e| record(e)).collect();
+        self.file
+            .write_all(&bytes)
+            .and_then(|()| self.file.flush())
+            .map_err(|source| Error::Io {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_matches_the_published_check_values() {
+        // RFC 3720 (iSCSI) B.4 and the standard "123456789" check value.
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
+        assert_eq!(crc32c(&[0xffu8; 32]), 0x62A8_AB43);
+        assert_eq!(crc32c(b""), 0);
+    }
+
+    #[test]
+    fn masked_crc_is_tensorflows_mask() {
+        // Computed bit by bit outside the crate: crc32c("abc") = 0x364b3fb7, masked with
+        // ((crc >> 15) | (crc << 17)) + 0xa282ead8.
+        assert_eq!(crc32c(b"abc"), 0x364B_3FB7);
+        assert_eq!(masked_crc32c(b"abc"), 0x21F1_576E);
+    }
+
+    #[test]
+    fn varints_use_seven_bits_per_byte() {
+        let mut m = Message::default();
+        m.varint(1);
+        m.varint(300);
+        m.int64(2, -1);
+        assert_eq!(&m.0[..3], &[0x01, 0xac, 0x02]);
+        // Field 2, varint; then -1 as ten bytes.
+        assert_eq!(m.0[3], 0x10);
+        assert_eq!(m.0.len(), 3 + 1 + 10);
+    }
+
+    #[test]
+    fn a_scalar_event_has_the_fields_tensorboard_reads() {
+        let e = summary_event(1.5, 3, "epoch_loss", Value::Scalar(0.25));
+        let mut expected = vec![0x09];
+        expected.extend_from_slice(&1.5f64.to_le_bytes());
+        expected.extend_from_slice(&[0x10, 3, 0x2a, 19, 0x0a, 17, 0x0a, 10]);
+        expected.extend_from_slice(b"epoch_loss");
+        expected.push(0x15);
+        expected.extend_from_slice(&0.25f32.to_le_bytes());
+        assert_eq!(e, expected);
+    }
+
+    #[test]
+    fn a_histogram_counts_every_value_once() {
+        let h = Histogram::of(&[0.0, 1.0, 2.0, 3.0, 4.0], 4).unwrap();
+        assert_eq!(h.bucket, vec![2.0, 1.0, 1.0, 1.0]);
+        assert_eq!(h.bucket_limit, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!((h.min, h.max, h.num, h.sum), (0.0, 4.0, 5.0, 10.0));
+        let flat = Histogram::of(&[2.0; 3], 30).unwrap();
+        assert_eq!(
+            (flat.bucket.clone(), flat.bucket_limit.clone()),
+            (vec![3.0], vec![2.0])
+        );
+        assert!(Histogram::of(&[], 4).is_none());
+        assert!(Histogram::of(&[f32::NAN], 4).is_none());
+    }
+}
