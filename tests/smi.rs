@@ -87,8 +87,13 @@ fn smi_sees_a_live_process_and_agrees_with_get_memory_info() {
     let rt = runtime_publishing_to(&dir);
     let gpus = rt.list_logical_devices("GPU").unwrap();
     let gpu = gpus.first().filter(|g| g.backend().is_some());
-    let _held = gpu
-        .map(|g| Tensor::zeros_on(&[1024, 256], anygpu::DType::F32, g).expect("1 MiB on the GPU"));
+    // 2 MiB on the GPU, half made by an op there (so the device's op count moves too).
+    let _held = gpu.map(|g| {
+        let _on = g.scope();
+        let zeros = Tensor::zeros_on(&[1024, 256], anygpu::DType::F32, g).expect("1 MiB");
+        let sum = zeros.add(&zeros).expect("an op on the GPU");
+        (zeros, sum) // both kept: nothing is freed while the numbers are compared
+    });
     let me = std::process::id();
 
     // Once the publisher has caught up, its numbers are get_memory_info's (nothing else runs).
@@ -139,6 +144,9 @@ fn smi_sees_a_live_process_and_agrees_with_get_memory_info() {
         assert_eq!(d["peak"], info.peak, "{d}");
         assert_eq!(d["reserved"], stats.bytes_reserved, "{d}");
         assert!(info.current >= 1 << 20, "the tensor is counted");
+        // Ops per logical device: the add ran on this GPU (no op has run since).
+        assert_eq!(d["ops"], g.ops_run(), "{d}");
+        assert!(g.ops_run() >= 1, "{d}");
     } else {
         eprintln!("(no GPU: only the CPU device was checked)");
     }

@@ -134,7 +134,7 @@ fn table(physical: &[Physical], scan: &Scan) -> String {
     let _ = writeln!(
         out,
         "{:>8} {:<20} {:<16} {:>11} {:>11} {:>11} {:>10}  Last step",
-        "PID", "Program", "Device", "Reserved", "In use", "Peak", "Kernels"
+        "PID", "Program", "Device", "Reserved", "In use", "Peak", "Ops"
     );
     if scan.processes.is_empty() {
         let _ = writeln!(out, "{:>8} (no running process uses anygpu)", "");
@@ -161,7 +161,7 @@ fn table(physical: &[Physical], scan: &Scan) -> String {
                 bytes(d.reserved),
                 bytes(d.in_use),
                 bytes(d.peak),
-                d.kernels.map_or_else(|| "-".into(), |k| k.to_string())
+                d.ops.map_or_else(|| "-".into(), |k| k.to_string())
             );
         }
     }
@@ -207,7 +207,7 @@ fn jn<T: std::fmt::Display>(v: Option<T>) -> String {
 
 fn json_device(d: &DeviceUse) -> String {
     format!(
-        "{{\"name\":{},\"adapter\":{},\"backend\":{},\"reserved\":{},\"in_use\":{},\"peak\":{},\"limit\":{},\"kernels\":{}}}",
+        "{{\"name\":{},\"adapter\":{},\"backend\":{},\"reserved\":{},\"in_use\":{},\"peak\":{},\"limit\":{},\"ops\":{}}}",
         js(&d.name),
         js(&d.adapter),
         js(&d.backend),
@@ -215,7 +215,7 @@ fn json_device(d: &DeviceUse) -> String {
         jn(d.in_use),
         jn(d.peak),
         jn(d.limit),
-        jn(d.kernels)
+        jn(d.ops)
     )
 }
 

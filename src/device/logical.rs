@@ -27,6 +27,8 @@ pub(crate) struct DeviceCore {
     pub(crate) full_name: String,
     pub(crate) runtime: Weak<RuntimeShared>,
     pub(crate) backend: Backend,
+    /// Ops placed on this device so far (`ops::run`), for `anygpu-smi`.
+    pub(crate) ops_run: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub(crate) enum Backend {
@@ -116,6 +118,7 @@ impl LogicalDevice {
             full_name: full_name(kind, index),
             runtime,
             backend,
+            ops_run: Arc::default(),
         }))
     }
 
@@ -252,6 +255,22 @@ impl LogicalDevice {
             Backend::Cpu(cpu) => cpu.run(rayon::current_num_threads),
             Backend::Gpu(_) | Backend::Unavailable(_) => 0,
         }
+    }
+
+    /// Ops run on this logical device so far (what `anygpu-smi` shows).
+    ///
+    /// ```
+    /// use anygpu::Tensor;
+    /// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
+    /// let before = cpu.ops_run();
+    /// let _scope = cpu.scope();
+    /// let x = Tensor::from_slice_on(&[1.0f32, 2.0], &[2], &cpu)?;
+    /// x.add(&x)?;
+    /// assert_eq!(cpu.ops_run(), before + 1);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn ops_run(&self) -> u64 {
+        self.0.ops_run.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits until every op submitted to this device has finished (a no-op on the CPU).

@@ -87,6 +87,10 @@ pub(crate) fn run<R>(
     f: impl FnOnce(&LogicalDevice, &[Tensor]) -> Result<R>,
 ) -> Result<R> {
     let device = placement::place(op, inputs)?;
+    device
+        .0
+        .ops_run
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let profiled = profiler::op_begin(op.name, device.name());
     let moved = inputs
         .iter()

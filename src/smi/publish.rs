@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use crate::device::context::GpuContext;
 use crate::memory::{Arena, MemoryStats};
 use crate::runtime::{Devices, RuntimeShared};
 use crate::smi::dir;
@@ -48,7 +47,7 @@ struct Watched {
     adapter: String,
     backend: String,
     arena: Option<Weak<Arena>>,
-    stream: Option<Weak<GpuContext>>,
+    ops: Arc<AtomicU64>,
 }
 
 /// Starts publishing the runtime `shared`, whose devices were just created, unless
@@ -80,7 +79,7 @@ pub(crate) fn start(shared: &Arc<RuntimeShared>, devices: &Devices) {
                 .backend()
                 .map_or_else(|| "CPU".into(), |b| format!("{b:?}")),
             arena: d.gpu().map(|g| Arc::downgrade(&g.arena)),
-            stream: d.gpu().map(|g| Arc::downgrade(&g.ctx)),
+            ops: Arc::clone(&d.0.ops_run),
         })
         .collect();
     let weak = Arc::downgrade(shared);
@@ -127,11 +126,7 @@ fn snapshot(watched: &[Watched]) -> Snapshot {
                 in_use: stats.map(|s| s.bytes_in_use),
                 peak: stats.map(|s| s.peak_bytes_in_use),
                 limit: stats.map(|s| s.bytes_limit),
-                kernels: d
-                    .stream
-                    .as_ref()
-                    .and_then(Weak::upgrade)
-                    .map(|c| c.stats().dispatches),
+                ops: Some(d.ops.load(Ordering::Relaxed)),
             }
         })
         .collect();

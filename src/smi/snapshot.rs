@@ -13,8 +13,8 @@
 //! ```
 //!
 //! A device line (`→` standing for a tab): name, adapter, backend, then reserved, in use, peak
-//! and limit in bytes and the kernels dispatched (`-` where the device has no such figure: the
-//! CPU has no arena).
+//! and limit in bytes and the ops run on the device (`-` where the device has no such figure:
+//! the CPU has no arena).
 
 use std::fmt::Write as _;
 
@@ -43,9 +43,8 @@ pub struct DeviceUse {
     pub peak: Option<u64>,
     /// The device's memory limit.
     pub limit: Option<u64>,
-    /// Kernels dispatched so far on the device's adapter (shared by the virtual devices cut
-    /// from one adapter).
-    pub kernels: Option<u64>,
+    /// Ops run so far on this logical device.
+    pub ops: Option<u64>,
 }
 
 /// What one process's runtime published.
@@ -114,7 +113,7 @@ impl Snapshot {
                 opt(d.in_use),
                 opt(d.peak),
                 opt(d.limit),
-                opt(d.kernels)
+                opt(d.ops)
             );
         }
         out
@@ -181,7 +180,7 @@ fn parse_device(value: &str) -> std::result::Result<DeviceUse, String> {
         in_use: num(4)?,
         peak: num(5)?,
         limit: num(6)?,
-        kernels: num(7)?,
+        ops: num(7)?,
     })
 }
 
@@ -205,7 +204,7 @@ mod tests {
                 in_use: Some(0),
                 peak: Some(12),
                 limit: Some(1 << 30),
-                kernels: None,
+                ops: None,
             }],
         };
         let back = Snapshot::parse(&s.to_text()).unwrap();
