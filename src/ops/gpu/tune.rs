@@ -434,7 +434,11 @@ impl Tuner {
             let mut per_run = probe;
             // A probe that lasted a block is one (a software adapter's large kernels: one run
             // fewer per candidate, a third of the cold start).
-            let blocks = if probe >= BLOCK { blocks - 1 } else { blocks };
+            let blocks = if probe >= BLOCK {
+                blocks.saturating_sub(1)
+            } else {
+                blocks
+            };
             for _ in 0..blocks {
                 // Already twice as slow as the best: no need to be sure how slow.
                 if best.is_some_and(|(_, b)| per_run > b * 2) {
