@@ -246,8 +246,8 @@ impl LogicalDevice {
     /// 0 for a GPU.
     ///
     /// ```
-    /// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
-    /// assert!(cpu.threads() >= 1);
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// assert!(rt.cpu()?.threads() >= 1);
     /// # Ok::<(), anygpu::Error>(())
     /// ```
     pub fn threads(&self) -> usize {
@@ -261,7 +261,8 @@ impl LogicalDevice {
     ///
     /// ```
     /// use anygpu::Tensor;
-    /// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
+    /// let rt = anygpu::Runtime::builder().build()?; // kept alive while its devices are used
+    /// let cpu = rt.cpu()?;
     /// let before = cpu.ops_run();
     /// let _scope = cpu.scope();
     /// let x = Tensor::from_slice_on(&[1.0f32, 2.0], &[2], &cpu)?;
