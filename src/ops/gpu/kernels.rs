@@ -411,13 +411,7 @@ impl Kernels for GpuKernels<'_> {
             // register block (see matmul.wgsl for the measurements), GPUs many invocations to
             // hide latency, and split k when the output has few tiles.
             let mut candidates = vec!["tile64_v4", "tall_16x8"];
-            // Workgroup memory is as slow as storage on a software adapter (loaded lane by
-            // lane): there its tiles are timed only under ANYGPU_AUTOTUNE=full, which keeps the
-            // cold start short.
-            let tiles = ["smem64_v4", "smem128_v4"];
-            if !software {
-                candidates.extend(tiles);
-            }
+            let full_only = self.workgroup_tiles(&mut candidates, &["smem64_v4", "smem128_v4"]);
             if splitk_slices(d).is_some() {
                 candidates.push("splitk_v4");
             }
@@ -426,7 +420,6 @@ impl Kernels for GpuKernels<'_> {
             }
             let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
             let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
-            let full_only: &[&str] = if software { &tiles } else { &[] };
             return self.tuned(
                 Choice::new("matmul", class, &candidates, heuristic).full_only(full_only),
                 &mut |c| match c {
@@ -727,6 +720,23 @@ impl GpuKernels<'_> {
             self.launch(MATMUL_SPLITK, &split, &[a, b, &partials], layers)?;
             let grid = grid_1d(d.m * d.n, 256);
             self.launch(SPLITK_REDUCE, &reduce, &[&partials, bias_or_out, out], grid)
+        }
+    }
+
+    /// Where an op's workgroup-memory candidates `tiles` are timed: with the others (added to
+    /// `candidates`) on a GPU; on a software adapter, whose workgroup memory is loaded lane by
+    /// lane like storage, only under `ANYGPU_AUTOTUNE=full` (returned, for
+    /// [`Choice::full_only`]), since there they would only lengthen the cold start.
+    pub(crate) fn workgroup_tiles(
+        &self,
+        candidates: &mut Vec<&'static str>,
+        tiles: &'static [&'static str],
+    ) -> &'static [&'static str] {
+        if self.dev.ctx.software_kernels {
+            tiles
+        } else {
+            candidates.extend(tiles);
+            &[]
         }
     }
 

@@ -381,6 +381,28 @@ struct Correlation {
     pl: usize,
 }
 
+impl Correlation {
+    /// The kernel params of this correlation, with `act` and the bias flag.
+    fn params(&self, act: Activation, has_bias: bool) -> ConvParams {
+        ConvParams {
+            n: u(self.n),
+            h: u(self.h),
+            w: u(self.w),
+            ci: u(self.ci),
+            co: u(self.co),
+            kh: u(self.kh),
+            kw: u(self.kw),
+            oh: u(self.oh),
+            ow: u(self.ow),
+            pt: u(self.pt),
+            pl: u(self.pl),
+            act: act.code(),
+            has_bias: u32::from(has_bias),
+            ..Default::default()
+        }
+    }
+}
+
 impl GpuKernels<'_> {
     /// Runs `out = act(correlate(input, kernel) + bias)`: when `co` is a multiple of 4, tuned
     /// between `conv2d_v4` and the workgroup-memory `conv2d_smem_v4`; `conv2d_s` otherwise.
@@ -399,12 +421,9 @@ impl GpuKernels<'_> {
         let pointwise = g.kh * g.kw == 1;
         if v4 && !pointwise && pixels.div_ceil(64) <= 65_535 && pixels > 0 {
             let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
-            // Workgroup tiles only under ANYGPU_AUTOTUNE=full on software adapters (see matmul).
-            let choice = if self.dev.ctx.software_kernels {
-                Choice::new("conv2d", class, &["direct"], "direct").full_only(&["smem64"])
-            } else {
-                Choice::new("conv2d", class, &["direct", "smem64"], "direct")
-            };
+            let mut candidates = vec!["direct"];
+            let full_only = self.workgroup_tiles(&mut candidates, &["smem64"]);
+            let choice = Choice::new("conv2d", class, &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 if candidate == "smem64" {
                     self.correlate_smem(g, input, kernel, bias, out, act)
@@ -427,22 +446,7 @@ impl GpuKernels<'_> {
         out: &Tensor,
         act: Activation,
     ) -> Result<()> {
-        let p = ConvParams {
-            n: u(g.n),
-            h: u(g.h),
-            w: u(g.w),
-            ci: u(g.ci),
-            co: u(g.co),
-            kh: u(g.kh),
-            kw: u(g.kw),
-            oh: u(g.oh),
-            ow: u(g.ow),
-            pt: u(g.pt),
-            pl: u(g.pl),
-            act: act.code(),
-            has_bias: u32::from(bias.is_some()),
-            ..Default::default()
-        };
+        let p = g.params(act, bias.is_some());
         let grid = [u(g.co.div_ceil(64)), u((g.n * g.oh * g.ow).div_ceil(64)), 1];
         // Without a bias the (unread) bias binding takes the output.
         let b = bias.unwrap_or(out);
@@ -469,22 +473,9 @@ impl GpuKernels<'_> {
         let wblocks = g.ow.div_ceil(width);
         let items = g.n * g.oh * wblocks;
         let p = ConvParams {
-            n: u(g.n),
-            h: u(g.h),
-            w: u(g.w),
-            ci: u(g.ci),
-            co: u(g.co),
-            kh: u(g.kh),
-            kw: u(g.kw),
-            oh: u(g.oh),
-            ow: u(g.ow),
-            pt: u(g.pt),
-            pl: u(g.pl),
-            act: act.code(),
-            has_bias: u32::from(bias.is_some()),
             wblocks: u(wblocks),
             items: u(items),
-            ..Default::default()
+            ..g.params(act, bias.is_some())
         };
         let [gx, gy, _] = grid_1d(items, 64);
         let gz = u(g.co.div_ceil(channels));
@@ -552,12 +543,10 @@ impl GpuKernels<'_> {
         let (v4, c) = channel_lanes(s.c);
         if v4 && s.kh == 3 && s.kw == 3 {
             let class = format!("3x3 c{} p{}", s.c, bucket(s.n * s.h * s.w));
-            // Workgroup tiles only under ANYGPU_AUTOTUNE=full on software adapters (see matmul).
-            let choice = if self.dev.ctx.software_kernels {
-                Choice::new("depthwise", class, &["rows4x4"], "rows4x4").full_only(&["tile8x8"])
-            } else {
-                Choice::new("depthwise", class, &["rows4x4", "tile8x8"], "rows4x4")
-            };
+            let mut candidates = vec!["rows4x4"];
+            let full_only = self.workgroup_tiles(&mut candidates, &["tile8x8"]);
+            let choice =
+                Choice::new("depthwise", class, &candidates, "rows4x4").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 let tiled = candidate == "tile8x8";
                 let side = if tiled { 8 } else { 4 };
