@@ -16,14 +16,13 @@
 //! never a silent switch to the process-wide runtime.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use crate::device::logical::Backend;
+use crate::device::logical::{Backend, Owner};
 use crate::device::{DeviceKind, DeviceSpec, LogicalDevice};
 use crate::error::{Error, Result};
 use crate::ops::gpu::Kernel;
-use crate::runtime::{Runtime, RuntimeShared};
-use crate::tensor::Tensor;
+use crate::runtime::{owner_runtime, Runtime};
 
 /// What an op needs from a device, for placement.
 #[derive(Clone, Copy, Debug)]
@@ -40,7 +39,7 @@ struct Scope {
     /// The spec as the user wrote it, for messages.
     written: String,
     /// Set when the scope was entered through a runtime or a device handle.
-    runtime: Option<Weak<RuntimeShared>>,
+    runtime: Option<Owner>,
 }
 
 thread_local! {
@@ -64,7 +63,7 @@ impl Drop for DeviceScope {
     }
 }
 
-fn push(spec: DeviceSpec, written: String, runtime: Option<Weak<RuntimeShared>>) -> DeviceScope {
+fn push(spec: DeviceSpec, written: String, runtime: Option<Owner>) -> DeviceScope {
     SCOPES.with(|s| {
         let mut scopes = s.borrow_mut();
         let depth = scopes.len();
@@ -93,20 +92,15 @@ fn dropped_runtime(what: &str) -> Error {
     ))
 }
 
-/// The runtime a weak handle names, or the dropped-runtime error about `what`.
-fn upgrade(runtime: &Weak<RuntimeShared>, what: &str) -> Result<Runtime> {
-    runtime
-        .upgrade()
+/// The runtime an owner link names, or the dropped-runtime error about `what`.
+fn upgrade(runtime: &Owner, what: &str) -> Result<Runtime> {
+    owner_runtime(runtime)
         .map(Runtime::from_shared)
         .ok_or_else(|| dropped_runtime(what))
 }
 
 /// Enters a scope; the outermost one initializes its runtime, as `tf.device` does.
-fn enter(
-    spec: DeviceSpec,
-    written: String,
-    runtime: Option<Weak<RuntimeShared>>,
-) -> Result<DeviceScope> {
+fn enter(spec: DeviceSpec, written: String, runtime: Option<Owner>) -> Result<DeviceScope> {
     let outermost = SCOPES.with(|s| s.borrow().is_empty());
     if outermost {
         match &runtime {
@@ -129,7 +123,7 @@ pub trait IntoDeviceScope {
 impl IntoDeviceScope for &str {
     fn enter(self, runtime: Option<&Runtime>) -> Result<DeviceScope> {
         let spec = DeviceSpec::parse(self)?;
-        let runtime = runtime.map(|rt| Arc::downgrade(&rt.shared));
+        let runtime = runtime.map(|rt| Arc::downgrade(&rt.shared) as Owner);
         enter(spec, self.to_string(), runtime)
     }
 }
@@ -206,7 +200,7 @@ impl LogicalDevice {
             task: Some(0),
             ..DeviceSpec::new(self.device_type(), self.index())
         };
-        push(spec, self.name().to_string(), Some(self.0.runtime.clone()))
+        push(spec, self.name().to_string(), Some(self.0.owner.clone()))
     }
 }
 
@@ -237,25 +231,26 @@ fn follows_first_input(first_input: Option<DeviceKind>) -> bool {
 
 /// The runtime `op` resolves against: the scope's, else the first input's, else the
 /// process-wide one; a dropped one is an error.
-fn runtime_for(scope: Option<&Scope>, inputs: &[&Tensor]) -> Result<Runtime> {
+fn runtime_for(scope: Option<&Scope>, first_input: Option<&LogicalDevice>) -> Result<Runtime> {
     if let Some(scope) = scope {
         if let Some(weak) = &scope.runtime {
             return upgrade(weak, &scope.written);
         }
     }
-    match inputs.first() {
-        Some(t) => upgrade(
-            &t.device_handle().0.runtime,
-            &format!("a tensor on {}", t.device()),
+    match first_input {
+        Some(device) => upgrade(
+            &device.0.owner,
+            &format!("a tensor on {}", device.full_name()),
         ),
         None => Ok(crate::config::runtime().clone()),
     }
 }
 
-/// Picks the device for `op` with these inputs, and logs the placement.
-pub(crate) fn place(op: &OpInfo, inputs: &[&Tensor]) -> Result<LogicalDevice> {
+/// Picks the device for `op`, whose first input (if any) is on `first_input`, and logs the
+/// placement.
+pub(crate) fn place(op: &OpInfo, first_input: Option<&LogicalDevice>) -> Result<LogicalDevice> {
     let scope = SCOPES.with(|s| s.borrow().last().cloned());
-    let runtime = runtime_for(scope.as_ref(), inputs)?;
+    let runtime = runtime_for(scope.as_ref(), first_input)?;
     let devices = runtime.devices()?;
     let default = runtime.default_device()?;
     let (requested, written) = match &scope {
@@ -278,10 +273,8 @@ pub(crate) fn place(op: &OpInfo, inputs: &[&Tensor]) -> Result<LogicalDevice> {
             (found, Some(scope.written.clone()))
         }
         None => (
-            Some(match inputs.first() {
-                Some(t) if follows_first_input(Some(t.device_handle().device_type())) => {
-                    t.device_handle().clone()
-                }
+            Some(match first_input {
+                Some(d) if follows_first_input(Some(d.device_type())) => d.clone(),
                 _ => default.clone(),
             }),
             None,

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
-use crate::device::logical::{Backend, CpuDevice, GpuContext, GpuDevice, UnavailableGpu};
+use crate::device::logical::{Backend, CpuDevice, GpuContext, GpuDevice, Owner, UnavailableGpu};
 use crate::device::name::{full_name, physical_name, DeviceKind, DeviceSpec};
 use crate::device::physical::{order_and_dedupe, parse_visible_env, AdapterEntry};
 use crate::device::{DeviceDetails, LogicalDevice, PhysicalDevice};
@@ -172,6 +172,18 @@ pub(crate) struct RuntimeShared {
     initializations: AtomicUsize,
     /// Physical GPU index -> cause: adapters that fail to open, for tests of one bad adapter.
     injected_failures: HashMap<usize, String>,
+}
+
+/// The runtime behind a device's [`Owner`], while it lives.
+pub(crate) fn owner_runtime(owner: &Owner) -> Option<Arc<RuntimeShared>> {
+    owner.upgrade()?.downcast::<RuntimeShared>().ok()
+}
+
+impl LogicalDevice {
+    /// The runtime that created this device, while it lives.
+    pub(crate) fn runtime(&self) -> Option<Arc<RuntimeShared>> {
+        owner_runtime(&self.0.owner)
+    }
 }
 
 struct Discovery {
@@ -700,7 +712,7 @@ impl Runtime {
             .unwrap_or_else(|| (0..discovery.adapters.len()).collect());
         let growth = self.effective_growth(config, &visible)?;
         let env_budget = self.env_budget()?;
-        let weak = Arc::downgrade(&self.shared);
+        let owner = Arc::downgrade(&self.shared) as Owner;
         let cpu_configs = config
             .virtual_cpus
             .clone()
@@ -716,7 +728,7 @@ impl Runtime {
                 Ok(LogicalDevice::new(
                     DeviceKind::Cpu,
                     i,
-                    weak.clone(),
+                    owner.clone(),
                     Backend::Cpu(cpu),
                 ))
             })
@@ -756,7 +768,7 @@ impl Runtime {
                 gpus.push(LogicalDevice::new(
                     DeviceKind::Gpu,
                     index,
-                    weak.clone(),
+                    owner.clone(),
                     Backend::Unavailable(UnavailableGpu {
                         physical_index,
                         adapter: adapter.info.name.clone(),
@@ -827,7 +839,7 @@ impl Runtime {
                 gpus.push(LogicalDevice::new(
                     DeviceKind::Gpu,
                     index,
-                    weak.clone(),
+                    owner.clone(),
                     Backend::Gpu(GpuDevice {
                         ctx: Arc::clone(&ctx),
                         arena,

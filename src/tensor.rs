@@ -8,7 +8,6 @@ use crate::device::logical::{Backend, GpuRange};
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::memory::{host, Allocation};
-use crate::ops::gpu::kernels::GpuKernels;
 use crate::placement::{self, OpInfo};
 use crate::rng::SplitMix64;
 use crate::shape;
@@ -175,7 +174,7 @@ impl Tensor {
     /// Like [`Tensor::from_vec`], copying from a slice.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
         check_len(data.len(), shape, T::DTYPE)?;
-        let device = placement::place(&CONST_OP, &[])?;
+        let device = placement::place(&CONST_OP, None)?;
         Tensor::from_slice_on(data, shape, &device)
     }
 
@@ -263,7 +262,7 @@ impl Tensor {
 
     /// A tensor of zeros on the current scope's device.
     pub fn zeros(shape: &[usize]) -> Result<Tensor> {
-        let device = placement::place(&CONST_OP, &[])?;
+        let device = placement::place(&CONST_OP, None)?;
         Tensor::zeros_on(shape, DType::F32, &device)
     }
 
@@ -540,8 +539,9 @@ impl Tensor {
                     .gpu()
                     .expect("GPU storage implies a GPU device");
                 if src.buffer == to.buffer {
-                    GpuKernels::new(g, dst.0.device.name())
-                        .copy_range(self, src_offset, dst, dst_offset, len)
+                    let name = dst.0.device.name();
+                    g.ctx
+                        .copy_within(name, (src, src_offset), (to, dst_offset), len)
                 } else {
                     let (from, into) = (
                         sub_range(src, src_offset, len),

@@ -10,7 +10,7 @@ use crate::device::physical::AdapterEntry;
 use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUBMIT_THRESHOLD};
 use crate::error::{Error, Result};
 use crate::ops::gpu::tune::{TuneConfig, Tuner};
-use crate::ops::gpu::PipelineCache;
+use crate::ops::gpu::{grid_1d, Kernel, PipelineCache, ShaderFamily};
 use crate::profiler::{self, DeviceInterval};
 
 /// Whether `adapter` gets the kernels tuned for software adapters: its type, overridden by
@@ -364,6 +364,45 @@ impl GpuContext {
         self.record(&mut stream, |encoder| {
             encoder.copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, bytes)
         });
+    }
+
+    /// Records a copy of `len` 4-byte words from word `src_offset` of `src` to word
+    /// `dst_offset` of `dst`, two ranges of one buffer, by a kernel: wgpu refuses
+    /// `copy_buffer_to_buffer` within a buffer, and arena tensors share one. `device_name` is
+    /// the logical device's, for errors.
+    ///
+    /// # Errors
+    /// The kernel's pipeline fails to build.
+    pub(crate) fn copy_within(
+        &self,
+        device_name: &str,
+        (src, src_offset): (GpuRange<'_>, usize),
+        (dst, dst_offset): (GpuRange<'_>, usize),
+        len: usize,
+    ) -> Result<()> {
+        /// `shaders/elementwise.wgsl`'s params as `copy_range` reads them.
+        #[repr(C)]
+        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+        struct CopyParams {
+            len: u32,
+            src_offset: u32,
+            _op: u32,
+            dst_offset: u32,
+            _alpha: f32,
+        }
+        const COPY_RANGE: Kernel = Kernel::new(ShaderFamily::Elementwise, "copy_range");
+        // Word counts and offsets within a binding (< 4 GiB) fit in u32.
+        let params = CopyParams {
+            len: len as u32,
+            src_offset: src_offset as u32,
+            _op: 0,
+            dst_offset: dst_offset as u32,
+            _alpha: 0.0,
+        };
+        let pipeline = self.pipelines.get(COPY_RANGE, device_name)?;
+        let params = bytemuck::bytes_of(&params);
+        self.dispatch(&pipeline, params, &[src, dst], grid_1d(len, 256));
+        Ok(())
     }
 
     /// Records a zero fill of `bytes` (a multiple of 4) at `dst`.

@@ -2,6 +2,7 @@
 //! one [`GpuContext`] — the adapter's wgpu `Device` and `Queue` and its command stream — and each
 //! has its own capped [`Arena`].
 
+use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Weak};
 
@@ -11,7 +12,6 @@ use crate::device::stream::StreamStats;
 use crate::error::{Error, Result};
 use crate::memory::{Allocation, Arena};
 use crate::ops::gpu::tune::TuningDecision;
-use crate::runtime::RuntimeShared;
 
 /// A logical device: TensorFlow's `LogicalDevice`, and the handle ops and tensors use.
 ///
@@ -20,12 +20,18 @@ use crate::runtime::RuntimeShared;
 #[derive(Clone)]
 pub struct LogicalDevice(pub(crate) Arc<DeviceCore>);
 
+/// The runtime that created a device, type-erased: the device layer sits below the runtime and
+/// does not name it (`runtime.rs` turns an owner back into its runtime). Weak, so that a device
+/// outliving its runtime can tell it was dropped.
+pub(crate) type Owner = Weak<dyn Any + Send + Sync>;
+
 pub(crate) struct DeviceCore {
     pub(crate) kind: DeviceKind,
     pub(crate) index: usize,
     pub(crate) name: String,
     pub(crate) full_name: String,
-    pub(crate) runtime: Weak<RuntimeShared>,
+    /// The runtime that created the device, as an [`Owner`].
+    pub(crate) owner: Owner,
     pub(crate) backend: Backend,
     /// Ops placed on this device so far (`ops::run`), for `anygpu-smi`.
     pub(crate) ops_run: Arc<std::sync::atomic::AtomicU64>,
@@ -108,7 +114,7 @@ impl LogicalDevice {
     pub(crate) fn new(
         kind: DeviceKind,
         index: usize,
-        runtime: Weak<RuntimeShared>,
+        owner: Owner,
         backend: Backend,
     ) -> LogicalDevice {
         LogicalDevice(Arc::new(DeviceCore {
@@ -116,7 +122,7 @@ impl LogicalDevice {
             index,
             name: logical_name(kind, index),
             full_name: full_name(kind, index),
-            runtime,
+            owner,
             backend,
             ops_run: Arc::default(),
         }))
@@ -296,10 +302,6 @@ impl LogicalDevice {
             Backend::Cpu(_) | Backend::Unavailable(_) => None,
             Backend::Gpu(g) => Some(g),
         }
-    }
-
-    pub(crate) fn runtime(&self) -> Option<Arc<RuntimeShared>> {
-        self.0.runtime.upgrade()
     }
 
     /// Same device (not merely the same name: two runtimes can both have a GPU:0).

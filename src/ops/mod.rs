@@ -86,7 +86,7 @@ pub(crate) fn run<R>(
     inputs: &[&Tensor],
     f: impl FnOnce(&LogicalDevice, &[Tensor]) -> Result<R>,
 ) -> Result<R> {
-    let device = placement::place(op, inputs)?;
+    let device = placement::place(op, inputs.first().map(|t| t.device_handle()))?;
     device
         .0
         .ops_run

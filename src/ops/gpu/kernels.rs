@@ -19,7 +19,6 @@ pub(crate) const ACTIVATION_BACKWARD: Kernel =
     Kernel::new(ShaderFamily::Elementwise, "activation_backward");
 pub(crate) const ACTIVATION_BACKWARD_V4: Kernel =
     Kernel::new(ShaderFamily::Elementwise, "activation_backward_v4");
-pub(crate) const COPY_RANGE: Kernel = Kernel::new(ShaderFamily::Elementwise, "copy_range");
 pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
 pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
 pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_tall");
@@ -204,26 +203,6 @@ struct ReduceParams {
 }
 
 impl GpuKernels<'_> {
-    /// `dst[dst_offset..][..len] = src[src_offset..][..len]` by a kernel: for two tensors in one
-    /// arena buffer, where `copy_buffer_to_buffer` is refused.
-    pub(crate) fn copy_range(
-        &self,
-        src: &Tensor,
-        src_offset: usize,
-        dst: &Tensor,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        let p = ElementwiseParams {
-            n: u(len),
-            m: u(src_offset),
-            op: 0,
-            act: u(dst_offset),
-            alpha: 0.0,
-        };
-        self.launch(COPY_RANGE, &p, &[src, dst], grid_1d(len, 256))
-    }
-
     /// Elementwise `act` (forward) over `x` into `y`.
     pub(crate) fn activation_impl(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> {
         let n = x.len();
