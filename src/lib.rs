@@ -86,6 +86,7 @@ pub mod config;
 pub mod data;
 mod device;
 pub mod distribute;
+mod dtype;
 mod error;
 pub(crate) mod memory;
 pub mod nn;

@@ -7,8 +7,8 @@
 //! TensorFlow's rule ("Shape [...] would have more than 2**63 - 1 elements") depends on the
 //! order of the dimensions; ours does not.
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::DType;
 
 /// The product of `dims`, or `None` when it does not fit in `usize` (any zero makes it 0).
 pub(crate) fn product(dims: &[usize]) -> Option<usize> {

@@ -32,6 +32,15 @@ impl Activation {
     }
 }
 
+/// The product of `dims`; a wrapped count would size buffers wrongly, so overflow panics
+/// (naming `what`) in release builds too.
+fn elements(dims: &[usize], what: &str) -> usize {
+    match crate::shape::product(dims) {
+        Some(n) => n,
+        None => panic!("the {what} {dims:?} has more elements than usize can count"),
+    }
+}
+
 /// Convolution padding, as Keras spells it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Padding {
@@ -80,25 +89,35 @@ impl Conv2dShape {
     /// Zeros added above and to the left of the input.
     pub fn pad_top_left(&self) -> (usize, usize) {
         match self.padding {
-            Padding::Same => ((self.kh - 1) / 2, (self.kw - 1) / 2),
+            Padding::Same => (self.kh.saturating_sub(1) / 2, self.kw.saturating_sub(1) / 2),
             Padding::Valid => (0, 0),
         }
     }
 
     /// Elements of the input.
+    ///
+    /// # Panics
+    /// If the count overflows `usize` (the ops refuse such a shape with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) before they build one).
     pub fn input_len(&self) -> usize {
-        self.n * self.h * self.w * self.c_in
+        elements(&[self.n, self.h, self.w, self.c_in], "conv2d input")
     }
 
     /// Elements of the kernel.
+    ///
+    /// # Panics
+    /// If the count overflows `usize`, as [`input_len`](Conv2dShape::input_len).
     pub fn kernel_len(&self) -> usize {
-        self.kh * self.kw * self.c_in * self.c_out
+        elements(&[self.kh, self.kw, self.c_in, self.c_out], "conv2d kernel")
     }
 
     /// Elements of the output.
+    ///
+    /// # Panics
+    /// If the count overflows `usize`, as [`input_len`](Conv2dShape::input_len).
     pub fn output_len(&self) -> usize {
         let (oh, ow) = self.out_hw();
-        self.n * oh * ow * self.c_out
+        elements(&[self.n, oh, ow, self.c_out], "conv2d output")
     }
 }
 
@@ -124,17 +143,23 @@ pub struct DepthwiseShape {
 impl DepthwiseShape {
     /// Zeros added above and to the left of the input ('same', TF's split).
     pub fn pad_top_left(&self) -> (usize, usize) {
-        ((self.kh - 1) / 2, (self.kw - 1) / 2)
+        (self.kh.saturating_sub(1) / 2, self.kw.saturating_sub(1) / 2)
     }
 
     /// Elements of the input (and of the output).
+    ///
+    /// # Panics
+    /// If the count overflows `usize`, as [`Conv2dShape::input_len`].
     pub fn input_len(&self) -> usize {
-        self.n * self.h * self.w * self.c
+        elements(&[self.n, self.h, self.w, self.c], "depthwise input")
     }
 
     /// Elements of the kernel.
+    ///
+    /// # Panics
+    /// If the count overflows `usize`, as [`Conv2dShape::input_len`].
     pub fn kernel_len(&self) -> usize {
-        self.kh * self.kw * self.c
+        elements(&[self.kh, self.kw, self.c], "depthwise kernel")
     }
 }
 
@@ -159,14 +184,20 @@ impl PoolShape {
     }
 
     /// Elements of the input.
+    ///
+    /// # Panics
+    /// If the count overflows `usize`, as [`Conv2dShape::input_len`].
     pub fn input_len(&self) -> usize {
-        self.n * self.h * self.w * self.c
+        elements(&[self.n, self.h, self.w, self.c], "max-pool input")
     }
 
     /// Elements of the output.
+    ///
+    /// # Panics
+    /// If the count overflows `usize`, as [`Conv2dShape::input_len`].
     pub fn output_len(&self) -> usize {
         let (oh, ow) = self.out_hw();
-        self.n * oh * ow * self.c
+        elements(&[self.n, oh, ow, self.c], "max-pool output")
     }
 }
 
@@ -226,4 +257,50 @@ pub struct AdamParams {
     pub epsilon: f32,
     /// 1-based step count, for the bias correction.
     pub step: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_counts_that_overflow_panic_instead_of_wrapping() {
+        let huge = Conv2dShape {
+            n: 1 << 40,
+            h: 1 << 20,
+            w: 1 << 10,
+            c_in: 1,
+            c_out: 1,
+            kh: 3,
+            kw: 3,
+            padding: Padding::Same,
+        };
+        // 2^70 wraps to 0 in u64 arithmetic: a kernel sized by it would write past its buffer.
+        let wrapped = std::panic::catch_unwind(|| huge.input_len());
+        assert!(wrapped.is_err(), "2^70 elements must not wrap");
+        let fine = Conv2dShape { n: 2, ..huge };
+        assert_eq!(fine.kernel_len(), 9);
+        let pool = PoolShape {
+            n: usize::MAX,
+            h: 2,
+            w: 2,
+            c: 1,
+        };
+        assert!(std::panic::catch_unwind(|| pool.input_len()).is_err());
+        assert_eq!(pool.output_len(), usize::MAX);
+    }
+
+    #[test]
+    fn an_empty_kernel_has_no_padding_rather_than_an_underflow() {
+        let s = DepthwiseShape {
+            n: 1,
+            h: 4,
+            w: 4,
+            c: 1,
+            kh: 0,
+            kw: 0,
+        };
+        assert_eq!(s.pad_top_left(), (0, 0));
+        assert_eq!(s.kernel_len(), 0);
+    }
 }
