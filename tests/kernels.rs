@@ -1228,3 +1228,30 @@ fn every_tuning_candidate_matches_the_reference() {
         }
     }
 }
+
+#[test]
+fn sums_longer_than_a_software_adapters_loop_limit_are_whole() {
+    // Mesa's software adapters silently stop a shader loop after ~65,000 iterations, and a
+    // dispatch may have at most 65,535 workgroups per dimension: a sum of 2^24 + 5 elements
+    // (one workgroup looping over all of it: 65,536 iterations per invocation) and column sums
+    // over as many rows (65,537 chunks of 256 rows) went past both and came back 0 or failed.
+    let _g = serial();
+    let n = (1 << 24) + 5;
+    let x = random_vec(n, 1201);
+    let total: f64 = x.iter().map(|&v| f64::from(v)).sum();
+    // Rounding grows with the terms' magnitudes, not with their (cancelling) sum.
+    let scale: f64 = x.iter().map(|&v| f64::from(v).abs()).sum();
+    for dev in &env().devices {
+        let t = put(dev, &x, &[n]);
+        let what = label(dev);
+        let sum = t.reduce_sum(None).unwrap().to_vec::<f32>().unwrap()[0];
+        let cols = t.reshape(&[n, 1]).unwrap().reduce_sum(Some(0)).unwrap();
+        let cols = cols.to_vec::<f32>().unwrap()[0];
+        for (got, how) in [(sum, "reduce_sum(None)"), (cols, "reduce_sum(Some(0))")] {
+            assert!(
+                (f64::from(got) - total).abs() <= 1e-6 * scale,
+                "{what}: {how} of {n} elements is {got}, the f64 sum {total}"
+            );
+        }
+    }
+}

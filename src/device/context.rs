@@ -90,9 +90,10 @@ impl GpuContext {
             let name = label.clone();
             // wgpu's default handler panics; we turn the error into a Result at the next wait.
             device.on_uncaptured_error(Arc::new(move |err: wgpu::Error| {
-                log::error!("wgpu error on {name}: {err}");
+                let message = describe(&err);
+                log::error!("wgpu error on {name}: {message}");
                 let mut slot = sink.lock().unwrap_or_else(|e| e.into_inner());
-                slot.get_or_insert_with(|| err.to_string());
+                slot.get_or_insert(message);
             }));
         }
         let pipelines = PipelineCache::new(&device, &adapter);
@@ -505,10 +506,28 @@ impl GpuContext {
         self.take_error()
     }
 
+    /// A failure of this device, with the error wgpu reported on it first, if any: a failed
+    /// wait or map is most often the consequence of one (a submission wgpu refused).
     fn gpu_error(&self, message: String) -> Error {
+        let slot = self.device_error.lock().unwrap_or_else(|e| e.into_inner());
+        let message = match slot.as_deref() {
+            Some(cause) => format!("{message}; wgpu reported: {cause}"),
+            None => message,
+        };
         Error::Gpu {
             device: self.label.clone(),
             message,
         }
+    }
+}
+
+/// What went wrong, in full: `wgpu::Error`'s `Display` names only the kind ("Validation Error");
+/// the description says which command and which limit.
+fn describe(err: &wgpu::Error) -> String {
+    match err {
+        wgpu::Error::Validation { description, .. } | wgpu::Error::Internal { description, .. } => {
+            description.trim_end().to_string()
+        }
+        wgpu::Error::OutOfMemory { source } => format!("out of memory: {source}"),
     }
 }

@@ -50,12 +50,19 @@ const SCALE: OpInfo = OpInfo {
 };
 const SUM: OpInfo = OpInfo {
     name: "Sum",
-    gpu: Some(&[gk::SUM_ALL, gk::SUM_ROWS, gk::SUM_ROWS_V4, gk::SUM_ROWS_WG]),
+    gpu: Some(&[
+        gk::SUM_ALL,
+        gk::SUM_ALL_CHUNKS,
+        gk::SUM_ROWS,
+        gk::SUM_ROWS_V4,
+        gk::SUM_ROWS_WG,
+    ]),
 };
 const MEAN: OpInfo = OpInfo {
     name: "Mean",
     gpu: Some(&[
         gk::SUM_ALL,
+        gk::SUM_ALL_CHUNKS,
         gk::SUM_ROWS,
         gk::SUM_ROWS_V4,
         gk::SUM_ROWS_WG,

@@ -7,7 +7,7 @@ use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::{GpuDevice, GpuRange};
 use crate::error::Result;
 use crate::ops::gpu::tune::{bucket, Choice};
-use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
+use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily};
 use crate::ops::spec::{Activation, BinaryOp};
 use crate::ops::{Kernels, MatmulDims};
 use crate::tensor::{DType, Tensor};
@@ -32,6 +32,7 @@ pub(crate) const PACK_B8: Kernel = Kernel::new(ShaderFamily::Matmul, "pack_b8");
 pub(crate) const SPLITK_REDUCE: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce");
 pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
+pub(crate) const SUM_ALL_CHUNKS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all_chunks");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const SUM_ROWS_V4: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_v4");
 pub(crate) const SUM_ROWS_WG: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_wg");
@@ -54,6 +55,10 @@ const SUM_ROWS_CHUNK: usize = 256;
 const UBO8_MAX_DISPATCHES: usize = (UNIFORM_SCRATCH_BYTES / UBO8_WINDOW) as usize;
 /// Bytes of B one `matmul_ubo8` dispatch reads: 32 rows of k × 8 columns.
 const UBO8_WINDOW: u64 = 32 * 8 * 4;
+
+/// Elements one `sum_all` workgroup adds (and one `sum_all_chunks` workgroup per chunk): 256
+/// per invocation, far below the ~65,000 loop iterations Mesa's software adapters allow.
+const SUM_ALL_CHUNK: usize = 256 * 256;
 
 /// Workgroups `sum_rows_wg` aims for per pass.
 const WG_SUM_WORKGROUPS: usize = 512;
@@ -276,7 +281,8 @@ impl GpuKernels<'_> {
             if candidate == "separate" {
                 return separate();
             }
-            let chunks = rows.div_ceil(SUM_ROWS_CHUNK);
+            let chunk = row_chunk(rows, SUM_ROWS_CHUNK);
+            let chunks = rows.div_ceil(chunk);
             let partials = if chunks == 1 {
                 db.clone()
             } else {
@@ -286,7 +292,7 @@ impl GpuKernels<'_> {
                 n: 0,
                 rows: u(rows),
                 cols: u(cols),
-                chunk: u(SUM_ROWS_CHUNK),
+                chunk: u(chunk),
                 alpha: 0.0,
                 act: act.code(),
             };
@@ -451,18 +457,36 @@ impl Kernels for GpuKernels<'_> {
     }
 
     fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
+        if x.is_empty() {
+            return self.scale_fill_zero(out);
+        }
+        // Passes of partial sums until one workgroup can add what is left.
+        let mut current = x.clone();
+        while current.len() > SUM_ALL_CHUNK {
+            let n = current.len();
+            let chunks = n.div_ceil(SUM_ALL_CHUNK);
+            let partials = self.scratch(&[chunks], out)?;
+            let p = ReduceParams {
+                n: u(n),
+                rows: 0,
+                cols: 0,
+                chunk: u(SUM_ALL_CHUNK),
+                alpha: 1.0,
+                act: 0,
+            };
+            let grid = grid_1d(chunks * 256, 256);
+            self.launch(SUM_ALL_CHUNKS, &p, &[&current, &partials], grid)?;
+            current = partials;
+        }
         let p = ReduceParams {
-            n: u(x.len()),
+            n: u(current.len()),
             rows: 0,
             cols: 0,
             chunk: 0,
             alpha,
             act: 0,
         };
-        if x.is_empty() {
-            return self.scale_fill_zero(out);
-        }
-        self.launch(SUM_ALL, &p, &[x, out], [1, 1, 1])
+        self.launch(SUM_ALL, &p, &[&current, out], [1, 1, 1])
     }
 
     fn sum_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
@@ -572,7 +596,8 @@ impl GpuKernels<'_> {
         let mut rows = rows;
         loop {
             let pass = plan(rows);
-            let chunks = rows.div_ceil(pass.chunk);
+            let chunk = row_chunk(rows, pass.chunk);
+            let chunks = rows.div_ceil(chunk);
             let target = if chunks == 1 {
                 out.clone()
             } else {
@@ -582,7 +607,7 @@ impl GpuKernels<'_> {
                 n: u(pass.lanes),
                 rows: u(rows),
                 cols: u(cols),
-                chunk: u(pass.chunk),
+                chunk: u(chunk),
                 alpha: 0.0,
                 act: 0,
             };

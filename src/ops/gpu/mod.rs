@@ -433,12 +433,22 @@ pub(crate) fn validate_source(
     })
 }
 
+/// The most workgroups a dispatch may have along one dimension (WebGPU's
+/// `maxComputeWorkgroupsPerDimension` default, which every adapter offers).
+pub(crate) const MAX_GROUPS_PER_DIM: usize = 65_535;
+
+/// Rows per chunk of a kernel that takes a chunk of rows per workgroup row (grid `y`): at least
+/// `chunk`, and enough that the chunks fit in one grid dimension.
+pub(crate) fn row_chunk(rows: usize, chunk: usize) -> usize {
+    chunk.max(rows.div_ceil(MAX_GROUPS_PER_DIM))
+}
+
 /// Workgroups for `n` invocations of a 1-D kernel with `workgroup` invocations each, folded into
 /// two dimensions past the 65,535 per-dimension limit. Shaders recover the flat index as
 /// `gid.x + gid.y * num_workgroups.x * workgroup`.
 pub(crate) fn grid_1d(n: usize, workgroup: u32) -> [u32; 3] {
     let groups = n.div_ceil(workgroup as usize).max(1) as u64;
-    const MAX: u64 = 65_535;
+    const MAX: u64 = MAX_GROUPS_PER_DIM as u64;
     if groups <= MAX {
         [groups as u32, 1, 1]
     } else {

@@ -356,11 +356,19 @@ struct OptimParams {
     eps: f32,
 }
 
+/// The most positions one invocation of a partial-sum kernel loops over: Mesa's software
+/// adapters silently cut a shader loop short after about 65,000 iterations.
+const MAX_CHUNK: usize = 32_768;
+
 /// How a reduction over `total` positions is cut for `units` independent sums, aiming for
-/// `target` invocations: `(chunk, chunks)`, `chunk` positions per partial.
+/// `target` invocations: `(chunk, chunks)`, `chunk` positions per partial, at most
+/// [`MAX_CHUNK`].
 fn chunking(target: usize, units: usize, total: usize, min_chunk: usize) -> (usize, usize) {
     let max_chunks = total.div_ceil(min_chunk).max(1);
-    let chunks = target.div_ceil(units.max(1)).clamp(1, max_chunks);
+    let chunks = target
+        .div_ceil(units.max(1))
+        .clamp(1, max_chunks)
+        .max(total.div_ceil(MAX_CHUNK));
     let chunk = total.div_ceil(chunks).max(1);
     (chunk, total.div_ceil(chunk).max(1))
 }
@@ -1259,5 +1267,26 @@ fn channel_lanes(channels: usize) -> (bool, usize) {
         (true, channels / 4)
     } else {
         (false, channels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_sum_chunks_cover_every_position_and_stay_under_the_loop_limit() {
+        for (target, units, total, min_chunk) in [
+            (2048, 8, 3584, 1),
+            (2048, 4096, 100_352, 64),
+            (32_768, 1, 10, 64),
+            (2048, 1 << 20, 1 << 24, 1),
+            (131_072, 3, 0, 64),
+        ] {
+            let (chunk, chunks) = chunking(target, units, total, min_chunk);
+            assert!(chunk * chunks >= total, "{chunk} × {chunks} < {total}");
+            assert!(chunk * (chunks - 1) < total.max(1), "an empty chunk");
+            assert!(chunk <= MAX_CHUNK, "{chunk} positions in one loop");
+        }
     }
 }
