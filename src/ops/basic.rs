@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::ops::gpu::kernels as gk;
+use crate::ops::gpu::Kernel;
 use crate::ops::spec::{Activation, BinaryOp};
 use crate::ops::{run, with_kernels, MatmulDims};
 use crate::placement::OpInfo;
@@ -48,26 +49,22 @@ const SCALE: OpInfo = OpInfo {
     name: "Mul",
     gpu: Some(&[gk::SCALE]),
 };
+/// The kernels of a sum or a mean: passes of partial sums, then the scale of a mean.
+const REDUCE_KERNELS: &[Kernel] = &[
+    gk::SUM_ALL,
+    gk::SUM_ALL_CHUNKS,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
+    gk::SCALE,
+];
 const SUM: OpInfo = OpInfo {
     name: "Sum",
-    gpu: Some(&[
-        gk::SUM_ALL,
-        gk::SUM_ALL_CHUNKS,
-        gk::SUM_ROWS,
-        gk::SUM_ROWS_V4,
-        gk::SUM_ROWS_WG,
-    ]),
+    gpu: Some(REDUCE_KERNELS),
 };
 const MEAN: OpInfo = OpInfo {
     name: "Mean",
-    gpu: Some(&[
-        gk::SUM_ALL,
-        gk::SUM_ALL_CHUNKS,
-        gk::SUM_ROWS,
-        gk::SUM_ROWS_V4,
-        gk::SUM_ROWS_WG,
-        gk::SCALE,
-    ]),
+    gpu: Some(REDUCE_KERNELS),
 };
 const ARGMAX: OpInfo = OpInfo {
     name: "ArgMax",
