@@ -592,12 +592,7 @@ impl MultiWorkerMirroredStrategy {
 
 /// Checks `TF_CONFIG` against MPI's rank and size.
 fn check_tf_config(text: &str, rank: usize, size: usize) -> Result<()> {
-    let fail = |cause: String| Error::Distributed {
-        rank,
-        workers: size,
-        request: "TF_CONFIG".into(),
-        cause,
-    };
+    let fail = Error::InvalidArgument;
     let config: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| fail(format!("TF_CONFIG is not JSON ({e}): {text}")))?;
     let count = |kind: &str| {
