@@ -17,53 +17,29 @@
 
 mod common;
 
+use common::assert_close;
+
 use std::time::{Duration, Instant};
 
 use anygpu::distribute::MultiWorkerMirroredStrategy;
-use anygpu::nn::{Activation, Adam, Conv2D, Dense, Flatten, Loss, MaxPool2D, Metric, Optimizer};
-use anygpu::nn::{SeparableConv2D, Sequential, Sgd, Verbosity};
-use anygpu::ops::spec::Padding;
-use anygpu::{Error, LogicalDevice, Tensor};
+use anygpu::nn::{Adam, Optimizer, Sequential, Sgd};
+use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
-/// A small CNN with every layer type, input 8×8×1, 3 classes (as tests/distribute.rs).
-fn small_cnn(seed: u64) -> anygpu::Result<Sequential> {
-    let mut m = Sequential::with_seed(seed);
-    let selu = Activation::Selu;
-    m.add(
-        Conv2D::new(4, 3)
-            .padding(Padding::Same)
-            .activation(selu)
-            .input_shape(&[8, 8, 1]),
-    )?;
-    m.add(
-        SeparableConv2D::new(6, 3)
-            .padding(Padding::Same)
-            .activation(selu),
-    )?;
-    m.add(MaxPool2D::new())?;
-    m.add(Flatten::new())?;
-    m.add(Dense::new(12).activation(selu))?;
-    m.add(Dense::new(3).activation(Activation::Softmax))?;
-    Ok(m)
+/// The small CNN of tests/distribute.rs from `seed`, compiled.
+fn compiled_cnn(seed: u64, optimizer: Optimizer) -> anygpu::Result<Sequential> {
+    common::compiled(common::small_cnn(seed)?, optimizer)
 }
 
-fn compiled(seed: u64, optimizer: Optimizer) -> anygpu::Result<Sequential> {
-    let mut m = small_cnn(seed)?;
-    m.compile(
-        Loss::sparse_categorical_crossentropy(),
-        optimizer,
-        &[Metric::Accuracy],
-    )?;
-    m.set_verbose(Verbosity::Silent);
-    Ok(m)
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / w.abs().max(1.0);
-        assert!(err <= tol, "{what}[{i}]: {g} vs {w} (error {err:e})");
-    }
+/// A runtime with CPU:0 alone, and a strategy over it (a collective).
+fn cpu_worker() -> (Runtime, LogicalDevice, MultiWorkerMirroredStrategy) {
+    let rt = common::builder()
+        .visible_gpus(&[])
+        .build()
+        .expect("a CPU runtime");
+    let cpu = rt.cpu().expect("CPU:0");
+    let strategy = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&cpu), None)
+        .expect("a strategy");
+    (rt, cpu, strategy)
 }
 
 /// `steps` global batches of `batch` synthetic examples, on the CPU.
@@ -94,7 +70,7 @@ fn trains_like_one_process(
     let data = batches(cpu, batch, steps);
     let mut reference = {
         let _on = cpu.scope();
-        compiled(5, optimizer).expect("the one-process model builds")
+        compiled_cnn(5, optimizer).expect("the one-process model builds")
     };
     let want_losses: Vec<f32> = data
         .iter()
@@ -107,7 +83,7 @@ fn trains_like_one_process(
         local.len() * strategy.num_workers()
     );
     let mut model = strategy
-        .scope(|| compiled(5, optimizer))
+        .scope(|| compiled_cnn(5, optimizer))
         .expect("one scope")
         .expect("the multi-worker model builds");
     assert!(
@@ -137,11 +113,7 @@ fn trains_like_one_process(
 
 /// 2 workers × batch B/2 give the losses and weights of one process with batch B.
 fn one_replica_per_worker_trains_like_one_process() {
-    let rt = common::builder()
-        .visible_gpus(&[])
-        .build()
-        .expect("a CPU runtime");
-    let cpu = rt.cpu().expect("CPU:0");
+    let (_rt, cpu, _) = cpu_worker();
     trains_like_one_process(std::slice::from_ref(&cpu), &cpu, 16, Sgd::new(0.1).into());
     trains_like_one_process(std::slice::from_ref(&cpu), &cpu, 16, Adam::default().into());
 }
@@ -162,13 +134,7 @@ fn two_virtual_cpus_per_worker_train_like_one_process() {
 /// Uneven global batches: 7 over 2 workers (4 + 3), and 1 (worker 1 has no examples and
 /// contributes zeros, yet updates like the others).
 fn uneven_global_batches_train_like_one_process() {
-    let rt = common::builder()
-        .visible_gpus(&[])
-        .build()
-        .expect("a CPU runtime");
-    let cpu = rt.cpu().expect("CPU:0");
-    let strategy = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&cpu), None)
-        .expect("a strategy");
+    let (_rt, cpu, strategy) = cpu_worker();
     if strategy.num_workers() == 2 {
         let mine = strategy.worker_batch_size(7);
         assert_eq!(mine, [4, 3][strategy.worker_index()]);
@@ -186,13 +152,7 @@ fn uneven_global_batches_train_like_one_process() {
 fn a_gpu_worker_next_to_a_cpu_worker() {
     let gpu_here = common::gpus_at_least(1, "a_gpu_worker_next_to_a_cpu_worker").is_some();
     // Every worker must take the same path: the lowest worker without a GPU skips for all.
-    let probe = common::builder()
-        .visible_gpus(&[])
-        .build()
-        .expect("a runtime");
-    let cpu = probe.cpu().expect("CPU:0");
-    let all = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&cpu), None)
-        .expect("a strategy");
+    let (_probe, _, all) = cpu_worker();
     let ready = all.agree(
         "looking for a GPU",
         match gpu_here {
@@ -226,13 +186,7 @@ fn a_gpu_worker_next_to_a_cpu_worker() {
 /// error naming worker 1 and the cause, within the step; no worker updates; the job goes on.
 /// Then a bad file on worker 1 only, through `agree`.
 fn a_failing_worker_stops_every_worker() {
-    let rt = common::builder()
-        .visible_gpus(&[])
-        .build()
-        .expect("a CPU runtime");
-    let cpu = rt.cpu().expect("CPU:0");
-    let strategy = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&cpu), None)
-        .expect("a strategy");
+    let (_rt, cpu, strategy) = cpu_worker();
     let last = strategy.num_workers() - 1;
     // Only the last worker opens the GPU.
     let gpu_rt = (strategy.worker_index() == last).then(|| {
@@ -262,7 +216,7 @@ fn a_failing_worker_stops_every_worker() {
         let oom = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&device), None)
             .expect("a strategy");
         let mut model = oom
-            .scope(|| compiled(2, Adam::default().into()))
+            .scope(|| compiled_cnn(2, Adam::default().into()))
             .expect("scope")
             .expect("the weights fit in 1 MiB");
         let before = model.get_weights().expect("weights");
@@ -304,7 +258,7 @@ fn a_failing_worker_stops_every_worker() {
     std::fs::create_dir_all(&dir).expect("a temp dir");
     let path = dir.join("weights.safetensors");
     let mut model = strategy
-        .scope(|| compiled(4, Sgd::new(0.1).into()))
+        .scope(|| compiled_cnn(4, Sgd::new(0.1).into()))
         .expect("scope")
         .expect("a model");
     model.save_weights(&path).expect("weights saved");
@@ -328,13 +282,8 @@ fn a_failing_worker_stops_every_worker() {
 
 /// `TF_CONFIG` describing another job fails on every worker, naming the worker and why.
 fn tf_config_that_disagrees_with_mpi_is_an_error() {
-    let rt = common::builder()
-        .visible_gpus(&[])
-        .build()
-        .expect("a CPU runtime");
-    let cpu = rt.cpu().expect("CPU:0");
+    let (_rt, cpu, probe) = cpu_worker();
     let devices = std::slice::from_ref(&cpu);
-    let probe = MultiWorkerMirroredStrategy::with_tf_config(devices, None).expect("a strategy");
     let (rank, size) = (probe.worker_index(), probe.num_workers());
     let hosts: Vec<String> = (0..size).map(|i| format!("\"host{i}:2222\"")).collect();
     let config = |hosts: &[String], index: usize| {
@@ -383,13 +332,7 @@ fn tf_config_that_disagrees_with_mpi_is_an_error() {
 /// The last resort: worker `k` panics outside any step while the others wait for it in a
 /// collective; the panic hook aborts the job (`mpirun` exits non-zero within seconds).
 fn panic_on(k: usize) {
-    let rt = common::builder()
-        .visible_gpus(&[])
-        .build()
-        .expect("a CPU runtime");
-    let cpu = rt.cpu().expect("CPU:0");
-    let strategy = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&cpu), None)
-        .expect("a strategy");
+    let (_rt, _cpu, strategy) = cpu_worker();
     if strategy.worker_index() == k {
         panic!("worker {k} panics on purpose");
     }
