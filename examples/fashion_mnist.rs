@@ -272,6 +272,9 @@ fn run(args: Args) -> Result<(), BoxError> {
     let optimizer = optimizer(&args)?;
     let mirrored = args.strategy == Some(Strategy::Mirrored);
     let multi = args.strategy == Some(Strategy::MultiWorker);
+    if multi {
+        workers::require()?;
+    }
     if multi && (args.split || args.checkpoint_dir.is_some() || args.r#virtual.is_some()) {
         return Err(
             "--strategy multi-worker runs each worker on one --device; it does not \
@@ -1190,6 +1193,11 @@ mod workers {
             Ok(strategy)
         }
 
+        /// This build has MPI.
+        pub fn require() -> Result<(), BoxError> {
+            Ok(())
+        }
+
         /// Aborts every worker for an error only this one has; an error the workers agreed
         /// on (`Error::Distributed`) is every worker's, and each exits by itself.
         pub fn abort_unless_shared(e: &(dyn std::error::Error + 'static)) {
@@ -1241,6 +1249,11 @@ mod workers {
         }
 
         pub fn start(_: &[LogicalDevice], _: usize) -> Result<Workers, BoxError> {
+            Err(require().err().unwrap_or_else(|| "no MPI".into()))
+        }
+
+        /// Says how to get a build with MPI.
+        pub fn require() -> Result<(), BoxError> {
             Err(
                 "--strategy multi-worker needs MPI: build with `cargo build --release \
                  --features mpi --example fashion_mnist` (Open MPI and libclang installed), \
