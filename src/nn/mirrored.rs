@@ -13,6 +13,13 @@
 //!
 //! What phase 4 cannot survive is a device lost halfway through it: the error says which, and
 //! the replicas may then differ until the weights are set again.
+//!
+//! On a worker of a multi-worker job (the strategy has [`Workers`]) the same step cuts the
+//! global batch among the replicas of all workers, and the workers vote twice, so that a
+//! failure anywhere fails the step everywhere and nobody waits in a collective for a worker
+//! that has stopped: after phase 1, and after phase 3 (the vote also sums the loss and
+//! accuracy over the workers). Between the two the sum of phase 2 crosses the workers. A
+//! failure in phase 4 aborts the job, since that worker's parameters may differ.
 
 use std::ops::Range;
 use std::thread;
