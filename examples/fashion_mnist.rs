@@ -12,6 +12,11 @@
 //!                             layers on GPU:2 (wrapping when fewer GPUs exist)
 //!   --strategy mirrored       tf.distribute.MirroredStrategy: the whole model on every logical
 //!                             GPU, each batch split among them (CPU:0 when there is no GPU)
+//!   --strategy multi-worker   tf.distribute.MultiWorkerMirroredStrategy over MPI (build with
+//!                             --features mpi; start with mpirun -n N): one worker per process,
+//!                             each on --device (default: GPU number local-rank, or CPU:0),
+//!                             each global batch cut among the workers
+//!   --intra-op-threads N      tf.config.threading.set_intra_op_parallelism_threads(N)
 //!   --memory-growth           tf.config.experimental.set_memory_growth(gpu, True) on every GPU
 //!   --visible 1,0             tf.config.set_visible_devices(gpus[1], gpus[0])
 //!   --virtual 3072,3072       cut GPU:0 into logical GPUs of these MiB
@@ -85,6 +90,16 @@
 //! memory: host peak RSS 1522784 kB
 //! ```
 //!
+//! Two workers on this machine (feature `mpi`, Open MPI; the README shows several machines):
+//!
+//! ```text
+//! cargo build --release --features mpi --example fashion_mnist
+//! mpirun -n 2 target/release/examples/fashion_mnist --strategy multi-worker --epochs 1
+//! ```
+//!
+//! Every worker prints its devices and its share of the global batch (`[worker k]` before
+//! the lines of workers other than 0); worker 0 alone prints the progress and writes the files.
+//!
 //! With `--strategy mirrored --virtual 512,512` the model is mirrored on two logical GPUs cut
 //! from GPU:0 and each takes half of every batch; with `WGPU_BACKEND=vulkan,gl` and no
 //! `--virtual`, on lavapipe and llvmpipe side by side.
@@ -123,9 +138,13 @@ struct Args {
     /// Spread the model's three blocks over GPU:0, GPU:1 and GPU:2, as the tutorial does.
     #[arg(long)]
     split: bool,
-    /// `mirrored`: data parallelism over every logical GPU (tf.distribute.MirroredStrategy).
+    /// `mirrored`: data parallelism over every logical GPU (tf.distribute.MirroredStrategy);
+    /// `multi-worker`: over the processes `mpirun` starts (MultiWorkerMirroredStrategy).
     #[arg(long, value_enum)]
     strategy: Option<Strategy>,
+    /// Threads of the CPU's kernels (tf.config.threading.set_intra_op_parallelism_threads).
+    #[arg(long)]
+    intra_op_threads: Option<usize>,
     /// Log where ops run while the model is created and for one forward/backward pass.
     #[arg(long)]
     log_placement: bool,
@@ -186,6 +205,8 @@ const TENSORBOARD_UPDATE_FREQ: u64 = 50;
 enum Strategy {
     /// `tf.distribute.MirroredStrategy`.
     Mirrored,
+    /// `tf.distribute.MultiWorkerMirroredStrategy` (feature `mpi`).
+    MultiWorker,
 }
 
 #[derive(Serialize)]
@@ -223,9 +244,21 @@ struct HistoryJson {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let mut logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"));
+    let rank = workers::rank_from_env();
+    if rank > 0 {
+        use std::io::Write;
+        logger.format(move |buf, record| {
+            let (level, target) = (record.level(), record.target());
+            writeln!(buf, "[worker {rank}] [{level} {target}] {}", record.args())
+        });
+    }
+    logger.init();
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
+        // An error only this worker has would leave the others waiting: end them all.
+        workers::abort_unless_shared(&*e);
+        eprintln!("{}error: {e}", workers::tag(rank));
         std::process::exit(1);
     }
 }
@@ -238,6 +271,20 @@ fn run(args: Args) -> Result<(), BoxError> {
     }
     let optimizer = optimizer(&args)?;
     let mirrored = args.strategy == Some(Strategy::Mirrored);
+    let multi = args.strategy == Some(Strategy::MultiWorker);
+    if multi {
+        workers::require()?;
+    }
+    if multi && (args.split || args.checkpoint_dir.is_some() || args.r#virtual.is_some()) {
+        return Err(
+            "--strategy multi-worker runs each worker on one --device; it does not \
+                    combine with --split, --virtual or --checkpoint-dir yet"
+                .into(),
+        );
+    }
+    if let Some(threads) = args.intra_op_threads {
+        config::threading::set_intra_op_parallelism_threads(threads)?;
+    }
     if mirrored && (args.split || args.device.is_some()) {
         return Err(
             "--strategy mirrored puts the whole model on every logical GPU; it does not combine \
@@ -254,14 +301,20 @@ fn run(args: Args) -> Result<(), BoxError> {
         Some(dir) if trains => Some(prepare_checkpoint(dir, &args)?),
         _ => None,
     };
-    let out = match trains {
-        true => Some(prepare_out_dir(&args)?),
-        false => None,
+    // Only worker 0 writes; the others get a directory name they never create.
+    let chief = workers::rank_from_env() == 0;
+    let out = match (trains, chief) {
+        (true, true) => Some(prepare_out_dir(&args)?),
+        (true, false) => Some(PathBuf::from("runs/(worker 0 writes)")),
+        (false, _) => None,
     };
 
     // tf.config, before anything touches a device.
     let physical = config::list_physical_devices(DeviceKind::Gpu);
-    println!("Num GPUs Available: {}", physical.len());
+    // Workers other than 0 print only their own part (`workers::start`).
+    if chief {
+        println!("Num GPUs Available: {}", physical.len());
+    }
     if let Some(indices) = &args.visible {
         let picked = indices
             .iter()
@@ -289,7 +342,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         Some(spec) => device_name(spec)? == "/device:CPU:0",
         None => {
             let cpu_default = software_only && !args.split && !mirrored && args.r#virtual.is_none();
-            if cpu_default {
+            if cpu_default && chief {
                 println!(
                     "Every GPU is a software adapter: training on /device:CPU:0 \
                      (--device gpu:0 trains on the adapter anyway)"
@@ -324,13 +377,15 @@ fn run(args: Args) -> Result<(), BoxError> {
     let logical = config::list_logical_devices("GPU")?;
     // As the guide prints it: every physical GPU, and the logical ones the visible GPUs became
     // (hidden GPUs count as physical only: "2 Physical GPUs, 1 Logical GPU" after --visible 0).
-    println!(
-        "{} Physical GPUs, {} Logical GPUs",
-        physical.len(),
-        logical.len()
-    );
-    for d in &logical {
-        println!("  {} on {}", d.name(), adapter(d));
+    if chief {
+        println!(
+            "{} Physical GPUs, {} Logical GPUs",
+            physical.len(),
+            logical.len()
+        );
+        for d in &logical {
+            println!("  {} on {}", d.name(), adapter(d));
+        }
     }
 
     // Where the layers go.
@@ -344,13 +399,24 @@ fn run(args: Args) -> Result<(), BoxError> {
     } else {
         match args.device.as_deref() {
             None if layers_on_cpu => vec![config::runtime().cpu()?],
+            // Horovod's rule: the workers on one machine take one GPU each, by local rank.
+            None if multi && !logical.is_empty() => {
+                vec![logical[workers::local_rank() % logical.len()].clone()]
+            }
             None => vec![config::runtime().default_device()?],
             Some(spec) => vec![config::runtime().device(&device_name(spec)?)?],
         }
     };
+    let multi_worker = match multi {
+        true => Some(workers::start(&devices, args.batch_size)?),
+        false => None,
+    };
 
     // The data, as the tutorial prepares it.
-    let data = fashion_mnist::load()?;
+    let data = match &multi_worker {
+        Some(w) => w.agree("loading Fashion-MNIST", fashion_mnist::load())?,
+        None => fashion_mnist::load()?,
+    };
     let (train, valid) = data.split_validation(5_000);
     let (mut x_train, mut x_valid, mut x_test) = (
         train.images_f32(1.0 / 255.0),
@@ -403,11 +469,16 @@ fn run(args: Args) -> Result<(), BoxError> {
             }
             strategy.scope(build)??
         }
-        None => build()?,
+        None => match &multi_worker {
+            Some(w) => w.scope(build)??,
+            None => build()?,
+        },
     };
     let devices = model.devices();
-    model.print_summary();
-    println!("optimizer: {optimizer}");
+    if chief {
+        model.print_summary();
+        println!("optimizer: {optimizer}");
+    }
 
     if args.log_placement {
         // One forward/backward pass with the log on (no update), then quiet for training.
@@ -427,6 +498,7 @@ fn run(args: Args) -> Result<(), BoxError> {
             n,
             args.batch_size,
             args.profile.as_deref(),
+            multi_worker.as_ref(),
         );
     }
 
@@ -447,10 +519,12 @@ fn run(args: Args) -> Result<(), BoxError> {
     let mut tensorboard = TensorBoard::new(&log_dir)
         .update_freq(TENSORBOARD_UPDATE_FREQ)
         .histogram_freq(1);
-    println!(
-        "TensorBoard logs in {0} (view: tensorboard --logdir {0})",
-        log_dir.display()
-    );
+    if chief {
+        println!(
+            "TensorBoard logs in {0} (view: tensorboard --logdir {0})",
+            log_dir.display()
+        );
+    }
     let fitted = match backup.as_mut() {
         Some(backup) => model.fit_with_callbacks(
             &train_ds,
@@ -491,6 +565,16 @@ fn run(args: Args) -> Result<(), BoxError> {
         }
     };
     let test = model.evaluate(&test_ds, None)?;
+    if !chief {
+        let mean_ips =
+            history.images_per_second.iter().sum::<f64>() / history.epochs().max(1) as f64;
+        println!(
+            "{}done: test_accuracy {:.4}, {mean_ips:.0} global images/s in fit",
+            workers::tag(workers::rank_from_env()),
+            test.accuracy.unwrap_or(f64::NAN)
+        );
+        return Ok(());
+    }
     match test.accuracy {
         Some(a) => println!("test_loss: {:.4} - test_accuracy: {a:.4}", test.loss),
         None => println!("test_loss: {:.4}", test.loss),
@@ -571,6 +655,7 @@ fn time_steps(
     n: usize,
     batch: usize,
     profile: Option<&std::path::Path>,
+    multi_worker: Option<&workers::Workers>,
 ) -> Result<(), BoxError> {
     let devices = model.devices();
     // A mirrored model takes each batch from the host and splits it; elsewhere the batch goes
@@ -605,11 +690,23 @@ fn time_steps(
         .map(|_| step(model).map(|s| format!("{:.1}", s.0)))
         .collect::<Result<Vec<_>, _>>()?;
     println!(
-        "warm-up steps: {} ms (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them)",
+        "{}warm-up steps: {} ms (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them)",
+        workers::tag(multi_worker.map_or(0, workers::rank)),
         warmup.join(", ")
     );
     if n > 0 {
+        let reduce_before = multi_worker.map(workers::all_reduce_ms);
         let steps = (0..n).map(|_| step(model)).collect::<Result<Vec<_>, _>>()?;
+        if let (Some(w), Some(before)) = (multi_worker, reduce_before) {
+            let after = workers::all_reduce_ms(w);
+            println!(
+                "{}all-reduce between workers: {:.2} ms per step, of which MPI_Allreduce {:.2} ms \
+                 (737 KB of gradients; includes waiting for the slowest worker)",
+                workers::tag(workers::rank(w)),
+                (after.0 - before.0) / n as f64,
+                (after.1 - before.1) / n as f64,
+            );
+        }
         let mut times: Vec<f64> = steps.iter().map(|s| s.0).collect();
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
@@ -618,8 +715,10 @@ fn time_steps(
             .iter()
             .map(|d| format!("{} ({})", d.name(), adapter(d)))
             .collect();
+        // Across workers `batch` is the global batch: the images/s are the job's.
         println!(
-            "median train step: {median:.1} ms (batch {batch}, device {}; mean {mean:.1}, min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
+            "{}median train step: {median:.1} ms (batch {batch}, device {}; mean {mean:.1}, min {:.1}, max {:.1} over {} steps; {:.0} images/s)",
+            workers::tag(multi_worker.map_or(0, workers::rank)),
             names.join(" + "),
             times[0],
             times[times.len() - 1],
@@ -1009,5 +1108,161 @@ mod plot {
             }
         }
         root.present().map_err(|e| e.to_string())
+    }
+}
+
+/// `--strategy multi-worker`: the MPI strategy with feature `mpi`, and without it a stand-in
+/// that says how to build it.
+mod workers {
+    use super::BoxError;
+    use anygpu::LogicalDevice;
+
+    /// This process's MPI rank as the launcher exported it (Open MPI, MPICH/PMI, Slurm), for
+    /// the log prefix before MPI starts; 0 outside a job.
+    pub fn rank_from_env() -> usize {
+        env_index(&[
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "PMIX_RANK",
+            "SLURM_PROCID",
+        ])
+    }
+
+    /// This process's index among the workers on its machine (Horovod's `local_rank`).
+    pub fn local_rank() -> usize {
+        env_index(&[
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+            "SLURM_LOCALID",
+        ])
+    }
+
+    fn env_index(names: &[&str]) -> usize {
+        names
+            .iter()
+            .find_map(|n| std::env::var(n).ok()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// `[worker k] ` on workers other than 0.
+    pub fn tag(rank: usize) -> String {
+        match rank {
+            0 => String::new(),
+            k => format!("[worker {k}] "),
+        }
+    }
+
+    #[cfg(feature = "mpi")]
+    pub use with_mpi::*;
+
+    #[cfg(feature = "mpi")]
+    mod with_mpi {
+        use super::*;
+        use anygpu::distribute::MultiWorkerMirroredStrategy;
+        use std::sync::OnceLock;
+
+        pub type Workers = MultiWorkerMirroredStrategy;
+
+        /// The strategy once started, for `abort_unless_shared`.
+        static STARTED: OnceLock<MultiWorkerMirroredStrategy> = OnceLock::new();
+
+        /// Starts the strategy over `devices` and prints this worker's part.
+        pub fn start(devices: &[LogicalDevice], global: usize) -> Result<Workers, BoxError> {
+            let strategy = MultiWorkerMirroredStrategy::with_devices(devices)?;
+            let _ = STARTED.set(strategy.clone());
+            let k = strategy.worker_index();
+            if k == 0 {
+                println!(
+                    "MultiWorkerMirroredStrategy: {} workers, {} replicas in sync, global batch \
+                     {global}",
+                    strategy.num_workers(),
+                    strategy.num_replicas_in_sync()
+                );
+            }
+            let names: Vec<String> = strategy
+                .local_devices()
+                .iter()
+                .map(|d| format!("{} ({})", d.name(), super::super::adapter(d)))
+                .collect();
+            println!(
+                "{}worker {k}: devices {}, {} examples of each global batch of {global}",
+                tag(k),
+                names.join(", "),
+                strategy.worker_batch_size(global)
+            );
+            Ok(strategy)
+        }
+
+        /// This build has MPI.
+        pub fn require() -> Result<(), BoxError> {
+            Ok(())
+        }
+
+        /// Aborts every worker for an error only this one has; an error the workers agreed
+        /// on (`Error::Distributed`) is every worker's, and each exits by itself.
+        pub fn abort_unless_shared(e: &(dyn std::error::Error + 'static)) {
+            let shared = matches!(
+                e.downcast_ref::<anygpu::Error>(),
+                Some(anygpu::Error::Distributed { .. })
+            );
+            if let (false, Some(strategy)) = (shared, STARTED.get()) {
+                strategy.abort(&e);
+            }
+        }
+
+        pub fn rank(strategy: &Workers) -> usize {
+            strategy.worker_index()
+        }
+
+        /// (whole reduction, MPI_Allreduce) in ms, summed over the steps so far.
+        pub fn all_reduce_ms(strategy: &Workers) -> (f64, f64) {
+            let t = strategy.all_reduce_times();
+            (t.total.as_secs_f64() * 1e3, t.mpi.as_secs_f64() * 1e3)
+        }
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    pub use without_mpi::*;
+
+    #[cfg(not(feature = "mpi"))]
+    mod without_mpi {
+        use super::*;
+
+        /// No workers in a build without MPI: nothing of this type exists.
+        pub enum Workers {}
+
+        impl Workers {
+            pub fn agree<T>(&self, _: &str, _: anygpu::Result<T>) -> anygpu::Result<T> {
+                match *self {}
+            }
+            pub fn scope<R>(&self, _: impl FnOnce() -> R) -> anygpu::Result<R> {
+                match *self {}
+            }
+        }
+
+        pub fn rank(w: &Workers) -> usize {
+            match *w {}
+        }
+
+        pub fn all_reduce_ms(w: &Workers) -> (f64, f64) {
+            match *w {}
+        }
+
+        pub fn start(_: &[LogicalDevice], _: usize) -> Result<Workers, BoxError> {
+            Err(require().err().unwrap_or_else(|| "no MPI".into()))
+        }
+
+        /// Says how to get a build with MPI.
+        pub fn require() -> Result<(), BoxError> {
+            Err(
+                "--strategy multi-worker needs MPI: build with `cargo build --release \
+                 --features mpi --example fashion_mnist` (Open MPI and libclang installed), \
+                 then start it with `mpirun -n 2 target/release/examples/fashion_mnist \
+                 --strategy multi-worker`"
+                    .into(),
+            )
+        }
+
+        pub fn abort_unless_shared(_: &(dyn std::error::Error + 'static)) {}
     }
 }

@@ -179,6 +179,21 @@ pub enum Error {
     /// A model was used in a way its state does not allow (fit before compile, bad weights file).
     #[error("{0}")]
     Model(String),
+
+    /// A multi-worker job cannot go on (feature `mpi`): a worker failed, and every worker
+    /// returns this error naming it; or the cluster as `TF_CONFIG` describes it is not the one
+    /// MPI started (TF's `UnavailableError` / `ValueError` for these).
+    #[error("{request} on worker {rank} of {workers}: {cause}")]
+    Distributed {
+        /// The worker (MPI rank) that failed; the lowest one when several did.
+        rank: usize,
+        /// How many workers the job has.
+        workers: usize,
+        /// What all workers were doing: "training step", "TF_CONFIG", ...
+        request: String,
+        /// The failed worker's own error message.
+        cause: String,
+    },
 }
 
 /// `Result` with [`Error`].

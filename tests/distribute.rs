@@ -5,55 +5,12 @@
 
 mod common;
 
+use common::{assert_close, compiled, small_cnn};
+
 use anygpu::data::Dataset;
 use anygpu::distribute::{self, CrossDeviceOps, HierarchicalAllReduce, MirroredStrategy};
-use anygpu::nn::{
-    Activation, Adam, Conv2D, Dense, Flatten, Loss, MaxPool2D, Metric, Optimizer, SeparableConv2D,
-    Sequential, Sgd, Verbosity,
-};
-use anygpu::ops::spec::Padding;
+use anygpu::nn::{Activation, Adam, Dense, Flatten, Loss, Optimizer, Sequential, Sgd};
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
-
-/// A small CNN with every layer type: input 8×8×1, 3 classes, built with `add` (so on the
-/// current scope's device, or mirrored under a strategy).
-fn small_cnn(seed: u64) -> anygpu::Result<Sequential> {
-    let mut m = Sequential::with_seed(seed);
-    let selu = Activation::Selu;
-    m.add(
-        Conv2D::new(4, 3)
-            .padding(Padding::Same)
-            .activation(selu)
-            .input_shape(&[8, 8, 1]),
-    )?;
-    m.add(
-        SeparableConv2D::new(6, 3)
-            .padding(Padding::Same)
-            .activation(selu),
-    )?;
-    m.add(MaxPool2D::new())?;
-    m.add(Flatten::new())?;
-    m.add(Dense::new(12).activation(selu))?;
-    m.add(Dense::new(3).activation(Activation::Softmax))?;
-    Ok(m)
-}
-
-fn compiled(mut m: Sequential, optimizer: Optimizer) -> anygpu::Result<Sequential> {
-    m.compile(
-        Loss::sparse_categorical_crossentropy(),
-        optimizer,
-        &[Metric::Accuracy],
-    )?;
-    m.set_verbose(Verbosity::Silent);
-    Ok(m)
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / w.abs().max(1.0);
-        assert!(err <= tol, "{what}[{i}]: {g} vs {w} (error {err:e})");
-    }
-}
 
 /// Trains `steps` batches of `batch` on one device, then under a strategy over `replicas`,
 /// from the same seed, and checks that losses and weights agree and that every replica holds

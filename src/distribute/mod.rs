@@ -23,7 +23,13 @@
 //! ```
 
 mod cross_device;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod strategy;
+mod workers;
 
+#[cfg(feature = "mpi")]
+pub use self::mpi::{AllReduceTimes, MpiAllReduce, MultiWorkerMirroredStrategy};
 pub use cross_device::{CrossDeviceOps, HierarchicalAllReduce};
 pub use strategy::{get_strategy, has_strategy, MirroredStrategy, StrategyScope};
+pub(crate) use workers::Workers;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::device::LogicalDevice;
 use crate::distribute::cross_device::{CrossDeviceOps, HierarchicalAllReduce};
+use crate::distribute::Workers;
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 
@@ -59,6 +60,8 @@ pub struct MirroredStrategy(Arc<Inner>);
 struct Inner {
     devices: Vec<LogicalDevice>,
     cross_device_ops: Arc<dyn CrossDeviceOps>,
+    /// The other processes of a multi-worker job; `None` for a single process.
+    workers: Option<Arc<dyn Workers>>,
 }
 
 impl fmt::Debug for MirroredStrategy {
@@ -66,6 +69,7 @@ impl fmt::Debug for MirroredStrategy {
         f.debug_struct("MirroredStrategy")
             .field("devices", &self.0.devices)
             .field("cross_device_ops", &self.0.cross_device_ops)
+            .field("workers", &self.0.workers)
             .finish()
     }
 }
@@ -188,6 +192,7 @@ impl MirroredStrategy {
         Ok(MirroredStrategy(Arc::new(Inner {
             devices: devices.to_vec(),
             cross_device_ops: Arc::new(HierarchicalAllReduce),
+            workers: None,
         })))
     }
 
@@ -219,7 +224,34 @@ impl MirroredStrategy {
         MirroredStrategy(Arc::new(Inner {
             devices: self.0.devices.clone(),
             cross_device_ops: Arc::new(ops),
+            workers: self.0.workers.clone(),
         }))
+    }
+
+    /// The same replicas as one worker of a multi-worker job, whose gradients `ops` sums over
+    /// every worker.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn with_workers(
+        &self,
+        workers: Arc<dyn Workers>,
+        ops: Arc<dyn CrossDeviceOps>,
+    ) -> MirroredStrategy {
+        MirroredStrategy(Arc::new(Inner {
+            devices: self.0.devices.clone(),
+            cross_device_ops: ops,
+            workers: Some(workers),
+        }))
+    }
+
+    /// The other processes, when this strategy is one worker of a multi-worker job.
+    pub(crate) fn workers(&self) -> Option<&dyn Workers> {
+        self.0.workers.as_deref()
+    }
+
+    /// Whether this process writes files and prints progress: always, except on the workers
+    /// of a multi-worker job other than the chief (worker 0).
+    pub(crate) fn is_chief(&self) -> bool {
+        self.workers().is_none_or(|w| w.rank() == 0)
     }
 
     /// The number of replicas (`strategy.num_replicas_in_sync`).

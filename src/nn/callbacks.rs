@@ -218,6 +218,10 @@ impl ModelCheckpoint {
 
 impl Callback for ModelCheckpoint {
     fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        // Across workers only the chief writes (their weights are the same).
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         fit.model.save_weights(self.path_for(fit.epochs_done))
     }
 }
@@ -282,6 +286,9 @@ impl CsvLogger {
 
 impl Callback for CsvLogger {
     fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         write_atomically(&self.path, Self::format(fit.history()).as_bytes())
     }
 }

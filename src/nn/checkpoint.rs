@@ -123,6 +123,10 @@ impl Callback for BackupAndRestore {
     }
 
     fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        // Across workers only the chief writes; every worker restores from its file.
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         let position = fit.position.ok_or_else(|| {
             Error::Model("BackupAndRestore: fit recorded no dataset position".into())
         })?;
@@ -138,7 +142,10 @@ impl Callback for BackupAndRestore {
         )
     }
 
-    fn on_train_end(&mut self, _fit: &mut FitContext<'_>) -> Result<()> {
+    fn on_train_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         if self.delete_checkpoint && self.has_checkpoint() {
             let path = self.checkpoint_path();
             std::fs::remove_file(&path).map_err(|source| Error::Io { path, source })?;

@@ -237,8 +237,8 @@ impl Sequential {
                 history.val_accuracy.push(a);
             }
         }
-        if self.verbose != Verbosity::Silent {
-            if self.verbose == Verbosity::OneLinePerEpoch {
+        if self.progress() != Verbosity::Silent {
+            if self.progress() == Verbosity::OneLinePerEpoch {
                 println!("Epoch {}/{epochs}", epoch + 1);
             }
             println!(
@@ -250,7 +250,7 @@ impl Sequential {
     }
 
     fn epoch_bar(&self, epoch: usize, epochs: usize, steps: usize) -> Option<ProgressBar> {
-        if self.verbose != Verbosity::ProgressBar {
+        if self.progress() != Verbosity::ProgressBar {
             return None;
         }
         println!("Epoch {}/{epochs}", epoch + 1);

@@ -13,13 +13,20 @@
 //!
 //! What phase 4 cannot survive is a device lost halfway through it: the error says which, and
 //! the replicas may then differ until the weights are set again.
+//!
+//! On a worker of a multi-worker job (the strategy has [`Workers`]) the same step cuts the
+//! global batch among the replicas of all workers, and the workers vote twice, so that a
+//! failure anywhere fails the step everywhere and nobody waits in a collective for a worker
+//! that has stopped: after phase 1, and after phase 3 (the vote also sums the loss and
+//! accuracy over the workers). Between the two the sum of phase 2 crosses the workers. A
+//! failure in phase 4 aborts the job, since that worker's parameters may differ.
 
 use std::ops::Range;
 use std::thread;
 
 use crate::data::Batch;
 use crate::device::LogicalDevice;
-use crate::distribute::MirroredStrategy;
+use crate::distribute::{MirroredStrategy, Workers};
 use crate::error::{Error, Result};
 use crate::nn::layers::Layer;
 use crate::nn::optimizer::{Optimizer, OptimizerState};
@@ -102,6 +109,42 @@ fn copy_layer(layer: &dyn Layer, device: &LogicalDevice) -> Result<Box<dyn Layer
     Ok(copy)
 }
 
+/// Overwrites `layer`'s weights with the chief's: one broadcast of all of them, once every
+/// worker has read its own (a worker that cannot read fails them all, rather than leaving the
+/// others waiting in the broadcast).
+fn from_chief(workers: &dyn Workers, layer: &dyn Layer) -> Result<()> {
+    let weights: Vec<&Tensor> = layer.weights().into_iter().map(|(_, t)| t).collect();
+    if weights.is_empty() {
+        return Ok(());
+    }
+    let local = weights
+        .iter()
+        .map(|t| t.words())
+        .collect::<Result<Vec<_>>>();
+    workers.agree(
+        "creating the model (weights from worker 0)",
+        local.as_ref().map(drop).map_err(clone_error),
+        &mut [],
+    )?;
+    let local = local?;
+    let mut words: Vec<u32> = local.concat();
+    workers.broadcast(&mut words);
+    if workers.rank() != 0 {
+        let mut rest = &words[..];
+        for t in weights {
+            let (mine, next) = rest.split_at(t.len());
+            t.write_words(mine)?;
+            rest = next;
+        }
+    }
+    Ok(())
+}
+
+/// An error's message, for a second owner (a collective vote takes it, the caller keeps it).
+fn clone_error(e: &Error) -> Error {
+    Error::Model(e.to_string())
+}
+
 impl Mirrors {
     /// No layers yet, on every device of `strategy` but the first.
     pub(crate) fn new(strategy: MirroredStrategy) -> Mirrors {
@@ -118,7 +161,13 @@ impl Mirrors {
 
     /// Copies the primary's layer `index` (appended, or replacing the old copy) onto every
     /// replica. All copies are made before any is installed: on error nothing changes.
+    ///
+    /// On a worker of a multi-worker job the primary first takes the chief's weights, so that
+    /// every worker starts identical whatever its seed.
     pub(crate) fn mirror_layer(&mut self, index: usize, primary: &dyn Layer) -> Result<()> {
+        if let Some(workers) = self.strategy.workers() {
+            from_chief(workers, primary)?;
+        }
         let copies = self
             .replicas
             .iter()
@@ -174,6 +223,32 @@ struct Shard {
 }
 
 impl HostBatch<'_> {
+    /// The shards of a training step. A worker of a multi-worker job takes its replicas'
+    /// part of the global batch (TF's auto-shard by data): the batch is cut among the replicas
+    /// of all workers, in rank order, as [`MirroredStrategy::replica_batch_sizes`] cuts it
+    /// among local ones.
+    fn worker_shards(&self, strategy: &MirroredStrategy) -> Vec<Shard> {
+        let Some(workers) = strategy.workers() else {
+            return self.shards(strategy);
+        };
+        let counts = workers.replicas();
+        let total: usize = counts.iter().sum::<usize>().max(1);
+        let global = self.y.len();
+        let rows = |i: usize| global / total + usize::from(i < global % total);
+        let before: usize = counts[..workers.rank()].iter().sum();
+        let mut first: usize = (0..before).map(rows).sum();
+        (before..before + counts[workers.rank()])
+            .map(|i| {
+                let s = Shard {
+                    first,
+                    rows: rows(i),
+                };
+                first += s.rows;
+                s
+            })
+            .collect()
+    }
+
     fn shards(&self, strategy: &MirroredStrategy) -> Vec<Shard> {
         let mut first = 0;
         strategy
@@ -329,7 +404,8 @@ pub(crate) fn train_step(
     batch: HostBatch<'_>,
     accuracy: bool,
 ) -> Result<StepOutput> {
-    let shards = batch.shards(strategy);
+    let workers = strategy.workers();
+    let shards = batch.worker_shards(strategy);
     let shapes: Vec<Vec<usize>> = replicas[0]
         .weights()
         .iter()
@@ -344,15 +420,98 @@ pub(crate) fn train_step(
     let grad_packs = packs(&lens);
 
     // 1. Forward and backward, every replica at once.
+    let gradients = replica_packs(replicas, batch, &shards, accuracy, (&grad_packs, &lens));
+    // A worker of a multi-worker job says how its part went before anyone waits for its
+    // gradients, so that a failed worker stops every worker instead of leaving them waiting.
+    if let Some(w) = workers {
+        let local = gradients.as_ref().map(drop).map_err(clone_error);
+        w.agree("training step (forward and backward)", local, &mut [])?;
+    }
+    let (mut parts, packed) = gradients?;
+
+    // 2. The sum over replicas (and workers), where the updates will run.
+    let cross_worker = workers.is_some_and(|w| !w.same_kernels());
+    let everywhere = strategy.same_kernels() && !cross_worker;
+    let destinations: Vec<LogicalDevice> = if everywhere {
+        replicas.iter().map(|r| r.device.clone()).collect()
+    } else {
+        vec![replicas[0].device.clone()]
+    };
+    let ops = strategy.cross_device_ops();
+    // reduced[pack][destination]. Across workers every pack goes through the collective even
+    // after one failed here, so that all workers run the same collectives; an error they all
+    // agreed on (`Distributed`) is theirs alike and ends the step on every worker at once.
+    let mut reduced = Vec::with_capacity(packed.len());
+    let mut failed = None;
+    for values in &packed {
+        match ops.reduce_sum(values, &destinations) {
+            Ok(sums) => reduced.push(sums),
+            Err(e @ Error::Distributed { .. }) => return Err(e),
+            Err(e) if workers.is_none() => return Err(e),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    drop(packed);
+
+    // 3. Every allocation of the update: the gradients per weight on each destination, the
+    // optimizer slots, and (mixed kernels) the buffers that carry the primary's state.
+    let carry = !everywhere && (replicas.len() > 1 || cross_worker);
+    let prepared = match failed {
+        Some(e) => Err(e),
+        None => prepare_update(replicas, &reduced, (&grad_packs, &shapes), carry),
+    };
+    drop(reduced);
+    // Across workers the update starts only when every worker has everything it needs, and
+    // the step's loss and accuracy become the sums over all workers.
+    if let Some(w) = workers {
+        let mut sums = [0.0f64; 2];
+        let local = prepared
+            .as_ref()
+            .map(drop)
+            .map_err(clone_error)
+            .and_then(|()| host_sums(&parts, &mut sums));
+        w.agree("training step (update)", local, &mut sums)?;
+        parts = vec![global_part(replicas[0].device, sums, accuracy)?];
+    }
+    let (grads, carriers, state_packs) = prepared?;
+
+    // 4. The updates.
+    let updated = update(
+        replicas,
+        &grads,
+        (&carriers, &state_packs),
+        ops,
+        workers.filter(|_| cross_worker),
+    );
+    if let (Err(e), Some(w)) = (&updated, workers) {
+        // This worker's parameters may now differ from the others': end the job.
+        w.abort(&format!(
+            "training step (update) on worker {}: {e}",
+            w.rank()
+        ));
+    }
+    updated?;
+    Ok(StepOutput::new(parts, batch.y.len()))
+}
+
+/// Phase 1 of a step: each replica's loss terms, and its packed gradients (`[pack][replica]`);
+/// a replica without examples contributes zeros.
+fn replica_packs(
+    replicas: &[ReplicaView<'_>],
+    batch: HostBatch<'_>,
+    shards: &[Shard],
+    accuracy: bool,
+    (grad_packs, lens): (&[Range<usize>], &[usize]),
+) -> Result<(Vec<StepPart>, Vec<Vec<Tensor>>)> {
     let jobs: Vec<Job<'_, Option<ReplicaGrads>>> = replicas
         .iter()
-        .zip(&shards)
+        .zip(shards)
         .map(|(r, &shard)| {
-            let r: &ReplicaView<'_> = r;
-            let packs = &grad_packs;
             let job = move || match shard.rows {
                 0 => Ok(None),
-                _ => replica_gradients(r, batch, shard, accuracy, packs).map(Some),
+                _ => replica_gradients(r, batch, shard, accuracy, grad_packs).map(Some),
             };
             (
                 r.device.name(),
@@ -362,7 +521,6 @@ pub(crate) fn train_step(
         .collect();
     let results = on_every_replica(jobs)?;
     let mut parts = Vec::new();
-    // packed[pack][replica]
     let mut packed: Vec<Vec<Tensor>> = vec![Vec::with_capacity(replicas.len()); grad_packs.len()];
     for (r, result) in replicas.iter().zip(results) {
         let tensors = match result {
@@ -370,7 +528,6 @@ pub(crate) fn train_step(
                 parts.push(g.part);
                 g.packed
             }
-            // A replica without examples contributes zeros.
             None => grad_packs
                 .iter()
                 .map(|p| {
@@ -383,31 +540,28 @@ pub(crate) fn train_step(
             pack.push(t);
         }
     }
+    Ok((parts, packed))
+}
 
-    // 2. The sum over replicas, where the updates will run.
-    let everywhere = strategy.same_kernels();
-    let destinations: Vec<LogicalDevice> = if everywhere {
-        replicas.iter().map(|r| r.device.clone()).collect()
-    } else {
-        vec![replicas[0].device.clone()]
-    };
-    let ops = strategy.cross_device_ops();
-    // reduced[pack][destination]
-    let reduced = packed
-        .iter()
-        .map(|values| ops.reduce_sum(values, &destinations))
-        .collect::<Result<Vec<_>>>()?;
-    drop(packed);
+/// What phase 3 allocates: the gradients per weight (`[destination][weight]`), the carriers
+/// of the primary's state (`[pack][replica]`, empty when every replica updates itself) and the
+/// packs of the state.
+type Prepared = (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>, Vec<Range<usize>>);
 
-    // 3. Every allocation of the update: the gradients per weight on each destination, the
-    // optimizer slots, and (mixed kernels) the buffers that carry the primary's state.
-    let mut grads: Vec<Vec<Tensor>> = vec![Vec::with_capacity(shapes.len()); destinations.len()];
-    for (pack, sums) in grad_packs.iter().zip(&reduced) {
+/// Phase 3 of a step: everything the update allocates.
+fn prepare_update(
+    replicas: &mut [ReplicaView<'_>],
+    reduced: &[Vec<Tensor>],
+    (grad_packs, shapes): (&[Range<usize>], &[Vec<usize>]),
+    carry: bool,
+) -> Result<Prepared> {
+    let destinations = reduced.first().map_or(0, Vec::len);
+    let mut grads: Vec<Vec<Tensor>> = vec![Vec::with_capacity(shapes.len()); destinations];
+    for (pack, sums) in grad_packs.iter().zip(reduced) {
         for (dest, sum) in grads.iter_mut().zip(sums) {
             dest.extend(sum.split_flat(&shapes[pack.clone()])?);
         }
     }
-    drop(reduced);
     for r in replicas.iter_mut() {
         let layers = r.layers.clone();
         let opt = r.optimizer()?;
@@ -418,10 +572,7 @@ pub(crate) fn train_step(
     }
     let state_lens: Vec<usize> = replicas[0].state().iter().map(|t| t.len()).collect();
     let state_packs = packs(&state_lens);
-    // carriers[pack][replica]
-    let carriers = if everywhere || replicas.len() == 1 {
-        Vec::new()
-    } else {
+    let carriers = if carry {
         state_packs
             .iter()
             .map(|p| {
@@ -432,10 +583,23 @@ pub(crate) fn train_step(
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?
+    } else {
+        Vec::new()
     };
+    Ok((grads, carriers, state_packs))
+}
 
-    // 4. The updates.
-    for (r, grads) in replicas.iter_mut().zip(&grads) {
+/// Phase 4 of a step, which allocates nothing: the updates, on every replica or on the
+/// primary; then the primary's state goes to the other replicas through the carriers — first,
+/// when `chief` is given (workers whose kernels differ), the chief's to every worker's primary.
+fn update(
+    replicas: &mut [ReplicaView<'_>],
+    grads: &[Vec<Tensor>],
+    (carriers, state_packs): (&[Vec<Tensor>], &[Range<usize>]),
+    ops: &dyn crate::distribute::CrossDeviceOps,
+    chief: Option<&dyn Workers>,
+) -> Result<()> {
+    for (r, grads) in replicas.iter_mut().zip(grads) {
         let layers = r.layers.clone();
         let opt = r.optimizer()?;
         let mut next = grads.iter();
@@ -447,8 +611,16 @@ pub(crate) fn train_step(
     }
     if !carriers.is_empty() {
         let states: Vec<Vec<&Tensor>> = replicas.iter().map(ReplicaView::state).collect();
-        for (pack, carrier) in state_packs.iter().zip(&carriers) {
+        for (pack, carrier) in state_packs.iter().zip(carriers) {
             carrier[0].assign_flat(&states[0][pack.clone()], Direction::FromParts)?;
+            if let Some(w) = chief {
+                let mut words = carrier[0].words()?;
+                w.broadcast(&mut words);
+                if w.rank() != 0 {
+                    carrier[0].write_words(&words)?;
+                    carrier[0].assign_flat(&states[0][pack.clone()], Direction::IntoParts)?;
+                }
+            }
             ops.broadcast_into(&carrier[0], &carrier[1..])?;
             for (state, c) in states.iter().zip(carrier).skip(1) {
                 c.assign_flat(&state[pack.clone()], Direction::IntoParts)?;
@@ -458,7 +630,33 @@ pub(crate) fn train_step(
     for r in replicas.iter_mut() {
         r.optimizer()?.finish_step();
     }
-    Ok(StepOutput::new(parts, batch.y.len()))
+    Ok(())
+}
+
+/// Adds this worker's loss sum and correct count into `sums` (read from the devices).
+fn host_sums(parts: &[StepPart], sums: &mut [f64; 2]) -> Result<()> {
+    for p in parts {
+        sums[0] += f64::from(scalar(&p.loss_sum)?);
+        if let Some(c) = &p.correct {
+            sums[1] += f64::from(scalar(c)?);
+        }
+    }
+    Ok(())
+}
+
+fn scalar(t: &Tensor) -> Result<f32> {
+    Ok(t.to_vec::<f32>()?.first().copied().unwrap_or(0.0))
+}
+
+/// The loss terms of the whole global batch, summed over the workers, as one step part.
+fn global_part(device: &LogicalDevice, sums: [f64; 2], accuracy: bool) -> Result<StepPart> {
+    Ok(StepPart {
+        loss_sum: Tensor::from_slice_on(&[sums[0] as f32], &[1], device)?,
+        correct: match accuracy {
+            true => Some(Tensor::from_slice_on(&[sums[1] as f32], &[1], device)?),
+            false => None,
+        },
+    })
 }
 
 /// The loss terms of a batch, each replica taking its shard (no gradients).

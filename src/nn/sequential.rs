@@ -141,6 +141,20 @@ impl Sequential {
         self.mirrors.as_ref().map(|m| &m.strategy)
     }
 
+    /// Whether this process prints `fit`'s progress and writes the callbacks' files: always,
+    /// except on the workers of a multi-worker job other than the chief.
+    pub(crate) fn is_chief(&self) -> bool {
+        self.strategy().is_none_or(MirroredStrategy::is_chief)
+    }
+
+    /// What `fit` prints here: nothing on a worker other than the chief.
+    pub(super) fn progress(&self) -> Verbosity {
+        match self.is_chief() {
+            true => self.verbose,
+            false => Verbosity::Silent,
+        }
+    }
+
     /// Host copies of the weights of replica `replica` (0 is the primary, as
     /// [`get_weights`](Sequential::get_weights)); they equal the primary's bit for bit after
     /// every step.

@@ -122,7 +122,11 @@ fn scalars(step: i64, values: &[(&str, Option<f64>)]) -> Vec<Vec<u8>> {
 }
 
 impl Callback for TensorBoard {
-    fn on_train_begin(&mut self, _fit: &mut FitContext<'_>) -> Result<()> {
+    fn on_train_begin(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        // Across workers only the chief writes.
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         // New files for every fit; the previous ones stay for TensorBoard to show.
         self.train = None;
         self.validation = None;
@@ -133,7 +137,10 @@ impl Callback for TensorBoard {
         Some(self.update_freq).filter(|&n| n > 0)
     }
 
-    fn on_train_batch_end(&mut self, _fit: &mut FitContext<'_>, logs: &BatchLogs) -> Result<()> {
+    fn on_train_batch_end(&mut self, fit: &mut FitContext<'_>, logs: &BatchLogs) -> Result<()> {
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         let step = i64::try_from(logs.step).unwrap_or(i64::MAX);
         let events = scalars(
             step,
@@ -146,6 +153,9 @@ impl Callback for TensorBoard {
     }
 
     fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        if !fit.model.is_chief() {
+            return Ok(());
+        }
         let index = fit.epoch().saturating_sub(1);
         let step = i64::try_from(index).unwrap_or(i64::MAX);
         let h = fit.history();

@@ -2,6 +2,11 @@
 //! failure under `ANYGPU_REQUIRE_ADAPTER=1` (CI) and a loud skip elsewhere.
 #![allow(dead_code)]
 
+use anygpu::nn::{
+    Activation, Conv2D, Dense, Flatten, Loss, MaxPool2D, Metric, Optimizer, SeparableConv2D,
+    Sequential, Verbosity,
+};
+use anygpu::ops::spec::Padding;
 use anygpu::{Runtime, RuntimeBuilder};
 
 /// The backends tests search: `WGPU_BACKEND` if set, else Vulkan and GL (lavapipe + llvmpipe).
@@ -75,4 +80,47 @@ pub fn synthetic(n: usize, seed: u64) -> (Vec<f32>, Vec<i32>) {
         y.push(class as i32);
     }
     (x, y)
+}
+
+/// A small CNN with every layer type: input 8×8×1, 3 classes, built with `add` (so on the
+/// current scope's device, or mirrored under a strategy).
+pub fn small_cnn(seed: u64) -> anygpu::Result<Sequential> {
+    let mut m = Sequential::with_seed(seed);
+    let selu = Activation::Selu;
+    m.add(
+        Conv2D::new(4, 3)
+            .padding(Padding::Same)
+            .activation(selu)
+            .input_shape(&[8, 8, 1]),
+    )?;
+    m.add(
+        SeparableConv2D::new(6, 3)
+            .padding(Padding::Same)
+            .activation(selu),
+    )?;
+    m.add(MaxPool2D::new())?;
+    m.add(Flatten::new())?;
+    m.add(Dense::new(12).activation(selu))?;
+    m.add(Dense::new(3).activation(Activation::Softmax))?;
+    Ok(m)
+}
+
+/// `m` compiled for the 3 classes with accuracy, silent.
+pub fn compiled(mut m: Sequential, optimizer: Optimizer) -> anygpu::Result<Sequential> {
+    m.compile(
+        Loss::sparse_categorical_crossentropy(),
+        optimizer,
+        &[Metric::Accuracy],
+    )?;
+    m.set_verbose(Verbosity::Silent);
+    Ok(m)
+}
+
+/// Each of `got` within `tol` of `want`, relative to max(1, |want|).
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        assert!(err <= tol, "{what}[{i}]: {g} vs {w} (error {err:e})");
+    }
 }

@@ -1,0 +1,659 @@
+//! `tf.distribute.MultiWorkerMirroredStrategy` over MPI (feature `mpi`): one worker per
+//! process, started by `mpirun`, a hostfile or Slurm's `srun`.
+//!
+//! A worker mirrors its model over its local devices like [`MirroredStrategy`]; what it adds
+//! is a [`CrossDeviceOps`], [`MpiAllReduce`], whose sum runs in three levels: the local
+//! replicas' gradients through [`HierarchicalAllReduce`], one MPI all-reduce of the packed
+//! `f32` sums between the workers (from one thread), and the result back to the local
+//! replicas. Around it, every worker votes on how its part of the step went (an all-reduce of
+//! one word per worker), so a worker that fails ends the step on every worker with the same
+//! [`Error::Distributed`] instead of leaving them waiting in a collective.
+
+use std::collections::hash_map::DefaultHasher;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use ::mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use ::mpi::environment::Universe;
+use ::mpi::topology::{Communicator, SimpleCommunicator};
+use ::mpi::Threading;
+
+use crate::device::LogicalDevice;
+use crate::distribute::cross_device::{CrossDeviceOps, HierarchicalAllReduce};
+use crate::distribute::strategy::{MirroredStrategy, StrategyScope};
+use crate::distribute::Workers;
+use crate::error::{Error, Result};
+use crate::nn::Sequential;
+use crate::tensor::Tensor;
+
+/// MPI as this process has it: initialized once, finalized at exit.
+struct Process {
+    /// Held during every call into MPI: the library is initialized for
+    /// `MPI_THREAD_SERIALIZED`, so calls from several threads must not overlap. Taken at exit
+    /// (`MPI_Finalize`).
+    universe: Mutex<Option<Universe>>,
+    rank: usize,
+    size: usize,
+}
+
+static PROCESS: OnceLock<std::result::Result<Process, String>> = OnceLock::new();
+
+extern "C" {
+    // libc's, always linked: finalizes MPI when the process exits, since a `static` is never
+    // dropped and Open MPI reports a worker that exits without `MPI_Finalize` as a failure.
+    fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn finalize() {
+    if let Some(Ok(process)) = PROCESS.get() {
+        // A thread stuck in a collective holds the lock; exiting must not wait for it.
+        if let Ok(mut universe) = process.universe.try_lock() {
+            drop(universe.take());
+        }
+    }
+}
+
+/// MPI, initialized on first use.
+fn process() -> Result<&'static Process> {
+    let state = PROCESS.get_or_init(|| {
+        let Some((universe, threading)) = ::mpi::initialize_with_threading(Threading::Serialized)
+        else {
+            return Err(
+                "MPI was initialized outside anygpu; let MultiWorkerMirroredStrategy \
+                        initialize it"
+                    .into(),
+            );
+        };
+        if threading < Threading::Serialized {
+            return Err(format!(
+                "the MPI library offers {threading:?} threading; anygpu needs Serialized"
+            ));
+        }
+        // SAFETY: `finalize` is a plain function that touches only the `static` above.
+        if unsafe { atexit(finalize) } != 0 {
+            log::warn!("could not register MPI_Finalize at exit");
+        }
+        install_panic_hook();
+        let world = universe.world();
+        let (rank, size) = (world.rank(), world.size());
+        Ok(Process {
+            universe: Mutex::new(Some(universe)),
+            rank: usize::try_from(rank).unwrap_or(0),
+            size: usize::try_from(size).unwrap_or(1),
+        })
+    });
+    state.as_ref().map_err(|cause| Error::Distributed {
+        rank: 0,
+        workers: 0,
+        request: "initializing MPI".into(),
+        cause: cause.clone(),
+    })
+}
+
+/// Runs `f` on the world communicator, alone.
+fn with_world<R>(process: &Process, f: impl FnOnce(&SimpleCommunicator) -> R) -> R {
+    let _serialized = process
+        .universe
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    f(&SimpleCommunicator::world())
+}
+
+/// A panic outside a replica's thread (those become step errors that every worker agrees on)
+/// may leave this worker's parameters different from the others', or leave them waiting in a
+/// collective: after the usual message, the whole job is aborted.
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        let current = std::thread::current();
+        if current
+            .name()
+            .is_some_and(|n| n.starts_with("anygpu replica"))
+        {
+            return;
+        }
+        let rank = PROCESS
+            .get()
+            .and_then(|p| p.as_ref().ok())
+            .map_or(0, |p| p.rank);
+        abort_job(rank, &format!("panicked: {info}"));
+    }));
+}
+
+/// Prints why and aborts every worker (`MPI_Abort`); Open MPI's `mpirun` then ends the
+/// others and names this rank.
+fn abort_job(rank: usize, cause: &str) -> ! {
+    eprintln!("[worker {rank}] {cause}; aborting every worker");
+    // No lock: another thread may be waiting in a collective that will never complete.
+    SimpleCommunicator::world().abort(1)
+}
+
+/// Time spent in the all-reduce between workers, over the steps so far
+/// ([`MultiWorkerMirroredStrategy::all_reduce_times`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AllReduceTimes {
+    /// All-reduces run (one per training step for models under 8 Mi parameters).
+    pub calls: u64,
+    /// Time inside `MPI_Allreduce` (waiting for the slowest worker included).
+    pub mpi: Duration,
+    /// The whole [`MpiAllReduce::reduce_sum`]: the local reduction, the read to the host, the
+    /// vote, `MPI_Allreduce` and the upload to the local replicas.
+    pub total: Duration,
+}
+
+/// This worker's place in the job; the [`Workers`] of its strategy.
+struct MpiWorld {
+    process: &'static Process,
+    /// Local replicas of every worker, in rank order.
+    replicas: Vec<usize>,
+    same_kernels: bool,
+    times: Mutex<AllReduceTimes>,
+}
+
+impl fmt::Debug for MpiWorld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MpiWorld")
+            .field("rank", &self.process.rank)
+            .field("workers", &self.process.size)
+            .field("replicas", &self.replicas)
+            .field("same_kernels", &self.same_kernels)
+            .finish()
+    }
+}
+
+impl MpiWorld {
+    fn size(&self) -> usize {
+        self.process.size
+    }
+
+    fn all_reduce_u64(&self, value: u64, op: SystemOperation) -> u64 {
+        let mut out = 0u64;
+        with_world(self.process, |w| w.all_reduce_into(&value, &mut out, op));
+        out
+    }
+}
+
+impl Workers for MpiWorld {
+    fn rank(&self) -> usize {
+        self.process.rank
+    }
+
+    fn replicas(&self) -> &[usize] {
+        &self.replicas
+    }
+
+    fn same_kernels(&self) -> bool {
+        self.same_kernels
+    }
+
+    fn agree(&self, request: &str, local: Result<()>, sums: &mut [f64]) -> Result<()> {
+        // One word per worker (1.0: failed), then the values to add up.
+        let size = self.size();
+        let mut send = vec![0.0f64; size + sums.len()];
+        if local.is_err() {
+            send[self.rank()] = 1.0;
+        }
+        send[size..].copy_from_slice(sums);
+        let mut received = vec![0.0f64; send.len()];
+        with_world(self.process, |w| {
+            w.all_reduce_into(&send[..], &mut received[..], SystemOperation::sum())
+        });
+        let failed: Vec<usize> = (0..size).filter(|&r| received[r] != 0.0).collect();
+        let Some(&first) = failed.first() else {
+            sums.copy_from_slice(&received[size..]);
+            return Ok(());
+        };
+        // The lowest failed worker tells everyone why: its message's length, then the bytes.
+        let mut message = match (&local, first == self.rank()) {
+            (Err(e), true) => e.to_string().into_bytes(),
+            _ => Vec::new(),
+        };
+        let mut len = message.len() as u64;
+        with_world(self.process, |w| {
+            let root = w.process_at_rank(first as i32);
+            root.broadcast_into(&mut len);
+            message.resize(usize::try_from(len).unwrap_or(0), 0);
+            root.broadcast_into(&mut message[..]);
+        });
+        let mut cause = String::from_utf8_lossy(&message).into_owned();
+        if failed.len() > 1 {
+            let others: Vec<String> = failed[1..].iter().map(usize::to_string).collect();
+            cause.push_str(&format!(" (worker(s) {} failed too)", others.join(", ")));
+        }
+        Err(Error::Distributed {
+            rank: first,
+            workers: size,
+            request: request.into(),
+            cause,
+        })
+    }
+
+    fn broadcast(&self, words: &mut [u32]) {
+        with_world(self.process, |w| w.process_at_rank(0).broadcast_into(words));
+    }
+
+    fn abort(&self, cause: &str) -> ! {
+        abort_job(self.rank(), cause)
+    }
+}
+
+/// The [`CrossDeviceOps`] of a [`MultiWorkerMirroredStrategy`]: a sum over every replica of
+/// every worker, in three levels — the local replicas through [`HierarchicalAllReduce`] onto
+/// the first destination, one `MPI_Allreduce` of the packed `f32` sum from this thread, then
+/// the result back to every local destination. Before the `MPI_Allreduce` the workers vote
+/// on their local reductions, so a worker that failed (out of memory, say) fails the sum on
+/// every worker with [`Error::Distributed`] instead of leaving them waiting.
+///
+/// The strategy makes it; [`MultiWorkerMirroredStrategy::mirrored`] hands it out as
+/// `cross_device_ops()`.
+///
+/// ```no_run
+/// // mpirun -n 2 target/debug/examples/...
+/// use anygpu::distribute::{CrossDeviceOps, MultiWorkerMirroredStrategy};
+/// use anygpu::Tensor;
+/// let strategy = MultiWorkerMirroredStrategy::new()?;
+/// let devices = strategy.mirrored().devices().to_vec();
+/// let ones = Tensor::from_slice_on(&[1.0f32; 4], &[4], &devices[0])?;
+/// let sums = strategy.mirrored().cross_device_ops().reduce_sum(&[ones], &devices[..1])?;
+/// // One replica per worker: the sum is the number of workers.
+/// assert_eq!(sums[0].to_vec::<f32>()?[0], strategy.num_workers() as f32);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct MpiAllReduce {
+    world: Arc<MpiWorld>,
+}
+
+impl CrossDeviceOps for MpiAllReduce {
+    fn reduce_sum(&self, values: &[Tensor], destinations: &[LogicalDevice]) -> Result<Vec<Tensor>> {
+        let start = Instant::now();
+        let first = destinations.first().ok_or_else(|| {
+            Error::InvalidArgument("reduce_sum: no destination for the sum".into())
+        })?;
+        let local = HierarchicalAllReduce
+            .reduce_sum(values, std::slice::from_ref(first))
+            .and_then(|sums| sums[0].to_vec::<f32>());
+        let vote = local
+            .as_ref()
+            .map(drop)
+            .map_err(|e| Error::Model(e.to_string()));
+        self.world
+            .agree("training step (local reduction)", vote, &mut [])?;
+        let send = local?;
+        let mut sum = vec![0.0f32; send.len()];
+        let mpi_start = Instant::now();
+        with_world(self.world.process, |w| {
+            w.all_reduce_into(&send[..], &mut sum[..], SystemOperation::sum())
+        });
+        let mpi = mpi_start.elapsed();
+        let on_first = Tensor::from_slice_on(&sum, values[0].shape(), first)?;
+        let out = HierarchicalAllReduce.reduce_sum(&[on_first], destinations);
+        let mut times = self
+            .world
+            .times
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        times.calls += 1;
+        times.mpi += mpi;
+        times.total += start.elapsed();
+        out
+    }
+
+    /// Local only: every worker broadcasts among its own replicas.
+    fn broadcast_into(&self, value: &Tensor, destinations: &[Tensor]) -> Result<()> {
+        HierarchicalAllReduce.broadcast_into(value, destinations)
+    }
+}
+
+/// Synchronous data parallelism over several processes (TensorFlow's
+/// `tf.distribute.MultiWorkerMirroredStrategy`), on MPI. Feature `mpi`.
+///
+/// Each process started by `mpirun -n N` (or a hostfile, or Slurm's `srun`) is a *worker*;
+/// MPI's rank is its index, and worker 0 is the *chief*. Inside a worker the strategy mirrors
+/// over the worker's local devices like a [`MirroredStrategy`]. A model created in
+/// [`scope`](MultiWorkerMirroredStrategy::scope) takes the chief's weights, so every worker
+/// starts identical. Each training step cuts the *global* batch — the dataset's batch size, as
+/// in TensorFlow — among the replicas of all workers in rank order (every worker reads the same
+/// dataset and keeps its shard: TF's auto-shard by data), sums the gradients over all of them
+/// ([`MpiAllReduce`]) and applies the same update everywhere; after every step every worker's
+/// parameters are bit-identical. When workers run different kernels (one on a GPU, one on the
+/// CPU) the chief updates and sends its weights and optimizer slots to the others.
+///
+/// Only the chief prints progress and writes files in `fit` (`ModelCheckpoint`, `CsvLogger`,
+/// `BackupAndRestore`, `TensorBoard`); the loss and accuracy `fit` reports are the global
+/// batch's on every worker. `evaluate` and `predict` run locally over the whole data on every
+/// worker.
+///
+/// A worker that fails inside a step (out of memory, a device error, a panic on a replica's
+/// thread) fails that step on every worker, within the step, with the same
+/// [`Error::Distributed`] naming the failed worker and its cause, and no worker updates. A
+/// panic elsewhere, or a device lost halfway through an update, aborts the whole job
+/// (`MPI_Abort`): the last resort, since that worker's parameters may then differ.
+///
+/// ```no_run
+/// // mpirun -n 2 target/release/examples/fashion_mnist --strategy multi-worker
+/// use anygpu::distribute::MultiWorkerMirroredStrategy;
+/// use anygpu::nn::{self, Adam, Loss, Metric};
+///
+/// let strategy = MultiWorkerMirroredStrategy::new()?;
+/// println!("worker {} of {}", strategy.worker_index(), strategy.num_workers());
+/// let mut model = strategy.scope(|| -> anygpu::Result<_> {
+///     let mut model = nn::tutorial_cnn(0, &[])?;
+///     model.compile(Loss::sparse_categorical_crossentropy(), Adam::default(), &[Metric::Accuracy])?;
+///     Ok(model)
+/// })??;
+/// // Global batch 128: 64 examples per worker with one device each.
+/// assert_eq!(strategy.worker_batch_size(128), 128 / strategy.num_workers());
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct MultiWorkerMirroredStrategy {
+    local: MirroredStrategy,
+    world: Arc<MpiWorld>,
+}
+
+impl MultiWorkerMirroredStrategy {
+    /// A worker over the local devices [`MirroredStrategy::new`] picks (every visible logical
+    /// GPU, else the CPU), in the job MPI started; `TF_CONFIG` is checked when set
+    /// ([`with_tf_config`](MultiWorkerMirroredStrategy::with_tf_config)).
+    ///
+    /// A collective: every worker must call it.
+    ///
+    /// # Errors
+    /// As [`with_tf_config`](MultiWorkerMirroredStrategy::with_tf_config).
+    pub fn new() -> Result<MultiWorkerMirroredStrategy> {
+        let devices = MirroredStrategy::new().map(|s| s.devices().to_vec());
+        Self::start(devices, std::env::var("TF_CONFIG").ok().as_deref())
+    }
+
+    /// A worker over `devices`; `TF_CONFIG` is checked when set.
+    ///
+    /// # Errors
+    /// As [`with_tf_config`](MultiWorkerMirroredStrategy::with_tf_config).
+    pub fn with_devices(devices: &[LogicalDevice]) -> Result<MultiWorkerMirroredStrategy> {
+        Self::start(
+            Ok(devices.to_vec()),
+            std::env::var("TF_CONFIG").ok().as_deref(),
+        )
+    }
+
+    /// A worker over `devices`, with `tf_config` in place of the `TF_CONFIG` variable (`None`:
+    /// MPI's world alone decides). For parity with TensorFlow, a `TF_CONFIG` such as
+    /// `{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker",
+    /// "index": 1}}` must describe the job MPI started: as many workers (a `chief` entry
+    /// counts as worker 0, then the `worker` list), and this task's index as this process's
+    /// rank. Addresses are not used: MPI connects the workers.
+    ///
+    /// A collective: every worker must call it, and all fail alike when one's devices or
+    /// `TF_CONFIG` are wrong.
+    ///
+    /// ```no_run
+    /// use anygpu::distribute::MultiWorkerMirroredStrategy;
+    /// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
+    /// // Under `mpirun -n 2`: TF_CONFIG names 3 workers, MPI started 2.
+    /// let tf_config = r#"{"cluster": {"worker": ["a:1", "b:1", "c:1"]},
+    ///                     "task": {"type": "worker", "index": 0}}"#;
+    /// let err = MultiWorkerMirroredStrategy::with_tf_config(&[cpu], Some(tf_config)).unwrap_err();
+    /// assert!(err.to_string().contains("TF_CONFIG lists 3 workers but MPI started 2"));
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] on every worker, naming the lowest worker whose devices are not
+    /// a valid [`MirroredStrategy`] or whose `TF_CONFIG` disagrees with MPI (or does not
+    /// parse), and why; MPI that cannot be initialized.
+    pub fn with_tf_config(
+        devices: &[LogicalDevice],
+        tf_config: Option<&str>,
+    ) -> Result<MultiWorkerMirroredStrategy> {
+        Self::start(Ok(devices.to_vec()), tf_config)
+    }
+
+    fn start(
+        devices: Result<Vec<LogicalDevice>>,
+        tf_config: Option<&str>,
+    ) -> Result<MultiWorkerMirroredStrategy> {
+        let process = process()?;
+        let (rank, size) = (process.rank, process.size);
+        let local = tf_config
+            .map_or(Ok(()), |text| check_tf_config(text, rank, size))
+            .and(devices)
+            .and_then(|d| MirroredStrategy::with_devices(&d));
+        let mut probe = MpiWorld {
+            process,
+            replicas: Vec::new(),
+            same_kernels: true,
+            times: Mutex::default(),
+        };
+        probe.agree(
+            "starting MultiWorkerMirroredStrategy",
+            local
+                .as_ref()
+                .map(drop)
+                .map_err(|e| Error::Model(e.to_string())),
+            &mut [],
+        )?;
+        let local = local?;
+        let mine = local.num_replicas_in_sync() as u64;
+        let mut replicas = vec![0u64; size];
+        with_world(process, |w| w.all_gather_into(&mine, &mut replicas[..]));
+        probe.replicas = replicas.into_iter().map(|n| n as usize).collect();
+        // Workers whose devices report the same adapters (or all CPUs) run the same kernels.
+        let mut hasher = DefaultHasher::new();
+        for d in local.devices() {
+            format!("{:?}", d.adapter_info()).hash(&mut hasher);
+        }
+        let kernels = hasher.finish();
+        let low = probe.all_reduce_u64(kernels, SystemOperation::min());
+        let high = probe.all_reduce_u64(kernels, SystemOperation::max());
+        probe.same_kernels = low == high;
+        let world = Arc::new(probe);
+        let ops = MpiAllReduce {
+            world: world.clone(),
+        };
+        log::info!(
+            "Using MultiWorkerMirroredStrategy: worker {rank} of {size}, local devices {:?}, \
+             {} replicas in sync",
+            local.devices().iter().map(|d| d.name()).collect::<Vec<_>>(),
+            world.replicas.iter().sum::<usize>()
+        );
+        let local = local.with_workers(world.clone(), Arc::new(ops));
+        Ok(MultiWorkerMirroredStrategy { local, world })
+    }
+
+    /// This worker's index, MPI's rank (`strategy.cluster_resolver.task_id`).
+    pub fn worker_index(&self) -> usize {
+        self.world.rank()
+    }
+
+    /// The number of workers, MPI's world size.
+    pub fn num_workers(&self) -> usize {
+        self.world.size()
+    }
+
+    /// Whether this is worker 0, the one that prints and writes files.
+    pub fn is_chief(&self) -> bool {
+        self.worker_index() == 0
+    }
+
+    /// Replicas in all workers together (`strategy.num_replicas_in_sync`).
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.world.replicas.iter().sum()
+    }
+
+    /// The strategy over this worker's own devices, which knows the other workers: what a
+    /// model created in the scope reports as its [`Sequential::strategy`].
+    pub fn mirrored(&self) -> &MirroredStrategy {
+        &self.local
+    }
+
+    /// This worker's local devices, the primary first.
+    pub fn local_devices(&self) -> &[LogicalDevice] {
+        self.local.devices()
+    }
+
+    /// How many examples of a global batch of `global` this worker takes: the batch is cut
+    /// among all replicas of all workers in rank order, one example more for the first
+    /// `global % replicas`.
+    pub fn worker_batch_size(&self, global: usize) -> usize {
+        let total = self.num_replicas_in_sync().max(1);
+        let before: usize = self.world.replicas[..self.worker_index()].iter().sum();
+        let mine = self.world.replicas[self.worker_index()];
+        (before..before + mine)
+            .map(|i| global / total + usize::from(i < global % total))
+            .sum()
+    }
+
+    /// Runs `f` in the strategy's scope: a [`Sequential`] created there is mirrored on the
+    /// local devices and starts from the chief's weights.
+    ///
+    /// # Errors
+    /// As [`MirroredStrategy::scope`].
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
+        self.local.scope(f)
+    }
+
+    /// Enters the scope until the guard is dropped.
+    ///
+    /// # Errors
+    /// As [`MirroredStrategy::enter`].
+    pub fn enter(&self) -> Result<StrategyScope> {
+        self.local.enter()
+    }
+
+    /// A collective check that every worker's `local` result is `Ok` (say, each worker loaded
+    /// its data): `Ok` on every worker, or on every worker the same [`Error::Distributed`]
+    /// naming the lowest failed worker, `request` and the cause. Lets a job stop together on
+    /// an error that only some workers see, instead of some waiting for the others.
+    ///
+    /// ```no_run
+    /// # use anygpu::distribute::MultiWorkerMirroredStrategy;
+    /// let strategy = MultiWorkerMirroredStrategy::new()?;
+    /// // Every worker loads its data; if one cannot, all stop here with its error.
+    /// let data = strategy.agree("loading Fashion-MNIST", anygpu::data::fashion_mnist::load());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when `local` or another worker's result is an error.
+    pub fn agree<T>(&self, request: &str, local: Result<T>) -> Result<T> {
+        let vote = local
+            .as_ref()
+            .map(drop)
+            .map_err(|e| Error::Model(e.to_string()));
+        self.world.agree(request, vote, &mut [])?;
+        local
+    }
+
+    /// Whether every worker's model has the same bits: a checksum of the weights of every
+    /// local replica, compared through an MPI min and max reduction. A collective.
+    ///
+    /// # Errors
+    /// A device error reading the weights; then on every worker alike.
+    pub fn weights_in_sync(&self, model: &Sequential) -> Result<bool> {
+        let local = (|| -> Result<u64> {
+            let mut hasher = DefaultHasher::new();
+            let replicas = self.local.num_replicas_in_sync();
+            for r in 0..replicas {
+                for w in model.replica_weights(r)? {
+                    for v in w {
+                        v.to_bits().hash(&mut hasher);
+                    }
+                }
+            }
+            Ok(hasher.finish())
+        })();
+        let sum = self.agree("comparing weights", local)?;
+        let low = self.world.all_reduce_u64(sum, SystemOperation::min());
+        let high = self.world.all_reduce_u64(sum, SystemOperation::max());
+        Ok(low == high)
+    }
+
+    /// Time spent summing gradients between workers so far.
+    pub fn all_reduce_times(&self) -> AllReduceTimes {
+        *self
+            .world
+            .times
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Prints `cause` as this worker's and aborts every worker (`MPI_Abort`): for an error
+    /// only this worker has, where the others may be waiting for it in a collective (an
+    /// error that [`agree`](MultiWorkerMirroredStrategy::agree) or a training step returned is
+    /// every worker's, and needs no abort).
+    pub fn abort(&self, cause: &dyn fmt::Display) -> ! {
+        abort_job(self.worker_index(), &format!("error: {cause}"))
+    }
+}
+
+/// Checks `TF_CONFIG` against MPI's rank and size.
+fn check_tf_config(text: &str, rank: usize, size: usize) -> Result<()> {
+    let fail = Error::InvalidArgument;
+    let config: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| fail(format!("TF_CONFIG is not JSON ({e}): {text}")))?;
+    let count = |kind: &str| {
+        config["cluster"][kind]
+            .as_array()
+            .map_or(0, |tasks| tasks.len())
+    };
+    let (chiefs, workers) = (count("chief"), count("worker"));
+    let total = chiefs + workers;
+    if total != size {
+        return Err(fail(format!(
+            "TF_CONFIG lists {total} workers but MPI started {size} processes: {text}"
+        )));
+    }
+    let kind = config["task"]["type"].as_str().unwrap_or("");
+    let index = config["task"]["index"]
+        .as_u64()
+        .and_then(|i| usize::try_from(i).ok())
+        .ok_or_else(|| fail(format!("TF_CONFIG has no task index: {text}")))?;
+    let task = match kind {
+        "chief" => index,
+        "worker" => chiefs + index,
+        other => {
+            return Err(fail(format!(
+                "TF_CONFIG task type {other:?} does not train; MultiWorkerMirroredStrategy \
+                 takes \"chief\" and \"worker\" tasks"
+            )))
+        }
+    };
+    if task != rank {
+        return Err(fail(format!(
+            "TF_CONFIG makes this process task {kind}:{index} (worker {task}), but MPI started \
+             it as rank {rank}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tf_config_must_match_the_mpi_world() {
+        let two =
+            r#"{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}"#;
+        assert!(check_tf_config(two, 1, 2).is_ok());
+        let err = check_tf_config(two, 0, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("task worker:1 (worker 1), but MPI started it as rank 0"),
+            "{err}"
+        );
+        let err = check_tf_config(two, 0, 3).unwrap_err().to_string();
+        assert!(err.contains("lists 2 workers but MPI started 3"), "{err}");
+        let chief = r#"{"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}}"#;
+        assert!(check_tf_config(chief, 1, 2).is_ok());
+        assert!(check_tf_config("not json", 0, 1).is_err());
+        let ps = r#"{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}"#;
+        assert!(check_tf_config(ps, 0, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("does not train"));
+    }
+}

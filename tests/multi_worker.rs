@@ -1,0 +1,394 @@
+//! MultiWorkerMirroredStrategy under `mpirun -n 2` (feature `mpi`): the same losses and weights
+//! as one process with the global batch (1 and 2 local replicas per worker), bit-identical
+//! parameters on every worker after every step (checksums through an MPI min/max), uneven
+//! and tiny global batches, a worker on a GPU next to one on the CPU, a failing worker that
+//! stops every worker with its rank and cause, and `TF_CONFIG` that disagrees with MPI.
+//!
+//! A binary of its own (`harness = false`): every worker must run the same collectives in the
+//! same order, so the cases run one after another on the main thread, in the order below.
+//! ```text
+//! cargo build --release --features mpi --tests
+//! mpirun -n 2 target/release/deps/multi_worker-<hash>     # .ci/run finds the file
+//! ```
+//! A failed assertion panics, and the MPI panic hook aborts the whole job: `mpirun` exits
+//! non-zero naming the rank. With `--panic-on-rank K` the binary instead checks that last
+//! resort: worker K panics outside a step while the others wait in a collective.
+//! Run without `mpirun`, it is a job of one worker.
+
+mod common;
+
+use common::assert_close;
+
+use std::time::{Duration, Instant};
+
+use anygpu::distribute::MultiWorkerMirroredStrategy;
+use anygpu::nn::{Adam, Optimizer, Sequential, Sgd};
+use anygpu::{Error, LogicalDevice, Runtime, Tensor};
+
+/// The small CNN of tests/distribute.rs from `seed`, compiled.
+fn compiled_cnn(seed: u64, optimizer: Optimizer) -> anygpu::Result<Sequential> {
+    common::compiled(common::small_cnn(seed)?, optimizer)
+}
+
+/// A runtime with CPU:0 alone, and a strategy over it (a collective).
+fn cpu_worker() -> (Runtime, LogicalDevice, MultiWorkerMirroredStrategy) {
+    let rt = common::builder()
+        .visible_gpus(&[])
+        .build()
+        .expect("a CPU runtime");
+    let cpu = rt.cpu().expect("CPU:0");
+    let strategy = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&cpu), None)
+        .expect("a strategy");
+    (rt, cpu, strategy)
+}
+
+/// `steps` global batches of `batch` synthetic examples, on the CPU.
+fn batches(cpu: &LogicalDevice, batch: usize, steps: usize) -> Vec<(Tensor, Tensor)> {
+    let (x, y) = common::synthetic(batch * steps, 11);
+    (0..steps)
+        .map(|s| {
+            let rows = s * batch..(s + 1) * batch;
+            (
+                Tensor::from_slice_on(&x[rows.start * 64..rows.end * 64], &[batch, 8, 8, 1], cpu)
+                    .expect("a batch uploads"),
+                Tensor::from_slice_on(&y[rows], &[batch], cpu).expect("labels upload"),
+            )
+        })
+        .collect()
+}
+
+/// Trains the same global batches in this process alone (on `cpu`, no strategy) and across
+/// the workers (each over `local`), from the same seed; checks that the losses and weights
+/// agree to float tolerance and that every worker holds the same bits after every step.
+fn trains_like_one_process(
+    local: &[LogicalDevice],
+    cpu: &LogicalDevice,
+    batch: usize,
+    optimizer: Optimizer,
+) {
+    let steps = 3;
+    let data = batches(cpu, batch, steps);
+    let mut reference = {
+        let _on = cpu.scope();
+        compiled_cnn(5, optimizer).expect("the one-process model builds")
+    };
+    let want_losses: Vec<f32> = data
+        .iter()
+        .map(|(x, y)| reference.train_on_batch(x, y).expect("a one-process step"))
+        .collect();
+
+    let strategy = MultiWorkerMirroredStrategy::with_tf_config(local, None).expect("a strategy");
+    assert_eq!(
+        strategy.num_replicas_in_sync(),
+        local.len() * strategy.num_workers()
+    );
+    let mut model = strategy
+        .scope(|| compiled_cnn(5, optimizer))
+        .expect("one scope")
+        .expect("the multi-worker model builds");
+    assert!(
+        strategy.weights_in_sync(&model).expect("checksums"),
+        "the workers start from different weights"
+    );
+    for (step, (x, y)) in data.iter().enumerate() {
+        let loss = model.train_on_batch(x, y).expect("a multi-worker step");
+        assert_close(
+            &format!("global loss of step {step}"),
+            &[loss],
+            &[want_losses[step]],
+            1e-4,
+        );
+        assert!(
+            strategy.weights_in_sync(&model).expect("checksums"),
+            "step {step}: the workers' parameters differ"
+        );
+    }
+    let want = reference.get_weights().expect("reference weights");
+    let got = model.get_weights().expect("multi-worker weights");
+    assert_eq!(got.len(), want.len(), "number of weight tensors");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(&format!("weight {i}"), g, w, 1e-4);
+    }
+}
+
+/// 2 workers × batch B/2 give the losses and weights of one process with batch B.
+fn one_replica_per_worker_trains_like_one_process() {
+    let (_rt, cpu, _) = cpu_worker();
+    trains_like_one_process(std::slice::from_ref(&cpu), &cpu, 16, Sgd::new(0.1).into());
+    trains_like_one_process(std::slice::from_ref(&cpu), &cpu, 16, Adam::default().into());
+}
+
+/// Each worker with 2 virtual CPUs: 4 replicas in all; an even and an uneven global batch.
+fn two_virtual_cpus_per_worker_train_like_one_process() {
+    let rt = common::builder()
+        .visible_gpus(&[])
+        .virtual_cpus(2)
+        .build()
+        .expect("2 CPUs");
+    let cpus = rt.list_logical_devices("CPU").expect("CPUs");
+    trains_like_one_process(&cpus, &cpus[0], 16, Adam::default().into());
+    // 10 over 4 replicas: 3, 3 on worker 0; 2, 2 on worker 1.
+    trains_like_one_process(&cpus, &cpus[0], 10, Sgd::new(0.1).into());
+}
+
+/// Uneven global batches: 7 over 2 workers (4 + 3), and 1 (worker 1 has no examples and
+/// contributes zeros, yet updates like the others).
+fn uneven_global_batches_train_like_one_process() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    if strategy.num_workers() == 2 {
+        let mine = strategy.worker_batch_size(7);
+        assert_eq!(mine, [4, 3][strategy.worker_index()]);
+        assert_eq!(
+            strategy.worker_batch_size(1),
+            [1, 0][strategy.worker_index()]
+        );
+    }
+    trains_like_one_process(std::slice::from_ref(&cpu), &cpu, 7, Adam::default().into());
+    trains_like_one_process(std::slice::from_ref(&cpu), &cpu, 1, Adam::default().into());
+}
+
+/// Worker 0 on GPU:0 (lavapipe), the others on the CPU: different kernels, so the chief's
+/// state is sent to the others each step; still bit-identical, and close to one process.
+fn a_gpu_worker_next_to_a_cpu_worker() {
+    let gpu_here = common::gpus_at_least(1, "a_gpu_worker_next_to_a_cpu_worker").is_some();
+    // Every worker must take the same path: the lowest worker without a GPU skips for all.
+    let (_probe, _, all) = cpu_worker();
+    let ready = all.agree(
+        "looking for a GPU",
+        match gpu_here {
+            true => Ok(()),
+            false => Err(Error::Unavailable("no GPU".into())),
+        },
+    );
+    if let Err(e) = ready {
+        eprintln!("SKIPPED a_gpu_worker_next_to_a_cpu_worker: {e}");
+        return;
+    }
+    let rt = common::builder()
+        .visible_gpus(&[0])
+        .memory_growth(true)
+        .build()
+        .expect("a GPU runtime");
+    let device = match all.worker_index() {
+        0 => rt.device("/gpu:0").expect("GPU:0"),
+        _ => rt.cpu().expect("CPU:0"),
+    };
+    let cpu = rt.cpu().expect("CPU:0");
+    trains_like_one_process(
+        std::slice::from_ref(&device),
+        &cpu,
+        12,
+        Adam::default().into(),
+    );
+}
+
+/// Worker 1 runs out of memory in forward (a 1 MiB virtual GPU): every worker gets the same
+/// error naming worker 1 and the cause, within the step; no worker updates; the job goes on.
+/// Then a bad file on worker 1 only, through `agree`.
+fn a_failing_worker_stops_every_worker() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let last = strategy.num_workers() - 1;
+    // Only the last worker opens the GPU.
+    let gpu_rt = (strategy.worker_index() == last).then(|| {
+        common::builder()
+            .visible_gpus(&[0])
+            .virtual_gpus(0, &[1])
+            .build()
+    });
+    let gpu = gpu_rt
+        .as_ref()
+        .and_then(|rt| rt.as_ref().ok())
+        .and_then(|rt| rt.device("/gpu:0").ok())
+        .filter(|d| d.is_available());
+    let ready = strategy.agree(
+        "looking for a GPU",
+        match (strategy.worker_index() == last, &gpu) {
+            (true, None) => Err(Error::Unavailable("no GPU to run out of memory on".into())),
+            _ => Ok(()),
+        },
+    );
+    if ready.is_ok() && strategy.num_workers() > 1 {
+        // The last worker on a 1 MiB GPU, the others on the CPU.
+        let device = match (strategy.worker_index() == last, &gpu) {
+            (true, Some(g)) => g.clone(),
+            _ => cpu.clone(),
+        };
+        let oom = MultiWorkerMirroredStrategy::with_tf_config(std::slice::from_ref(&device), None)
+            .expect("a strategy");
+        let mut model = oom
+            .scope(|| compiled_cnn(2, Adam::default().into()))
+            .expect("scope")
+            .expect("the weights fit in 1 MiB");
+        let before = model.get_weights().expect("weights");
+        // 1024 examples: the last worker's 512 × 8×8×4 floats of one activation are 1 MiB.
+        let data = batches(&cpu, 1024, 1);
+        let start = Instant::now();
+        let err = model
+            .train_on_batch(&data[0].0, &data[0].1)
+            .expect_err("the last worker runs out of memory");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the error took {:?}",
+            start.elapsed()
+        );
+        match &err {
+            Error::Distributed { rank, cause, .. } => {
+                assert_eq!(*rank, last, "{err}");
+                assert!(cause.contains("OOM when allocating"), "{err}");
+            }
+            other => panic!("expected Error::Distributed, got {other}"),
+        }
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("on worker {last} of")),
+            "{message}"
+        );
+        assert_eq!(
+            model.get_weights().expect("weights"),
+            before,
+            "an update ran"
+        );
+        assert!(oom.weights_in_sync(&model).expect("checksums"));
+    } else if let Err(e) = ready {
+        eprintln!("SKIPPED the out-of-memory part: {e}");
+    }
+
+    // A file only the last worker lacks.
+    let dir = std::env::temp_dir().join(format!("anygpu-mw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let path = dir.join("weights.safetensors");
+    let mut model = strategy
+        .scope(|| compiled_cnn(4, Sgd::new(0.1).into()))
+        .expect("scope")
+        .expect("a model");
+    model.save_weights(&path).expect("weights saved");
+    if strategy.worker_index() == last && last > 0 {
+        std::fs::remove_file(&path).expect("removed");
+    }
+    let err = strategy.agree("loading weights", model.load_weights(&path));
+    let _ = std::fs::remove_dir_all(&dir);
+    if last > 0 {
+        let err = err.expect_err("the last worker lacks the file");
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!("loading weights on worker {last} of")),
+            "{message}"
+        );
+        assert!(message.contains("weights.safetensors"), "{message}");
+    } else {
+        err.expect("one worker has its file");
+    }
+}
+
+/// `TF_CONFIG` describing another job fails on every worker, naming the worker and why.
+fn tf_config_that_disagrees_with_mpi_is_an_error() {
+    let (_rt, cpu, probe) = cpu_worker();
+    let devices = std::slice::from_ref(&cpu);
+    let (rank, size) = (probe.worker_index(), probe.num_workers());
+    let hosts: Vec<String> = (0..size).map(|i| format!("\"host{i}:2222\"")).collect();
+    let config = |hosts: &[String], index: usize| {
+        format!(
+            r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {index}}}}}"#,
+            hosts.join(", ")
+        )
+    };
+    // The right one.
+    MultiWorkerMirroredStrategy::with_tf_config(devices, Some(&config(&hosts, rank)))
+        .expect("TF_CONFIG that matches MPI");
+    // One worker too many.
+    let mut more = hosts.clone();
+    more.push("\"extra:2222\"".into());
+    let err = MultiWorkerMirroredStrategy::with_tf_config(devices, Some(&config(&more, rank)))
+        .expect_err("a worker too many");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!(
+            "TF_CONFIG lists {} workers but MPI started {size} processes",
+            size + 1
+        )),
+        "{message}"
+    );
+    assert!(message.contains("on worker 0 of"), "{message}");
+    // Indices in reverse: worker 0 (the lowest that disagrees) is named, when there are two.
+    if size > 1 {
+        let err = MultiWorkerMirroredStrategy::with_tf_config(
+            devices,
+            Some(&config(&hosts, size - 1 - rank)),
+        )
+        .expect_err("swapped indices");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!(
+                "starting MultiWorkerMirroredStrategy on worker 0 of {size}: TF_CONFIG makes this \
+                 process task worker:{} (worker {}), but MPI started it as rank 0",
+                size - 1,
+                size - 1
+            )),
+            "{message}"
+        );
+    }
+}
+
+/// The last resort: worker `k` panics outside any step while the others wait for it in a
+/// collective; the panic hook aborts the job (`mpirun` exits non-zero within seconds).
+fn panic_on(k: usize) {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    if strategy.worker_index() == k {
+        panic!("worker {k} panics on purpose");
+    }
+    // Never completes: worker k is gone.
+    let _ = strategy.agree("waiting for the panicking worker", Ok(()));
+    eprintln!(
+        "[worker {}] a collective completed without worker {k}",
+        strategy.worker_index()
+    );
+    std::process::exit(3);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--panic-on-rank") {
+        let k = args.get(i + 1).and_then(|k| k.parse().ok()).unwrap_or(1);
+        panic_on(k);
+        return;
+    }
+    let cases: [(&str, fn()); 6] = [
+        (
+            "one_replica_per_worker_trains_like_one_process",
+            one_replica_per_worker_trains_like_one_process,
+        ),
+        (
+            "two_virtual_cpus_per_worker_train_like_one_process",
+            two_virtual_cpus_per_worker_train_like_one_process,
+        ),
+        (
+            "uneven_global_batches_train_like_one_process",
+            uneven_global_batches_train_like_one_process,
+        ),
+        (
+            "a_gpu_worker_next_to_a_cpu_worker",
+            a_gpu_worker_next_to_a_cpu_worker,
+        ),
+        (
+            "a_failing_worker_stops_every_worker",
+            a_failing_worker_stops_every_worker,
+        ),
+        (
+            "tf_config_that_disagrees_with_mpi_is_an_error",
+            tf_config_that_disagrees_with_mpi_is_an_error,
+        ),
+    ];
+    // `--exact NAME` runs one case (on every worker alike), as libtest would.
+    let only = args.iter().skip(1).find(|a| !a.starts_with('-'));
+    for (name, case) in cases {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let start = Instant::now();
+        case();
+        eprintln!(
+            "test {name} ... ok ({:.1} s)",
+            start.elapsed().as_secs_f64()
+        );
+    }
+}
