@@ -25,7 +25,6 @@ use crate::distribute::cross_device::{CrossDeviceOps, HierarchicalAllReduce};
 use crate::distribute::strategy::{MirroredStrategy, StrategyScope};
 use crate::distribute::Workers;
 use crate::error::{Error, Result};
-use crate::nn::Sequential;
 use crate::tensor::Tensor;
 
 /// MPI as this process has it: initialized once, finalized at exit.
@@ -485,7 +484,7 @@ impl MultiWorkerMirroredStrategy {
     }
 
     /// The strategy over this worker's own devices, which knows the other workers: what a
-    /// model created in the scope reports as its [`Sequential::strategy`].
+    /// model created in the scope reports as its [`Sequential::strategy`](crate::nn::Sequential::strategy).
     pub fn mirrored(&self) -> &MirroredStrategy {
         &self.local
     }
@@ -507,7 +506,7 @@ impl MultiWorkerMirroredStrategy {
             .sum()
     }
 
-    /// Runs `f` in the strategy's scope: a [`Sequential`] created there is mirrored on the
+    /// Runs `f` in the strategy's scope: a [`Sequential`](crate::nn::Sequential) created there is mirrored on the
     /// local devices and starts from the chief's weights.
     ///
     /// # Errors
@@ -548,25 +547,13 @@ impl MultiWorkerMirroredStrategy {
         local
     }
 
-    /// Whether every worker's model has the same bits: a checksum of the weights of every
-    /// local replica, compared through an MPI min and max reduction. A collective.
+    /// Whether every worker's `local` checksum is the same, compared through an MPI min and
+    /// max reduction (`nn` hashes a model's weights with it). A collective.
     ///
     /// # Errors
-    /// A device error reading the weights; then on every worker alike.
-    pub fn weights_in_sync(&self, model: &Sequential) -> Result<bool> {
-        let local = (|| -> Result<u64> {
-            let mut hasher = DefaultHasher::new();
-            let replicas = self.local.num_replicas_in_sync();
-            for r in 0..replicas {
-                for w in model.replica_weights(r)? {
-                    for v in w {
-                        v.to_bits().hash(&mut hasher);
-                    }
-                }
-            }
-            Ok(hasher.finish())
-        })();
-        let sum = self.agree("comparing weights", local)?;
+    /// `local` or another worker's is an error; then on every worker alike.
+    pub(crate) fn checksums_agree(&self, request: &str, local: Result<u64>) -> Result<bool> {
+        let sum = self.agree(request, local)?;
         let low = self.world.all_reduce_u64(sum, SystemOperation::min());
         let high = self.world.all_reduce_u64(sum, SystemOperation::max());
         Ok(low == high)

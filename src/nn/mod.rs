@@ -48,6 +48,8 @@ mod layers;
 mod loss;
 mod metrics;
 mod mirrored;
+#[cfg(feature = "mpi")]
+mod multi_worker;
 mod optimizer;
 mod pass;
 mod sequential;
