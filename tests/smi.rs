@@ -359,3 +359,46 @@ fn list_prints_one_line_per_gpu() {
     assert_eq!(text.lines().count(), gpus, "{text}");
     assert!(text.lines().all(|l| l.starts_with("GPU ")), "{text}");
 }
+
+/// This process's start time in clock ticks after boot, as Linux's `/proc/self/stat` gives it.
+fn own_start_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[test]
+fn a_file_whose_pid_now_runs_another_process_is_removed() {
+    let Some(started) = own_start_ticks() else {
+        eprintln!("SKIPPED: no /proc, so no start times to compare");
+        return;
+    };
+    let dir = private_dir("reused");
+    let me = std::process::id();
+    let snapshot = |started: u64| {
+        smi::Snapshot {
+            pid: me,
+            started: Some(started),
+            program: "test".into(),
+            updated: 1.8e9,
+            ..smi::Snapshot::default()
+        }
+        .to_text()
+    };
+    // Our PID, written by a process that started earlier: a dead writer whose PID was reused.
+    let stale = dir.join(format!("{me}-0.smi"));
+    std::fs::write(&stale, snapshot(started.saturating_sub(1))).unwrap();
+    let ours = dir.join(format!("{me}-1.smi"));
+    std::fs::write(&ours, snapshot(started)).unwrap();
+    let scan = smi::scan(&dir).unwrap();
+    assert_eq!(scan.processes.len(), 1, "{scan:?}");
+    assert_eq!(scan.processes[0].started, Some(started));
+    assert!(
+        scan.notes
+            .contains(&format!("{me}-0.smi: process {me} has ended; removed")),
+        "{:?}",
+        scan.notes
+    );
+    assert!(!stale.exists() && ours.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -72,12 +72,37 @@ pub struct Scan {
     pub notes: Vec<String>,
 }
 
-/// Whether process `pid` runs: `/proc/<pid>` where there is a `/proc`, else whether it
-/// published in the last `STALE_SECONDS`.
-fn alive(pid: u32, updated: Option<f64>) -> bool {
+/// When process `pid` started, in clock ticks after boot: field 22 of `/proc/<pid>/stat`
+/// (counted after the command name, which may hold spaces and parentheses). `None` without
+/// `/proc` or such a process.
+fn start_time(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")).ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    // Fields 3, 4, ... follow the name: field 22 is the 20th of them.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// This process's start time, as [`Snapshot::started`] records it.
+pub(crate) fn own_start_time() -> Option<u64> {
+    static STARTED: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| start_time("self"))
+}
+
+/// Whether the process that wrote a snapshot (`pid`, started at `started`, last `updated`)
+/// still runs: where there is a `/proc`, `/proc/<pid>` exists and, when the snapshot has a
+/// start time, the process there started then (else the PID was reused); elsewhere, whether
+/// it published in the last `STALE_SECONDS`.
+fn alive(pid: u32, started: Option<u64>, updated: Option<f64>) -> bool {
     const STALE_SECONDS: f64 = 10.0;
     if Path::new("/proc/self").exists() {
-        return Path::new("/proc").join(pid.to_string()).exists();
+        let pid = pid.to_string();
+        if !Path::new("/proc").join(&pid).exists() {
+            return false;
+        }
+        return match (started, start_time(&pid)) {
+            (Some(wrote), Some(runs)) => wrote == runs,
+            _ => true,
+        };
     }
     updated.is_some_and(|t| now() - t < STALE_SECONDS)
 }
@@ -133,14 +158,15 @@ pub fn scan(dir: &Path) -> Result<Scan> {
         };
         if !published {
             // A writer's temporary file: only a dead writer's is ours to remove.
-            if !alive(pid, None) && Path::new("/proc/self").exists() {
+            if !alive(pid, None, None) && Path::new("/proc/self").exists() {
                 let _ = std::fs::remove_file(&path);
             }
             continue;
         }
         let parsed = read_small(&path).and_then(|t| Snapshot::parse(&t));
         let updated = parsed.as_ref().ok().map(|s| s.updated);
-        if !alive(pid, updated) {
+        let started = parsed.as_ref().ok().and_then(|s| s.started);
+        if !alive(pid, started, updated) {
             match std::fs::remove_file(&path) {
                 Ok(()) => scan
                     .notes

@@ -5,6 +5,7 @@
 //! ```text
 //! anygpu-smi 1
 //! pid 4242
+//! started 81234567
 //! program fashion_mnist
 //! updated 1796398300.250
 //! steps 120
@@ -53,6 +54,7 @@ pub struct DeviceUse {
 /// use anygpu::smi::{DeviceUse, Snapshot};
 /// let s = Snapshot {
 ///     pid: 42,
+///     started: Some(81_234_567),
 ///     program: "train".into(),
 ///     updated: 1.5e9,
 ///     steps: Some(10),
@@ -66,6 +68,10 @@ pub struct DeviceUse {
 pub struct Snapshot {
     /// The process id.
     pub pid: u32,
+    /// When the process started, in clock ticks after boot (field 22 of Linux's
+    /// `/proc/<pid>/stat`): a reader tells the writer from a later process that got its PID.
+    /// `None` where there is no `/proc`.
+    pub started: Option<u64>,
     /// The program's name (its executable's file name).
     pub program: String,
     /// When this was written, seconds since the Unix epoch.
@@ -94,6 +100,9 @@ impl Snapshot {
     /// The file's text.
     pub fn to_text(&self) -> String {
         let mut out = format!("{MAGIC}\npid {}\n", self.pid);
+        if let Some(t) = self.started {
+            let _ = writeln!(out, "started {t}");
+        }
         let _ = writeln!(out, "program {}", clean(&self.program));
         let _ = writeln!(out, "updated {:.3}", self.updated);
         if let Some(s) = self.steps {
@@ -138,6 +147,7 @@ impl Snapshot {
             let bad = |what: &str| format!("line {line_no}: {key}: not {what}: '{value}'");
             match key {
                 "pid" => pid = Some(value.parse().map_err(|_| bad("a process id"))?),
+                "started" => s.started = Some(value.parse().map_err(|_| bad("a tick count"))?),
                 "program" => s.program = value.to_string(),
                 "updated" => {
                     let t: f64 = value.parse().map_err(|_| bad("a time"))?;
@@ -192,6 +202,7 @@ mod tests {
     fn every_field_round_trips_and_control_characters_cannot_split_one() {
         let s = Snapshot {
             pid: 7,
+            started: Some(99),
             program: "a\tb\nc".into(),
             updated: 1_796_398_300.25,
             steps: None,
@@ -212,8 +223,8 @@ mod tests {
         assert_eq!(back.devices[0].adapter, "llvm pipe");
         assert_eq!(back.devices[0].reserved, Some(1 << 30));
         assert_eq!(
-            (back.pid, back.updated, back.step_seconds),
-            (7, s.updated, Some(0.5))
+            (back.pid, back.started, back.updated, back.step_seconds),
+            (7, Some(99), s.updated, Some(0.5))
         );
     }
 
