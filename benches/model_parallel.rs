@@ -39,7 +39,10 @@ struct Bench {
 }
 
 fn setup() -> Bench {
-    let rt = Runtime::builder().build().expect("a runtime");
+    let rt = Runtime::builder()
+        .visible_gpus(&[])
+        .configure()
+        .expect("a runtime");
     let cpu = rt.list_physical_devices(DeviceKind::Cpu)[0].clone();
     let one = LogicalDeviceConfiguration::new().threads(1);
     rt.set_logical_device_configuration(&cpu, &[one, one])
@@ -152,22 +155,31 @@ fn interleaved(b: &Bench, at: usize, rounds: usize, steps: usize) {
 }
 
 /// Each split point's stage times in a serial step (a pipeline of one micro-batch times its
-/// stages), and the speedup a pipeline of `m` micro-batches could reach there.
-fn sweep(b: &Bench, m: usize) -> usize {
-    let mut best = (0.0, TUTORIAL_SPLIT);
-    println!("split points (serial step; stage times are forward + backward, median of 3):");
-    for at in 1..LAYERS {
-        let mut model = model(b, at, Some(Pipeline::gpipe(1)));
-        step(&mut model, b);
-        let mut t0 = Vec::new();
-        let mut t1 = Vec::new();
-        for _ in 0..3 {
+/// stages), split points interleaved round by round, and the speedup a pipeline of `m`
+/// micro-batches could reach there. Returns the best split point.
+fn sweep(b: &Bench, m: usize, rounds: usize) -> usize {
+    let mut models: Vec<(usize, Sequential, Vec<f64>, Vec<f64>)> = (1..LAYERS)
+        .map(|at| {
+            let mut model = model(b, at, Some(Pipeline::gpipe(1)));
             step(&mut model, b);
+            (at, model, Vec::new(), Vec::new())
+        })
+        .collect();
+    for _ in 0..rounds {
+        for (_, model, t0, t1) in models.iter_mut() {
+            step(model, b);
             let stats = model.pipeline_stats();
             t0.push(stats[0].busy.as_secs_f64() * 1e3);
             t1.push(stats[1].busy.as_secs_f64() * 1e3);
         }
-        let (t0, t1) = (median(&mut t0), median(&mut t1));
+    }
+    println!(
+        "split points (a serial step's stage times, forward + backward, median of {rounds} interleaved rounds; load average {}):",
+        load()
+    );
+    let mut best = (0.0, TUTORIAL_SPLIT);
+    for (at, _, t0, t1) in models.iter_mut() {
+        let (t0, t1) = (median(t0), median(t1));
         let mf = m as f64;
         let bound = (t0 + t1) / ((t0 + t1) / mf + (mf - 1.0) / mf * t0.max(t1));
         println!(
@@ -175,7 +187,7 @@ fn sweep(b: &Bench, m: usize) -> usize {
             t0.max(t1) / t0.min(t1)
         );
         if bound > best.0 {
-            best = (bound, at);
+            best = (bound, *at);
         }
     }
     best.1
@@ -187,7 +199,7 @@ fn side_by_side(b: &Bench, quick: bool) {
     if quick {
         return;
     }
-    let best = sweep(b, 8);
+    let best = sweep(b, 8, 7);
     if best != TUTORIAL_SPLIT {
         interleaved(b, best, rounds, steps);
     }

@@ -58,7 +58,7 @@ pub enum Schedule {
 /// use anygpu::{DeviceKind, LogicalDeviceConfiguration, Runtime, Tensor};
 ///
 /// // Two logical CPUs with one thread each: two devices that really run side by side.
-/// let rt = Runtime::builder().build()?;
+/// let rt = Runtime::builder().configure()?;
 /// let cpu = rt.list_physical_devices(DeviceKind::Cpu)[0].clone();
 /// let one = LogicalDeviceConfiguration::new().threads(1);
 /// rt.set_logical_device_configuration(&cpu, &[one, one])?;
@@ -485,9 +485,21 @@ pub(crate) fn gradients(
             .into_iter()
             .map(|job| {
                 let name = format!("stage {} on {}", job.index, job.device.name());
+                let device = job.device;
+                // A stage alone on its device runs inside the device's own threads (a CPU's
+                // pool), which saves a hand-off per op. Two stages of one device cannot: the
+                // one waiting for its neighbour would hold the thread the other needs.
+                let alone = ranges
+                    .iter()
+                    .filter(|r| layers[r.start].device.same_device(device))
+                    .count()
+                    == 1;
                 let handle = thread::Builder::new()
                     .name(format!("anygpu pipeline {name}"))
-                    .spawn_scoped(s, move || run_stage(job, shared));
+                    .spawn_scoped(s, move || match alone {
+                        true => device.run_on_own_threads(|| run_stage(job, shared)),
+                        false => run_stage(job, shared),
+                    });
                 (name, handle)
             })
             .collect();
