@@ -12,6 +12,9 @@
 //!   pipeline at M = 8 could reach there, `(t0 + t1) / ((t0 + t1) / M + (M − 1) / M · max)`;
 //!   then the best split measured like the tutorial's.
 //!
+//! Criterion's groups (`model_parallel/cpu-1thread-x2/split6`, and `split<N>` for the best
+//! split) then time each variant alone, in steady state.
+//!
 //! ```text
 //! cargo bench --bench model_parallel
 //! ```
@@ -83,15 +86,27 @@ fn step(m: &mut Sequential, b: &Bench) {
     m.train_step(&b.x, &b.y).expect("a training step");
 }
 
-/// The variants measured, by name.
+/// The variants measured, by name. `serial_m8` is the control: the whole model on CPU:0 in 8
+/// micro-batches (one stage, nothing overlaps), which shows what smaller batches alone change
+/// (activations that stay in cache), apart from the overlap.
 fn variants() -> Vec<(&'static str, Option<Pipeline>)> {
     vec![
         ("serial", None),
+        ("serial_m8", Some(Pipeline::gpipe(8))),
         ("gpipe_m4", Some(Pipeline::gpipe(4))),
         ("gpipe_m8", Some(Pipeline::gpipe(8))),
         ("1f1b_m4", Some(Pipeline::one_f_one_b(4))),
         ("1f1b_m8", Some(Pipeline::one_f_one_b(8))),
     ]
+}
+
+/// The split a variant runs at: the control keeps every layer on CPU:0.
+fn split_of(name: &str, at: usize) -> usize {
+    if name == "serial_m8" {
+        LAYERS
+    } else {
+        at
+    }
 }
 
 fn load() -> String {
@@ -110,7 +125,7 @@ fn interleaved(b: &Bench, at: usize, rounds: usize, steps: usize) {
     let mut models: Vec<(&str, Sequential, Vec<f64>)> = variants()
         .into_iter()
         .map(|(name, p)| {
-            let mut m = model(b, at, p);
+            let mut m = model(b, split_of(name, at), p);
             step(&mut m, b); // warm-up: caches, optimizer slots
             (name, m, Vec::new())
         })
@@ -118,6 +133,9 @@ fn interleaved(b: &Bench, at: usize, rounds: usize, steps: usize) {
     let load_before = load();
     for _ in 0..rounds {
         for (_, m, times) in models.iter_mut() {
+            // Untimed: the first step after another model's refills the host buffer cache
+            // with this model's sizes.
+            step(m, b);
             for _ in 0..steps {
                 let start = Instant::now();
                 step(m, b);
@@ -193,36 +211,42 @@ fn sweep(b: &Bench, m: usize, rounds: usize) -> usize {
     best.1
 }
 
-fn side_by_side(b: &Bench, quick: bool) {
-    let (rounds, steps) = if quick { (1, 1) } else { (5, 3) };
+/// The side-by-side runs; returns the split points for criterion: the tutorial's, and the
+/// best one the sweep found.
+fn side_by_side(b: &Bench, quick: bool) -> Vec<usize> {
+    let (rounds, steps) = if quick { (1, 1) } else { (4, 4) };
     interleaved(b, TUTORIAL_SPLIT, rounds, steps);
     if quick {
-        return;
+        return vec![TUTORIAL_SPLIT];
     }
     let best = sweep(b, 8, 7);
-    if best != TUTORIAL_SPLIT {
-        interleaved(b, best, rounds, steps);
+    if best == TUTORIAL_SPLIT {
+        return vec![TUTORIAL_SPLIT];
     }
+    interleaved(b, best, rounds, steps);
+    vec![TUTORIAL_SPLIT, best]
 }
 
-fn criterion_groups(c: &mut Criterion, b: &Bench) {
-    let mut group = c.benchmark_group("model_parallel/cpu-1thread-x2");
-    group.throughput(Throughput::Elements(BATCH as u64));
-    group.sample_size(10);
-    for (name, p) in variants() {
-        let mut m = model(b, TUTORIAL_SPLIT, p);
-        step(&mut m, b);
-        group.bench_function(name, |bench| bench.iter(|| step(&mut m, b)));
+fn criterion_groups(c: &mut Criterion, b: &Bench, splits: &[usize]) {
+    for &at in splits {
+        let mut group = c.benchmark_group(format!("model_parallel/cpu-1thread-x2/split{at}"));
+        group.throughput(Throughput::Elements(BATCH as u64));
+        group.sample_size(10);
+        for (name, p) in variants() {
+            let mut m = model(b, split_of(name, at), p);
+            step(&mut m, b);
+            group.bench_function(name, |bench| bench.iter(|| step(&mut m, b)));
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 fn main() {
     let b = setup();
     // `cargo test --benches` / `cargo bench -- --test` run everything once, quickly.
     let quick = std::env::args().any(|a| a == "--test");
-    side_by_side(&b, quick);
+    let splits = side_by_side(&b, quick);
     let mut c = Criterion::default().configure_from_args();
-    criterion_groups(&mut c, &b);
+    criterion_groups(&mut c, &b, &splits);
     c.final_summary();
 }
