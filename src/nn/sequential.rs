@@ -94,6 +94,7 @@ impl fmt::Debug for Sequential {
             )
             .field("compiled", &self.compiled.is_some())
             .field("strategy", &self.strategy())
+            .field("pipeline", &self.pipeline)
             .finish()
     }
 }
