@@ -10,6 +10,10 @@
 //!                             no GPU or only software adapters)
 //!   --split                   conv blocks on GPU:0, the 128-filter block on GPU:1, the dense
 //!                             layers on GPU:2 (wrapping when fewer GPUs exist)
+//!   --virtual-cpus 1,1        cut CPU:0 into logical CPUs with these thread counts; --split
+//!                             spreads the blocks over them
+//!   --pipeline M              pipeline each batch through the --split stages in M
+//!                             micro-batches (--schedule gpipe|1f1b, default gpipe)
 //!   --strategy mirrored       tf.distribute.MirroredStrategy: the whole model on every logical
 //!                             GPU, each batch split among them (CPU:0 when there is no GPU)
 //!   --strategy multi-worker   tf.distribute.MultiWorkerMirroredStrategy over MPI (build with
@@ -107,6 +111,11 @@
 //! The GPUs reserve their whole budget at start (TensorFlow's default); `--memory-growth`
 //! reserves as needed instead. With `--virtual 512,512,512 --split`, the three blocks train on
 //! three logical GPUs cut from GPU:0, and the memory lines show each one's share.
+//!
+//! With `--virtual-cpus 1,1 --split --pipeline 8` the blocks go to two logical CPUs with one
+//! thread each (the dense layers back on the first: three stages), and each batch flows
+//! through them in 8 micro-batches; `--time-steps` then prints each stage's busy and waiting
+//! time, and `--log-placement` tags every op with its stage and micro-batch.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -116,7 +125,7 @@ use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
     self, Adam, BackupAndRestore, CsvLogger, Evaluation, History, Loss, Metric, Optimizer,
-    Sequential, Sgd, TensorBoard,
+    Pipeline, Sequential, Sgd, TensorBoard,
 };
 use anygpu::{DeviceKind, LogicalDevice, LogicalDeviceConfiguration, StreamStats, Tensor};
 use clap::Parser;
@@ -138,6 +147,17 @@ struct Args {
     /// Spread the model's three blocks over GPU:0, GPU:1 and GPU:2, as the tutorial does.
     #[arg(long)]
     split: bool,
+    /// Cut CPU:0 into logical CPUs with these thread counts (e.g. `1,1`); --split then
+    /// spreads the blocks over them.
+    #[arg(long, value_delimiter = ',')]
+    virtual_cpus: Option<Vec<usize>>,
+    /// Pipeline each batch through the model's stages in M micro-batches.
+    #[arg(long, value_name = "M")]
+    pipeline: Option<usize>,
+    /// The pipeline's schedule: `gpipe` (fill-drain) or `1f1b` (PipeDream-Flush: the same
+    /// speed, fewer activations alive).
+    #[arg(long, value_enum, default_value = "gpipe")]
+    schedule: PipelineSchedule,
     /// `mirrored`: data parallelism over every logical GPU (tf.distribute.MirroredStrategy);
     /// `multi-worker`: over the processes `mpirun` starts (MultiWorkerMirroredStrategy).
     #[arg(long, value_enum)]
@@ -207,6 +227,16 @@ enum Strategy {
     Mirrored,
     /// `tf.distribute.MultiWorkerMirroredStrategy` (feature `mpi`).
     MultiWorker,
+}
+
+/// The `--schedule` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PipelineSchedule {
+    /// GPipe's fill-drain.
+    Gpipe,
+    /// 1F1B (PipeDream-Flush).
+    #[value(name = "1f1b")]
+    OneFOneB,
 }
 
 #[derive(Serialize)]
@@ -292,6 +322,13 @@ fn run(args: Args) -> Result<(), BoxError> {
                 .into(),
         );
     }
+    if mirrored && args.pipeline.is_some() {
+        return Err(
+            "--pipeline pipelines a --split model; a mirrored one runs whole on every \
+                    replica"
+                .into(),
+        );
+    }
     let trains = args.time_steps.is_none() && args.profile.is_none();
     if args.resume && args.checkpoint_dir.is_none() {
         return Err("--resume continues the run checkpointed in --checkpoint-dir; name it".into());
@@ -338,7 +375,9 @@ fn run(args: Args) -> Result<(), BoxError> {
                     .and_then(|d| d.gpu)
                     .is_some_and(|g| g.adapter_type == "Cpu")
             });
+    let cpu_split = args.split && args.virtual_cpus.is_some();
     let layers_on_cpu = match args.device.as_deref() {
+        _ if cpu_split => true,
         Some(spec) => device_name(spec)? == "/device:CPU:0",
         None => {
             let cpu_default = software_only && !args.split && !mirrored && args.r#virtual.is_none();
@@ -351,8 +390,19 @@ fn run(args: Args) -> Result<(), BoxError> {
             cpu_default
         }
     };
-    if layers_on_cpu && !args.split && args.r#virtual.is_none() {
+    if layers_on_cpu && (!args.split || cpu_split) && args.r#virtual.is_none() {
         config::set_visible_devices(&[], DeviceKind::Gpu)?;
+    }
+    if let Some(threads) = &args.virtual_cpus {
+        let cpu = config::list_physical_devices(DeviceKind::Cpu)
+            .first()
+            .cloned()
+            .ok_or("--virtual-cpus: no CPU listed")?;
+        let configs: Vec<_> = threads
+            .iter()
+            .map(|&n| LogicalDeviceConfiguration::new().threads(n))
+            .collect();
+        config::set_logical_device_configuration(&cpu, &configs)?;
     }
     let visible = config::get_visible_devices(DeviceKind::Gpu);
     if let Some(mibs) = &args.r#virtual {
@@ -389,7 +439,10 @@ fn run(args: Args) -> Result<(), BoxError> {
     }
 
     // Where the layers go.
-    let devices: Vec<LogicalDevice> = if args.split {
+    let devices: Vec<LogicalDevice> = if cpu_split {
+        let cpus = config::list_logical_devices("CPU")?;
+        (0..3).map(|i| cpus[i % cpus.len()].clone()).collect()
+    } else if args.split {
         if logical.is_empty() {
             println!("--split: no GPU visible; every block on /device:CPU:0");
             vec![config::runtime().cpu()?]
@@ -478,6 +531,13 @@ fn run(args: Args) -> Result<(), BoxError> {
     if chief {
         model.print_summary();
         println!("optimizer: {optimizer}");
+    }
+    if let Some(m) = args.pipeline {
+        model.set_pipeline(match args.schedule {
+            PipelineSchedule::Gpipe => Pipeline::gpipe(m),
+            PipelineSchedule::OneFOneB => Pipeline::one_f_one_b(m),
+        })?;
+        println!("pipeline: {:?}, {m} micro-batches per batch", args.schedule);
     }
 
     if args.log_placement {
@@ -598,6 +658,7 @@ fn run(args: Args) -> Result<(), BoxError> {
             eprintln!("warning: no learning-curve chart: {e}");
         }
     }
+    print_stages(&model);
     print_memory(&logical);
     Ok(())
 }
@@ -740,6 +801,7 @@ fn time_steps(
         }
     }
     print_tuning(&devices);
+    print_stages(model);
     if let Some(dir) = profile {
         const PROFILED_STEPS: usize = 5;
         anygpu::profiler::start(dir)?;
@@ -754,6 +816,20 @@ fn time_steps(
         );
     }
     Ok(())
+}
+
+/// Each pipeline stage's share of the last step (nothing without `--pipeline`).
+fn print_stages(model: &Sequential) {
+    for (i, s) in model.pipeline_stats().iter().enumerate() {
+        println!(
+            "pipeline stage {i}: layers {}-{} on {}, busy {:.1} ms, waiting {:.1} ms",
+            s.layers.start,
+            s.layers.end - 1,
+            s.device,
+            s.busy.as_secs_f64() * 1e3,
+            s.waiting.as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// The autotuner's kernel choices on each GPU (`ANYGPU_AUTOTUNE`).

@@ -15,7 +15,7 @@
 //! else its first input's, else the process-wide one. A runtime that was dropped is an error,
 //! never a silent switch to the process-wide runtime.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use crate::device::logical::{Backend, Owner};
@@ -44,6 +44,37 @@ struct Scope {
 
 thread_local! {
     static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
+    /// `(stage, micro-batch)` while this thread runs a pipelined step's work, for the log.
+    static PIPELINE: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+}
+
+/// While alive, the placement log tags this thread's ops with a pipeline stage and
+/// micro-batch; dropping it restores the previous tag.
+pub(crate) struct PipelineTag {
+    previous: Option<(usize, usize)>,
+    // Thread-local state: the guard must not cross threads.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl PipelineTag {
+    pub(crate) fn new(stage: usize, micro_batch: usize) -> PipelineTag {
+        let previous = PIPELINE.with(|p| p.replace(Some((stage, micro_batch))));
+        PipelineTag {
+            previous,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for PipelineTag {
+    fn drop(&mut self) {
+        PIPELINE.with(|p| p.set(self.previous));
+    }
+}
+
+/// The `(stage, micro-batch)` this thread is working on, inside a pipelined step.
+pub(crate) fn pipeline_position() -> Option<(usize, usize)> {
+    PIPELINE.with(Cell::get)
 }
 
 /// A device scope; leaving it (dropping the guard) restores the enclosing one.

@@ -136,6 +136,9 @@ pub struct PlacementRecord {
     pub op: &'static str,
     /// Full name of the device the op ran on.
     pub device: String,
+    /// `(stage, micro-batch)` when the op ran in a pipelined training step
+    /// ([`Pipeline`](crate::nn::Pipeline)), both counted from 0.
+    pub pipeline: Option<(usize, usize)>,
 }
 
 type PlacementCallback = Arc<dyn Fn(&PlacementRecord) + Send + Sync>;
@@ -1069,7 +1072,14 @@ impl RuntimeShared {
         if !self.log_placement.load(Ordering::Relaxed) {
             return;
         }
-        let line = format!("Executing op {op} in device {}", device.full_name());
+        let pipeline = crate::placement::pipeline_position();
+        let line = match pipeline {
+            Some((stage, micro)) => format!(
+                "Executing op {op} in device {} (pipeline stage {stage}, micro-batch {micro})",
+                device.full_name()
+            ),
+            None => format!("Executing op {op} in device {}", device.full_name()),
+        };
         eprintln!("{line}");
         log::info!(target: "anygpu::placement", "{line}");
         let callback = self
@@ -1081,6 +1091,7 @@ impl RuntimeShared {
             callback(&PlacementRecord {
                 op,
                 device: device.full_name().to_string(),
+                pipeline,
             });
         }
     }

@@ -613,6 +613,28 @@ impl Tensor {
         Ok(parts)
     }
 
+    /// Rows `rows` of this tensor (along its first dimension) copied into a new tensor on the
+    /// same device (`x[a:b]`): a buffer copy, or the `copy_range` kernel within one arena
+    /// buffer, so a micro-batch cut from a batch on a GPU never waits for the device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a scalar or rows past the end; the device's out-of-memory
+    /// error.
+    pub(crate) fn slice_rows(&self, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let total = self.shape().first().copied().unwrap_or(0);
+        if self.rank() == 0 || rows.start > rows.end || rows.end > total {
+            return Err(Error::InvalidArgument(format!(
+                "rows {rows:?} of {self:?}: out of range"
+            )));
+        }
+        let per_row: usize = self.shape()[1..].iter().product();
+        let mut shape = self.shape().to_vec();
+        shape[0] = rows.len();
+        let out = Tensor::uninit(&shape, self.dtype(), self.device_handle())?;
+        self.copy_elements_to(rows.start * per_row, &out, 0, rows.len() * per_row)?;
+        Ok(out)
+    }
+
     /// The same data with another shape of as many elements (`tf.reshape`).
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n = shape::num_elements(shape, self.dtype())?;

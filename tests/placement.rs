@@ -206,7 +206,8 @@ fn placement_log_lines_can_be_captured_and_switched_off() {
         log.lock().unwrap().last().unwrap(),
         &PlacementRecord {
             op: "AddN",
-            device: "/job:localhost/replica:0/task:0/device:CPU:0".into()
+            device: "/job:localhost/replica:0/task:0/device:CPU:0".into(),
+            pipeline: None,
         }
     );
     rt.set_log_device_placement(false);

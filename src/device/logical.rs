@@ -263,6 +263,18 @@ impl LogicalDevice {
         }
     }
 
+    /// Runs `f` on the threads this device's kernels run on: inside a CPU's own pool, where
+    /// each kernel `f` launches starts without a hand-off to the pool and back (two thread
+    /// wake-ups per op otherwise); on the calling thread for a GPU or the shared pool. `f`
+    /// holds one of the pool's threads until it returns, so it must not wait for other work on
+    /// this device.
+    pub(crate) fn run_on_own_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.0.backend {
+            Backend::Cpu(cpu) => cpu.run(f),
+            Backend::Gpu(_) | Backend::Unavailable(_) => f(),
+        }
+    }
+
     /// Ops run on this logical device so far (what `anygpu-smi` shows).
     ///
     /// ```

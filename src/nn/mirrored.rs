@@ -264,17 +264,28 @@ impl HostBatch<'_> {
 
     /// The shard's examples and labels on `device`.
     fn upload(&self, shard: Shard, device: &LogicalDevice) -> Result<(Tensor, Tensor)> {
+        let rows = shard.first..shard.first + shard.rows;
+        Ok((
+            self.examples(rows.clone(), device)?,
+            self.labels(rows, device)?,
+        ))
+    }
+
+    /// Examples `rows` on `device`.
+    pub(crate) fn examples(&self, rows: Range<usize>, device: &LogicalDevice) -> Result<Tensor> {
         let example: usize = self.x_shape[1..].iter().product();
         let mut shape = self.x_shape.to_vec();
-        shape[0] = shard.rows;
-        let rows = shard.first..shard.first + shard.rows;
-        let x = Tensor::from_slice_on(
+        shape[0] = rows.len();
+        Tensor::from_slice_on(
             &self.x[rows.start * example..rows.end * example],
             &shape,
             device,
-        )?;
-        let y = Tensor::from_slice_on(&self.y[rows], &[shard.rows], device)?;
-        Ok((x, y))
+        )
+    }
+
+    /// Labels `rows` on `device`.
+    pub(crate) fn labels(&self, rows: Range<usize>, device: &LogicalDevice) -> Result<Tensor> {
+        Tensor::from_slice_on(&self.y[rows.clone()], &[rows.len()], device)
     }
 }
 

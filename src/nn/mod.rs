@@ -52,6 +52,7 @@ mod mirrored;
 mod multi_worker;
 mod optimizer;
 mod pass;
+mod pipeline;
 mod sequential;
 mod step_output;
 mod summary;
@@ -67,6 +68,7 @@ pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
 pub use optimizer::{Adam, Optimizer, Sgd};
+pub use pipeline::{Pipeline, Schedule, StageStats};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;
 pub use summary::LayerInfo;
@@ -104,13 +106,63 @@ use crate::ops::spec::Padding;
 /// The devices' out-of-memory errors.
 pub fn tutorial_cnn(seed: u64, devices: &[LogicalDevice]) -> Result<Sequential> {
     let mut model = Sequential::with_seed(seed);
+    // Without devices, resolve the current scope once, as `add` would (under a strategy, its
+    // primary replica: the layers are mirrored from there).
+    let scoped;
+    let devices = if devices.is_empty() {
+        scoped = [match model.strategy() {
+            Some(strategy) => strategy.devices()[0].clone(),
+            None => crate::tensor::Tensor::zeros(&[1])?.device_handle().clone(),
+        }];
+        &scoped[..]
+    } else {
+        devices
+    };
+    for (block, layer) in tutorial_layers() {
+        model.add_boxed(&devices[block % devices.len()], layer)?;
+    }
+    Ok(model)
+}
+
+/// [`tutorial_cnn`] with layer `i` on `layer_devices[i]`, for splits other than the
+/// tutorial's (a pipeline balances its stages by where it cuts).
+///
+/// ```
+/// let cpu = anygpu::Runtime::builder().build()?.cpu()?;
+/// let model = anygpu::nn::tutorial_cnn_on(0, &vec![cpu; 12])?;
+/// assert_eq!(model.count_params(), 184_234);
+/// assert!(anygpu::nn::tutorial_cnn_on(0, &[]).is_err());
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) unless there are 12 devices; the
+/// devices' out-of-memory errors.
+pub fn tutorial_cnn_on(seed: u64, layer_devices: &[LogicalDevice]) -> Result<Sequential> {
+    let layers = tutorial_layers();
+    if layer_devices.len() != layers.len() {
+        return Err(crate::Error::InvalidArgument(format!(
+            "tutorial_cnn_on: the tutorial CNN has {} layers, got {} devices",
+            layers.len(),
+            layer_devices.len()
+        )));
+    }
+    let mut model = Sequential::with_seed(seed);
+    for ((_, layer), device) in layers.into_iter().zip(layer_devices) {
+        model.add_boxed(device, layer)?;
+    }
+    Ok(model)
+}
+
+/// The tutorial CNN's layers, each with its block (0, 1 or 2).
+fn tutorial_layers() -> Vec<(usize, Box<dyn Layer>)> {
     let selu = Activation::Selu;
     let sep = |filters| {
         SeparableConv2D::new(filters, 3)
             .padding(Padding::Same)
             .activation(selu)
     };
-    let blocks: Vec<(usize, Box<dyn Layer>)> = vec![
+    vec![
         (
             0,
             Box::new(
@@ -131,21 +183,5 @@ pub fn tutorial_cnn(seed: u64, devices: &[LogicalDevice]) -> Result<Sequential> 
         (2, Box::new(Flatten::new())),
         (2, Box::new(Dense::new(128).activation(selu))),
         (2, Box::new(Dense::new(10).activation(Activation::Softmax))),
-    ];
-    // Without devices, resolve the current scope once, as `add` would (under a strategy, its
-    // primary replica: the layers are mirrored from there).
-    let scoped;
-    let devices = if devices.is_empty() {
-        scoped = [match model.strategy() {
-            Some(strategy) => strategy.devices()[0].clone(),
-            None => crate::tensor::Tensor::zeros(&[1])?.device_handle().clone(),
-        }];
-        &scoped[..]
-    } else {
-        devices
-    };
-    for (block, layer) in blocks {
-        model.add_boxed(&devices[block % devices.len()], layer)?;
-    }
-    Ok(model)
+    ]
 }

@@ -74,11 +74,24 @@ pub(crate) fn loss_terms(
 /// run as one pass when that layer has one for their (shared) device.
 pub(crate) fn backward(
     stages: &[Stage<'_>],
-    mut saved: Vec<Vec<Tensor>>,
+    saved: Vec<Vec<Tensor>>,
     dlogits: Tensor,
-    mut on_grads: impl FnMut(usize, Vec<Tensor>) -> Result<()>,
+    on_grads: impl FnMut(usize, Vec<Tensor>) -> Result<()>,
 ) -> Result<()> {
-    let mut dy = dlogits;
+    backward_from(stages, saved, dlogits, false, on_grads).map(drop)
+}
+
+/// [`backward`] from the gradient `dy` of the last stage's output, for a run of layers that
+/// may sit inside a model: with `input_grad`, the first layer also computes the gradient of
+/// its input, which is returned (a pipeline stage hands it to the stage before).
+pub(crate) fn backward_from(
+    stages: &[Stage<'_>],
+    mut saved: Vec<Vec<Tensor>>,
+    dy: Tensor,
+    input_grad: bool,
+    mut on_grads: impl FnMut(usize, Vec<Tensor>) -> Result<()>,
+) -> Result<Option<Tensor>> {
+    let mut dy = dy;
     let mut i = stages.len();
     while i > 0 {
         i -= 1;
@@ -86,34 +99,38 @@ pub(crate) fn backward(
         let _scope = s.device.scope();
         let dy_here = dy.to_device(s.device)?;
         let layer_saved = std::mem::take(&mut saved[i]);
-        let (dx, grads) = match through_max_pool(stages, &mut saved, i, &dy_here)? {
+        let (dx, grads) = match through_max_pool(stages, &mut saved, i, &dy_here, input_grad)? {
             Some((dx, grads)) => {
                 // The pool (no weights) and the layer before it, in one pass.
                 on_grads(i, Vec::new())?;
                 i -= 1;
                 (dx, grads)
             }
-            None => s.layer.backward(&layer_saved, &dy_here, i > 0)?,
+            None => s
+                .layer
+                .backward(&layer_saved, &dy_here, i > 0 || input_grad)?,
         };
         drop(layer_saved);
         on_grads(i, grads)?;
         match dx {
             Some(dx) => dy = dx,
-            None => break,
+            None => return Ok(None),
         }
     }
-    Ok(())
+    Ok(input_grad.then_some(dy))
 }
 
 /// When stage `i` is a 2×2 max-pool and the layer before it runs on the same device, that
 /// layer's fused backward pass through the pool ([`Layer::backward_through_max_pool`]) from
 /// the pool's output gradient `dpooled`, taking the layer's saved tensors; `None` (nothing
-/// taken) when there is no such pair or the layer has no fused pass.
+/// taken) when there is no such pair or the layer has no fused pass. `input_grad`: the first
+/// of `stages` must give its input's gradient too.
 fn through_max_pool(
     stages: &[Stage<'_>],
     saved: &mut [Vec<Tensor>],
     i: usize,
     dpooled: &Tensor,
+    input_grad: bool,
 ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
     if i == 0 || !stages[i].layer.is_max_pool_2x2() {
         return Ok(None);
@@ -122,9 +139,10 @@ fn through_max_pool(
     if !before.device.same_device(stages[i].device) {
         return Ok(None);
     }
-    let fused = before
-        .layer
-        .backward_through_max_pool(&saved[i - 1], dpooled, i - 1 > 0)?;
+    let fused =
+        before
+            .layer
+            .backward_through_max_pool(&saved[i - 1], dpooled, i - 1 > 0 || input_grad)?;
     if fused.is_some() {
         saved[i - 1].clear();
     }

@@ -15,6 +15,7 @@ use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
 use crate::nn::optimizer::{self, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
+use crate::nn::pipeline::{self, Examples, Pipeline, PipelineGradients, StageStats};
 use crate::nn::step_output::{StepOutput, StepPart};
 use crate::nn::verbosity::Verbosity;
 use crate::nn::weights;
@@ -76,6 +77,10 @@ pub struct Sequential {
     pub(super) mirrors: Option<Mirrors>,
     /// The last `fit`'s history, epoch by epoch as they finish (Keras' `model.history`).
     pub(super) history: History,
+    /// Micro-batch pipelining of the training step, when set.
+    pipeline: Option<Pipeline>,
+    /// What each stage did in the last pipelined step.
+    pipeline_stats: Vec<StageStats>,
 }
 
 impl fmt::Debug for Sequential {
@@ -89,6 +94,7 @@ impl fmt::Debug for Sequential {
             )
             .field("compiled", &self.compiled.is_some())
             .field("strategy", &self.strategy())
+            .field("pipeline", &self.pipeline)
             .finish()
     }
 }
@@ -131,6 +137,8 @@ impl Sequential {
             log_every: 10,
             mirrors: distribute::get_strategy().map(Mirrors::new),
             history: History::default(),
+            pipeline: None,
+            pipeline_stats: Vec::new(),
         }
     }
 
@@ -743,6 +751,27 @@ impl Sequential {
         self.require_built(what)?;
         let accuracy = self.compiled(what)?.accuracy;
         let n = self.check_batch(what, x, Some(y))?;
+        let (part, grads) = match self.pipeline {
+            Some(p) => {
+                let out = self.pipelined(p, Examples::Device { x, y }, accuracy)?;
+                (out.part, out.grads)
+            }
+            None => self.serial_gradients(x, y, accuracy)?,
+        };
+        if update {
+            self.apply_gradients(&grads)?;
+        }
+        let out = StepOutput::new(vec![part], n);
+        Ok((out, grads.into_iter().flatten().collect()))
+    }
+
+    /// Forward, loss and backward of the whole batch, layer after layer.
+    fn serial_gradients(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        accuracy: bool,
+    ) -> Result<(StepPart, Vec<Vec<Tensor>>)> {
         let stages = self.stages();
         let last = stages[stages.len() - 1].device;
         let (logits, saved) = pass::forward(&stages, x, true)?;
@@ -753,18 +782,77 @@ impl Sequential {
             grads[i] = g;
             Ok(())
         })?;
-        drop(stages);
-        if update {
-            self.apply_gradients(&grads)?;
+        let part = StepPart {
+            loss_sum: terms.loss_sum,
+            correct: terms.correct,
+        };
+        Ok((part, grads))
+    }
+
+    /// The pipelined forward, loss and backward (see [`Pipeline`]); keeps the stages' figures.
+    fn pipelined(
+        &mut self,
+        p: Pipeline,
+        examples: Examples<'_>,
+        accuracy: bool,
+    ) -> Result<PipelineGradients> {
+        let out = pipeline::gradients(p, &self.stages(), examples, accuracy)?;
+        self.pipeline_stats.clone_from(&out.stats);
+        Ok(out)
+    }
+
+    /// Trains with micro-batches pipelined through the model's stages (see [`Pipeline`]) from
+    /// the next step on; `None` goes back to the serial step. Only training steps are
+    /// pipelined (`fit`, [`train_step`](Sequential::train_step),
+    /// [`loss_and_gradients`](Sequential::loss_and_gradients)); `evaluate` and `predict` run
+    /// each batch through the layers in turn.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Pipeline, Sequential};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).input_shape(&[3]))?;
+    /// model.set_pipeline(Pipeline::gpipe(4))?;
+    /// assert_eq!(model.pipeline(), Some(Pipeline::gpipe(4)));
+    /// assert!(model.set_pipeline(Pipeline::gpipe(0)).is_err());
+    /// model.set_pipeline(None)?;
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 micro-batches, or for a model created under a
+    /// [`MirroredStrategy`] (its replicas each hold the whole model: there is nothing to
+    /// pipeline). The setting is unchanged on error.
+    pub fn set_pipeline(&mut self, pipeline: impl Into<Option<Pipeline>>) -> Result<()> {
+        let pipeline = pipeline.into();
+        if let Some(p) = &pipeline {
+            p.validate()?;
+            if let Some(strategy) = self.strategy() {
+                return Err(Error::InvalidArgument(format!(
+                    "set_pipeline: this model is mirrored by a MirroredStrategy over {:?}, which \
+                     runs the whole model on every replica; pipelining needs a model split over \
+                     devices",
+                    strategy
+                        .devices()
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                )));
+            }
         }
-        let out = StepOutput::new(
-            vec![StepPart {
-                loss_sum: terms.loss_sum,
-                correct: terms.correct,
-            }],
-            n,
-        );
-        Ok((out, grads.into_iter().flatten().collect()))
+        self.pipeline = pipeline;
+        Ok(())
+    }
+
+    /// The pipeline training steps use, if any ([`set_pipeline`](Sequential::set_pipeline)).
+    pub fn pipeline(&self) -> Option<Pipeline> {
+        self.pipeline
+    }
+
+    /// What each stage did in the last pipelined step, first stage first (empty before one):
+    /// its layers, device, and host time busy and waiting. The stages' busy times show their
+    /// imbalance; the waits, the bubble.
+    pub fn pipeline_stats(&self) -> &[StageStats] {
+        &self.pipeline_stats
     }
 
     /// The optimizer step from every layer's gradients: the slots are allocated first (the only
@@ -870,6 +958,15 @@ impl Sequential {
         if self.mirrors.is_some() {
             self.check_host_batch("fit", batch)?;
             return self.mirrored_step(HostBatch::from(batch));
+        }
+        if let (Some(p), false) = (self.pipeline, batch.y.is_empty()) {
+            // Each micro-batch goes from the host straight to its stage's device.
+            self.require_built("fit")?;
+            let accuracy = self.compiled("fit")?.accuracy;
+            self.check_host_batch("fit", batch)?;
+            let out = self.pipelined(p, Examples::Host(HostBatch::from(batch)), accuracy)?;
+            self.apply_gradients(&out.grads)?;
+            return Ok(StepOutput::new(vec![out.part], batch.y.len()));
         }
         let (x, y) = self.batch_tensors("fit", batch)?;
         self.train_step(&x, &y)
