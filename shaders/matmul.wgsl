@@ -3,7 +3,8 @@
 // where op(A) is A [m, k] or, with trans_a, the transpose of a stored [k, m] (likewise B).
 //
 // Entry points (matmul and matmul_v4 @workgroup_size(16, 16), dispatch (ceil(n / 64),
-// ceil(m / 64), 1); matmul_16x8 below):
+// ceil(m / 64), 1); matmul_16x8 below). Every tiled kernel but the split-k ones takes its row
+// tile from row_tile(): more than 65,535 row tiles are dispatched as (x, 65,535, z).
 //   matmul     any shapes and transposes (scalar loads);
 //   matmul_v4  n and k multiples of 4, no transposes: each invocation computes 4 rows × one
 //              vec4 of 4 adjacent columns, loading A, B and storing C as vec4 (bindings 7, 5, 6
@@ -105,6 +106,13 @@ fn act(x: f32, kind: u32) -> f32 {
     }
 }
 
+// The row tile of a workgroup: dispatches with more row tiles than one grid dimension holds
+// (65,535) fold them into z; tiles past the last (the fold rounds up) clamp their rows and
+// store nothing.
+fn row_tile(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wg.y + wg.z * nwg.y;
+}
+
 // The 4×4 block of invocation (row0, col0) of the scalar kernels over k in [l_begin, l_end):
 // rows row0 + 16i, columns col0 + 16j. Out-of-range rows and columns read a valid element
 // (clamped) and are never written, so the inner loop needs no branches.
@@ -129,8 +137,8 @@ fn block_scalar(row0: u32, col0: u32, l_begin: u32, l_end: u32) -> array<vec4<f3
 }
 
 @compute @workgroup_size(16, 16)
-fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row0 = wg.y * 64u + lid.y;
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row0 = row_tile(wg, nwg) * 64u + lid.y;
     let col0 = wg.x * 64u + lid.x;
     let acc = block_scalar(row0, col0, 0u, p.k);
     for (var i = 0u; i < 4u; i++) {
@@ -191,9 +199,9 @@ fn store_v4(row0: u32, cv: u32, acc: array<vec4<f32>, 4>) {
 }
 
 @compute @workgroup_size(16, 16)
-fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matmul_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let cv = wg.x * 16u + lid.x;
-    let row0 = wg.y * 64u + lid.y;
+    let row0 = row_tile(wg, nwg) * 64u + lid.y;
     store_v4(row0, cv, block_v4(row0, cv, 0u, p.k / 4u));
 }
 
@@ -202,11 +210,11 @@ var<workgroup> tile_a: array<vec4<f32>, 512>;
 var<workgroup> tile_b: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(16, 16)
-fn matmul_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn matmul_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
     let cv = wg.x * 16u + lid.x;
-    let row0 = wg.y * 64u;
+    let row0 = row_tile(wg, nwg) * 64u;
     // What this invocation loads: A row li / 4, its vec4 li % 4 of the step's 16 k; B row
     // li / 16 of the step, vec4 column li % 16 of the tile.
     let a_row = min(row0 + li / 4u, p.m - 1u) * k4;
@@ -240,13 +248,13 @@ fn matmul_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 }
 
 @compute @workgroup_size(16, 16)
-fn matmul_smem128_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn matmul_smem128_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // matmul_smem_v4 on a 128×64 tile: 8 rows (stride 16) × one vec4 per invocation, each
     // tile_b vector read from workgroup memory feeding twice the multiply-adds.
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
     let cv = wg.x * 16u + lid.x;
-    let row0 = wg.y * 128u;
+    let row0 = row_tile(wg, nwg) * 128u;
     // A rows li / 4 and 64 + li / 4, vec4 li % 4 of the step's 16 k; B as matmul_smem_v4.
     let a_row0 = min(row0 + li / 4u, p.m - 1u) * k4;
     let a_row1 = min(row0 + 64u + li / 4u, p.m - 1u) * k4;
@@ -353,13 +361,13 @@ fn splitk_reduce_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 }
 
 @compute @workgroup_size(8, 8)
-fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let n4 = p.n / 4u;
     let k4 = p.k / 4u;
     let c0 = wg.x * 16u + lid.x;
     let cc0 = min(c0 + 0u, n4 - 1u);
     let cc1 = min(c0 + 8u, n4 - 1u);
-    let row0 = wg.y * 128u + lid.y;
+    let row0 = row_tile(wg, nwg) * 128u + lid.y;
     let r0 = min(row0 + 0u, p.m - 1u) * k4;
     let r1 = min(row0 + 8u, p.m - 1u) * k4;
     let r2 = min(row0 + 16u, p.m - 1u) * k4;
@@ -511,12 +519,12 @@ fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 }
 
 @compute @workgroup_size(8, 8)
-fn matmul_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matmul_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     // Columns col0 + 8j (j < 8) and rows row0 + 8i (i < 16): neighbouring invocations touch
     // neighbouring columns. Out-of-range rows and columns read a clamped, valid element and
     // are never written.
     let col0 = wg.x * 64u + lid.x;
-    let row0 = wg.y * 128u + lid.y;
+    let row0 = row_tile(wg, nwg) * 128u + lid.y;
     let bc0 = vec4<u32>(min(col0 + 0u, p.n - 1u), min(col0 + 8u, p.n - 1u), min(col0 + 16u, p.n - 1u), min(col0 + 24u, p.n - 1u)) * p.b_cs;
     let bc1 = vec4<u32>(min(col0 + 32u, p.n - 1u), min(col0 + 40u, p.n - 1u), min(col0 + 48u, p.n - 1u), min(col0 + 56u, p.n - 1u)) * p.b_cs;
     let ra0 = min(row0 + 0u, p.m - 1u) * p.a_rs;

@@ -1255,3 +1255,45 @@ fn sums_longer_than_a_software_adapters_loop_limit_are_whole() {
         }
     }
 }
+
+#[test]
+fn products_with_more_row_tiles_than_a_grid_dimension_are_whole() {
+    // 65,535 workgroups per grid dimension: 64-row tiles stop at 4,194,240 rows (a 1×1
+    // convolution of a batch of 128 at 184×184), 128-row tiles at twice that. A 64-row and a
+    // 128-row vec4 kernel and a scalar one (all tiled kernels fold rows alike, `row_tile`),
+    // forced in turn, over one row more than 128-row tiles can cover (k = n = 4 for the vec4
+    // kernels: just under lavapipe's 128 MiB binding; k = n = 3 for the scalar one); every
+    // 1,021st row against the f64 reference.
+    let _g = serial();
+    let m = 128 * 65_535 + 1;
+    let x = random_vec(m * 4, 7400);
+    let w = random_vec(16, 7401);
+    for (candidate, kn) in [("tile64_v4", 4), ("tall_16x8", 4), ("tall", 3)] {
+        let rt = builder()
+            .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
+            .build()
+            .expect("runtime");
+        let gpus = rt
+            .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
+            .unwrap();
+        require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
+        let (x, w) = (&x[..m * kn], &w[..kn * kn]);
+        for dev in &gpus {
+            let y = put(dev, x, &[m, kn]).matmul(&put(dev, w, &[kn, kn]));
+            let y = get(&y.unwrap());
+            let what = format!("[{candidate}] {}", label(dev));
+            for row in (0..m).step_by(1021).chain([m - 1]) {
+                for c in 0..kn {
+                    let want: f64 = (0..kn)
+                        .map(|l| f64::from(x[row * kn + l]) * f64::from(w[l * kn + c]))
+                        .sum();
+                    let got = f64::from(y[row * kn + c]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{what}: row {row} column {c}: {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+}

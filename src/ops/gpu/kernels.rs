@@ -7,7 +7,7 @@ use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::{GpuDevice, GpuRange};
 use crate::error::Result;
 use crate::ops::gpu::tune::{bucket, Choice};
-use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily};
+use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
 use crate::ops::spec::{Activation, BinaryOp};
 use crate::ops::{Kernels, MatmulDims};
 use crate::tensor::{DType, Tensor};
@@ -70,6 +70,13 @@ const SPLITK_MIN_K4: usize = 64;
 const SPLITK_MIN_SLICE: usize = 8;
 /// Workgroups a split product aims for.
 const SPLITK_WORKGROUPS: usize = 256;
+
+/// The grid of a tiled product: `col_tiles` along x, `row_tiles` along y, folded into z past
+/// the 65,535 one dimension holds (the shaders' `row_tile`).
+fn tile_grid(col_tiles: usize, row_tiles: usize) -> [u32; 3] {
+    let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
+    [u(col_tiles), u(y), u(row_tiles.div_ceil(y).max(1))]
+}
 
 /// Whether the vec4 matrix-product kernels take `d`: n and k multiples of 4, no transposes.
 fn vec4_product(d: MatmulDims) -> bool {
@@ -385,7 +392,7 @@ impl Kernels for GpuKernels<'_> {
                 MATMUL,
                 &p,
                 &[out, out, bias.unwrap_or(out), out],
-                [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1],
+                tile_grid(d.n.div_ceil(64), d.m.div_ceil(64)),
             );
         }
         let software = self.dev.ctx.software_kernels;
@@ -409,21 +416,21 @@ impl Kernels for GpuKernels<'_> {
                 Choice::new("matmul", class, &candidates, heuristic).full_only(full_only),
                 &mut |c| match c {
                     "tall_16x8" => {
-                        let grid = [u(d.n.div_ceil(TALL_COLS)), u(d.m.div_ceil(TALL_ROWS)), 1];
+                        let grid = tile_grid(d.n.div_ceil(TALL_COLS), d.m.div_ceil(TALL_ROWS));
                         self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
                     }
                     "splitk_v4" => self.matmul_split_k(a, b, bias, out, d, p),
                     "ubo8" => self.matmul_ubo8(a, b, bias, out, d, p),
                     "smem64_v4" => {
-                        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                        let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
                         self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
                     }
                     "smem128_v4" => {
-                        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
+                        let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(128));
                         self.launch(MATMUL_SMEM128_V4, &p, &[bias_or_out, b, out, a], grid)
                     }
                     _ => {
-                        let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                        let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
                         self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], grid)
                     }
                 },
@@ -445,12 +452,12 @@ impl Kernels for GpuKernels<'_> {
         let choice = Choice::new("matmul", class, &candidates, heuristic);
         self.tuned(choice, &mut |c| match c {
             "tall" => {
-                let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(128)), 1];
+                let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(128));
                 self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
             }
             "splitk" => self.matmul_split_k(a, b, bias, out, d, p),
             _ => {
-                let grid = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+                let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
                 self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)
             }
         })
@@ -635,7 +642,7 @@ impl GpuKernels<'_> {
         let bias_or_out = bias.unwrap_or(out);
         let Some((blocks, chunks)) = ubo8_windows(d) else {
             // Only offered where it applies; a forced pick elsewhere gets the plain tiles.
-            let tiles = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+            let tiles = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
             return self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], tiles);
         };
         let (Some(bias_or_out), Some(out), Some(a), Some(b)) = (
@@ -691,7 +698,8 @@ impl GpuKernels<'_> {
     ) -> Result<()> {
         let vec4 = vec4_product(d);
         let bias_or_out = bias.unwrap_or(out);
-        let tiles = [u(d.n.div_ceil(64)), u(d.m.div_ceil(64)), 1];
+        // Split k only when the output has few tiles, so its layers fit in z (never folded).
+        let tiles = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
         let Some((slice, splits)) = splitk_slices(d) else {
             // Only offered where k splits; a forced pick elsewhere gets the plain tiles.
             return if vec4 {
