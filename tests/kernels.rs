@@ -1152,6 +1152,20 @@ fn bad_arguments_are_errors() {
     }
 }
 
+/// A runtime whose every tuned op uses `candidate` where it has one
+/// (`ANYGPU_AUTOTUNE_FORCE`), and its GPUs.
+fn forced(candidate: &str) -> (Runtime, Vec<LogicalDevice>) {
+    let rt = builder()
+        .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
+        .build()
+        .expect("runtime");
+    let gpus = rt
+        .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
+        .unwrap();
+    require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
+    (rt, gpus)
+}
+
 /// Every kernel the autotuner can pick, forced in turn (`ANYGPU_AUTOTUNE_FORCE`), against the
 /// oracle on every GPU: products on the vec4 kernels (one of them long enough in k and small
 /// enough in output tiles to split k), on the general ones (transposes, ragged n), column sums
@@ -1186,14 +1200,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "chunks_128k",
     ];
     for candidate in candidates {
-        let rt = builder()
-            .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
-            .build()
-            .expect("runtime");
-        let gpus = rt
-            .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
-            .unwrap();
-        require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
+        let (_rt, gpus) = forced(candidate);
         for dev in &gpus {
             let _s = dev.scope();
             // (300, 64, 24): two chunks of k and three column blocks for ubo8.
@@ -1269,14 +1276,7 @@ fn products_with_more_row_tiles_than_a_grid_dimension_are_whole() {
     let x = random_vec(m * 4, 7400);
     let w = random_vec(16, 7401);
     for (candidate, kn) in [("tile64_v4", 4), ("tall_16x8", 4), ("tall", 3)] {
-        let rt = builder()
-            .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
-            .build()
-            .expect("runtime");
-        let gpus = rt
-            .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
-            .unwrap();
-        require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
+        let (_rt, gpus) = forced(candidate);
         let (x, w) = (&x[..m * kn], &w[..kn * kn]);
         for dev in &gpus {
             let y = put(dev, x, &[m, kn]).matmul(&put(dev, w, &[kn, kn]));
