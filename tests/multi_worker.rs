@@ -18,16 +18,16 @@
 
 mod common;
 
-use common::assert_close;
+use common::{assert_close, Flaky};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anygpu::data::Dataset;
 use anygpu::distribute::{HierarchicalAllReduce, MultiWorkerMirroredStrategy};
 use anygpu::nn::{
-    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Layer, Loss,
-    Optimizer, Sequential, Sgd,
+    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Optimizer,
+    Sequential, Sgd,
 };
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
@@ -475,66 +475,6 @@ fn uneven_local_replicas_are_in_sync() {
     assert!(strategy.weights_in_sync(&model).expect("checksums"));
 }
 
-/// Set while `PanicOn` layers panic.
-static ARMED: AtomicBool = AtomicBool::new(false);
-
-/// A `Dense` whose forward pass panics on worker `worker` while `ARMED` is set.
-#[derive(Clone, Debug)]
-struct PanicOn {
-    inner: Dense,
-    me: usize,
-    worker: usize,
-}
-
-impl Layer for PanicOn {
-    fn class_name(&self) -> &'static str {
-        self.inner.class_name()
-    }
-    fn base_name(&self) -> &'static str {
-        self.inner.base_name()
-    }
-    fn declared_input_shape(&self) -> Option<&[usize]> {
-        self.inner.declared_input_shape()
-    }
-    fn activation(&self) -> Activation {
-        Layer::activation(&self.inner)
-    }
-    fn compute_output_shape(&self, input_shape: &[usize]) -> anygpu::Result<Vec<usize>> {
-        self.inner.compute_output_shape(input_shape)
-    }
-    fn build(
-        &mut self,
-        input_shape: &[usize],
-        seed: u64,
-        device: &LogicalDevice,
-    ) -> anygpu::Result<()> {
-        self.inner.build(input_shape, seed, device)
-    }
-    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
-        self.inner.weights()
-    }
-    fn set_weight(&mut self, index: usize, value: Tensor) -> anygpu::Result<()> {
-        self.inner.set_weight(index, value)
-    }
-    fn forward(&self, x: &Tensor) -> anygpu::Result<(Tensor, Vec<Tensor>)> {
-        if self.me == self.worker && ARMED.load(Ordering::SeqCst) {
-            panic!("forward panics on purpose");
-        }
-        self.inner.forward(x)
-    }
-    fn backward(
-        &self,
-        saved: &[Tensor],
-        dy: &Tensor,
-        need_dx: bool,
-    ) -> anygpu::Result<(Option<Tensor>, Vec<Tensor>)> {
-        self.inner.backward(saved, dy, need_dx)
-    }
-    fn boxed_clone(&self) -> Box<dyn Layer> {
-        Box::new(self.clone())
-    }
-}
-
 /// A panic in a replica's forward pass on the last worker, with one local replica (it runs
 /// on the calling thread): every worker's step fails with the same `Error::Distributed`, no
 /// worker updates, and the job goes on (before, the MPI panic hook aborted the job, since it
@@ -542,16 +482,16 @@ impl Layer for PanicOn {
 fn a_panic_in_a_single_replica_step_fails_the_step_everywhere() {
     let (_rt, cpu, strategy) = cpu_worker();
     let last = strategy.num_workers() - 1;
+    let flaky = Flaky::new(
+        Dense::new(3)
+            .activation(Activation::Softmax)
+            .input_shape(&[64]),
+    );
+    let panic = flaky.panic_forward.clone();
     let mut model = strategy
         .scope(|| -> anygpu::Result<Sequential> {
             let mut m = Sequential::with_seed(3);
-            m.add(PanicOn {
-                inner: Dense::new(3)
-                    .activation(Activation::Softmax)
-                    .input_shape(&[64]),
-                me: strategy.worker_index(),
-                worker: last,
-            })?;
+            m.add(flaky)?;
             m.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1), &[])?;
             Ok(m)
         })
@@ -561,15 +501,16 @@ fn a_panic_in_a_single_replica_step_fails_the_step_everywhere() {
     let x = Tensor::from_slice_on(&x, &[8, 64], &cpu).expect("x");
     let y = Tensor::from_slice_on(&y, &[8], &cpu).expect("y");
     let before = model.get_weights().expect("weights");
-    ARMED.store(true, Ordering::SeqCst);
+    // Each worker is a process of its own: only the last one's layer panics.
+    panic.store(strategy.worker_index() == last, Ordering::SeqCst);
     let err = model
         .train_on_batch(&x, &y)
         .expect_err("the last worker panics");
-    ARMED.store(false, Ordering::SeqCst);
+    panic.store(false, Ordering::SeqCst);
     match &err {
         Error::Distributed { rank, cause, .. } => {
             assert_eq!(*rank, last, "{err}");
-            assert!(cause.contains("forward panics on purpose"), "{err}");
+            assert!(cause.contains("injected: forward panics"), "{err}");
         }
         other => panic!("expected Error::Distributed, got {other}"),
     }
