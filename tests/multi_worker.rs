@@ -2,7 +2,10 @@
 //! as one process with the global batch (1 and 2 local replicas per worker), bit-identical
 //! parameters on every worker after every step (checksums through an MPI min/max), uneven
 //! and tiny global batches, a worker on a GPU next to one on the CPU, a failing worker that
-//! stops every worker with its rank and cause, and `TF_CONFIG` that disagrees with MPI.
+//! stops every worker with its rank and cause (in a step, outside one in `fit`, and a panic in
+//! a single local replica), `BackupAndRestore` from the chief's checkpoint, a local
+//! `CrossDeviceOps` under the MPI level, workers with different local replica counts in sync,
+//! and `TF_CONFIG` that disagrees with MPI.
 //!
 //! A binary of its own (`harness = false`): every worker must run the same collectives in the
 //! same order, so the cases run one after another on the main thread, in the order below.
