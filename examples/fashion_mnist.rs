@@ -285,12 +285,8 @@ fn main() {
         });
     }
     logger.init();
-    if let Err(e) = run(Args::parse()) {
-        // An error only this worker has would leave the others waiting: end them all.
-        workers::abort_unless_shared(&*e);
-        eprintln!("{}error: {e}", workers::tag(rank));
-        std::process::exit(1);
-    }
+    // An error only this worker has would leave the others waiting: the library ends them all.
+    workers::exit_on_error(rank, run(Args::parse()));
 }
 
 type BoxError = Box<dyn std::error::Error>;
@@ -362,6 +358,13 @@ fn run(args: Args) -> Result<(), BoxError> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         config::set_visible_devices(&picked, DeviceKind::Gpu)?;
+    }
+    // Horovod's recipe: each worker on a machine sees only the GPU of its local rank, set
+    // before anything starts a device, so that no worker reserves the others' GPUs.
+    let pinned = multi && args.device.is_none() && args.visible.is_none() && !physical.is_empty();
+    if pinned {
+        let mine = physical[workers::local_rank() % physical.len()].clone();
+        config::set_visible_devices(&[mine], DeviceKind::Gpu)?;
     }
     // Training on the CPU needs no GPU: hide them, so their memory is not reserved (TF's advice
     // too). With no --device and only software adapters (Mesa's llvmpipe, lavapipe: the CPU
@@ -452,10 +455,9 @@ fn run(args: Args) -> Result<(), BoxError> {
     } else {
         match args.device.as_deref() {
             None if layers_on_cpu => vec![config::runtime().cpu()?],
-            // Horovod's rule: the workers on one machine take one GPU each, by local rank.
-            None if multi && !logical.is_empty() => {
-                vec![logical[workers::local_rank() % logical.len()].clone()]
-            }
+            // Horovod's rule: the workers on one machine take one GPU each, by local rank
+            // (the only one visible, `pinned` above).
+            None if multi && !logical.is_empty() => vec![logical[0].clone()],
             None => vec![config::runtime().default_device()?],
             Some(spec) => vec![config::runtime().device(&device_name(spec)?)?],
         }
@@ -1235,17 +1237,12 @@ mod workers {
     mod with_mpi {
         use super::*;
         use anygpu::distribute::MultiWorkerMirroredStrategy;
-        use std::sync::OnceLock;
 
         pub type Workers = MultiWorkerMirroredStrategy;
-
-        /// The strategy once started, for `abort_unless_shared`.
-        static STARTED: OnceLock<MultiWorkerMirroredStrategy> = OnceLock::new();
 
         /// Starts the strategy over `devices` and prints this worker's part.
         pub fn start(devices: &[LogicalDevice], global: usize) -> Result<Workers, BoxError> {
             let strategy = MultiWorkerMirroredStrategy::with_devices(devices)?;
-            let _ = STARTED.set(strategy.clone());
             let k = strategy.worker_index();
             if k == 0 {
                 println!(
@@ -1274,16 +1271,11 @@ mod workers {
             Ok(())
         }
 
-        /// Aborts every worker for an error only this one has; an error the workers agreed
-        /// on (`Error::Distributed`) is every worker's, and each exits by itself.
-        pub fn abort_unless_shared(e: &(dyn std::error::Error + 'static)) {
-            let shared = matches!(
-                e.downcast_ref::<anygpu::Error>(),
-                Some(anygpu::Error::Distributed { .. })
-            );
-            if let (false, Some(strategy)) = (shared, STARTED.get()) {
-                strategy.abort(&e);
-            }
+        /// Exits with `result`'s error: an error only this worker has aborts every worker,
+        /// one they agreed on (`Error::Distributed`) is every worker's and each exits by
+        /// itself (the library's `exit_on_error`).
+        pub fn exit_on_error(_rank: usize, result: Result<(), BoxError>) {
+            MultiWorkerMirroredStrategy::exit_on_error(result)
         }
 
         pub fn rank(strategy: &Workers) -> usize {
@@ -1339,6 +1331,11 @@ mod workers {
             )
         }
 
-        pub fn abort_unless_shared(_: &(dyn std::error::Error + 'static)) {}
+        pub fn exit_on_error(rank: usize, result: Result<(), BoxError>) {
+            if let Err(e) = result {
+                eprintln!("{}error: {e}", tag(rank));
+                std::process::exit(1);
+            }
+        }
     }
 }

@@ -2,7 +2,10 @@
 //! as one process with the global batch (1 and 2 local replicas per worker), bit-identical
 //! parameters on every worker after every step (checksums through an MPI min/max), uneven
 //! and tiny global batches, a worker on a GPU next to one on the CPU, a failing worker that
-//! stops every worker with its rank and cause, and `TF_CONFIG` that disagrees with MPI.
+//! stops every worker with its rank and cause (in a step, outside one in `fit`, and a panic in
+//! a single local replica), `BackupAndRestore` from the chief's checkpoint, a local
+//! `CrossDeviceOps` under the MPI level, workers with different local replica counts in sync,
+//! and `TF_CONFIG` that disagrees with MPI.
 //!
 //! A binary of its own (`harness = false`): every worker must run the same collectives in the
 //! same order, so the cases run one after another on the main thread, in the order below.
@@ -12,17 +15,23 @@
 //! ```
 //! A failed assertion panics, and the MPI panic hook aborts the whole job: `mpirun` exits
 //! non-zero naming the rank. With `--panic-on-rank K` the binary instead checks that last
-//! resort: worker K panics outside a step while the others wait in a collective.
+//! resort: worker K panics outside a step while the others wait in a collective; with
+//! `--error-on-rank K`, worker K ends through `exit_on_error` with an error of its own.
 //! Run without `mpirun`, it is a job of one worker.
 
 mod common;
 
-use common::assert_close;
+use common::{assert_close, Flaky};
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anygpu::distribute::MultiWorkerMirroredStrategy;
-use anygpu::nn::{Adam, Optimizer, Sequential, Sgd};
+use anygpu::data::Dataset;
+use anygpu::distribute::{HierarchicalAllReduce, MultiWorkerMirroredStrategy};
+use anygpu::nn::{
+    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Optimizer,
+    Sequential, Sgd,
+};
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
 /// The small CNN of tests/distribute.rs from `seed`, compiled.
@@ -280,6 +289,245 @@ fn a_failing_worker_stops_every_worker() {
     }
 }
 
+/// Fails its hook `hook` when this worker (`me`) is worker `rank`.
+struct FailOn {
+    me: usize,
+    rank: usize,
+    hook: &'static str,
+}
+
+impl FailOn {
+    fn check(&self, hook: &str) -> anygpu::Result<()> {
+        if hook == self.hook && self.me == self.rank {
+            return Err(Error::Model(format!("{hook} fails on purpose")));
+        }
+        Ok(())
+    }
+}
+
+impl Callback for FailOn {
+    fn train_batch_interval(&self) -> Option<u64> {
+        Some(1)
+    }
+
+    fn on_train_batch_end(
+        &mut self,
+        _fit: &mut FitContext<'_>,
+        _logs: &anygpu::nn::BatchLogs,
+    ) -> anygpu::Result<()> {
+        self.check("on_train_batch_end")
+    }
+
+    fn on_epoch_end(&mut self, _fit: &mut FitContext<'_>) -> anygpu::Result<()> {
+        self.check("on_epoch_end")
+    }
+}
+
+/// An error only one worker sees outside a training step — a chief-only callback that cannot
+/// write its file, a callback failing on the last worker, a batch of the wrong shape on the
+/// last worker — ends `fit` on every worker with the same `Error::Distributed` naming that
+/// worker, well within the CI timeout (before the fix, the failed worker returned and the
+/// others waited for it in their next step's vote).
+fn an_error_outside_a_step_stops_every_worker() {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    let (rank, last) = (strategy.worker_index(), strategy.num_workers() - 1);
+    let mut model = strategy
+        .scope(|| compiled_cnn(3, Sgd::new(0.1).into()))
+        .expect("scope")
+        .expect("a model");
+    let (x, y) = common::synthetic(16, 5);
+    let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
+        .expect("a dataset")
+        .batch(8, false);
+    let check = |err: Error, worker: usize, cause: &str| match &err {
+        Error::Distributed { rank, cause: c, .. } => {
+            assert_eq!(*rank, worker, "{err}");
+            assert!(c.contains(cause), "{err}");
+        }
+        other => panic!("expected Error::Distributed, got {other}"),
+    };
+
+    // CsvLogger writes on the chief only: a path under a regular file fails there alone.
+    let dir = std::env::temp_dir().join(format!("anygpu-mw-cb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, b"").expect("a file");
+    let mut csv = CsvLogger::new(file.join("history.csv"));
+    let start = Instant::now();
+    let err = model
+        .fit_with_callbacks(&data, 2, None, None, &mut [&mut csv])
+        .expect_err("the chief cannot write its CSV");
+    check(err, 0, "history.csv");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A callback failing on the last worker only, after a batch and after an epoch.
+    for hook in ["on_train_batch_end", "on_epoch_end"] {
+        let mut fail = FailOn {
+            me: rank,
+            rank: last,
+            hook,
+        };
+        let err = model
+            .fit_with_callbacks(&data, 2, None, None, &mut [&mut fail])
+            .expect_err("the last worker's callback fails");
+        check(err, last, "fails on purpose");
+    }
+
+    // The last worker's batches have the wrong shape: its step fails in the step's vote.
+    let bad = match rank == last {
+        true => {
+            let (x, y) = common::synthetic(16, 5);
+            Dataset::from_tensor_slices(x, &[8, 4, 2], y)
+                .expect("a dataset")
+                .batch(8, false)
+        }
+        false => data.clone(),
+    };
+    let err = model
+        .fit(&bad, 1, None, None)
+        .expect_err("the last worker's batch has the wrong shape");
+    check(err, last, "");
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "the errors took {:?}",
+        start.elapsed()
+    );
+    // The job goes on: every worker still trains, in step.
+    model
+        .fit(&data, 1, None, None)
+        .expect("fit after the errors");
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
+/// `BackupAndRestore` in a directory of each worker's own (no shared filesystem): only the
+/// chief writes a checkpoint, and a new `fit` resumes every worker from the chief's.
+fn backup_and_restore_resumes_every_worker_from_the_chiefs_checkpoint() {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    let rank = strategy.worker_index();
+    let dir = std::env::temp_dir().join(format!("anygpu-mw-backup-{}-{rank}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (x, y) = common::synthetic(16, 9);
+    let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
+        .expect("a dataset")
+        .batch(8, false);
+    let model = || {
+        strategy
+            .scope(|| compiled_cnn(6, Adam::default().into()))
+            .expect("scope")
+            .expect("a model")
+    };
+    let mut first = model();
+    let mut backup = BackupAndRestore::new(&dir).delete_checkpoint(false);
+    first
+        .fit_with_callbacks(&data, 1, None, None, &mut [&mut backup])
+        .expect("one epoch");
+    assert_eq!(backup.has_checkpoint(), rank == 0, "only the chief writes");
+
+    let mut resumed = model();
+    let mut backup = BackupAndRestore::new(&dir);
+    let history = resumed
+        .fit_with_callbacks(&data, 2, None, None, &mut [&mut backup])
+        .expect("a resumed fit");
+    assert_eq!(backup.restored_epochs(), Some(1), "worker {rank} resumed");
+    assert_eq!(history.epochs(), 2);
+    assert_eq!(resumed.iterations(), 4);
+    assert!(strategy.weights_in_sync(&resumed).expect("checksums"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A local `CrossDeviceOps` set on a worker's strategy replaces the local level only: the sum
+/// still crosses the workers.
+fn with_cross_device_ops_keeps_the_workers() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let replaced = strategy
+        .mirrored()
+        .clone()
+        .with_cross_device_ops(HierarchicalAllReduce);
+    let ones = Tensor::from_slice_on(&[1.0f32; 4], &[4], &cpu).expect("ones");
+    let sums = replaced
+        .cross_device_ops()
+        .reduce_sum(&[ones], std::slice::from_ref(&cpu))
+        .expect("a sum");
+    assert_eq!(
+        sums[0].to_vec::<f32>().expect("read"),
+        vec![strategy.num_workers() as f32; 4]
+    );
+}
+
+/// Workers with different numbers of local replicas (2 virtual CPUs on the chief, 1 on the
+/// others) compare equal in `weights_in_sync`, before and after training.
+fn uneven_local_replicas_are_in_sync() {
+    let (_probe, _, all) = cpu_worker();
+    let threads = if all.worker_index() == 0 { 2 } else { 1 };
+    let rt = common::builder()
+        .visible_gpus(&[])
+        .virtual_cpus(threads)
+        .build()
+        .expect("CPUs");
+    let cpus = rt.list_logical_devices("CPU").expect("CPUs");
+    let strategy = MultiWorkerMirroredStrategy::with_tf_config(&cpus, None).expect("a strategy");
+    let mut model = strategy
+        .scope(|| compiled_cnn(8, Sgd::new(0.1).into()))
+        .expect("scope")
+        .expect("a model");
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+    let data = batches(&cpus[0], 9, 2);
+    for (x, y) in &data {
+        model.train_on_batch(x, y).expect("a step");
+    }
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
+/// A panic in a replica's forward pass on the last worker, with one local replica (it runs
+/// on the calling thread): every worker's step fails with the same `Error::Distributed`, no
+/// worker updates, and the job goes on (before, the MPI panic hook aborted the job, since it
+/// spared only threads named "anygpu replica").
+fn a_panic_in_a_single_replica_step_fails_the_step_everywhere() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let last = strategy.num_workers() - 1;
+    let flaky = Flaky::new(
+        Dense::new(3)
+            .activation(Activation::Softmax)
+            .input_shape(&[64]),
+    );
+    let panic = flaky.panic_forward.clone();
+    let mut model = strategy
+        .scope(|| -> anygpu::Result<Sequential> {
+            let mut m = Sequential::with_seed(3);
+            m.add(flaky)?;
+            m.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1), &[])?;
+            Ok(m)
+        })
+        .expect("scope")
+        .expect("a model");
+    let (x, y) = common::synthetic(8, 4);
+    let x = Tensor::from_slice_on(&x, &[8, 64], &cpu).expect("x");
+    let y = Tensor::from_slice_on(&y, &[8], &cpu).expect("y");
+    let before = model.get_weights().expect("weights");
+    // Each worker is a process of its own: only the last one's layer panics.
+    panic.store(strategy.worker_index() == last, Ordering::SeqCst);
+    let err = model
+        .train_on_batch(&x, &y)
+        .expect_err("the last worker panics");
+    panic.store(false, Ordering::SeqCst);
+    match &err {
+        Error::Distributed { rank, cause, .. } => {
+            assert_eq!(*rank, last, "{err}");
+            assert!(cause.contains("injected: forward panics"), "{err}");
+        }
+        other => panic!("expected Error::Distributed, got {other}"),
+    }
+    assert_eq!(
+        model.get_weights().expect("weights"),
+        before,
+        "an update ran"
+    );
+    model
+        .train_on_batch(&x, &y)
+        .expect("a step after the panic");
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
 /// `TF_CONFIG` describing another job fails on every worker, naming the worker and why.
 fn tf_config_that_disagrees_with_mpi_is_an_error() {
     let (_rt, cpu, probe) = cpu_worker();
@@ -345,14 +593,37 @@ fn panic_on(k: usize) {
     std::process::exit(3);
 }
 
+/// `exit_on_error`: worker `k` ends `main` with an error of its own while the others wait for
+/// it in a collective; the job is aborted (`mpirun` exits non-zero within seconds) instead of
+/// worker `k` blocking in `MPI_Finalize` at exit.
+fn error_on(k: usize) {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    if strategy.worker_index() == k {
+        MultiWorkerMirroredStrategy::exit_on_error::<(), _>(Err(Error::Model(format!(
+            "worker {k} fails on purpose"
+        ))));
+    }
+    let _ = strategy.agree("waiting for the failed worker", Ok(()));
+    eprintln!(
+        "[worker {}] a collective completed without worker {k}",
+        strategy.worker_index()
+    );
+    std::process::exit(3);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--error-on-rank") {
+        let k = args.get(i + 1).and_then(|k| k.parse().ok()).unwrap_or(1);
+        error_on(k);
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--panic-on-rank") {
         let k = args.get(i + 1).and_then(|k| k.parse().ok()).unwrap_or(1);
         panic_on(k);
         return;
     }
-    let cases: [(&str, fn()); 6] = [
+    let cases: [(&str, fn()); 11] = [
         (
             "one_replica_per_worker_trains_like_one_process",
             one_replica_per_worker_trains_like_one_process,
@@ -372,6 +643,26 @@ fn main() {
         (
             "a_failing_worker_stops_every_worker",
             a_failing_worker_stops_every_worker,
+        ),
+        (
+            "an_error_outside_a_step_stops_every_worker",
+            an_error_outside_a_step_stops_every_worker,
+        ),
+        (
+            "backup_and_restore_resumes_every_worker_from_the_chiefs_checkpoint",
+            backup_and_restore_resumes_every_worker_from_the_chiefs_checkpoint,
+        ),
+        (
+            "with_cross_device_ops_keeps_the_workers",
+            with_cross_device_ops_keeps_the_workers,
+        ),
+        (
+            "uneven_local_replicas_are_in_sync",
+            uneven_local_replicas_are_in_sync,
+        ),
+        (
+            "a_panic_in_a_single_replica_step_fails_the_step_everywhere",
+            a_panic_in_a_single_replica_step_fails_the_step_everywhere,
         ),
         (
             "tf_config_that_disagrees_with_mpi_is_an_error",

@@ -9,65 +9,18 @@
 
 mod common;
 
+use common::Flaky;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anygpu::data::Dataset;
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
-    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Layer, Loss,
-    Optimizer, Sequential, Sgd, Verbosity,
+    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Optimizer,
+    Sequential, Sgd, Verbosity,
 };
-use anygpu::{Error, LogicalDevice, Result, Runtime, Tensor};
-
-/// A [`Dense`] layer whose backward pass fails while `fail` is set: the stand-in for a device
-/// running out of memory half-way through the backward pass.
-#[derive(Debug, Clone)]
-struct Flaky {
-    inner: Dense,
-    fail: Arc<AtomicBool>,
-}
-
-impl Layer for Flaky {
-    fn class_name(&self) -> &'static str {
-        self.inner.class_name()
-    }
-    fn base_name(&self) -> &'static str {
-        self.inner.base_name()
-    }
-    fn activation(&self) -> Activation {
-        Layer::activation(&self.inner)
-    }
-    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
-        self.inner.compute_output_shape(input_shape)
-    }
-    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
-        self.inner.build(input_shape, seed, device)
-    }
-    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
-        self.inner.weights()
-    }
-    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
-        self.inner.set_weight(index, value)
-    }
-    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
-        self.inner.forward(x)
-    }
-    fn backward(
-        &self,
-        saved: &[Tensor],
-        dy: &Tensor,
-        need_dx: bool,
-    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(Error::Model("injected: out of memory in backward".into()));
-        }
-        self.inner.backward(saved, dy, need_dx)
-    }
-    fn boxed_clone(&self) -> Box<dyn Layer> {
-        Box::new(self.clone())
-    }
-}
+use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
 fn cpu_runtime(cpus: usize) -> Runtime {
     common::builder()
@@ -93,8 +46,8 @@ fn model(
     m.add_on(
         lower,
         Flaky {
-            inner: Dense::new(4).activation(Activation::Selu),
-            fail: Arc::clone(&fail),
+            fail_backward: Arc::clone(&fail),
+            ..Flaky::new(Dense::new(4).activation(Activation::Selu))
         },
     )
     .unwrap();

@@ -32,4 +32,6 @@ mod workers;
 pub use self::mpi::{AllReduceTimes, MpiAllReduce, MultiWorkerMirroredStrategy};
 pub use cross_device::{CrossDeviceOps, HierarchicalAllReduce};
 pub use strategy::{get_strategy, has_strategy, MirroredStrategy, StrategyScope};
-pub(crate) use workers::Workers;
+pub(crate) use workers::{as_replica_job, shared, worker_rows, Workers};
+#[cfg(feature = "mpi")]
+pub(crate) use workers::{fnv1a, in_replica_job};

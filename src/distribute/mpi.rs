@@ -3,15 +3,14 @@
 //!
 //! A worker mirrors its model over its local devices like [`MirroredStrategy`]; what it adds
 //! is a [`CrossDeviceOps`], [`MpiAllReduce`], whose sum runs in three levels: the local
-//! replicas' gradients through [`HierarchicalAllReduce`], one MPI all-reduce of the packed
+//! replicas' gradients through [`HierarchicalAllReduce`] (or the local `CrossDeviceOps` that
+//! [`MirroredStrategy::with_cross_device_ops`] set), one MPI all-reduce of the packed
 //! `f32` sums between the workers (from one thread), and the result back to the local
 //! replicas. Around it, every worker votes on how its part of the step went (an all-reduce of
 //! one word per worker), so a worker that fails ends the step on every worker with the same
 //! [`Error::Distributed`] instead of leaving them waiting in a collective.
 
-use std::collections::hash_map::DefaultHasher;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -21,9 +20,11 @@ use ::mpi::topology::{Communicator, SimpleCommunicator};
 use ::mpi::Threading;
 
 use crate::device::LogicalDevice;
-use crate::distribute::cross_device::{CrossDeviceOps, HierarchicalAllReduce};
+use crate::distribute::cross_device::CrossDeviceOps;
+#[cfg(doc)]
+use crate::distribute::cross_device::HierarchicalAllReduce;
 use crate::distribute::strategy::{MirroredStrategy, StrategyScope};
-use crate::distribute::Workers;
+use crate::distribute::{fnv1a, in_replica_job, worker_rows, Workers};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -100,18 +101,15 @@ fn with_world<R>(process: &Process, f: impl FnOnce(&SimpleCommunicator) -> R) ->
     f(&SimpleCommunicator::world())
 }
 
-/// A panic outside a replica's thread (those become step errors that every worker agrees on)
-/// may leave this worker's parameters different from the others', or leave them waiting in a
-/// collective: after the usual message, the whole job is aborted.
+/// A panic outside a replica's job (those become step errors that every worker agrees on,
+/// with one local replica as with several) may leave this worker's parameters different from
+/// the others', or leave them waiting in a collective: after the usual message, the whole job
+/// is aborted.
 fn install_panic_hook() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
-        let current = std::thread::current();
-        if current
-            .name()
-            .is_some_and(|n| n.starts_with("anygpu replica"))
-        {
+        if in_replica_job() {
             return;
         }
         let rank = PROCESS
@@ -188,7 +186,12 @@ impl Workers for MpiWorld {
         self.same_kernels
     }
 
-    fn agree(&self, request: &str, local: Result<()>, sums: &mut [f64]) -> Result<()> {
+    fn agree(
+        &self,
+        request: &str,
+        local: std::result::Result<(), &Error>,
+        sums: &mut [f64],
+    ) -> Result<()> {
         // One word per worker (1.0: failed), then the values to add up.
         let size = self.size();
         let mut send = vec![0.0f64; size + sums.len()];
@@ -230,6 +233,13 @@ impl Workers for MpiWorld {
         })
     }
 
+    fn cross_device_ops(
+        self: Arc<Self>,
+        local: Arc<dyn CrossDeviceOps>,
+    ) -> Arc<dyn CrossDeviceOps> {
+        Arc::new(MpiAllReduce { world: self, local })
+    }
+
     fn broadcast(&self, words: &mut [u32]) {
         with_world(self.process, |w| w.process_at_rank(0).broadcast_into(words));
     }
@@ -261,9 +271,21 @@ impl Workers for MpiWorld {
 /// assert_eq!(sums[0].to_vec::<f32>()?[0], strategy.num_workers() as f32);
 /// # Ok::<(), anygpu::Error>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MpiAllReduce {
     world: Arc<MpiWorld>,
+    /// The sum within this worker: [`HierarchicalAllReduce`] unless
+    /// [`MirroredStrategy::with_cross_device_ops`] replaced it.
+    local: Arc<dyn CrossDeviceOps>,
+}
+
+impl fmt::Debug for MpiAllReduce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MpiAllReduce")
+            .field("world", &self.world)
+            .field("local", &self.local)
+            .finish()
+    }
 }
 
 impl CrossDeviceOps for MpiAllReduce {
@@ -272,15 +294,15 @@ impl CrossDeviceOps for MpiAllReduce {
         let first = destinations.first().ok_or_else(|| {
             Error::InvalidArgument("reduce_sum: no destination for the sum".into())
         })?;
-        let local = HierarchicalAllReduce
+        let local = self
+            .local
             .reduce_sum(values, std::slice::from_ref(first))
             .and_then(|sums| sums[0].to_vec::<f32>());
-        let vote = local
-            .as_ref()
-            .map(drop)
-            .map_err(|e| Error::Model(e.to_string()));
-        self.world
-            .agree("training step (local reduction)", vote, &mut [])?;
+        self.world.agree(
+            "training step (local reduction)",
+            local.as_ref().map(drop),
+            &mut [],
+        )?;
         let send = local?;
         let mut sum = vec![0.0f32; send.len()];
         let mpi_start = Instant::now();
@@ -289,7 +311,7 @@ impl CrossDeviceOps for MpiAllReduce {
         });
         let mpi = mpi_start.elapsed();
         let on_first = Tensor::from_slice_on(&sum, values[0].shape(), first)?;
-        let out = HierarchicalAllReduce.reduce_sum(&[on_first], destinations);
+        let out = self.local.reduce_sum(&[on_first], destinations);
         let mut times = self
             .world
             .times
@@ -303,7 +325,7 @@ impl CrossDeviceOps for MpiAllReduce {
 
     /// Local only: every worker broadcasts among its own replicas.
     fn broadcast_into(&self, value: &Tensor, destinations: &[Tensor]) -> Result<()> {
-        HierarchicalAllReduce.broadcast_into(value, destinations)
+        self.local.broadcast_into(value, destinations)
     }
 }
 
@@ -326,11 +348,17 @@ impl CrossDeviceOps for MpiAllReduce {
 /// batch's on every worker. `evaluate` and `predict` run locally over the whole data on every
 /// worker.
 ///
-/// A worker that fails inside a step (out of memory, a device error, a panic on a replica's
-/// thread) fails that step on every worker, within the step, with the same
-/// [`Error::Distributed`] naming the failed worker and its cause, and no worker updates. A
-/// panic elsewhere, or a device lost halfway through an update, aborts the whole job
-/// (`MPI_Abort`): the last resort, since that worker's parameters may then differ.
+/// A worker that fails inside a step (out of memory, a device error, a panic in a replica's
+/// forward or backward pass, with one local replica or several) fails that step on every
+/// worker, within the step, with the same [`Error::Distributed`] naming the failed worker and
+/// its cause, and no worker updates. In `fit`, an error only some workers see outside a step
+/// (a batch that cannot be read, a callback such as the chief's file writers, validation, a
+/// restore) is voted on too, so `fit` returns the same error on every worker. A panic
+/// elsewhere, or a device lost halfway through an update, aborts the whole job (`MPI_Abort`):
+/// the last resort, since that worker's parameters may then differ. End `main` with
+/// [`exit_on_error`](MultiWorkerMirroredStrategy::exit_on_error): `MPI_Finalize` at exit
+/// waits for every worker, so a worker that returned an error of its own would wait there
+/// forever while the others wait for it.
 ///
 /// ```no_run
 /// // mpirun -n 2 target/release/examples/fashion_mnist --strategy multi-worker
@@ -429,10 +457,7 @@ impl MultiWorkerMirroredStrategy {
         };
         probe.agree(
             "starting MultiWorkerMirroredStrategy",
-            local
-                .as_ref()
-                .map(drop)
-                .map_err(|e| Error::Model(e.to_string())),
+            local.as_ref().map(drop),
             &mut [],
         )?;
         let local = local?;
@@ -441,25 +466,24 @@ impl MultiWorkerMirroredStrategy {
         with_world(process, |w| w.all_gather_into(&mine, &mut replicas[..]));
         probe.replicas = replicas.into_iter().map(|n| n as usize).collect();
         // Workers whose devices report the same adapters (or all CPUs) run the same kernels.
-        let mut hasher = DefaultHasher::new();
-        for d in local.devices() {
-            format!("{:?}", d.adapter_info()).hash(&mut hasher);
-        }
-        let kernels = hasher.finish();
+        // FNV-1a, not `DefaultHasher`: workers may be built apart, and std's hasher may differ.
+        let adapters: String = local
+            .devices()
+            .iter()
+            .map(|d| format!("{:?};", d.adapter_info()))
+            .collect();
+        let kernels = fnv1a(adapters.into_bytes());
         let low = probe.all_reduce_u64(kernels, SystemOperation::min());
         let high = probe.all_reduce_u64(kernels, SystemOperation::max());
         probe.same_kernels = low == high;
         let world = Arc::new(probe);
-        let ops = MpiAllReduce {
-            world: world.clone(),
-        };
         log::info!(
             "Using MultiWorkerMirroredStrategy: worker {rank} of {size}, local devices {:?}, \
              {} replicas in sync",
             local.devices().iter().map(|d| d.name()).collect::<Vec<_>>(),
             world.replicas.iter().sum::<usize>()
         );
-        let local = local.with_workers(world.clone(), Arc::new(ops));
+        let local = local.with_workers(world.clone());
         Ok(MultiWorkerMirroredStrategy { local, world })
     }
 
@@ -498,11 +522,9 @@ impl MultiWorkerMirroredStrategy {
     /// among all replicas of all workers in rank order, one example more for the first
     /// `global % replicas`.
     pub fn worker_batch_size(&self, global: usize) -> usize {
-        let total = self.num_replicas_in_sync().max(1);
-        let before: usize = self.world.replicas[..self.worker_index()].iter().sum();
-        let mine = self.world.replicas[self.worker_index()];
-        (before..before + mine)
-            .map(|i| global / total + usize::from(i < global % total))
+        worker_rows(global, &self.world.replicas, self.worker_index())
+            .1
+            .iter()
             .sum()
     }
 
@@ -539,24 +561,31 @@ impl MultiWorkerMirroredStrategy {
     /// # Errors
     /// [`Error::Distributed`] when `local` or another worker's result is an error.
     pub fn agree<T>(&self, request: &str, local: Result<T>) -> Result<T> {
-        let vote = local
-            .as_ref()
-            .map(drop)
-            .map_err(|e| Error::Model(e.to_string()));
-        self.world.agree(request, vote, &mut [])?;
+        self.world
+            .agree(request, local.as_ref().map(drop), &mut [])?;
         local
     }
 
     /// Whether every worker's `local` checksum is the same, compared through an MPI min and
-    /// max reduction (`nn` hashes a model's weights with it). A collective.
+    /// max reduction (`nn` hashes a model's weights with it); `None` is a worker that already
+    /// knows it differs, which makes the answer `false` everywhere. A collective.
     ///
     /// # Errors
     /// `local` or another worker's is an error; then on every worker alike.
-    pub(crate) fn checksums_agree(&self, request: &str, local: Result<u64>) -> Result<bool> {
+    pub(crate) fn checksums_agree(
+        &self,
+        request: &str,
+        local: Result<Option<u64>>,
+    ) -> Result<bool> {
         let sum = self.agree(request, local)?;
-        let low = self.world.all_reduce_u64(sum, SystemOperation::min());
-        let high = self.world.all_reduce_u64(sum, SystemOperation::max());
-        Ok(low == high)
+        // A worker out of step takes part as the lowest and the highest checksum at once.
+        let low = self
+            .world
+            .all_reduce_u64(sum.unwrap_or(0), SystemOperation::min());
+        let high = self
+            .world
+            .all_reduce_u64(sum.unwrap_or(u64::MAX), SystemOperation::max());
+        Ok(sum.is_some() && low == high)
     }
 
     /// Time spent summing gradients between workers so far.
@@ -566,6 +595,41 @@ impl MultiWorkerMirroredStrategy {
             .times
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The end of a worker's `main`: `result`'s value, or else exit with its error without
+    /// leaving the other workers waiting. `MPI_Finalize`, which runs at exit, waits for every
+    /// worker; so an error every worker has ([`Error::Distributed`], from a training step,
+    /// [`agree`](MultiWorkerMirroredStrategy::agree) or `fit`'s callbacks) exits normally with
+    /// status 1, while an error only this worker may have aborts the whole job
+    /// (`MPI_Abort`) instead of blocking in `MPI_Finalize` while the others block in their
+    /// next collective. Before MPI starts, the error is printed and the process exits with 1.
+    ///
+    /// ```no_run
+    /// use anygpu::distribute::MultiWorkerMirroredStrategy;
+    /// fn run() -> anygpu::Result<()> {
+    ///     let strategy = MultiWorkerMirroredStrategy::new()?;
+    ///     // ... build, fit ...
+    ///     Ok(())
+    /// }
+    /// MultiWorkerMirroredStrategy::exit_on_error(run());
+    /// ```
+    pub fn exit_on_error<T, E: Into<Box<dyn std::error::Error>>>(
+        result: std::result::Result<T, E>,
+    ) -> T {
+        let error = match result {
+            Ok(value) => return value,
+            Err(e) => e.into(),
+        };
+        let Some(Ok(process)) = PROCESS.get() else {
+            eprintln!("error: {error}");
+            std::process::exit(1);
+        };
+        if let Some(Error::Distributed { .. }) = error.downcast_ref::<Error>() {
+            eprintln!("[worker {}] error: {error}", process.rank);
+            std::process::exit(1);
+        }
+        abort_job(process.rank, &format!("error: {error}"))
     }
 
     /// Prints `cause` as this worker's and aborts every worker (`MPI_Abort`): for an error

@@ -220,25 +220,32 @@ impl MirroredStrategy {
 
     /// The same replicas, summing gradients with `ops` instead of the default
     /// [`HierarchicalAllReduce`] (`MirroredStrategy(cross_device_ops=...)`).
+    ///
+    /// On a worker of a multi-worker job (the strategy of a `MultiWorkerMirroredStrategy`),
+    /// `ops` replaces the local level only: the sum still crosses the workers, so a worker
+    /// never trains alone. Pass a local `CrossDeviceOps` there, not the strategy's own.
     pub fn with_cross_device_ops(self, ops: impl CrossDeviceOps + 'static) -> MirroredStrategy {
+        let ops: Arc<dyn CrossDeviceOps> = Arc::new(ops);
+        let cross_device_ops = match &self.0.workers {
+            Some(w) => w.clone().cross_device_ops(ops),
+            None => ops,
+        };
         MirroredStrategy(Arc::new(Inner {
             devices: self.0.devices.clone(),
-            cross_device_ops: Arc::new(ops),
+            cross_device_ops,
             workers: self.0.workers.clone(),
         }))
     }
 
-    /// The same replicas as one worker of a multi-worker job, whose gradients `ops` sums over
-    /// every worker.
+    /// The same replicas as one worker of a multi-worker job: the gradients are summed by
+    /// this strategy's `CrossDeviceOps` locally, then over every worker.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub(crate) fn with_workers(
-        &self,
-        workers: Arc<dyn Workers>,
-        ops: Arc<dyn CrossDeviceOps>,
-    ) -> MirroredStrategy {
+    pub(crate) fn with_workers(&self, workers: Arc<dyn Workers>) -> MirroredStrategy {
         MirroredStrategy(Arc::new(Inner {
             devices: self.0.devices.clone(),
-            cross_device_ops: ops,
+            cross_device_ops: workers
+                .clone()
+                .cross_device_ops(self.0.cross_device_ops.clone()),
             workers: Some(workers),
         }))
     }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors};
 
+use crate::distribute::{shared, Workers};
 use crate::error::{Error, Result};
 use crate::nn::atomic::write_atomically;
 use crate::nn::callbacks::{Callback, FitContext, Position};
@@ -37,6 +38,11 @@ const VERSION: &str = "1";
 /// never interrupted, and with the history of every epoch. When every epoch has run, the
 /// checkpoint is deleted (unless [`delete_checkpoint(false)`](BackupAndRestore::delete_checkpoint)),
 /// so the next `fit` starts afresh.
+///
+/// On the workers of a multi-worker job only the chief writes the checkpoint, and when `fit`
+/// starts the chief's checkpoint (or its absence) decides for every worker: the chief sends
+/// the file to the others, so every worker resumes from the same epoch and state without a
+/// shared filesystem.
 ///
 /// ```
 /// use anygpu::data::Dataset;
@@ -112,10 +118,19 @@ impl BackupAndRestore {
 impl Callback for BackupAndRestore {
     fn on_train_begin(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
         self.restored = None;
-        if !self.has_checkpoint() {
+        let path = self.checkpoint_path();
+        // Across workers the chief's checkpoint decides, for every worker: without a shared
+        // filesystem the others may have none, or an older one, and would resume elsewhere.
+        let strategy = fit.model.strategy().cloned();
+        let bytes = match strategy.as_ref().and_then(|s| s.workers()) {
+            Some(workers) => chief_checkpoint(workers, &path)?,
+            None if self.has_checkpoint() => Some(read(&path)?),
+            None => None,
+        };
+        let Some(bytes) = bytes else {
             return Ok(());
-        }
-        let (epochs_done, position) = restore(fit.model, &self.checkpoint_path())?;
+        };
+        let (epochs_done, position) = restore(fit.model, &bytes, &path)?;
         fit.epochs_done = epochs_done;
         fit.position = Some(position);
         self.restored = Some(epochs_done);
@@ -123,7 +138,8 @@ impl Callback for BackupAndRestore {
     }
 
     fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
-        // Across workers only the chief writes; every worker restores from its file.
+        // Across workers only the chief writes; every worker restores from the chief's file,
+        // which the chief sends them (`chief_checkpoint`).
         if !fit.model.is_chief() {
             return Ok(());
         }
@@ -203,18 +219,58 @@ fn save(model: &Sequential, epochs_done: usize, position: Position, path: &Path)
     write_atomically(path, &weights::serialize(&blobs, metadata, "checkpoint")?)
 }
 
-/// Restores `model` from the checkpoint at `path`: everything is read and checked first, then
-/// written. Returns the epochs done and the datasets' position.
-fn restore(model: &mut Sequential, path: &Path) -> Result<(usize, Position)> {
-    let err = |m: String| Error::Model(format!("BackupAndRestore('{}'): {m}", path.display()));
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
+    })
+}
+
+/// The chief's checkpoint at `path` (`None`: it has none), on every worker: the chief reads
+/// it, the workers agree that it could, then it is broadcast (its length, then its bytes as
+/// little-endian words). A collective.
+fn chief_checkpoint(workers: &dyn Workers, path: &Path) -> Result<Option<Vec<u8>>> {
+    let local = match workers.rank() {
+        0 if path.is_file() => read(path).map(Some),
+        _ => Ok(None),
+    };
+    let local = shared(
+        Some(workers),
+        "BackupAndRestore: reading worker 0's checkpoint",
+        local,
+    )?;
+    // [present, length low word, length high word]
+    let len = local.as_ref().map_or(0, |b| b.len() as u64);
+    let mut head = [u32::from(local.is_some()), len as u32, (len >> 32) as u32];
+    workers.broadcast(&mut head);
+    if head[0] == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(u64::from(head[1]) | u64::from(head[2]) << 32).map_err(|_| {
+        Error::Model("BackupAndRestore: worker 0's checkpoint does not fit in memory".into())
     })?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)
+    let mut words = vec![0u32; len.div_ceil(4)];
+    if let Some(bytes) = &local {
+        for (w, chunk) in words.iter_mut().zip(bytes.chunks(4)) {
+            let mut b = [0u8; 4];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *w = u32::from_le_bytes(b);
+        }
+    }
+    workers.broadcast(&mut words);
+    let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    bytes.truncate(len);
+    Ok(Some(bytes))
+}
+
+/// Restores `model` from the checkpoint `bytes` (read from `path`): everything is read and
+/// checked first, then written. Returns the epochs done and the datasets' position.
+fn restore(model: &mut Sequential, bytes: &[u8], path: &Path) -> Result<(usize, Position)> {
+    let err = |m: String| Error::Model(format!("BackupAndRestore('{}'): {m}", path.display()));
+    let (_, header) = SafeTensors::read_metadata(bytes)
         .map_err(|e| err(format!("not a safetensors file: {e}")))?;
-    let file = SafeTensors::deserialize(&bytes)
-        .map_err(|e| err(format!("not a safetensors file: {e}")))?;
+    let file =
+        SafeTensors::deserialize(bytes).map_err(|e| err(format!("not a safetensors file: {e}")))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let text = |key: &str| meta.get(key).map(String::as_str).unwrap_or("");
     if text("format") != FORMAT || text("version") != VERSION {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::data::{Batch, BatchIter, Dataset};
+use crate::distribute::{shared, MirroredStrategy, Workers};
 use crate::error::{Error, Result};
 use crate::nn::callbacks::{BatchLogs, Callback, FitContext, Position};
 use crate::nn::history::{Evaluation, History};
@@ -109,6 +110,12 @@ impl Sequential {
             }
         };
         self.history = History::default();
+        // On a worker of a multi-worker job, every result only this worker may see (a
+        // chief-only callback's file, a failed restore, validation) goes through a vote, so that
+        // all workers stop together with the same error instead of some waiting in their next
+        // collective for one that returned.
+        let strategy = self.strategy().cloned();
+        let workers = strategy.as_ref().and_then(MirroredStrategy::workers);
         let mut run = FitContext {
             model: self,
             epochs_done: 0,
@@ -116,13 +123,15 @@ impl Sequential {
             position: None,
         };
         for cb in callbacks.iter_mut() {
-            cb.on_train_begin(&mut run)?;
+            let done = cb.on_train_begin(&mut run);
+            shared(workers, "fit: a callback's on_train_begin", done)?;
         }
         // Where a restored checkpoint left the pipeline; else a new pass at the first batch.
-        let mut train = match run.position.take() {
-            Some(position) => position.resume(dataset, validation)?,
-            None => None,
+        let resumed = match run.position.take() {
+            Some(position) => position.resume(dataset, validation),
+            None => Ok(None),
         };
+        let mut train = shared(workers, "fit: resuming the dataset", resumed)?;
         for epoch in run.epochs_done..epochs {
             if steps_per_epoch.is_none() {
                 // One whole pass per epoch.
@@ -133,7 +142,7 @@ impl Sequential {
                 &mut train,
                 (epoch, epochs, steps),
                 validation,
-                (accuracy, &mut *callbacks),
+                (accuracy, &mut *callbacks, workers),
             )?;
             run.epochs_done = epoch + 1;
             run.position = Some(Position {
@@ -146,11 +155,13 @@ impl Sequential {
                 validation_passes: validation.map(Dataset::passes_started),
             });
             for cb in callbacks.iter_mut() {
-                cb.on_epoch_end(&mut run)?;
+                let done = cb.on_epoch_end(&mut run);
+                shared(workers, "fit: a callback's on_epoch_end", done)?;
             }
         }
         for cb in callbacks.iter_mut() {
-            cb.on_train_end(&mut run)?;
+            let done = cb.on_train_end(&mut run);
+            shared(workers, "fit: a callback's on_train_end", done)?;
         }
         Ok(self.history.clone())
     }
@@ -165,7 +176,7 @@ impl Sequential {
         train: &mut Option<(BatchIter, u64, u64)>,
         (epoch, epochs, steps): (usize, usize, usize),
         validation: Option<&Dataset>,
-        (accuracy, callbacks): (bool, &mut [&mut dyn Callback]),
+        (accuracy, callbacks, workers): (bool, &mut [&mut dyn Callback], Option<&dyn Workers>),
     ) -> Result<()> {
         let bar = self.epoch_bar(epoch, epochs, steps);
         let start = Instant::now();
@@ -177,8 +188,18 @@ impl Sequential {
                 .is_some_and(|n| n > 0 && global.is_multiple_of(n))
         };
         for step in 0..steps {
-            let batch = next_batch(dataset, train)?;
-            let out = self.train_batch(&batch)?;
+            let batch = next_batch(dataset, train);
+            let out = match (batch, workers) {
+                // Across workers a batch that cannot be read (or has the wrong shape) fails the
+                // step's first vote in place of the step: every worker fails alike, and no
+                // collective is added to a step.
+                (Ok(b), Some(w)) => match self.check_host_batch("fit", &b) {
+                    Ok(()) => self.train_batch(&b)?,
+                    Err(e) => return Err(mirrored::vote_failed_step(w, &e)),
+                },
+                (Err(e), Some(w)) => return Err(mirrored::vote_failed_step(w, &e)),
+                (batch, None) => self.train_batch(&batch?)?,
+            };
             acc.push(out)?;
             let done = step + 1;
             let global = steps_before + done as u64;
@@ -206,7 +227,8 @@ impl Sequential {
                 };
                 for cb in callbacks.iter_mut() {
                     if wants(&**cb, global) {
-                        cb.on_train_batch_end(&mut run, &logs)?;
+                        let done = cb.on_train_batch_end(&mut run, &logs);
+                        shared(workers, "fit: a callback's on_train_batch_end", done)?;
                     }
                 }
             }
@@ -215,8 +237,9 @@ impl Sequential {
         if let Some(bar) = &bar {
             bar.finish_and_clear();
         }
+        // Every worker evaluates the whole validation set on its own devices.
         let val = match validation {
-            Some(v) => Some(self.evaluate(v, None)?),
+            Some(v) => Some(shared(workers, "fit: validation", self.evaluate(v, None))?),
             None => None,
         };
         let (loss, acc_value) = last_read;

@@ -22,16 +22,17 @@
 //! failure in phase 4 aborts the job, since that worker's parameters may differ.
 
 use std::ops::Range;
+use std::panic::{self, AssertUnwindSafe};
 use std::thread;
 
 use crate::data::Batch;
 use crate::device::LogicalDevice;
-use crate::distribute::{MirroredStrategy, Workers};
+use crate::distribute::{as_replica_job, worker_rows, MirroredStrategy, Workers};
 use crate::error::{Error, Result};
 use crate::nn::layers::Layer;
 use crate::nn::optimizer::{Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
-use crate::nn::step_output::{StepOutput, StepPart};
+use crate::nn::step_output::{HostPart, StepOutput, StepPart};
 use crate::tensor::{DType, Direction, Tensor};
 
 /// The replicas of a mirrored model after the first (the model's own layers are replica 0).
@@ -123,7 +124,7 @@ fn from_chief(workers: &dyn Workers, layer: &dyn Layer) -> Result<()> {
         .collect::<Result<Vec<_>>>();
     workers.agree(
         "creating the model (weights from worker 0)",
-        local.as_ref().map(drop).map_err(clone_error),
+        local.as_ref().map(drop),
         &mut [],
     )?;
     let local = local?;
@@ -138,11 +139,6 @@ fn from_chief(workers: &dyn Workers, layer: &dyn Layer) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// An error's message, for a second owner (a collective vote takes it, the caller keeps it).
-fn clone_error(e: &Error) -> Error {
-    Error::Model(e.to_string())
 }
 
 impl Mirrors {
@@ -231,19 +227,11 @@ impl HostBatch<'_> {
         let Some(workers) = strategy.workers() else {
             return self.shards(strategy);
         };
-        let counts = workers.replicas();
-        let total: usize = counts.iter().sum::<usize>().max(1);
-        let global = self.y.len();
-        let rows = |i: usize| global / total + usize::from(i < global % total);
-        let before: usize = counts[..workers.rank()].iter().sum();
-        let mut first: usize = (0..before).map(rows).sum();
-        (before..before + counts[workers.rank()])
-            .map(|i| {
-                let s = Shard {
-                    first,
-                    rows: rows(i),
-                };
-                first += s.rows;
+        let (mut first, rows) = worker_rows(self.y.len(), workers.replicas(), workers.rank());
+        rows.into_iter()
+            .map(|rows| {
+                let s = Shard { first, rows };
+                first += rows;
                 s
             })
             .collect()
@@ -293,10 +281,29 @@ impl HostBatch<'_> {
 type Job<'a, T> = (&'a str, Box<dyn FnOnce() -> Result<T> + Send + 'a>);
 
 /// Runs one job per replica, each on its own thread (inline when there is one), and returns
-/// their results in replica order, or the first replica's error.
+/// their results in replica order, or the first replica's error. A panic in a job becomes that
+/// replica's error, with one replica as with several (on a worker of a multi-worker job, the
+/// step's vote then fails the step everywhere instead of the panic aborting the job).
 fn on_every_replica<T: Send>(jobs: Vec<Job<'_, T>>) -> Result<Vec<T>> {
+    let panicked = |device: &str, panic: Box<dyn std::any::Any + Send>| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Error::Model(format!("the replica on {device} panicked: {why}"))
+    };
     if jobs.len() == 1 {
-        return jobs.into_iter().map(|(_, job)| job()).collect();
+        return jobs
+            .into_iter()
+            .map(|(device, job)| {
+                // Unwind-safe in practice: a job reads its replica's weights and makes new
+                // tensors (phases 1 and evaluation write no parameter), so a panic leaves no
+                // state half-updated.
+                panic::catch_unwind(AssertUnwindSafe(|| as_replica_job(job)))
+                    .unwrap_or_else(|p| Err(panicked(device, p)))
+            })
+            .collect();
     }
     let results: Vec<Result<T>> = thread::scope(|s| {
         let handles: Vec<_> = jobs
@@ -304,23 +311,14 @@ fn on_every_replica<T: Send>(jobs: Vec<Job<'_, T>>) -> Result<Vec<T>> {
             .map(|(device, job)| {
                 let handle = thread::Builder::new()
                     .name(format!("anygpu replica {device}"))
-                    .spawn_scoped(s, job);
+                    .spawn_scoped(s, || as_replica_job(job));
                 (device, handle)
             })
             .collect();
         handles
             .into_iter()
             .map(|(device, h)| match h {
-                Ok(h) => h.join().unwrap_or_else(|panic| {
-                    let why = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    Err(Error::Model(format!(
-                        "the replica on {device} panicked: {why}"
-                    )))
-                }),
+                Ok(h) => h.join().unwrap_or_else(|p| Err(panicked(device, p))),
                 Err(e) => Err(Error::Model(format!(
                     "could not start a thread for the replica on {device}: {e}"
                 ))),
@@ -408,6 +406,21 @@ fn replica_gradients(
     })
 }
 
+/// The request of a step's first vote, which a worker whose batch failed (`fit`'s
+/// [`vote_failed_step`]) joins in place of the step.
+const STEP_VOTE: &str = "training step (forward and backward)";
+
+/// A worker whose step failed before it began (its next batch could not be read, say) joins
+/// the step's first vote with the error, so that every worker's step fails alike with no
+/// extra collective; the agreed error.
+pub(crate) fn vote_failed_step(workers: &dyn Workers, error: &Error) -> Error {
+    match workers.agree(STEP_VOTE, Err(error), &mut []) {
+        Err(agreed) => agreed,
+        // Unreachable: this worker voted failure. Its own error, rather than a panic.
+        Ok(()) => Error::Model(error.to_string()),
+    }
+}
+
 /// One synchronous data-parallel training step over `replicas` (the primary first).
 pub(crate) fn train_step(
     strategy: &MirroredStrategy,
@@ -435,10 +448,9 @@ pub(crate) fn train_step(
     // A worker of a multi-worker job says how its part went before anyone waits for its
     // gradients, so that a failed worker stops every worker instead of leaving them waiting.
     if let Some(w) = workers {
-        let local = gradients.as_ref().map(drop).map_err(clone_error);
-        w.agree("training step (forward and backward)", local, &mut [])?;
+        w.agree(STEP_VOTE, gradients.as_ref().map(drop), &mut [])?;
     }
-    let (mut parts, packed) = gradients?;
+    let (parts, packed) = gradients?;
 
     // 2. The sum over replicas (and workers), where the updates will run.
     let cross_worker = workers.is_some_and(|w| !w.same_kernels());
@@ -476,15 +488,20 @@ pub(crate) fn train_step(
     drop(reduced);
     // Across workers the update starts only when every worker has everything it needs, and
     // the step's loss and accuracy become the sums over all workers.
+    // The sums stay on the host: nothing may be allocated after this vote, since a worker that
+    // failed after it would skip an update the others run.
+    let mut global = None;
     if let Some(w) = workers {
         let mut sums = [0.0f64; 2];
-        let local = prepared
+        let read = prepared
             .as_ref()
-            .map(drop)
-            .map_err(clone_error)
-            .and_then(|()| host_sums(&parts, &mut sums));
+            .map_or(Ok(()), |_| host_sums(&parts, &mut sums));
+        let local = prepared.as_ref().map(drop).and(read.as_ref().map(drop));
         w.agree("training step (update)", local, &mut sums)?;
-        parts = vec![global_part(replicas[0].device, sums, accuracy)?];
+        global = Some(HostPart {
+            loss_sum: sums[0],
+            correct: accuracy.then_some(sums[1]),
+        });
     }
     let (grads, carriers, state_packs) = prepared?;
 
@@ -504,7 +521,10 @@ pub(crate) fn train_step(
         ));
     }
     updated?;
-    Ok(StepOutput::new(parts, batch.y.len()))
+    Ok(match global {
+        Some(sums) => StepOutput::from_host(sums, batch.y.len()),
+        None => StepOutput::new(parts, batch.y.len()),
+    })
 }
 
 /// Phase 1 of a step: each replica's loss terms, and its packed gradients (`[pack][replica]`);
@@ -657,17 +677,6 @@ fn host_sums(parts: &[StepPart], sums: &mut [f64; 2]) -> Result<()> {
 
 fn scalar(t: &Tensor) -> Result<f32> {
     Ok(t.to_vec::<f32>()?.first().copied().unwrap_or(0.0))
-}
-
-/// The loss terms of the whole global batch, summed over the workers, as one step part.
-fn global_part(device: &LogicalDevice, sums: [f64; 2], accuracy: bool) -> Result<StepPart> {
-    Ok(StepPart {
-        loss_sum: Tensor::from_slice_on(&[sums[0] as f32], &[1], device)?,
-        correct: match accuracy {
-            true => Some(Tensor::from_slice_on(&[sums[1] as f32], &[1], device)?),
-            false => None,
-        },
-    })
 }
 
 /// The loss terms of a batch, each replica taking its shard (no gradients).

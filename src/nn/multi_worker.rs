@@ -1,16 +1,15 @@
 //! What a multi-worker strategy asks of a model: here, above both, so that `distribute` never
 //! imports `nn`.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-
-use crate::distribute::MultiWorkerMirroredStrategy;
+use crate::distribute::{fnv1a, MultiWorkerMirroredStrategy};
 use crate::error::Result;
 use crate::nn::Sequential;
 
 impl MultiWorkerMirroredStrategy {
-    /// Whether every worker's model has the same bits: a checksum of the weights of every
-    /// local replica, compared through an MPI min and max reduction. A collective.
+    /// Whether every replica of every worker has the same bits: each worker compares its
+    /// local replicas with its first, then the first replicas' checksums (FNV-1a, the same in
+    /// every build) are compared across the workers through an MPI min and max reduction, so
+    /// that workers with different numbers of local replicas compare too. A collective.
     ///
     /// ```no_run
     /// use anygpu::distribute::MultiWorkerMirroredStrategy;
@@ -28,16 +27,17 @@ impl MultiWorkerMirroredStrategy {
     /// # Errors
     /// A device error reading the weights; then on every worker alike.
     pub fn weights_in_sync(&self, model: &Sequential) -> Result<bool> {
-        let local = (|| -> Result<u64> {
-            let mut hasher = DefaultHasher::new();
-            for r in 0..self.mirrored().num_replicas_in_sync() {
-                for w in model.replica_weights(r)? {
-                    for v in w {
-                        v.to_bits().hash(&mut hasher);
-                    }
+        let local = (|| -> Result<Option<u64>> {
+            let bits = |weights: Vec<Vec<f32>>| -> Vec<u32> {
+                weights.iter().flatten().map(|v| v.to_bits()).collect()
+            };
+            let first = bits(model.replica_weights(0)?);
+            for r in 1..self.mirrored().num_replicas_in_sync() {
+                if bits(model.replica_weights(r)?) != first {
+                    return Ok(None);
                 }
             }
-            Ok(hasher.finish())
+            Ok(Some(fnv1a(first.iter().flat_map(|w| w.to_le_bytes()))))
         })();
         self.checksums_agree("comparing weights", local)
     }

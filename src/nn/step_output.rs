@@ -10,7 +10,28 @@ use crate::tensor::Tensor;
 #[derive(Clone, Debug)]
 pub struct StepOutput {
     parts: Vec<StepPart>,
+    /// Sums already on the host (a multi-worker step's, summed over the workers in its vote).
+    host: Option<HostPart>,
     batch_size: usize,
+}
+
+/// Loss terms already read to the host: a multi-worker step builds its output from the sums
+/// its last vote returned, since allocating device tensors after that vote could fail on one
+/// worker alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct HostPart {
+    pub(crate) loss_sum: f64,
+    pub(crate) correct: Option<f64>,
+}
+
+impl HostPart {
+    fn add(&mut self, other: HostPart) {
+        self.loss_sum += other.loss_sum;
+        self.correct = match (self.correct, other.correct) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+    }
 }
 
 /// One device's share of a [`StepOutput`].
@@ -24,7 +45,20 @@ pub(crate) struct StepPart {
 
 impl StepOutput {
     pub(crate) fn new(parts: Vec<StepPart>, batch_size: usize) -> StepOutput {
-        StepOutput { parts, batch_size }
+        StepOutput {
+            parts,
+            host: None,
+            batch_size,
+        }
+    }
+
+    /// A step whose sums are on the host already.
+    pub(crate) fn from_host(sums: HostPart, batch_size: usize) -> StepOutput {
+        StepOutput {
+            parts: Vec::new(),
+            host: Some(sums),
+            batch_size,
+        }
     }
 
     /// Examples in the batch.
@@ -40,7 +74,7 @@ impl StepOutput {
         if self.batch_size == 0 {
             return Ok(f32::NAN);
         }
-        let mut sum = 0.0;
+        let mut sum = self.host.map_or(0.0, |h| h.loss_sum as f32);
         for p in &self.parts {
             sum += read_scalar(&p.loss_sum)?;
         }
@@ -53,7 +87,7 @@ impl StepOutput {
     /// # Errors
     /// A device error.
     pub fn accuracy(&self) -> Result<Option<f32>> {
-        let mut sum = None;
+        let mut sum = self.host.and_then(|h| h.correct).map(|c| c as f32);
         for c in self.parts.iter().filter_map(|p| p.correct.as_ref()) {
             *sum.get_or_insert(0.0) += read_scalar(c)?;
         }
@@ -69,6 +103,7 @@ fn read_scalar(t: &Tensor) -> Result<f32> {
 #[derive(Default)]
 pub(crate) struct Accumulator {
     parts: Vec<StepPart>,
+    host: Option<HostPart>,
     pub(crate) examples: usize,
 }
 
@@ -94,16 +129,23 @@ impl Accumulator {
                 }
             }
         }
+        if let Some(h) = step.host {
+            self.host.get_or_insert_with(HostPart::default).add(h);
+        }
         self.examples += step.batch_size;
         Ok(())
     }
 
     /// Reads `(mean loss, accuracy)`; waits for the steps so far.
     pub(crate) fn read(&self) -> Result<(f64, Option<f64>)> {
-        if self.parts.is_empty() {
+        if self.parts.is_empty() && self.host.is_none() {
             return Ok((f64::NAN, None));
         }
-        let total = StepOutput::new(self.parts.clone(), self.examples);
+        let total = StepOutput {
+            parts: self.parts.clone(),
+            host: self.host,
+            batch_size: self.examples,
+        };
         Ok((total.loss()? as f64, total.accuracy()?.map(f64::from)))
     }
 }

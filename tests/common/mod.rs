@@ -2,12 +2,83 @@
 //! failure under `ANYGPU_REQUIRE_ADAPTER=1` (CI) and a loud skip elsewhere.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use anygpu::nn::{
-    Activation, Conv2D, Dense, Flatten, Loss, MaxPool2D, Metric, Optimizer, SeparableConv2D,
+    Activation, Conv2D, Dense, Flatten, Layer, Loss, MaxPool2D, Metric, Optimizer, SeparableConv2D,
     Sequential, Verbosity,
 };
 use anygpu::ops::spec::Padding;
-use anygpu::{Runtime, RuntimeBuilder};
+use anygpu::{Error, LogicalDevice, Result, Runtime, RuntimeBuilder, Tensor};
+
+/// A [`Dense`] layer with injected faults: its backward pass fails while `fail_backward` is
+/// set (the stand-in for a device running out of memory half-way through it), and its forward
+/// pass panics while `panic_forward` is set.
+#[derive(Debug, Clone)]
+pub struct Flaky {
+    pub inner: Dense,
+    pub fail_backward: Arc<AtomicBool>,
+    pub panic_forward: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    /// `inner` with both faults off.
+    pub fn new(inner: Dense) -> Flaky {
+        Flaky {
+            inner,
+            fail_backward: Arc::default(),
+            panic_forward: Arc::default(),
+        }
+    }
+}
+
+impl Layer for Flaky {
+    fn class_name(&self) -> &'static str {
+        self.inner.class_name()
+    }
+    fn base_name(&self) -> &'static str {
+        self.inner.base_name()
+    }
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.inner.declared_input_shape()
+    }
+    fn activation(&self) -> Activation {
+        Layer::activation(&self.inner)
+    }
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        self.inner.compute_output_shape(input_shape)
+    }
+    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
+        self.inner.build(input_shape, seed, device)
+    }
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        self.inner.weights()
+    }
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        self.inner.set_weight(index, value)
+    }
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        if self.panic_forward.load(Ordering::SeqCst) {
+            panic!("injected: forward panics");
+        }
+        self.inner.forward(x)
+    }
+    fn backward(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        if self.fail_backward.load(Ordering::SeqCst) {
+            return Err(Error::Model("injected: out of memory in backward".into()));
+        }
+        self.inner.backward(saved, dy, need_dx)
+    }
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
 
 /// The backends tests search: `WGPU_BACKEND` if set, else Vulkan and GL (lavapipe + llvmpipe).
 pub fn backends() -> String {
