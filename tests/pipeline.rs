@@ -282,6 +282,25 @@ fn pipeline_settings_are_checked() {
     assert_eq!(m.pipeline().map(|p| p.micro_batches()), Some(3));
     assert_eq!(m.pipeline().map(|p| p.schedule()), Some(Schedule::OneFOneB));
 
+    // An empty batch: no micro-batches, the serial answer (a NaN loss, zero gradients).
+    let cpu = &cpus[0];
+    let x = Tensor::from_slice_on(&[0.0f32; 0], &[0, 8, 8, 1], cpu).expect("x");
+    let y = Tensor::from_slice_on(&[0i32; 0], &[0], cpu).expect("y");
+    let (loss, grads) = m.loss_and_gradients(&x, &y).expect("an empty batch");
+    let (serial_loss, serial) = model(&cpus, &TWO_STAGES)
+        .loss_and_gradients(&x, &y)
+        .expect("serially");
+    assert_eq!(
+        loss.is_nan(),
+        serial_loss.is_nan(),
+        "{loss} vs {serial_loss}"
+    );
+    assert_eq!(grads.len(), serial.len());
+    for (g, s) in grads.iter().zip(&serial) {
+        let (g, s) = (g.to_vec::<f32>().unwrap(), s.to_vec::<f32>().unwrap());
+        assert_eq!(g, s, "an empty batch's gradients");
+    }
+
     let strategy = anygpu::distribute::MirroredStrategy::with_devices(&cpus).expect("strategy");
     let mut mirrored = strategy
         .scope(|| {

@@ -722,7 +722,9 @@ impl Layer for Flatten {
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         let n = x.shape().first().copied().unwrap_or(1);
-        let y = x.reshape(&[n, x.len() / n.max(1)])?;
+        // From the dimensions, not `len / n`: an empty batch still has its features.
+        let features = x.shape().iter().skip(1).product();
+        let y = x.reshape(&[n, features])?;
         Ok((y, vec![x.clone()]))
     }
 

@@ -751,7 +751,8 @@ impl Sequential {
         self.require_built(what)?;
         let accuracy = self.compiled(what)?.accuracy;
         let n = self.check_batch(what, x, Some(y))?;
-        let (part, grads) = match self.pipeline {
+        // An empty batch has no micro-batches to pipeline; the serial pass answers for it.
+        let (part, grads) = match self.pipeline.filter(|_| n > 0) {
             Some(p) => {
                 let out = self.pipelined(p, Examples::Device { x, y }, accuracy)?;
                 (out.part, out.grads)
@@ -870,6 +871,7 @@ impl Sequential {
         for (i, weights) in layer_weights.iter().enumerate() {
             compiled.optimizer.ensure_slots(i, weights)?;
         }
+        debug_assert_eq!(grads.len(), layer_weights.len(), "gradients of every layer");
         for (i, (weights, g)) in layer_weights.iter().zip(grads).enumerate() {
             compiled.optimizer.apply(i, weights, g)?;
         }
