@@ -506,11 +506,12 @@ impl GpuContext {
         self.take_error()
     }
 
-    /// A failure of this device, with the error wgpu reported on it first, if any: a failed
-    /// wait or map is most often the consequence of one (a submission wgpu refused).
+    /// A failure of this device, with the error wgpu reported on it first, if any (taken: it
+    /// is reported once): a failed wait or map is most often the consequence of one (a
+    /// submission wgpu refused).
     fn gpu_error(&self, message: String) -> Error {
-        let slot = self.device_error.lock().unwrap_or_else(|e| e.into_inner());
-        let message = match slot.as_deref() {
+        let mut slot = self.device_error.lock().unwrap_or_else(|e| e.into_inner());
+        let message = match slot.take() {
             Some(cause) => format!("{message}; wgpu reported: {cause}"),
             None => message,
         };
