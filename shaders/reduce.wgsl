@@ -1,14 +1,13 @@
 // Reductions.
 //
 // Entry points:
-//   sum_all     @workgroup_size(256), dispatch (1, 1, 1): out[0] = alpha * Σ x[i], i < n.
-//               Each invocation sums a strided slice, then a tree in workgroup memory. The
-//               caller keeps n at most 256 * 256 (sum_all_chunks first), which bounds the loop:
-//               Mesa's software adapters silently cut a loop short after ~65,000 iterations.
-//   sum_all_chunks  @workgroup_size(256), dispatch grid_1d(ceil(n / chunk) * 256, 256):
-//               workgroup g = wg.x + wg.y * num_workgroups.x writes out[g] = Σ x[i] over
-//               i in [g * chunk, (g + 1) * chunk) ∩ [0, n), as sum_all does (a pass of partial
-//               sums that also spreads a long sum over the device).
+//   sum_all     @workgroup_size(256), dispatch grid_1d(ceil(n / chunk) * 256, 256): workgroup
+//               g = wg.x + wg.y * num_workgroups.x writes out[g] = alpha * Σ x[i] over i in
+//               [g * chunk, (g + 1) * chunk) ∩ [0, n): each invocation sums a strided slice,
+//               then a tree in workgroup memory. The caller runs passes until one chunk is
+//               left; a chunk of 256 * 256 bounds the loop (Mesa's software adapters silently
+//               cut a loop short after ~65,000 iterations) and spreads a long sum over the
+//               device.
 //   sum_rows    @workgroup_size(64), dispatch (ceil(cols / 64), ceil(rows / chunk), 1):
 //               out[g * cols + c] = Σ_{r in chunk g} x[r * cols + c]  (column sums in chunks;
 //               the caller applies it again to the [chunks, cols] partials until one row is left).
@@ -59,26 +58,7 @@ var<workgroup> partial: array<f32, 256>;
 var<workgroup> partial4: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(256)
-fn sum_all(@builtin(local_invocation_index) li: u32) {
-    var s = 0.0;
-    for (var i = li; i < p.n; i += 256u) {
-        s += x[i];
-    }
-    partial[li] = s;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (li < stride) {
-            partial[li] += partial[li + stride];
-        }
-        workgroupBarrier();
-    }
-    if (li == 0u) {
-        out[0] = p.alpha * partial[0];
-    }
-}
-
-@compute @workgroup_size(256)
-fn sum_all_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn sum_all(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let g = wg.x + wg.y * nwg.x;
     // Whole workgroups past the last chunk (grid_1d rounds up) leave before any barrier.
     if (g * p.chunk >= p.n) { return; }
@@ -96,7 +76,7 @@ fn sum_all_chunks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         workgroupBarrier();
     }
     if (li == 0u) {
-        out[g] = partial[0];
+        out[g] = p.alpha * partial[0];
     }
 }
 

@@ -52,7 +52,6 @@ const SCALE: OpInfo = OpInfo {
 /// The kernels of a sum or a mean: passes of partial sums, then the scale of a mean.
 const REDUCE_KERNELS: &[Kernel] = &[
     gk::SUM_ALL,
-    gk::SUM_ALL_CHUNKS,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
     gk::SUM_ROWS_WG,

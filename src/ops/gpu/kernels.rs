@@ -32,7 +32,6 @@ pub(crate) const PACK_B8: Kernel = Kernel::new(ShaderFamily::Matmul, "pack_b8");
 pub(crate) const SPLITK_REDUCE: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce");
 pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
-pub(crate) const SUM_ALL_CHUNKS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all_chunks");
 pub(crate) const SUM_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows");
 pub(crate) const SUM_ROWS_V4: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_v4");
 pub(crate) const SUM_ROWS_WG: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_rows_wg");
@@ -56,8 +55,8 @@ const UBO8_MAX_DISPATCHES: usize = (UNIFORM_SCRATCH_BYTES / UBO8_WINDOW) as usiz
 /// Bytes of B one `matmul_ubo8` dispatch reads: 32 rows of k × 8 columns.
 const UBO8_WINDOW: u64 = 32 * 8 * 4;
 
-/// Elements one `sum_all` workgroup adds (and one `sum_all_chunks` workgroup per chunk): 256
-/// per invocation, far below the ~65,000 loop iterations Mesa's software adapters allow.
+/// Elements one `sum_all` workgroup adds: 256 per invocation, far below the ~65,000 loop
+/// iterations Mesa's software adapters allow.
 const SUM_ALL_CHUNK: usize = 256 * 256;
 
 /// Workgroups `sum_rows_wg` aims for per pass.
@@ -467,33 +466,32 @@ impl Kernels for GpuKernels<'_> {
         if x.is_empty() {
             return self.scale_fill_zero(out);
         }
-        // Passes of partial sums until one workgroup can add what is left.
+        // Passes of partial sums until one chunk is left; alpha on the last.
         let mut current = x.clone();
-        while current.len() > SUM_ALL_CHUNK {
+        loop {
             let n = current.len();
             let chunks = n.div_ceil(SUM_ALL_CHUNK);
-            let partials = self.scratch(&[chunks], out)?;
+            let last = chunks == 1;
+            let target = if last {
+                out.clone()
+            } else {
+                self.scratch(&[chunks], out)?
+            };
             let p = ReduceParams {
                 n: u(n),
                 rows: 0,
                 cols: 0,
                 chunk: u(SUM_ALL_CHUNK),
-                alpha: 1.0,
+                alpha: if last { alpha } else { 1.0 },
                 act: 0,
             };
             let grid = grid_1d(chunks * 256, 256);
-            self.launch(SUM_ALL_CHUNKS, &p, &[&current, &partials], grid)?;
-            current = partials;
+            self.launch(SUM_ALL, &p, &[&current, &target], grid)?;
+            if last {
+                return Ok(());
+            }
+            current = target;
         }
-        let p = ReduceParams {
-            n: u(current.len()),
-            rows: 0,
-            cols: 0,
-            chunk: 0,
-            alpha,
-            act: 0,
-        };
-        self.launch(SUM_ALL, &p, &[&current, out], [1, 1, 1])
     }
 
     fn sum_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
