@@ -45,14 +45,26 @@
 //                8 output channels (2 vec4 of dz) per unit, so per pixel 6 vec4 loads feed 128
 //                multiply-adds with no tap arithmetic; units = (ci/16) * (co/8).
 //                bindings x4, dz4, dk4 (partials).
+//   conv2d_c1_pack  @workgroup_size(256), dispatch grid_1d(items = co/8 * 72, 256): the kernel
+//                [3, 3, 1, co] as conv2d_c1_ubo8's windows, one per block of 8 output channels,
+//                128 floats (512 bytes, a uniform offset alignment) apart:
+//                y[c * 128 + t * 8 + q] = k[t * co + 8c + q]. bindings k, y.
+//   conv2d_c1_ubo8  forward of a 3×3 kernel on a one-channel input (a grayscale image's first
+//                layer), co % 8 == 0, for software adapters: one output pixel × one block of 8
+//                output channels per invocation, one dispatch per block (p.block), the block's
+//                kernel window as a uniform buffer read at constant offsets. conv2d_v4 reads
+//                the same taps and weights per lane (lavapipe loads storage buffers lane by
+//                lane; these are 9 loads per pixel instead of 288 weights per 4 pixels).
+//                items = n*oh*ow, dispatch grid_1d(items, 64) per block.
+//                bindings x, bias4, y4, kw8 (the window).
 // Bindings (group 0): 0 uniform Params; 1 x, 2 k, 3 bias, 4 y, 5 dz, 7 dk: array<f32>;
 // 6 x4, 8 k4, 9 bias4, 10 y4, 11 dz4, 12 dk4: array<vec4<f32>> views (element counts multiple
-// of 4).
+// of 4); 13 kw8, a uniform window (conv2d_c1_ubo8).
 // All storage is read_write: two tensors of one dispatch may be ranges of one arena buffer.
 // Tensors are bound to the USED bindings in ascending order (as listed per entry point).
 // Params: in the correlation's terms (for backward input: h, w = the forward oh, ow; ci = c_out;
 // co = c_in; oh, ow = the forward h, w); act 0 linear, 1 relu, 2 selu; has_bias; wblocks;
-// items; chunk, pixels, taps (backward kernel).
+// items; chunk, pixels, taps (backward kernel); block (conv2d_c1_ubo8).
 // Limits: four storage buffers, 8 KiB of workgroup memory (conv2d_smem_v4), no f16 or subgroups
 // (GL-compatible).
 
@@ -76,7 +88,7 @@ struct Params {
     chunk: u32,
     pixels: u32,
     taps: u32,
-    _pad: u32,
+    block: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -92,6 +104,9 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> y4: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read_write> dz4: array<vec4<f32>>;
 @group(0) @binding(12) var<storage, read_write> dk4: array<vec4<f32>>;
+// conv2d_c1_ubo8's window: one block of 8 output channels of a 3×3 one-channel kernel, tap-major
+// (tap t's channels are vec4s 2t and 2t + 1).
+@group(0) @binding(13) var<uniform> kw8: array<vec4<f32>, 18>;
 
 const SELU_ALPHA: f32 = 1.6732632423543772;
 const SELU_SCALE: f32 = 1.0507009873554805;
@@ -687,4 +702,76 @@ fn conv2d_dk_1x1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     dk4[row + (c0 + 14u) * co4 + o4 + 1u] = acc[29];
     dk4[row + (c0 + 15u) * co4 + o4] = acc[30];
     dk4[row + (c0 + 15u) * co4 + o4 + 1u] = acc[31];
+}
+
+@compute @workgroup_size(256)
+fn conv2d_c1_pack(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= p.items) { return; }
+    let c = i / 72u;
+    let t = (i % 72u) / 8u;
+    let q = i % 8u;
+    y[c * 128u + t * 8u + q] = k[t * p.co + 8u * c + q];
+}
+
+// x at tap (a, b) of output pixel (n, i, j) of a one-channel input, zero in the padding. The
+// address is clamped to a valid pixel, so every lane loads (no divergent branch).
+fn c1_tap(n: u32, i: u32, j: u32, a: u32, b: u32) -> f32 {
+    let ii = i + a;
+    let jj = j + b;
+    let inside = ii >= p.pt && ii < p.h + p.pt && jj >= p.pl && jj < p.w + p.pl;
+    let r = min(max(ii, p.pt) - p.pt, p.h - 1u);
+    let c = min(max(jj, p.pl) - p.pl, p.w - 1u);
+    return select(0.0, x[(n * p.h + r) * p.w + c], inside);
+}
+
+@compute @workgroup_size(64)
+fn conv2d_c1_ubo8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // Pixels past the end compute the last one and store nothing (an early return would leave
+    // the lanes divergent, and lavapipe then reads the window lane by lane).
+    let flat = item_index(gid, nwg);
+    let pix = min(flat, p.items - 1u);
+    let j = pix % p.ow;
+    let t = pix / p.ow;
+    let i = t % p.oh;
+    let n = t / p.oh;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    // Written out, not looped: the window's offsets must be constants.
+    let x0 = c1_tap(n, i, j, 0u, 0u);
+    acc0 += x0 * kw8[0];
+    acc1 += x0 * kw8[1];
+    let x1 = c1_tap(n, i, j, 0u, 1u);
+    acc0 += x1 * kw8[2];
+    acc1 += x1 * kw8[3];
+    let x2 = c1_tap(n, i, j, 0u, 2u);
+    acc0 += x2 * kw8[4];
+    acc1 += x2 * kw8[5];
+    let x3 = c1_tap(n, i, j, 1u, 0u);
+    acc0 += x3 * kw8[6];
+    acc1 += x3 * kw8[7];
+    let x4 = c1_tap(n, i, j, 1u, 1u);
+    acc0 += x4 * kw8[8];
+    acc1 += x4 * kw8[9];
+    let x5 = c1_tap(n, i, j, 1u, 2u);
+    acc0 += x5 * kw8[10];
+    acc1 += x5 * kw8[11];
+    let x6 = c1_tap(n, i, j, 2u, 0u);
+    acc0 += x6 * kw8[12];
+    acc1 += x6 * kw8[13];
+    let x7 = c1_tap(n, i, j, 2u, 1u);
+    acc0 += x7 * kw8[14];
+    acc1 += x7 * kw8[15];
+    let x8 = c1_tap(n, i, j, 2u, 2u);
+    acc0 += x8 * kw8[16];
+    acc1 += x8 * kw8[17];
+    let o = pix * (p.co / 4u) + 2u * p.block;
+    if (p.has_bias != 0u) {
+        acc0 += bias4[2u * p.block];
+        acc1 += bias4[2u * p.block + 1u];
+    }
+    if (flat < p.items) {
+        y4[o] = act4(acc0, p.act);
+        y4[o + 1u] = act4(acc1, p.act);
+    }
 }

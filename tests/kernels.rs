@@ -205,6 +205,10 @@ fn check_conv2d(devices: &[LogicalDevice]) {
         (1, 13, 1, 3, 8, 5, 1, Same),
         (3, 28, 28, 32, 32, 3, 3, Valid),
         (1, 2, 3, 3, 4, 3, 3, Valid),
+        // One input channel, 3×3 (conv2d_c1_ubo8): valid padding and a ragged last workgroup,
+        // then 'same' with a bias and two blocks of 8 output channels.
+        (2, 9, 11, 1, 8, 3, 3, Valid),
+        (1, 5, 6, 1, 16, 3, 3, Same),
     ];
     for dev in devices {
         let _s = dev.scope();
@@ -1190,6 +1194,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "rows4x4",
         "tile8x8",
         "smem64",
+        "ubo_c1",
         "fused",
         "separate",
         "direct",
@@ -1227,7 +1232,14 @@ fn every_tuning_candidate_matches_the_reference() {
         if candidate.starts_with("chunks")
             || matches!(
                 candidate,
-                "direct" | "product" | "rows4x4" | "tile8x8" | "smem64" | "fused" | "separate"
+                "direct"
+                    | "product"
+                    | "rows4x4"
+                    | "tile8x8"
+                    | "smem64"
+                    | "ubo_c1"
+                    | "fused"
+                    | "separate"
             )
         {
             check_conv2d(&gpus);

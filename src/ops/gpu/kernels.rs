@@ -146,7 +146,7 @@ impl<'a> GpuKernels<'a> {
     }
 
     /// [`GpuKernels::launch`] over buffer ranges: tensors, or windows of them.
-    fn launch_ranges<P: Pod>(
+    pub(crate) fn launch_ranges<P: Pod>(
         &self,
         kernel: Kernel,
         params: &P,
@@ -643,43 +643,68 @@ impl GpuKernels<'_> {
             let tiles = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
             return self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], tiles);
         };
-        let (Some(bias_or_out), Some(out), Some(a), Some(b)) = (
-            bias_or_out.gpu_range(),
-            out.gpu_range(),
-            a.gpu_range(),
-            b.gpu_range(),
-        ) else {
-            return Ok(());
-        };
-        // B packed into the adapter's uniform scratch buffer (UBO8_MAX_DISPATCHES windows fit),
-        // held until every window's dispatch is recorded.
-        let scratch = self.dev.ctx.uniform_scratch.lock();
-        let scratch = scratch.unwrap_or_else(|e| e.into_inner());
-        let packed = GpuRange {
-            buffer: &scratch,
-            offset: 0,
-            size: (d.k * d.n * 4) as u64,
-        };
-        self.launch_ranges(PACK_B8, &p, &[b, packed], grid_1d(d.k * d.n, 256))?;
-        for block in 0..blocks {
-            // In order of k: each chunk adds to what the one before stored.
-            for chunk in 0..chunks {
-                let window = GpuRange {
-                    offset: packed.offset + (block * chunks + chunk) as u64 * UBO8_WINDOW,
-                    size: UBO8_WINDOW,
-                    ..packed
-                };
-                let params = MatmulParams {
-                    block: u(block),
-                    chunk: u(chunk),
-                    ..p
-                };
-                // Bindings 3, 6, 7, 8: bias, out, a, the window.
-                let ranges = [bias_or_out, out, a, window];
-                self.launch_ranges(MATMUL_UBO8, &params, &ranges, grid_1d(d.m, 64))?;
+        // B packed into the uniform scratch buffer (UBO8_MAX_DISPATCHES windows fit).
+        let bytes = (d.k * d.n * 4) as u64;
+        self.with_uniform_windows(
+            [bias_or_out, out, a, b],
+            bytes,
+            |[bias_or_out, out, a, b], packed| {
+                self.launch_ranges(PACK_B8, &p, &[b, packed], grid_1d(d.k * d.n, 256))?;
+                for block in 0..blocks {
+                    // In order of k: each chunk adds to what the one before stored.
+                    for chunk in 0..chunks {
+                        let window = GpuRange {
+                            offset: packed.offset + (block * chunks + chunk) as u64 * UBO8_WINDOW,
+                            size: UBO8_WINDOW,
+                            ..packed
+                        };
+                        let params = MatmulParams {
+                            block: u(block),
+                            chunk: u(chunk),
+                            ..p
+                        };
+                        // Bindings 3, 6, 7, 8: bias, out, a, the window.
+                        let ranges = [bias_or_out, out, a, window];
+                        self.launch_ranges(MATMUL_UBO8, &params, &ranges, grid_1d(d.m, 64))?;
+                    }
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Runs `record` with the ranges of `tensors` and the first `bytes` of the adapter's
+    /// uniform scratch buffer, held until `record` returns so that no other op repacks it
+    /// before the dispatches reading it are recorded (commands run in recording order).
+    /// Nothing runs when a tensor is empty (it has no range).
+    pub(crate) fn with_uniform_windows<const N: usize>(
+        &self,
+        tensors: [&Tensor; N],
+        bytes: u64,
+        record: impl FnOnce([GpuRange<'_>; N], GpuRange<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut ranges = Vec::with_capacity(N);
+        for t in tensors {
+            match t.gpu_range() {
+                Some(r) => ranges.push(r),
+                None => return Ok(()),
             }
         }
-        Ok(())
+        let Ok(ranges) = <[GpuRange<'_>; N]>::try_from(ranges) else {
+            return Ok(());
+        };
+        let scratch = self.dev.ctx.uniform_scratch.lock();
+        let scratch = scratch.unwrap_or_else(|e| e.into_inner());
+        debug_assert!(
+            bytes <= UNIFORM_SCRATCH_BYTES,
+            "windows fit the scratch buffer"
+        );
+        let windows = GpuRange {
+            buffer: &scratch,
+            offset: 0,
+            size: bytes,
+        };
+        record(ranges, windows)
     }
 
     /// `out = act(op(a) · op(b) + bias)` as `splits` partial products over slices of k, then one

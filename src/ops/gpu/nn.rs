@@ -26,10 +26,12 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::device::context::UNIFORM_SCRATCH_BYTES;
+use crate::device::logical::GpuRange;
 use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::tune::{bucket, Choice};
-use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
+use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
 use crate::ops::nn::pointwise_shape;
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
 use crate::ops::{
@@ -56,6 +58,8 @@ const fn opt(entry: &'static str) -> Kernel {
 
 pub(crate) const CONV2D_S: Kernel = conv("conv2d_s");
 pub(crate) const CONV2D_V4: Kernel = conv("conv2d_v4");
+pub(crate) const CONV2D_C1_UBO8: Kernel = conv("conv2d_c1_ubo8");
+pub(crate) const CONV2D_C1_PACK: Kernel = conv("conv2d_c1_pack");
 pub(crate) const CONV2D_SMEM_V4: Kernel = conv("conv2d_smem_v4");
 pub(crate) const CONV2D_FLIP: Kernel = conv("conv2d_flip");
 pub(crate) const CONV2D_DK_S: Kernel = conv("conv2d_dk_s");
@@ -83,6 +87,8 @@ pub(crate) const ADAM: Kernel = opt("adam");
 pub(crate) const CONV2D: &[Kernel] = &[
     CONV2D_S,
     CONV2D_V4,
+    CONV2D_C1_UBO8,
+    CONV2D_C1_PACK,
     CONV2D_SMEM_V4,
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
@@ -95,6 +101,8 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
     CONV2D_FLIP,
     CONV2D_S,
     CONV2D_V4,
+    CONV2D_C1_UBO8,
+    CONV2D_C1_PACK,
     CONV2D_SMEM_V4,
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
@@ -178,6 +186,8 @@ pub(crate) const SEPARABLE: &[Kernel] = &[
     DEPTHWISE3X3_TILE_V4,
     CONV2D_S,
     CONV2D_V4,
+    CONV2D_C1_UBO8,
+    CONV2D_C1_PACK,
     CONV2D_SMEM_V4,
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
@@ -204,6 +214,10 @@ macro_rules! separable_backward_kernels {
             CONV2D_FLIP,
             CONV2D_S,
             CONV2D_V4,
+            CONV2D_C1_UBO8,
+            CONV2D_C1_PACK,
+    CONV2D_C1_UBO8,
+    CONV2D_C1_PACK,
             CONV2D_SMEM_V4,
             gk::MATMUL_16X8,
             gk::MATMUL_UBO8,
@@ -257,7 +271,7 @@ const POINTWISE: [&str; 2] = ["direct", "product"];
 fn pointwise_as_product(s: &Conv2dShape) -> bool {
     s.c_out.is_multiple_of(4)
         && s.c_in.is_multiple_of(4)
-        && (s.n * s.h * s.w).div_ceil(128) <= 65_535
+        && (s.n * s.h * s.w).div_ceil(128) <= MAX_GROUPS_PER_DIM
 }
 
 /// Fewest pixels (or image rows for the 3×3 depthwise filter gradient) one partial sums.
@@ -292,7 +306,8 @@ struct ConvParams {
     chunk: u32,
     pixels: u32,
     taps: u32,
-    _pad: u32,
+    /// `conv2d_c1_ubo8`'s block of 8 output channels.
+    block: u32,
 }
 
 /// Mirror of `Params` in depthwise.wgsl.
@@ -411,6 +426,25 @@ impl Correlation {
     }
 }
 
+/// Floats of one `conv2d_c1_ubo8` window (9 taps × 8 output channels), and the bytes between
+/// windows (a multiple of every adapter's uniform offset alignment, at most 256).
+const C1_WINDOW_FLOATS: usize = 9 * 8;
+const C1_WINDOW_STRIDE: u64 = 512;
+
+/// The number of `conv2d_c1_ubo8` windows (blocks of 8 output channels) of `g`, or `None`
+/// where the kernel does not apply: a 3×3 kernel, one input channel, output channels a
+/// multiple of 8, and every window in the uniform scratch buffer.
+fn c1_windows(g: &Correlation) -> Option<usize> {
+    let blocks = g.co / 8;
+    let fits = g.ci == 1
+        && g.kh == 3
+        && g.kw == 3
+        && g.co.is_multiple_of(8)
+        && blocks > 0
+        && blocks as u64 * C1_WINDOW_STRIDE <= UNIFORM_SCRATCH_BYTES;
+    fits.then_some(blocks)
+}
+
 impl GpuKernels<'_> {
     /// Runs `out = act(correlate(input, kernel) + bias)`: when `co` is a multiple of 4, tuned
     /// between `conv2d_v4` and the workgroup-memory `conv2d_smem_v4`; `conv2d_s` otherwise.
@@ -427,14 +461,19 @@ impl GpuKernels<'_> {
         let pixels = g.n * g.oh * g.ow;
         // (A 1×1 correlation is already tuned against the products, workgroup tiles included.)
         let pointwise = g.kh * g.kw == 1;
-        if v4 && !pointwise && pixels.div_ceil(64) <= 65_535 && pixels > 0 {
+        if v4 && !pointwise && pixels.div_ceil(64) <= MAX_GROUPS_PER_DIM && pixels > 0 {
             let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
             let mut candidates = vec!["direct"];
+            if c1_windows(g).is_some() {
+                candidates.push("ubo_c1");
+            }
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64"]);
             let choice = Choice::new("conv2d", class, &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 if candidate == "smem64" {
                     self.correlate_smem(g, input, kernel, bias, out, act)
+                } else if candidate == "ubo_c1" {
+                    self.correlate_c1_ubo8(g, input, kernel, bias, out, act)
                 } else {
                     self.correlate_direct(g, input, kernel, bias, out, act)
                 }
@@ -459,6 +498,55 @@ impl GpuKernels<'_> {
         // Without a bias the (unread) bias binding takes the output.
         let b = bias.unwrap_or(out);
         self.launch(CONV2D_SMEM_V4, &p, &[input, kernel, b, out], grid)
+    }
+
+    /// [`GpuKernels::correlate`] by `conv2d_c1_ubo8` (a 3×3 kernel on one input channel, see
+    /// [`c1_windows`]): the kernel packed into uniform windows of 8 output channels, then one
+    /// dispatch per window.
+    fn correlate_c1_ubo8(
+        &self,
+        g: &Correlation,
+        input: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        act: Activation,
+    ) -> Result<()> {
+        let Some(blocks) = c1_windows(g) else {
+            // Only offered where it applies; a forced pick elsewhere runs the direct kernels.
+            return self.correlate_direct(g, input, kernel, bias, out, act);
+        };
+        let b = bias.unwrap_or(out);
+        let bytes = blocks as u64 * C1_WINDOW_STRIDE;
+        self.with_uniform_windows(
+            [input, kernel, b, out],
+            bytes,
+            |[input, kernel, b, out], packed| {
+                let taps = blocks * C1_WINDOW_FLOATS;
+                let pack = ConvParams {
+                    co: u(g.co),
+                    items: u(taps),
+                    ..Default::default()
+                };
+                self.launch_ranges(CONV2D_C1_PACK, &pack, &[kernel, packed], grid_1d(taps, 256))?;
+                let pixels = g.n * g.oh * g.ow;
+                for block in 0..blocks {
+                    let window = GpuRange {
+                        offset: block as u64 * C1_WINDOW_STRIDE,
+                        size: (C1_WINDOW_FLOATS * 4) as u64,
+                        ..packed
+                    };
+                    let p = ConvParams {
+                        items: u(pixels),
+                        block: u(block),
+                        ..g.params(act, bias.is_some())
+                    };
+                    let ranges = [input, b, out, window];
+                    self.launch_ranges(CONV2D_C1_UBO8, &p, &ranges, grid_1d(pixels, 64))?;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// [`GpuKernels::correlate`] by the register-blocked direct kernels.
