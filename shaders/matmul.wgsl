@@ -42,6 +42,9 @@
 //              through b_rs, b_cs) into out as blocks of 8 columns, k rows each: out[(c * k + l) *
 //              8 + q] = B(l, 8c + q). Each 32 rows of a block (1 KiB) are one window of
 //              matmul_ubo8.
+//   materialize @workgroup_size(256), dispatch grid_1d(k * n, 256): B (any transpose, read
+//              through b_rs, b_cs) copied row-major into out [k, n] (an operand for the vec4
+//              kernels, which take no transposes; A is bound as b for its copy).
 //   matmul_ubo8  k a multiple of 32, n of 8, A not transposed; @workgroup_size(64), dispatch
 //              grid_1d(m, 64) once per (column block `block`, slice of 32 rows of k `chunk`),
 //              the chunks in order: binding 8 is that block's packed window of B as a uniform
@@ -627,6 +630,13 @@ fn store_tall(r: u32, col0: u32, lo: vec4<f32>, hi: vec4<f32>) {
         if (p.has_bias != 0u) { v += bias[c]; }
         out[r * p.n + c] = act(v, p.act);
     }
+}
+
+@compute @workgroup_size(256)
+fn materialize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= p.k * p.n) { return; }
+    out[i] = b[(i / p.n) * p.b_rs + (i % p.n) * p.b_cs];
 }
 
 @compute @workgroup_size(256)

@@ -1188,6 +1188,7 @@ fn every_tuning_candidate_matches_the_reference() {
         "tile64",
         "tall",
         "splitk",
+        "untransposed",
         "rows_v4",
         "rows_wg",
         "rows_sg",

@@ -29,6 +29,7 @@ pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "m
 pub(crate) const MATMUL_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_splitk");
 pub(crate) const MATMUL_UBO8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_ubo8");
 pub(crate) const PACK_B8: Kernel = Kernel::new(ShaderFamily::Matmul, "pack_b8");
+pub(crate) const MATERIALIZE: Kernel = Kernel::new(ShaderFamily::Matmul, "materialize");
 pub(crate) const SPLITK_REDUCE: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce");
 pub(crate) const SPLITK_REDUCE_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "splitk_reduce_v4");
 pub(crate) const SUM_ALL: Kernel = Kernel::new(ShaderFamily::Reduce, "sum_all");
@@ -448,8 +449,12 @@ impl Kernels for GpuKernels<'_> {
         if splitk_slices(d).is_some() {
             candidates.push("splitk");
         }
+        if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) {
+            candidates.push("untransposed");
+        }
         let choice = Choice::new("matmul", class, &candidates, heuristic);
         self.tuned(choice, &mut |c| match c {
+            "untransposed" => self.matmul_untransposed(a, b, bias, out, d, act),
             "tall" => {
                 let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(128));
                 self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
@@ -705,6 +710,49 @@ impl GpuKernels<'_> {
             size: bytes,
         };
         record(ranges, windows)
+    }
+
+    /// `out = act(op(a) · op(b) + bias)` with the transposed operands first copied row-major
+    /// (`materialize`), then on the vec4 kernels (tuned in their own right): a copy of an
+    /// operand costs one pass over it, the scalar kernels' strided loads one per output tile.
+    fn matmul_untransposed(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        act: Activation,
+    ) -> Result<()> {
+        let copy = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
+            // The stored [cols, rows] read as its transpose [rows, cols].
+            let row_major = self.scratch(&[rows, cols], t)?;
+            let p = MatmulParams {
+                k: u(rows),
+                n: u(cols),
+                b_rs: 1,
+                b_cs: u(rows),
+                ..MatmulParams::zeroed()
+            };
+            self.launch(MATERIALIZE, &p, &[t, &row_major], grid_1d(rows * cols, 256))?;
+            Ok(row_major)
+        };
+        let a = if d.trans_a {
+            copy(a, d.m, d.k)?
+        } else {
+            a.clone()
+        };
+        let b = if d.trans_b {
+            copy(b, d.k, d.n)?
+        } else {
+            b.clone()
+        };
+        let plain = MatmulDims {
+            trans_a: false,
+            trans_b: false,
+            ..d
+        };
+        self.matmul(&a, &b, bias, out, plain, act)
     }
 
     /// `out = act(op(a) · op(b) + bias)` as `splits` partial products over slices of k, then one

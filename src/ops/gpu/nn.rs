@@ -93,6 +93,7 @@ pub(crate) const CONV2D: &[Kernel] = &[
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
+    gk::MATERIALIZE,
 ];
 /// Kernels of `Conv2DBackpropInput`.
 /// (1×1 kernels with 64+ input channels on software adapters: the product on the flipped
@@ -107,6 +108,7 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
+    gk::MATERIALIZE,
 ];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
@@ -158,6 +160,7 @@ pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::MATMUL_SMEM128_V4,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
+    gk::MATERIALIZE,
     gk::MATMUL_SPLITK,
     gk::SPLITK_REDUCE,
     gk::SPLITK_REDUCE_V4,
@@ -192,6 +195,7 @@ pub(crate) const SEPARABLE: &[Kernel] = &[
     gk::MATMUL_16X8,
     gk::MATMUL_UBO8,
     gk::PACK_B8,
+    gk::MATERIALIZE,
 ];
 /// The kernels of `FusedSeparableConv2DGrad` after `$extra`: the forward depthwise again, the
 /// activation gradient, the 1×1 convolution's and the depthwise convolution's gradients.
@@ -222,6 +226,7 @@ macro_rules! separable_backward_kernels {
             gk::MATMUL_16X8,
             gk::MATMUL_UBO8,
                     gk::PACK_B8,
+    gk::MATERIALIZE,
             DEPTHWISE_DK_S,
             DEPTHWISE_DK_V4,
             DEPTHWISE3X3_DK_V4,
