@@ -40,6 +40,8 @@
 //                grid_1d(items, 64). bindings x, dz, dk (partials).
 //   conv2d_dk_v4 backward kernel, c_out % 4 == 0: 8 taps × 16 output channels (4 vec4);
 //                units = ceil(R/8) * ceil(co/16). bindings x, dz4, dk4 (partials).
+//   conv2d_dk9_v4 conv2d_dk_v4 for exactly 9 taps (3×3 on one input channel): all 9 × 16
+//                output channels in one unit; units = ceil(co/16). bindings x, dz4, dk4.
 //   conv2d_dk_1x1 backward kernel of a 1×1 'same'/'valid' convolution (xᵀ · dz over the
 //                pixels), c_in % 16 == 0 and c_out % 8 == 0: 16 input channels (4 vec4 of x) ×
 //                8 output channels (2 vec4 of dz) per unit, so per pixel 6 vec4 loads feed 128
@@ -609,6 +611,95 @@ fn conv2d_dk_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     store_dk4(row, r0 + 5u, ob, acc[20], acc[21], acc[22], acc[23]);
     store_dk4(row, r0 + 6u, ob, acc[24], acc[25], acc[26], acc[27]);
     store_dk4(row, r0 + 7u, ob, acc[28], acc[29], acc[30], acc[31]);
+}
+
+// The 9th tap of conv2d_dk9_v4 (x_taps for a single tap).
+fn x_tap(s: Walk, tb: TapBlock, live: bool) -> f32 {
+    let ii = s.i + tb.da.x;
+    let jj = s.j + tb.db.x;
+    let valid = ii < p.h && jj < p.w && live;
+    let at = min(((s.n * p.h + s.i) * p.w + s.j) * p.ci + tb.off.x, arrayLength(&x) - 1u);
+    return select(0.0, x[at], valid);
+}
+
+// conv2d_dk9_v4: conv2d_dk_v4 for exactly 9 taps (a 3×3 kernel on one input channel, a
+// grayscale image's first layer): all 9 in one unit, so per pixel 9 loads of x and 4 vec4 loads
+// of dz feed 144 multiply-adds (conv2d_dk_v4 takes two units of 8, the second loading 8 taps
+// and 4 vec4 of dz for one tap's 16 products).
+@compute @workgroup_size(64)
+fn conv2d_dk9_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let co4 = p.co / 4u;
+    let obs = (co4 + 3u) / 4u;
+    let di = dk_item(gid, nwg, obs);
+    let ob = di.unit * 4u;
+    let o = min(vec4<u32>(ob) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(co4 - 1u));
+    let ta = tap_block(0u);
+    let tb = tap_block(4u);
+    let tc = tap_block(8u);
+    let start = di.chunk * p.chunk;
+    // acc[m * 4 + q]: tap m, output vec4 ob + q.
+    var acc: array<vec4<f32>, 36>;
+    var s = walk_start(start);
+    for (var q = 0u; q < p.chunk; q++) {
+        let pix = start + q;
+        let live = pix < p.pixels;
+        let xa = x_taps(s, ta, live);
+        let xb = x_taps(s, tb, live);
+        let xc = x_tap(s, tc, live);
+        let zb = min(pix, p.pixels - 1u) * co4;
+        let d0 = dz4[zb + o.x];
+        let d1 = dz4[zb + o.y];
+        let d2 = dz4[zb + o.z];
+        let d3 = dz4[zb + o.w];
+        acc[0] += xa.x * d0;
+        acc[1] += xa.x * d1;
+        acc[2] += xa.x * d2;
+        acc[3] += xa.x * d3;
+        acc[4] += xa.y * d0;
+        acc[5] += xa.y * d1;
+        acc[6] += xa.y * d2;
+        acc[7] += xa.y * d3;
+        acc[8] += xa.z * d0;
+        acc[9] += xa.z * d1;
+        acc[10] += xa.z * d2;
+        acc[11] += xa.z * d3;
+        acc[12] += xa.w * d0;
+        acc[13] += xa.w * d1;
+        acc[14] += xa.w * d2;
+        acc[15] += xa.w * d3;
+        acc[16] += xb.x * d0;
+        acc[17] += xb.x * d1;
+        acc[18] += xb.x * d2;
+        acc[19] += xb.x * d3;
+        acc[20] += xb.y * d0;
+        acc[21] += xb.y * d1;
+        acc[22] += xb.y * d2;
+        acc[23] += xb.y * d3;
+        acc[24] += xb.z * d0;
+        acc[25] += xb.z * d1;
+        acc[26] += xb.z * d2;
+        acc[27] += xb.z * d3;
+        acc[28] += xb.w * d0;
+        acc[29] += xb.w * d1;
+        acc[30] += xb.w * d2;
+        acc[31] += xb.w * d3;
+        acc[32] += xc * d0;
+        acc[33] += xc * d1;
+        acc[34] += xc * d2;
+        acc[35] += xc * d3;
+        s = walk_next(s);
+    }
+    if (!di.live) { return; }
+    let row = di.chunk * p.taps * co4;
+    store_dk4(row, 0u, ob, acc[0], acc[1], acc[2], acc[3]);
+    store_dk4(row, 1u, ob, acc[4], acc[5], acc[6], acc[7]);
+    store_dk4(row, 2u, ob, acc[8], acc[9], acc[10], acc[11]);
+    store_dk4(row, 3u, ob, acc[12], acc[13], acc[14], acc[15]);
+    store_dk4(row, 4u, ob, acc[16], acc[17], acc[18], acc[19]);
+    store_dk4(row, 5u, ob, acc[20], acc[21], acc[22], acc[23]);
+    store_dk4(row, 6u, ob, acc[24], acc[25], acc[26], acc[27]);
+    store_dk4(row, 7u, ob, acc[28], acc[29], acc[30], acc[31]);
+    store_dk4(row, 8u, ob, acc[32], acc[33], acc[34], acc[35]);
 }
 
 // conv2d_dk_1x1: acc[2 * m + q] is input channel c0 + m × output vec4 o4 + q.

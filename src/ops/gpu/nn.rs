@@ -64,6 +64,7 @@ pub(crate) const CONV2D_SMEM_V4: Kernel = conv("conv2d_smem_v4");
 pub(crate) const CONV2D_FLIP: Kernel = conv("conv2d_flip");
 pub(crate) const CONV2D_DK_S: Kernel = conv("conv2d_dk_s");
 pub(crate) const CONV2D_DK_V4: Kernel = conv("conv2d_dk_v4");
+pub(crate) const CONV2D_DK9_V4: Kernel = conv("conv2d_dk9_v4");
 pub(crate) const CONV2D_DK_1X1: Kernel = conv("conv2d_dk_1x1");
 pub(crate) const DEPTHWISE_S: Kernel = dw("depthwise_s");
 pub(crate) const DEPTHWISE_V4: Kernel = dw("depthwise_v4");
@@ -114,6 +115,7 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
     CONV2D_DK_S,
     CONV2D_DK_V4,
+    CONV2D_DK9_V4,
     CONV2D_DK_1X1,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
@@ -127,6 +129,7 @@ pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
     gk::ACT_GRAD_SUM_ROWS_V4,
     CONV2D_DK_S,
     CONV2D_DK_V4,
+    CONV2D_DK9_V4,
     CONV2D_DK_1X1,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
@@ -214,19 +217,18 @@ macro_rules! separable_backward_kernels {
             gk::SUM_ROWS_WG,
             CONV2D_DK_S,
             CONV2D_DK_V4,
+            CONV2D_DK9_V4,
             CONV2D_DK_1X1,
             CONV2D_FLIP,
             CONV2D_S,
             CONV2D_V4,
             CONV2D_C1_UBO8,
             CONV2D_C1_PACK,
-    CONV2D_C1_UBO8,
-    CONV2D_C1_PACK,
             CONV2D_SMEM_V4,
             gk::MATMUL_16X8,
             gk::MATMUL_UBO8,
-                    gk::PACK_B8,
-    gk::MATERIALIZE,
+            gk::PACK_B8,
+            gk::MATERIALIZE,
             DEPTHWISE_DK_S,
             DEPTHWISE_DK_V4,
             DEPTHWISE3X3_DK_V4,
@@ -771,8 +773,14 @@ impl GpuKernels<'_> {
         } else {
             s.c_out.div_ceil(4)
         };
-        // Flattened taps per unit: 8 in conv2d_dk_v4, 4 in conv2d_dk_s.
-        let units = taps.div_ceil(if v4 { 8 } else { 4 }) * obs;
+        // Flattened taps per unit: all 9 in conv2d_dk9_v4, 8 in conv2d_dk_v4, 4 in conv2d_dk_s.
+        let nine = v4 && taps == 9;
+        let per_unit = match (v4, nine) {
+            (true, true) => 9,
+            (true, false) => 8,
+            _ => 4,
+        };
+        let units = taps.div_ceil(per_unit) * obs;
         let (chunk, chunks) = chunking(target, units, pixels, MIN_CHUNK);
         let items = units * chunks;
         let p = ConvParams {
@@ -793,7 +801,11 @@ impl GpuKernels<'_> {
             taps: u(taps),
             ..Default::default()
         };
-        let entry = if v4 { CONV2D_DK_V4 } else { CONV2D_DK_S };
+        let entry = match (v4, nine) {
+            (true, true) => CONV2D_DK9_V4,
+            (true, false) => CONV2D_DK_V4,
+            _ => CONV2D_DK_S,
+        };
         self.partial_sums(entry, &p, [x, dz], dk, items, chunks)
     }
 
