@@ -40,6 +40,10 @@
 //                grid_1d(items, 64). bindings x, dz, dk (partials).
 //   conv2d_dk_v4 backward kernel, c_out % 4 == 0: 8 taps × 16 output channels (4 vec4);
 //                units = ceil(R/8) * ceil(co/16). bindings x, dz4, dk4 (partials).
+//   conv2d_dk_1x1_16  conv2d_dk_1x1 with 16 output channels per unit (4 vec4 of dz), c_out
+//                % 16 == 0: per pixel 8 vec4 loads feed 256 multiply-adds; units =
+//                (ci/16) * (co/16). A tuning candidate (software adapters: fewer loads per
+//                product; GPUs: twice the invocations with conv2d_dk_1x1).
 //   conv2d_dk9_v4 conv2d_dk_v4 for exactly 9 taps (3×3 on one input channel): all 9 × 16
 //                output channels in one unit; units = ceil(co/16). bindings x, dz4, dk4.
 //   conv2d_dk_1x1 backward kernel of a 1×1 'same'/'valid' convolution (xᵀ · dz over the
@@ -865,4 +869,165 @@ fn conv2d_c1_ubo8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
         y4[o] = act4(acc0, p.act);
         y4[o + 1u] = act4(acc1, p.act);
     }
+}
+
+// conv2d_dk_1x1_16: conv2d_dk_1x1 with 16 output channels per unit (4 vec4 of dz): per pixel
+// 8 vec4 loads feed 256 multiply-adds; acc[4 * m + q] is input channel c0 + m × output vec4
+// o4 + q.
+@compute @workgroup_size(64)
+fn conv2d_dk_1x1_16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let ci4 = p.ci / 4u;
+    let co4 = p.co / 4u;
+    let obs = co4 / 4u;
+    let di = dk_item(gid, nwg, (ci4 / 4u) * obs);
+    let c0 = (di.unit / obs) * 16u;
+    let o4 = (di.unit % obs) * 4u;
+    let start = di.chunk * p.chunk;
+    var acc: array<vec4<f32>, 64>;
+    // A uniform trip count; pixels past the end (last chunk) read the last pixel and add zero.
+    for (var q = 0u; q < p.chunk; q++) {
+        let pix = start + q;
+        let keep = select(0.0, 1.0, pix < p.pixels);
+        let at = min(pix, p.pixels - 1u);
+        let xb = at * ci4 + c0 / 4u;
+        let x0 = x4[xb] * keep;
+        let x1 = x4[xb + 1u] * keep;
+        let x2 = x4[xb + 2u] * keep;
+        let x3 = x4[xb + 3u] * keep;
+        let zb = at * co4 + o4;
+        let d0 = dz4[zb];
+        let d1 = dz4[zb + 1u];
+        let d2 = dz4[zb + 2u];
+        let d3 = dz4[zb + 3u];
+        acc[0] += x0.x * d0;
+        acc[1] += x0.x * d1;
+        acc[2] += x0.x * d2;
+        acc[3] += x0.x * d3;
+        acc[4] += x0.y * d0;
+        acc[5] += x0.y * d1;
+        acc[6] += x0.y * d2;
+        acc[7] += x0.y * d3;
+        acc[8] += x0.z * d0;
+        acc[9] += x0.z * d1;
+        acc[10] += x0.z * d2;
+        acc[11] += x0.z * d3;
+        acc[12] += x0.w * d0;
+        acc[13] += x0.w * d1;
+        acc[14] += x0.w * d2;
+        acc[15] += x0.w * d3;
+        acc[16] += x1.x * d0;
+        acc[17] += x1.x * d1;
+        acc[18] += x1.x * d2;
+        acc[19] += x1.x * d3;
+        acc[20] += x1.y * d0;
+        acc[21] += x1.y * d1;
+        acc[22] += x1.y * d2;
+        acc[23] += x1.y * d3;
+        acc[24] += x1.z * d0;
+        acc[25] += x1.z * d1;
+        acc[26] += x1.z * d2;
+        acc[27] += x1.z * d3;
+        acc[28] += x1.w * d0;
+        acc[29] += x1.w * d1;
+        acc[30] += x1.w * d2;
+        acc[31] += x1.w * d3;
+        acc[32] += x2.x * d0;
+        acc[33] += x2.x * d1;
+        acc[34] += x2.x * d2;
+        acc[35] += x2.x * d3;
+        acc[36] += x2.y * d0;
+        acc[37] += x2.y * d1;
+        acc[38] += x2.y * d2;
+        acc[39] += x2.y * d3;
+        acc[40] += x2.z * d0;
+        acc[41] += x2.z * d1;
+        acc[42] += x2.z * d2;
+        acc[43] += x2.z * d3;
+        acc[44] += x2.w * d0;
+        acc[45] += x2.w * d1;
+        acc[46] += x2.w * d2;
+        acc[47] += x2.w * d3;
+        acc[48] += x3.x * d0;
+        acc[49] += x3.x * d1;
+        acc[50] += x3.x * d2;
+        acc[51] += x3.x * d3;
+        acc[52] += x3.y * d0;
+        acc[53] += x3.y * d1;
+        acc[54] += x3.y * d2;
+        acc[55] += x3.y * d3;
+        acc[56] += x3.z * d0;
+        acc[57] += x3.z * d1;
+        acc[58] += x3.z * d2;
+        acc[59] += x3.z * d3;
+        acc[60] += x3.w * d0;
+        acc[61] += x3.w * d1;
+        acc[62] += x3.w * d2;
+        acc[63] += x3.w * d3;
+    }
+    if (!di.live) { return; }
+    let row = di.chunk * p.ci * co4;
+    dk4[row + (c0 + 0u) * co4 + o4 + 0u] = acc[0];
+    dk4[row + (c0 + 0u) * co4 + o4 + 1u] = acc[1];
+    dk4[row + (c0 + 0u) * co4 + o4 + 2u] = acc[2];
+    dk4[row + (c0 + 0u) * co4 + o4 + 3u] = acc[3];
+    dk4[row + (c0 + 1u) * co4 + o4 + 0u] = acc[4];
+    dk4[row + (c0 + 1u) * co4 + o4 + 1u] = acc[5];
+    dk4[row + (c0 + 1u) * co4 + o4 + 2u] = acc[6];
+    dk4[row + (c0 + 1u) * co4 + o4 + 3u] = acc[7];
+    dk4[row + (c0 + 2u) * co4 + o4 + 0u] = acc[8];
+    dk4[row + (c0 + 2u) * co4 + o4 + 1u] = acc[9];
+    dk4[row + (c0 + 2u) * co4 + o4 + 2u] = acc[10];
+    dk4[row + (c0 + 2u) * co4 + o4 + 3u] = acc[11];
+    dk4[row + (c0 + 3u) * co4 + o4 + 0u] = acc[12];
+    dk4[row + (c0 + 3u) * co4 + o4 + 1u] = acc[13];
+    dk4[row + (c0 + 3u) * co4 + o4 + 2u] = acc[14];
+    dk4[row + (c0 + 3u) * co4 + o4 + 3u] = acc[15];
+    dk4[row + (c0 + 4u) * co4 + o4 + 0u] = acc[16];
+    dk4[row + (c0 + 4u) * co4 + o4 + 1u] = acc[17];
+    dk4[row + (c0 + 4u) * co4 + o4 + 2u] = acc[18];
+    dk4[row + (c0 + 4u) * co4 + o4 + 3u] = acc[19];
+    dk4[row + (c0 + 5u) * co4 + o4 + 0u] = acc[20];
+    dk4[row + (c0 + 5u) * co4 + o4 + 1u] = acc[21];
+    dk4[row + (c0 + 5u) * co4 + o4 + 2u] = acc[22];
+    dk4[row + (c0 + 5u) * co4 + o4 + 3u] = acc[23];
+    dk4[row + (c0 + 6u) * co4 + o4 + 0u] = acc[24];
+    dk4[row + (c0 + 6u) * co4 + o4 + 1u] = acc[25];
+    dk4[row + (c0 + 6u) * co4 + o4 + 2u] = acc[26];
+    dk4[row + (c0 + 6u) * co4 + o4 + 3u] = acc[27];
+    dk4[row + (c0 + 7u) * co4 + o4 + 0u] = acc[28];
+    dk4[row + (c0 + 7u) * co4 + o4 + 1u] = acc[29];
+    dk4[row + (c0 + 7u) * co4 + o4 + 2u] = acc[30];
+    dk4[row + (c0 + 7u) * co4 + o4 + 3u] = acc[31];
+    dk4[row + (c0 + 8u) * co4 + o4 + 0u] = acc[32];
+    dk4[row + (c0 + 8u) * co4 + o4 + 1u] = acc[33];
+    dk4[row + (c0 + 8u) * co4 + o4 + 2u] = acc[34];
+    dk4[row + (c0 + 8u) * co4 + o4 + 3u] = acc[35];
+    dk4[row + (c0 + 9u) * co4 + o4 + 0u] = acc[36];
+    dk4[row + (c0 + 9u) * co4 + o4 + 1u] = acc[37];
+    dk4[row + (c0 + 9u) * co4 + o4 + 2u] = acc[38];
+    dk4[row + (c0 + 9u) * co4 + o4 + 3u] = acc[39];
+    dk4[row + (c0 + 10u) * co4 + o4 + 0u] = acc[40];
+    dk4[row + (c0 + 10u) * co4 + o4 + 1u] = acc[41];
+    dk4[row + (c0 + 10u) * co4 + o4 + 2u] = acc[42];
+    dk4[row + (c0 + 10u) * co4 + o4 + 3u] = acc[43];
+    dk4[row + (c0 + 11u) * co4 + o4 + 0u] = acc[44];
+    dk4[row + (c0 + 11u) * co4 + o4 + 1u] = acc[45];
+    dk4[row + (c0 + 11u) * co4 + o4 + 2u] = acc[46];
+    dk4[row + (c0 + 11u) * co4 + o4 + 3u] = acc[47];
+    dk4[row + (c0 + 12u) * co4 + o4 + 0u] = acc[48];
+    dk4[row + (c0 + 12u) * co4 + o4 + 1u] = acc[49];
+    dk4[row + (c0 + 12u) * co4 + o4 + 2u] = acc[50];
+    dk4[row + (c0 + 12u) * co4 + o4 + 3u] = acc[51];
+    dk4[row + (c0 + 13u) * co4 + o4 + 0u] = acc[52];
+    dk4[row + (c0 + 13u) * co4 + o4 + 1u] = acc[53];
+    dk4[row + (c0 + 13u) * co4 + o4 + 2u] = acc[54];
+    dk4[row + (c0 + 13u) * co4 + o4 + 3u] = acc[55];
+    dk4[row + (c0 + 14u) * co4 + o4 + 0u] = acc[56];
+    dk4[row + (c0 + 14u) * co4 + o4 + 1u] = acc[57];
+    dk4[row + (c0 + 14u) * co4 + o4 + 2u] = acc[58];
+    dk4[row + (c0 + 14u) * co4 + o4 + 3u] = acc[59];
+    dk4[row + (c0 + 15u) * co4 + o4 + 0u] = acc[60];
+    dk4[row + (c0 + 15u) * co4 + o4 + 1u] = acc[61];
+    dk4[row + (c0 + 15u) * co4 + o4 + 2u] = acc[62];
+    dk4[row + (c0 + 15u) * co4 + o4 + 3u] = acc[63];
 }

@@ -1196,6 +1196,8 @@ fn every_tuning_candidate_matches_the_reference() {
         "tile8x8",
         "smem64",
         "ubo_c1",
+        "co8",
+        "co16",
         "fused",
         "separate",
         "direct",
@@ -1239,6 +1241,8 @@ fn every_tuning_candidate_matches_the_reference() {
                     | "tile8x8"
                     | "smem64"
                     | "ubo_c1"
+                    | "co8"
+                    | "co16"
                     | "fused"
                     | "separate"
             )
