@@ -15,13 +15,23 @@
 //   maxpool_v4     c % 4 == 0: items = n*oh*ow*c/4.         bindings x4, y4.
 //   maxpool_bwd_s  any c:      items = n*hb*wb*c.           bindings x, dy, dx.
 //   maxpool_bwd_v4 c % 4 == 0: items = n*hb*wb*c/4.         bindings x4, dy4, dx4.
+//   maxpool_act_grad_sum_v4  c % 4 == 0: maxpool_bwd_v4 with the gradient of the activation
+//                  that produced x applied on the way (dz = routed dy · act'(x), x being the
+//                  activation's output) and the bias gradient's first pass: invocation
+//                  (vec4 of channels gid.x, chunk gid.y) walks windows [gid.y * chunk, ..) of
+//                  the n*hb*wb (p.windows) and writes its column sums to row gid.y of sums4.
+//                  One pass reads x and dy once and writes dz (maxpool_bwd_v4 then the
+//                  activation's gradient read x twice and wrote and read dx).
+//                  dispatch (ceil(c/64), chunks, 1). bindings x4, dy4, dx4 (dz), sums4.
 // (hb = ceil(h/2), wb = ceil(w/2).) When dy is empty (h or w < 2) the caller binds dx in its
 // place; it is never read then.
 // Bindings (group 0): 0 uniform Params; 1 x, 2 y, 3 dy, 4 dx: array<f32>; 5 x4, 6 y4, 7 dy4,
 // 8 dx4: array<vec4<f32>> views. All storage read_write. Tensors go to the used bindings in
 // ascending order.
-// Params: n, h, w, c (in vec4s for the _v4 entry points), oh = h/2, ow = w/2, hb, wb, items.
-// Limits: three storage buffers, no workgroup memory (GL-compatible).
+// Params: n, h, w, c (in vec4s for the _v4 entry points), oh = h/2, ow = w/2, hb, wb, items;
+// act (0 linear, 1 relu, 2 selu), chunk, windows (maxpool_act_grad_sum_v4).
+// Limits: four storage buffers (maxpool_act_grad_sum_v4; three for the others), no workgroup
+// memory (GL-compatible).
 
 struct Params {
     n: u32,
@@ -33,6 +43,9 @@ struct Params {
     hb: u32,
     wb: u32,
     items: u32,
+    act: u32,
+    chunk: u32,
+    windows: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -44,6 +57,11 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y4: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> dy4: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> dx4: array<vec4<f32>>;
+// maxpool_act_grad_sum_v4's partial column sums [chunks, c].
+@group(0) @binding(9) var<storage, read_write> sums4: array<vec4<f32>>;
+
+const SELU_ALPHA: f32 = 1.6732632423543772;
+const SELU_SCALE: f32 = 1.0507009873554805;
 
 fn item_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
@@ -173,4 +191,65 @@ fn maxpool_bwd_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
         if (has_below) { dx4[b + row] = z; }
         if (has_right && has_below) { dx4[b + row + p.c] = z; }
     }
+}
+
+// The derivative through the activation's output y, as elementwise.wgsl's act_grad4.
+fn act_grad4(dy: vec4<f32>, y: vec4<f32>, kind: u32) -> vec4<f32> {
+    switch kind {
+        case 1u: { return select(vec4<f32>(0.0), dy, y > vec4<f32>(0.0)); }
+        case 2u: {
+            return select(dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE, y > vec4<f32>(0.0));
+        }
+        default: { return dy; }
+    }
+}
+
+@compute @workgroup_size(64)
+fn maxpool_act_grad_sum_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let ch = gid.x;
+    if (ch >= p.c) { return; }
+    let start = gid.y * p.chunk;
+    let end = min(start + p.chunk, p.windows);
+    let row = p.w * p.c;
+    let z = vec4<f32>(0.0);
+    var s = z;
+    for (var t = start; t < end; t++) {
+        let j = t % p.wb;
+        let t2 = t / p.wb;
+        let i = t2 % p.hb;
+        let n = t2 / p.hb;
+        let b = ((n * p.h + 2u * i) * p.w + 2u * j) * p.c + ch;
+        if (i < p.oh && j < p.ow) {
+            let v00 = x4[b];
+            let v01 = x4[b + p.c];
+            let v10 = x4[b + row];
+            let v11 = x4[b + row + p.c];
+            let g = dy4[((n * p.oh + i) * p.ow + j) * p.c + ch];
+            // The first maximum in window order takes the gradient (as maxpool_bwd_v4).
+            var m = v00;
+            let t01 = v01 > m;
+            m = select(m, v01, t01);
+            let t10 = v10 > m;
+            m = select(m, v10, t10);
+            let t11 = v11 > m;
+            let d00 = act_grad4(select(z, g, !t01 & !t10 & !t11), v00, p.act);
+            let d01 = act_grad4(select(z, g, t01 & !t10 & !t11), v01, p.act);
+            let d10 = act_grad4(select(z, g, t10 & !t11), v10, p.act);
+            let d11 = act_grad4(select(z, g, t11), v11, p.act);
+            dx4[b] = d00;
+            dx4[b + p.c] = d01;
+            dx4[b + row] = d10;
+            dx4[b + row + p.c] = d11;
+            s += d00 + d01 + d10 + d11;
+        } else {
+            // The dropped last row or column (odd h or w): no gradient.
+            let has_right = 2u * j + 1u < p.w;
+            let has_below = 2u * i + 1u < p.h;
+            dx4[b] = z;
+            if (has_right) { dx4[b + p.c] = z; }
+            if (has_below) { dx4[b + row] = z; }
+            if (has_right && has_below) { dx4[b + row + p.c] = z; }
+        }
+    }
+    sums4[gid.y * p.c + ch] = s;
 }

@@ -715,6 +715,66 @@ fn separable_pointwise_and_dense() {
 }
 
 #[test]
+fn max_pool_activation_and_bias_gradients_in_one_op() {
+    // FusedMaxPoolActivationBiasGrad against the max-pool's gradient, then the activation's
+    // (through its output) and the column sums, in f64: whole and odd sizes (the dropped row
+    // and column get 0), channels in vec4s and not (the unfused path), windows in one chunk
+    // and in many, and sizes with no window.
+    let cases = [
+        (2, 28, 28, 32),
+        (3, 7, 7, 8),
+        (1, 5, 6, 3),
+        (1, 2, 2, 4),
+        (2, 1, 3, 4),
+        (130, 14, 14, 4),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c)) in cases.iter().enumerate() {
+            let s = PoolShape { n, h, w, c };
+            let (oh, ow) = s.out_hw();
+            let act = ACTS[t % 3];
+            let y = random_vec(s.input_len(), 850 + t as u64);
+            let dp = random_vec(s.output_len(), 860 + t as u64);
+            let what = format!("{} {s:?} {act:?}", label(dev));
+            let (dz, db) = ops::max_pool2d_activation_bias_grad(
+                &put(dev, &y, &[n, h, w, c]),
+                &put(dev, &dp, &[n, oh, ow, c]),
+                act,
+            )
+            .unwrap();
+            on(&dz, dev);
+            let y64 = to_f64(&y);
+            let routed = r::maxpool_backward(&y64, &to_f64(&dp), &s);
+            let expected = r::activation_backward(&routed, &y64, act);
+            assert_close(&get(&dz), &expected, TOL, &format!("dz {what}"));
+            let sums = r::bias_grad(&expected, c);
+            assert_close(&get(&db), &sums, TOL, &format!("db {what}"));
+        }
+        // Ties go to the first maximum in window order, as the max-pool's own gradient.
+        let y = [2.0, 1.0, 2.0, 3.0, 1.0, 3.0, 0.0, 0.0];
+        let (dz, db) = ops::max_pool2d_activation_bias_grad(
+            &put(dev, &y, &[1, 2, 2, 2]),
+            &put(dev, &[10.0, 20.0], &[1, 1, 1, 2]),
+            Activation::Relu,
+        )
+        .unwrap();
+        let expected = [10.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(get(&dz), expected, "ties {}", label(dev));
+        assert_eq!(get(&db), [10.0, 20.0], "ties {}", label(dev));
+        assert!(
+            ops::max_pool2d_activation_bias_grad(
+                &put(dev, &y, &[1, 2, 2, 2]),
+                &put(dev, &[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]),
+                Activation::Relu,
+            )
+            .is_err(),
+            "a gradient that is not the pooled shape"
+        );
+    }
+}
+
+#[test]
 fn max_pool_forward_and_gradient() {
     let _g = serial();
     let cases = [

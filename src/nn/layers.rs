@@ -422,6 +422,32 @@ impl SeparableConv2D {
     }
 }
 
+impl SeparableConv2D {
+    /// The GPU path's gradients from `dz` (w.r.t. the pre-activation output) and the bias
+    /// gradient: the pointwise kernel's and input's, then the depthwise kernel's and input's.
+    fn backward_from_dz(
+        &self,
+        x: &Tensor,
+        d: &Tensor,
+        dz: &Tensor,
+        db: Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [depthwise, pointwise, _] = &self.weights[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        let dp = ops::conv2d_backward_kernel(d, dz, pointwise.shape(), Padding::Same)?;
+        let dd = ops::conv2d_backward_input(dz, pointwise, d.shape(), Padding::Same)?;
+        let dk = ops::depthwise_conv2d_backward_kernel(x, &dd, depthwise.shape())?;
+        let dx = if need_dx {
+            Some(ops::depthwise_conv2d_backward_input(&dd, depthwise)?)
+        } else {
+            None
+        };
+        Ok((dx, vec![dk, dp, db]))
+    }
+}
+
 impl Layer for SeparableConv2D {
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
@@ -513,20 +539,12 @@ impl Layer for SeparableConv2D {
         let [x, y, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
         // (The GPU path: separate kernels, `d` kept from the forward pass.)
         let (dz, db) = activation_and_bias_grad(dy, &y, self.activation)?;
-        let dp = ops::conv2d_backward_kernel(&d, &dz, pointwise.shape(), Padding::Same)?;
-        let dd = ops::conv2d_backward_input(&dz, pointwise, d.shape(), Padding::Same)?;
-        let dk = ops::depthwise_conv2d_backward_kernel(&x, &dd, depthwise.shape())?;
-        let dx = if need_dx {
-            Some(ops::depthwise_conv2d_backward_input(&dd, depthwise)?)
-        } else {
-            None
-        };
-        Ok((dx, vec![dk, dp, db]))
+        self.backward_from_dz(&x, &d, &dz, db, need_dx)
     }
 
     /// On the CPU one op routes the pool's gradient and applies the activation's block by
-    /// block (the full-size gradient of the output is never written); on a GPU nothing would
-    /// be gained, and the model runs the two passes.
+    /// block (the full-size gradient of the output is never written); on a GPU one pass
+    /// routes it and applies the activation's gradient (`FusedMaxPoolActivationBiasGrad`).
     fn backward_through_max_pool(
         &self,
         saved_tensors: &[Tensor],
@@ -536,7 +554,13 @@ impl Layer for SeparableConv2D {
         let [depthwise, pointwise, _] = &self.weights[..] else {
             return Err(not_built("SeparableConv2D"));
         };
-        // The CPU's forward pass keeps `[x, y]`; a GPU's keeps `d` too.
+        // The CPU's forward pass keeps `[x, y]`; a GPU's keeps `d` too: there the pool's,
+        // the activation's and the bias's gradients are one pass over `y`, then the rest.
+        if let [x, y, d] = saved_tensors {
+            let act = self.activation.fused();
+            let (dz, db) = ops::max_pool2d_activation_bias_grad(y, dpooled, act)?;
+            return self.backward_from_dz(x, d, &dz, db, need_dx).map(Some);
+        }
         let [x, y] = saved_tensors else {
             return Ok(None);
         };

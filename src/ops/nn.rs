@@ -86,6 +86,22 @@ pub(crate) trait NnKernels {
         rows_cols: (usize, usize),
         act: Activation,
     ) -> Result<()>;
+    /// The max-pool's gradient, then the activation's and the bias's (see
+    /// [`max_pool2d_activation_bias_grad`]): `y` is the activation's output (the pool's
+    /// input), `dpooled` the pooled gradient. Unfused unless a device has a kernel for it.
+    fn maxpool_activation_bias_grad(
+        &self,
+        y: &Tensor,
+        dpooled: &Tensor,
+        (dz, db): (&Tensor, &Tensor),
+        s: &PoolShape,
+        act: Activation,
+    ) -> Result<()> {
+        let dy = Tensor::uninit(y.shape(), DType::F32, y.device_handle())?;
+        self.maxpool_backward(y, dpooled, &dy, s)?;
+        let rows_cols = (s.n * s.h * s.w, s.c);
+        self.activation_bias_grad(&dy, y, dz, db, rows_cols, act)
+    }
     /// Row-wise softmax of `[rows, cols]`.
     fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()>;
     /// Sparse categorical cross-entropy fused with softmax: per-row loss and the gradient of
@@ -217,6 +233,10 @@ const CONV2D_BACKWARD_INPUT: OpInfo = op("Conv2DBackpropInput", gn::CONV2D_BACKW
 const CONV2D_BACKWARD_KERNEL: OpInfo = op("Conv2DBackpropFilter", gn::CONV2D_BACKWARD_KERNEL);
 const BIAS_GRAD: OpInfo = op("BiasAddGrad", gn::BIAS_GRAD);
 const ACTIVATION_BIAS_GRAD: OpInfo = op("FusedActivationBiasGrad", gn::ACTIVATION_BIAS_GRAD);
+const MAXPOOL_ACTIVATION_BIAS_GRAD: OpInfo = op(
+    "FusedMaxPoolActivationBiasGrad",
+    gn::MAXPOOL_ACTIVATION_BIAS_GRAD,
+);
 const CONV2D_BACKWARD_WEIGHTS: OpInfo = op("FusedConv2DWeightGrad", gn::CONV2D_BACKWARD_WEIGHTS);
 const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
@@ -783,6 +803,64 @@ pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<
         }
         Ok((dz, db))
     })
+}
+
+/// The gradient through a 2×2 max-pool and the activation before it, and the bias gradient,
+/// in one op: `dz = maxpool_backward(y, dpooled) · act'` (through the activation's output `y`,
+/// the pool's input) and `db = Σ dz` over every axis but the last. `dz` is the gradient w.r.t.
+/// the pre-activation output of the layer whose activated output `y` the pool read (a
+/// `SeparableConv2D` before a `MaxPool2D`); a GPU does it in one pass over `y`.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let rt = anygpu::Runtime::builder().build()?;
+/// let _cpu = rt.cpu()?.scope();
+/// // One 2×2 window of one channel: the gradient goes to its maximum, 3.0 (relu' = 1 there).
+/// let y = Tensor::from_slice(&[1.0f32, 3.0, 0.0, 2.0], &[1, 2, 2, 1])?;
+/// let dpooled = Tensor::from_slice(&[0.5f32], &[1, 1, 1, 1])?;
+/// let (dz, db) = ops::max_pool2d_activation_bias_grad(&y, &dpooled, Activation::Relu)?;
+/// assert_eq!(dz.to_vec::<f32>()?, [0.0, 0.5, 0.0, 0.0]);
+/// assert_eq!(db.to_vec::<f32>()?, [0.5]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; a `y` that is not rank 4; a `dpooled` that is not `y`'s pooled shape.
+pub fn max_pool2d_activation_bias_grad(
+    y: &Tensor,
+    dpooled: &Tensor,
+    act: Activation,
+) -> Result<(Tensor, Tensor)> {
+    let name = MAXPOOL_ACTIVATION_BIAS_GRAD.name;
+    expect_f32(name, &[y, dpooled])?;
+    let s = pool_shape(name, y, dpooled.shape())?;
+    let (oh, ow) = s.out_hw();
+    if dpooled.shape() != [s.n, oh, ow, s.c] {
+        return Err(mismatch(
+            name,
+            y.shape(),
+            dpooled.shape(),
+            format!(
+                ": dpooled must have the pooled shape {:?}",
+                [s.n, oh, ow, s.c]
+            ),
+        ));
+    }
+    run(
+        &MAXPOOL_ACTIVATION_BIAS_GRAD,
+        &[y, dpooled],
+        |device, moved| {
+            let dz = Tensor::uninit(y.shape(), DType::F32, device)?;
+            let db = Tensor::uninit(&[s.c], DType::F32, device)?;
+            if s.c > 0 {
+                with_kernels(device, |_, nk| {
+                    nk.maxpool_activation_bias_grad(&moved[0], &moved[1], (&dz, &db), &s, act)
+                })?;
+            }
+            Ok((dz, db))
+        },
+    )
 }
 
 /// A dense layer, `act(x · w + b)` (Keras `Dense(units, activation=...)`): `x` `[batch, in]`,

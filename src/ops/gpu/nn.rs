@@ -31,7 +31,7 @@ use crate::device::logical::GpuRange;
 use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::tune::{bucket, Choice};
-use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
+use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
 use crate::ops::nn::pointwise_shape;
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
 use crate::ops::{
@@ -78,6 +78,7 @@ pub(crate) const MAXPOOL_S: Kernel = pool("maxpool_s");
 pub(crate) const MAXPOOL_V4: Kernel = pool("maxpool_v4");
 pub(crate) const MAXPOOL_BWD_S: Kernel = pool("maxpool_bwd_s");
 pub(crate) const MAXPOOL_BWD_V4: Kernel = pool("maxpool_bwd_v4");
+pub(crate) const MAXPOOL_ACT_GRAD_SUM_V4: Kernel = pool("maxpool_act_grad_sum_v4");
 pub(crate) const SOFTMAX_ROWS: Kernel = sm("softmax_rows");
 pub(crate) const SOFTMAX_XENT: Kernel = sm("softmax_xent");
 pub(crate) const ACCURACY: Kernel = sm("accuracy");
@@ -249,6 +250,19 @@ pub(crate) const SEPARABLE_MAX_POOL_BACKWARD: &[Kernel] =
 pub(crate) const MAXPOOL: &[Kernel] = &[MAXPOOL_S, MAXPOOL_V4];
 /// Kernels of `MaxPoolGrad`.
 pub(crate) const MAXPOOL_BACKWARD: &[Kernel] = &[MAXPOOL_BWD_S, MAXPOOL_BWD_V4];
+/// Kernels of `FusedMaxPoolActivationBiasGrad` (the fused pass, or the max-pool's gradient
+/// then the activation's and the bias's).
+pub(crate) const MAXPOOL_ACTIVATION_BIAS_GRAD: &[Kernel] = &[
+    MAXPOOL_ACT_GRAD_SUM_V4,
+    MAXPOOL_BWD_S,
+    MAXPOOL_BWD_V4,
+    gk::ACT_GRAD_SUM_ROWS_V4,
+    gk::ACTIVATION_BACKWARD,
+    gk::ACTIVATION_BACKWARD_V4,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
+];
 /// Kernels of `Relu` / `Selu` / `Identity`.
 pub(crate) const ACTIVATION: &[Kernel] = &[gk::ACTIVATION];
 /// Kernels of `ReluGrad` / `SeluGrad`.
@@ -356,7 +370,13 @@ struct PoolParams {
     hb: u32,
     wb: u32,
     items: u32,
+    act: u32,
+    chunk: u32,
+    windows: u32,
 }
+
+/// Windows one invocation of `maxpool_act_grad_sum_v4` walks (lengthened past 65,535 chunks).
+const POOL_GRAD_CHUNK: usize = 256;
 
 /// Mirror of `Params` in softmax.wgsl.
 #[repr(C)]
@@ -1143,11 +1163,66 @@ impl NnKernels for GpuKernels<'_> {
             hb: u(hb),
             wb: u(wb),
             items: u(items),
+            ..Default::default()
         };
         // Every window is partial when dy is empty; it is never read then.
         let dy = if dy.is_empty() { dx } else { dy };
         let entry = if v4 { MAXPOOL_BWD_V4 } else { MAXPOOL_BWD_S };
         self.launch(entry, &p, &[x, dy, dx], grid_1d(items, 64))
+    }
+
+    fn maxpool_activation_bias_grad(
+        &self,
+        y: &Tensor,
+        dpooled: &Tensor,
+        (dz, db): (&Tensor, &Tensor),
+        s: &PoolShape,
+        act: Activation,
+    ) -> Result<()> {
+        let (v4, c) = channel_lanes(s.c);
+        if s.input_len() == 0 || !v4 {
+            let rows_cols = (s.n * s.h * s.w, s.c);
+            let dy = self.scratch(y.shape(), y)?;
+            self.maxpool_backward(y, dpooled, &dy, s)?;
+            return self.activation_bias_grad(&dy, y, dz, db, rows_cols, act);
+        }
+        let (oh, ow) = s.out_hw();
+        let (hb, wb) = (s.h.div_ceil(2), s.w.div_ceil(2));
+        let windows = s.n * hb * wb;
+        let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
+        let chunks = windows.div_ceil(chunk);
+        let partials = if chunks == 1 {
+            db.clone()
+        } else {
+            self.scratch(&[chunks, s.c], db)?
+        };
+        let p = PoolParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            oh: u(oh),
+            ow: u(ow),
+            hb: u(hb),
+            wb: u(wb),
+            act: act.code(),
+            chunk: u(chunk),
+            windows: u(windows),
+            ..Default::default()
+        };
+        // Every window is partial when dpooled is empty; it is never read then.
+        let dpooled = if dpooled.is_empty() { dz } else { dpooled };
+        let grid = [u(c.div_ceil(64)), u(chunks), 1];
+        self.launch(
+            MAXPOOL_ACT_GRAD_SUM_V4,
+            &p,
+            &[y, dpooled, dz, &partials],
+            grid,
+        )?;
+        if chunks > 1 {
+            self.sum_rows(&partials, chunks, s.c, db)?;
+        }
+        Ok(())
     }
 
     fn activation(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> {
