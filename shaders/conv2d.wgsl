@@ -56,12 +56,13 @@
 //                128 floats (512 bytes, a uniform offset alignment) apart:
 //                y[c * 128 + t * 8 + q] = k[t * co + 8c + q]. bindings k, y.
 //   conv2d_c1_ubo8  forward of a 3×3 kernel on a one-channel input (a grayscale image's first
-//                layer), co % 8 == 0, for software adapters: one output pixel × one block of 8
-//                output channels per invocation, one dispatch per block (p.block), the block's
+//                layer), co % 8 == 0, for software adapters: two neighbouring output pixels × one
+//                block of 8 output channels per invocation, one dispatch per block (p.block), the block's
 //                kernel window as a uniform buffer read at constant offsets. conv2d_v4 reads
 //                the same taps and weights per lane (lavapipe loads storage buffers lane by
-//                lane; these are 9 loads per pixel instead of 288 weights per 4 pixels).
-//                items = n*oh*ow, dispatch grid_1d(items, 64) per block.
+//                lane; these are 12 loads per 2 pixels instead of 288 weights per 4 pixels).
+//                items = n*oh*wblocks (wblocks = ceil(ow/2)), dispatch grid_1d(items, 64) per
+//                block.
 //                bindings x, bias4, y4, kw8 (the window).
 // Bindings (group 0): 0 uniform Params; 1 x, 2 k, 3 bias, 4 y, 5 dz, 7 dk: array<f32>;
 // 6 x4, 8 k4, 9 bias4, 10 y4, 11 dz4, 12 dk4: array<vec4<f32>> views (element counts multiple
@@ -822,52 +823,84 @@ fn c1_tap(n: u32, i: u32, j: u32, a: u32, b: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn conv2d_c1_ubo8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    // Pixels past the end compute the last one and store nothing (an early return would leave
+    // Items past the end compute the last one and store nothing (an early return would leave
     // the lanes divergent, and lavapipe then reads the window lane by lane).
     let flat = item_index(gid, nwg);
-    let pix = min(flat, p.items - 1u);
-    let j = pix % p.ow;
-    let t = pix / p.ow;
+    let it = min(flat, p.items - 1u);
+    let j0 = 2u * (it % p.wblocks);
+    let t = it / p.wblocks;
     let i = t % p.oh;
     let n = t / p.oh;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
+    // Two neighbouring pixels share 6 of their 9 taps: 12 loads for both.
+    var p00 = vec4<f32>(0.0);
+    var p01 = vec4<f32>(0.0);
+    var p10 = vec4<f32>(0.0);
+    var p11 = vec4<f32>(0.0);
     // Written out, not looped: the window's offsets must be constants.
-    let x0 = c1_tap(n, i, j, 0u, 0u);
-    acc0 += x0 * kw8[0];
-    acc1 += x0 * kw8[1];
-    let x1 = c1_tap(n, i, j, 0u, 1u);
-    acc0 += x1 * kw8[2];
-    acc1 += x1 * kw8[3];
-    let x2 = c1_tap(n, i, j, 0u, 2u);
-    acc0 += x2 * kw8[4];
-    acc1 += x2 * kw8[5];
-    let x3 = c1_tap(n, i, j, 1u, 0u);
-    acc0 += x3 * kw8[6];
-    acc1 += x3 * kw8[7];
-    let x4 = c1_tap(n, i, j, 1u, 1u);
-    acc0 += x4 * kw8[8];
-    acc1 += x4 * kw8[9];
-    let x5 = c1_tap(n, i, j, 1u, 2u);
-    acc0 += x5 * kw8[10];
-    acc1 += x5 * kw8[11];
-    let x6 = c1_tap(n, i, j, 2u, 0u);
-    acc0 += x6 * kw8[12];
-    acc1 += x6 * kw8[13];
-    let x7 = c1_tap(n, i, j, 2u, 1u);
-    acc0 += x7 * kw8[14];
-    acc1 += x7 * kw8[15];
-    let x8 = c1_tap(n, i, j, 2u, 2u);
-    acc0 += x8 * kw8[16];
-    acc1 += x8 * kw8[17];
-    let o = pix * (p.co / 4u) + 2u * p.block;
+    let x00 = c1_tap(n, i, j0, 0u, 0u);
+    let x01 = c1_tap(n, i, j0, 0u, 1u);
+    let x02 = c1_tap(n, i, j0, 0u, 2u);
+    let x03 = c1_tap(n, i, j0, 0u, 3u);
+    let x10 = c1_tap(n, i, j0, 1u, 0u);
+    let x11 = c1_tap(n, i, j0, 1u, 1u);
+    let x12 = c1_tap(n, i, j0, 1u, 2u);
+    let x13 = c1_tap(n, i, j0, 1u, 3u);
+    let x20 = c1_tap(n, i, j0, 2u, 0u);
+    let x21 = c1_tap(n, i, j0, 2u, 1u);
+    let x22 = c1_tap(n, i, j0, 2u, 2u);
+    let x23 = c1_tap(n, i, j0, 2u, 3u);
+    p00 += x00 * kw8[0];
+    p01 += x00 * kw8[1];
+    p10 += x01 * kw8[0];
+    p11 += x01 * kw8[1];
+    p00 += x01 * kw8[2];
+    p01 += x01 * kw8[3];
+    p10 += x02 * kw8[2];
+    p11 += x02 * kw8[3];
+    p00 += x02 * kw8[4];
+    p01 += x02 * kw8[5];
+    p10 += x03 * kw8[4];
+    p11 += x03 * kw8[5];
+    p00 += x10 * kw8[6];
+    p01 += x10 * kw8[7];
+    p10 += x11 * kw8[6];
+    p11 += x11 * kw8[7];
+    p00 += x11 * kw8[8];
+    p01 += x11 * kw8[9];
+    p10 += x12 * kw8[8];
+    p11 += x12 * kw8[9];
+    p00 += x12 * kw8[10];
+    p01 += x12 * kw8[11];
+    p10 += x13 * kw8[10];
+    p11 += x13 * kw8[11];
+    p00 += x20 * kw8[12];
+    p01 += x20 * kw8[13];
+    p10 += x21 * kw8[12];
+    p11 += x21 * kw8[13];
+    p00 += x21 * kw8[14];
+    p01 += x21 * kw8[15];
+    p10 += x22 * kw8[14];
+    p11 += x22 * kw8[15];
+    p00 += x22 * kw8[16];
+    p01 += x22 * kw8[17];
+    p10 += x23 * kw8[16];
+    p11 += x23 * kw8[17];
     if (p.has_bias != 0u) {
-        acc0 += bias4[2u * p.block];
-        acc1 += bias4[2u * p.block + 1u];
+        let b0 = bias4[2u * p.block];
+        let b1 = bias4[2u * p.block + 1u];
+        p00 += b0;
+        p01 += b1;
+        p10 += b0;
+        p11 += b1;
     }
+    let o = ((n * p.oh + i) * p.ow + j0) * (p.co / 4u) + 2u * p.block;
     if (flat < p.items) {
-        y4[o] = act4(acc0, p.act);
-        y4[o + 1u] = act4(acc1, p.act);
+        y4[o] = act4(p00, p.act);
+        y4[o + 1u] = act4(p01, p.act);
+        if (j0 + 1u < p.ow) {
+            y4[o + p.co / 4u] = act4(p10, p.act);
+            y4[o + p.co / 4u + 1u] = act4(p11, p.act);
+        }
     }
 }
 

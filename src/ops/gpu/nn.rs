@@ -560,7 +560,9 @@ impl GpuKernels<'_> {
                     ..Default::default()
                 };
                 self.launch_ranges(CONV2D_C1_PACK, &pack, &[kernel, packed], grid_1d(taps, 256))?;
-                let pixels = g.n * g.oh * g.ow;
+                // Two neighbouring pixels per invocation.
+                let wpairs = g.ow.div_ceil(2);
+                let items = g.n * g.oh * wpairs;
                 for block in 0..blocks {
                     let window = GpuRange {
                         offset: block as u64 * C1_WINDOW_STRIDE,
@@ -568,12 +570,13 @@ impl GpuKernels<'_> {
                         ..packed
                     };
                     let p = ConvParams {
-                        items: u(pixels),
+                        wblocks: u(wpairs),
+                        items: u(items),
                         block: u(block),
                         ..g.params(act, bias.is_some())
                     };
                     let ranges = [input, b, out, window];
-                    self.launch_ranges(CONV2D_C1_UBO8, &p, &ranges, grid_1d(pixels, 64))?;
+                    self.launch_ranges(CONV2D_C1_UBO8, &p, &ranges, grid_1d(items, 64))?;
                 }
                 Ok(())
             },
