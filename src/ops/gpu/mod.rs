@@ -13,6 +13,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::device::physical::AdapterEntry;
+
+/// Compute pipelines created in this process, on any adapter: the tuner's hint that a
+/// candidate's first run included compiling (some drivers, lavapipe among them, finish
+/// compiling at the first dispatch).
+pub(crate) static PIPELINES_CREATED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 use crate::error::{Error, Result};
 
 /// One WGSL file: a family of kernels.
@@ -275,6 +281,7 @@ impl PipelineCache {
                 ),
             });
         }
+        PIPELINES_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pipeline = Arc::new(Pipeline {
             name: kernel.entry,
             pipeline,
