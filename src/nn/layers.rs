@@ -420,9 +420,7 @@ impl SeparableConv2D {
         self.input_shape = Some(shape.to_vec());
         self
     }
-}
 
-impl SeparableConv2D {
     /// The GPU path's gradients from `dz` (w.r.t. the pre-activation output) and the bias
     /// gradient: the pointwise kernel's and input's, then the depthwise kernel's and input's.
     fn backward_from_dz(
