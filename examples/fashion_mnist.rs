@@ -36,7 +36,8 @@
 //!                             checkpoint found in --checkpoint-dir
 //!   --checkpoint-dir DIR      checkpoint the whole run after every epoch (weights, optimizer
 //!                             state, data position, history: keras.callbacks.BackupAndRestore);
-//!                             deleted when training completes
+//!                             deleted when training completes. Under multi-worker only worker 0
+//!                             reads and writes it; the others resume from what it sends
 //!   --resume                  continue the run checkpointed in --checkpoint-dir
 //!   --tensorboard DIR         TensorBoard logs (keras.callbacks.TensorBoard: per-epoch
 //!                             curves, the running loss every 50 steps, weight histograms);
@@ -301,10 +302,10 @@ fn run(args: Args) -> Result<(), BoxError> {
     if multi {
         workers::require()?;
     }
-    if multi && (args.split || args.checkpoint_dir.is_some() || args.r#virtual.is_some()) {
+    if multi && (args.split || args.r#virtual.is_some()) {
         return Err(
             "--strategy multi-worker runs each worker on one --device; it does not \
-                    combine with --split, --virtual or --checkpoint-dir yet"
+                    combine with --split or --virtual yet"
                 .into(),
         );
     }
@@ -329,13 +330,16 @@ fn run(args: Args) -> Result<(), BoxError> {
     if args.resume && args.checkpoint_dir.is_none() {
         return Err("--resume continues the run checkpointed in --checkpoint-dir; name it".into());
     }
-    // Where the checkpoints and results go, checked before anything trains.
-    let mut backup = match &args.checkpoint_dir {
-        Some(dir) if trains => Some(prepare_checkpoint(dir, &args)?),
-        _ => None,
-    };
     // Only worker 0 writes; the others get a directory name they never create.
     let chief = workers::rank_from_env() == 0;
+    // Where the checkpoints and results go, checked before anything trains. Under
+    // multi-worker only the chief reads and writes the checkpoint directory (the others resume
+    // from the checkpoint the chief sends them, so it need not be on a shared filesystem).
+    let mut backup = match &args.checkpoint_dir {
+        Some(dir) if trains && chief => Some(prepare_checkpoint(dir, &args)?),
+        Some(dir) if trains => Some(BackupAndRestore::new(dir)),
+        _ => None,
+    };
     let out = match (trains, chief) {
         (true, true) => Some(prepare_out_dir(&args)?),
         (true, false) => Some(PathBuf::from("runs/(worker 0 writes)")),
@@ -570,7 +574,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         optimizer,
         steps_per_epoch,
     };
-    if let (true, Some(dir)) = (args.resume, &args.checkpoint_dir) {
+    if let (true, true, Some(dir)) = (chief, args.resume, &args.checkpoint_dir) {
         println!("resuming the run checkpointed in {}", dir.display());
     }
     let mut csv = CsvLogger::new(out.join("history.csv"));
