@@ -97,10 +97,7 @@ pub(crate) trait NnKernels {
         s: &PoolShape,
         act: Activation,
     ) -> Result<()> {
-        let dy = Tensor::uninit(y.shape(), DType::F32, y.device_handle())?;
-        self.maxpool_backward(y, dpooled, &dy, s)?;
-        let rows_cols = (s.n * s.h * s.w, s.c);
-        self.activation_bias_grad(&dy, y, dz, db, rows_cols, act)
+        unfused_maxpool_activation_bias_grad(self, y, dpooled, (dz, db), s, act)
     }
     /// Row-wise softmax of `[rows, cols]`.
     fn softmax(&self, logits: &Tensor, probs: &Tensor, rows: usize, cols: usize) -> Result<()>;
@@ -136,6 +133,22 @@ pub(crate) trait NnKernels {
     fn separable(&self, f: &SeparableForward<'_>) -> Result<()>;
     /// Its gradients (see [`separable_conv2d_backward`]).
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()>;
+}
+
+/// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
+/// scratch tensor, then the activation's and the bias's.
+pub(crate) fn unfused_maxpool_activation_bias_grad<K: NnKernels + ?Sized>(
+    nk: &K,
+    y: &Tensor,
+    dpooled: &Tensor,
+    (dz, db): (&Tensor, &Tensor),
+    s: &PoolShape,
+    act: Activation,
+) -> Result<()> {
+    let dy = Tensor::uninit(y.shape(), DType::F32, y.device_handle())?;
+    nk.maxpool_backward(y, dpooled, &dy, s)?;
+    let rows_cols = (s.n * s.h * s.w, s.c);
+    nk.activation_bias_grad(&dy, y, dz, db, rows_cols, act)
 }
 
 /// The tensors of [`NnKernels::separable`]: input `x` `[n, h, w, c]`, `depthwise` `[kh, kw, c,

@@ -32,7 +32,7 @@ use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
-use crate::ops::nn::pointwise_shape;
+use crate::ops::nn::{pointwise_shape, unfused_maxpool_activation_bias_grad};
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
@@ -373,6 +373,25 @@ struct PoolParams {
     act: u32,
     chunk: u32,
     windows: u32,
+}
+
+impl PoolParams {
+    /// The shape fields of `s` with `c` channel slots (vec4s for the _v4 entry points); the
+    /// rest zero.
+    fn shape(s: &PoolShape, c: usize) -> PoolParams {
+        let (oh, ow) = s.out_hw();
+        PoolParams {
+            n: u(s.n),
+            h: u(s.h),
+            w: u(s.w),
+            c: u(c),
+            oh: u(oh),
+            ow: u(ow),
+            hb: u(s.h.div_ceil(2)),
+            wb: u(s.w.div_ceil(2)),
+            ..Default::default()
+        }
+    }
 }
 
 /// Windows one invocation of `maxpool_act_grad_sum_v4` walks (lengthened past 65,535 chunks).
@@ -1135,14 +1154,8 @@ impl NnKernels for GpuKernels<'_> {
         let (v4, c) = channel_lanes(s.c);
         let items = s.n * oh * ow * c;
         let p = PoolParams {
-            n: u(s.n),
-            h: u(s.h),
-            w: u(s.w),
-            c: u(c),
-            oh: u(oh),
-            ow: u(ow),
             items: u(items),
-            ..Default::default()
+            ..PoolParams::shape(s, c)
         };
         let entry = if v4 { MAXPOOL_V4 } else { MAXPOOL_S };
         self.launch(entry, &p, &[x, y], grid_1d(items, 64))
@@ -1152,21 +1165,11 @@ impl NnKernels for GpuKernels<'_> {
         if s.input_len() == 0 {
             return Ok(());
         }
-        let (oh, ow) = s.out_hw();
-        let (hb, wb) = (s.h.div_ceil(2), s.w.div_ceil(2));
         let (v4, c) = channel_lanes(s.c);
-        let items = s.n * hb * wb * c;
+        let items = s.n * s.h.div_ceil(2) * s.w.div_ceil(2) * c;
         let p = PoolParams {
-            n: u(s.n),
-            h: u(s.h),
-            w: u(s.w),
-            c: u(c),
-            oh: u(oh),
-            ow: u(ow),
-            hb: u(hb),
-            wb: u(wb),
             items: u(items),
-            ..Default::default()
+            ..PoolParams::shape(s, c)
         };
         // Every window is partial when dy is empty; it is never read then.
         let dy = if dy.is_empty() { dx } else { dy };
@@ -1184,14 +1187,9 @@ impl NnKernels for GpuKernels<'_> {
     ) -> Result<()> {
         let (v4, c) = channel_lanes(s.c);
         if s.input_len() == 0 || !v4 {
-            let rows_cols = (s.n * s.h * s.w, s.c);
-            let dy = self.scratch(y.shape(), y)?;
-            self.maxpool_backward(y, dpooled, &dy, s)?;
-            return self.activation_bias_grad(&dy, y, dz, db, rows_cols, act);
+            return unfused_maxpool_activation_bias_grad(self, y, dpooled, (dz, db), s, act);
         }
-        let (oh, ow) = s.out_hw();
-        let (hb, wb) = (s.h.div_ceil(2), s.w.div_ceil(2));
-        let windows = s.n * hb * wb;
+        let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
         let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
         let chunks = windows.div_ceil(chunk);
         let partials = if chunks == 1 {
@@ -1200,18 +1198,10 @@ impl NnKernels for GpuKernels<'_> {
             self.scratch(&[chunks, s.c], db)?
         };
         let p = PoolParams {
-            n: u(s.n),
-            h: u(s.h),
-            w: u(s.w),
-            c: u(c),
-            oh: u(oh),
-            ow: u(ow),
-            hb: u(hb),
-            wb: u(wb),
             act: act.code(),
             chunk: u(chunk),
             windows: u(windows),
-            ..Default::default()
+            ..PoolParams::shape(s, c)
         };
         // Every window is partial when dpooled is empty; it is never read then.
         let dpooled = if dpooled.is_empty() { dz } else { dpooled };
