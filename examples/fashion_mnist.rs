@@ -28,6 +28,9 @@
 //!                             one forward/backward pass)
 //!   --epochs 10 --batch-size 128 --steps-per-epoch 429
 //!   --optimizer sgd|momentum|adam --lr 0.01 --seed 42
+//!   --mixed-precision         keras.mixed_precision.set_global_policy("mixed_float16"): layers
+//!                             compute in float16 where the device has it (float32 weights,
+//!                             loss scaling); CPU:0 and llvmpipe compute in float32
 //!   --time-steps N            time N training steps after a warm-up, print the median, exit
 //!   --out DIR                 model.safetensors, history.json, history.csv (after every epoch)
 //!                             and learning_curves.png; default a new ./runs/<timestamp>. An
@@ -124,6 +127,7 @@ use std::time::Instant;
 use anygpu::config;
 use anygpu::data::{fashion_mnist, Dataset, StandardScaler};
 use anygpu::distribute::MirroredStrategy;
+use anygpu::mixed_precision;
 use anygpu::nn::{
     self, Adam, BackupAndRestore, CsvLogger, Evaluation, History, Loss, Metric, Optimizer,
     Pipeline, Sequential, Sgd, TensorBoard,
@@ -190,6 +194,10 @@ struct Args {
     /// Seed of the weights and of the shuffling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// `keras.mixed_precision.set_global_policy("mixed_float16")`: layers compute in float16
+    /// on devices that have it, with float32 weights and dynamic loss scaling.
+    #[arg(long)]
+    mixed_precision: bool,
     /// Time this many training steps after a warm-up, print the median, and exit.
     #[arg(long)]
     time_steps: Option<usize>,
@@ -297,6 +305,9 @@ fn run(args: Args) -> Result<(), BoxError> {
         return Err("--batch-size and --epochs must be positive".into());
     }
     let optimizer = optimizer(&args)?;
+    if args.mixed_precision {
+        mixed_precision::set_global_policy("mixed_float16")?;
+    }
     let mirrored = args.strategy == Some(Strategy::Mirrored);
     let multi = args.strategy == Some(Strategy::MultiWorker);
     if multi {
@@ -763,7 +774,22 @@ fn time_steps(
     );
     if n > 0 {
         let reduce_before = multi_worker.map(workers::all_reduce_ms);
+        for d in &devices {
+            config::reset_memory_stats(d.name())?;
+        }
         let steps = (0..n).map(|_| step(model)).collect::<Result<Vec<_>, _>>()?;
+        for d in devices
+            .iter()
+            .filter(|d| d.device_type() == DeviceKind::Gpu)
+        {
+            let peak = config::get_memory_info(d.name())?.peak;
+            println!(
+                "peak memory of a train step on {}: {} ({} bytes)",
+                d.name(),
+                anygpu::format_bytes(peak),
+                peak
+            );
+        }
         if let (Some(w), Some(before)) = (multi_worker, reduce_before) {
             let after = workers::all_reduce_ms(w);
             println!(

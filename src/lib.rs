@@ -89,6 +89,7 @@ pub mod distribute;
 mod dtype;
 mod error;
 pub(crate) mod memory;
+pub mod mixed_precision;
 pub mod nn;
 pub mod ops;
 mod placement;

@@ -143,8 +143,10 @@ impl Tensor {
         device: &LogicalDevice,
     ) -> Result<Tensor> {
         check_len(data.len(), shape, T::DTYPE)?;
-        let words: &[u32] = bytemuck::cast_slice(data);
-        Tensor::from_words(words, shape, T::DTYPE, device)
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut words = vec![0u32; T::DTYPE.words(data.len())];
+        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        Tensor::from_words(&words, shape, T::DTYPE, device)
     }
 
     pub(crate) fn from_words(
@@ -200,7 +202,7 @@ impl Tensor {
         let bytes = (len * dtype.size()) as u64;
         crate::profiler::note_allocation(bytes);
         let storage = match &device.0.backend {
-            Backend::Cpu(_) => Storage::Cpu(RwLock::new(host::take(len, || {
+            Backend::Cpu(_) => Storage::Cpu(RwLock::new(host::take(dtype.words(len), || {
                 oom_what(shape, dtype, device)
             })?)),
             Backend::Gpu(g) => {
@@ -339,10 +341,13 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.expect_dtype("to_vec", T::DTYPE)?;
         let words = self.words()?;
-        Ok(bytemuck::cast_slice(&words).to_vec())
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        Ok(bytemuck::pod_collect_to_vec(
+            &bytes[..self.len() * self.dtype().size()],
+        ))
     }
 
-    /// The raw 32-bit words, from wherever they are.
+    /// The raw 32-bit words, from wherever they are (two float16 elements a word).
     pub(crate) fn words(&self) -> Result<Vec<u32>> {
         match &*self.0.storage {
             Storage::Cpu(_) => Ok(self.host_read().map(|d| d.clone()).unwrap_or_default()),
@@ -356,9 +361,9 @@ impl Tensor {
                     .gpu()
                     .expect("GPU storage implies a GPU device")
                     .ctx;
-                let mut words =
-                    host::filled(self.len(), 0u32, || format!("a host copy of {self:?}"))?;
-                ctx.read_with(range, (self.len() * 4) as u64, |bytes| {
+                let len = self.dtype().words(self.len());
+                let mut words = host::filled(len, 0u32, || format!("a host copy of {self:?}"))?;
+                ctx.read_with(range, (len * 4) as u64, |bytes| {
                     words_from_bytes(bytes, &mut words)
                 })?;
                 Ok(words)
@@ -379,8 +384,10 @@ impl Tensor {
             if let (Some(src), Some(dst), Some(g)) =
                 (self.gpu_range(), out.gpu_range(), device.gpu())
             {
-                g.ctx
-                    .copy(src, dst, (self.len() * self.dtype().size()) as u64);
+                // Whole words: buffer copies move multiples of 4 bytes, and allocations are
+                // rounded far beyond that.
+                let words = self.dtype().words(self.len());
+                g.ctx.copy(src, dst, (words * 4) as u64);
             }
             return Ok(out);
         }
@@ -393,7 +400,7 @@ impl Tensor {
     /// # Errors
     /// [`Error::InvalidArgument`] when the lengths differ.
     pub(crate) fn write_words(&self, words: &[u32]) -> Result<()> {
-        if words.len() != self.len() {
+        if words.len() != self.dtype().words(self.len()) {
             return Err(Error::InvalidArgument(format!(
                 "{} words cannot fill {self:?}",
                 words.len()
@@ -473,6 +480,9 @@ impl Tensor {
         let same_storage = Arc::ptr_eq(&self.0.storage, &dst.0.storage);
         if len == 0 || (same_storage && src_offset == dst_offset) {
             return Ok(());
+        }
+        if self.dtype().size() != 4 {
+            return self.copy_whole_to(dst, len);
         }
         debug_assert!(
             !same_storage || src_offset + len <= dst_offset || dst_offset + len <= src_offset,
@@ -555,6 +565,19 @@ impl Tensor {
                 Ok(())
             }
         }
+    }
+
+    /// [`Tensor::copy_elements_to`] for elements narrower than a word: only whole tensors, as
+    /// words (the pieces that mirrored training and pipelines cut are float32).
+    fn copy_whole_to(&self, dst: &Tensor, len: usize) -> Result<()> {
+        if len != self.len() || len != dst.len() || Arc::ptr_eq(&self.0.storage, &dst.0.storage) {
+            return Err(Error::InvalidArgument(format!(
+                "copy of {len} elements from {self:?} to {dst:?}: {} tensors are copied whole",
+                self.dtype()
+            )));
+        }
+        let words = self.words()?;
+        dst.write_words(&words)
     }
 
     /// The tensors' elements one after the other in a new 1-D tensor on `device` (each part

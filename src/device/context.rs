@@ -245,6 +245,11 @@ impl GpuContext {
         Some(t.pending.len() as u32 - 1)
     }
 
+    /// Whether the device was opened with float16 in shaders.
+    pub(crate) fn has_f16(&self) -> bool {
+        self.device.features().contains(wgpu::Features::SHADER_F16)
+    }
+
     /// Whether the profiler can time this adapter's kernels on the device.
     pub(crate) fn has_timestamps(&self) -> bool {
         self.device

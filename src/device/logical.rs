@@ -309,6 +309,12 @@ impl LogicalDevice {
         self.gpu().map(|g| &g.ctx.adapter.info)
     }
 
+    /// Whether the device has float16 kernels: a GPU whose adapter offers `SHADER_F16` (the
+    /// CPU's kernels are float32 only).
+    pub fn has_f16(&self) -> bool {
+        self.gpu().is_some_and(|g| g.ctx.has_f16())
+    }
+
     pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
         match &self.0.backend {
             Backend::Cpu(_) | Backend::Unavailable(_) => None,

@@ -329,7 +329,7 @@ impl Sequential {
                     let stages = self.stages();
                     let (logits, _) = pass::forward(&stages, &x, false)?;
                     let last = stages[stages.len() - 1].device;
-                    let terms = pass::loss_terms(last, &logits, &y, accuracy)?;
+                    let terms = pass::loss_terms(last, &logits, &y, accuracy, 1.0)?;
                     let part = StepPart {
                         loss_sum: terms.loss_sum,
                         correct: terms.correct,

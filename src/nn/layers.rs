@@ -8,11 +8,12 @@ use std::fmt;
 
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
+use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::ops;
 use crate::ops::spec::Padding;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
 ///
@@ -48,6 +49,12 @@ pub trait Layer: fmt::Debug + Send + Sync {
     /// The layer's activation (`linear` for layers without one).
     fn activation(&self) -> Activation {
         Activation::Linear
+    }
+
+    /// The dtype policy the layer was given (Keras' `dtype=`), if any; a model gives a layer
+    /// without one the global policy when it is added (see [`crate::mixed_precision`]).
+    fn dtype_policy(&self) -> Option<Policy> {
+        None
     }
 
     /// The output shape for an input shape (both without the batch axis).
@@ -225,11 +232,19 @@ pub struct Conv2D {
     padding: Padding,
     activation: Activation,
     input_shape: Option<Vec<usize>>,
+    policy: Option<Policy>,
     /// `[kernel, bias]` once built.
     weights: Vec<Tensor>,
 }
 
 impl Conv2D {
+    /// `dtype=`: this layer's dtype policy, whatever the global one (a float32 output layer
+    /// in a `mixed_float16` model, say).
+    pub fn dtype_policy(mut self, policy: Policy) -> Conv2D {
+        self.policy = Some(policy);
+        self
+    }
+
     /// `filters` output channels, a `kernel_size`×`kernel_size` window, Keras' defaults:
     /// `padding='valid'`, no activation.
     pub fn new(filters: usize, kernel_size: usize) -> Conv2D {
@@ -239,6 +254,7 @@ impl Conv2D {
             padding: Padding::Valid,
             activation: Activation::Linear,
             input_shape: None,
+            policy: None,
             weights: Vec::new(),
         }
     }
@@ -267,6 +283,10 @@ impl Conv2D {
 }
 
 impl Layer for Conv2D {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
@@ -328,7 +348,8 @@ impl Layer for Conv2D {
     }
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
-        let [kernel, bias] = &self.weights[..] else {
+        let w = in_dtype("Conv2D", &self.weights, x.dtype())?;
+        let [kernel, bias] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
         let y = ops::conv2d(x, kernel, Some(bias), self.padding, self.activation.fused())?;
@@ -341,7 +362,8 @@ impl Layer for Conv2D {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let [kernel, _] = &self.weights[..] else {
+        let w = in_dtype("Conv2D", &self.weights, dy.dtype())?;
+        let [kernel, _] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
         let [x, y] = saved::<2>("Conv2D", saved_tensors)?;
@@ -385,11 +407,19 @@ pub struct SeparableConv2D {
     padding: Padding,
     activation: Activation,
     input_shape: Option<Vec<usize>>,
+    policy: Option<Policy>,
     /// `[depthwise_kernel, pointwise_kernel, bias]` once built.
     weights: Vec<Tensor>,
 }
 
 impl SeparableConv2D {
+    /// `dtype=`: this layer's dtype policy, whatever the global one (a float32 output layer
+    /// in a `mixed_float16` model, say).
+    pub fn dtype_policy(mut self, policy: Policy) -> SeparableConv2D {
+        self.policy = Some(policy);
+        self
+    }
+
     /// `filters` output channels, a `kernel_size`×`kernel_size` depthwise window,
     /// `padding='same'`, no activation.
     pub fn new(filters: usize, kernel_size: usize) -> SeparableConv2D {
@@ -399,6 +429,7 @@ impl SeparableConv2D {
             padding: Padding::Same,
             activation: Activation::Linear,
             input_shape: None,
+            policy: None,
             weights: Vec::new(),
         }
     }
@@ -431,7 +462,8 @@ impl SeparableConv2D {
         db: Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let [depthwise, pointwise, _] = &self.weights[..] else {
+        let w = in_dtype("SeparableConv2D", &self.weights, dz.dtype())?;
+        let [depthwise, pointwise, _] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         let dp = ops::conv2d_backward_kernel(d, dz, pointwise.shape(), Padding::Same)?;
@@ -447,6 +479,10 @@ impl SeparableConv2D {
 }
 
 impl Layer for SeparableConv2D {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
@@ -502,7 +538,8 @@ impl Layer for SeparableConv2D {
     }
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
-        let [depthwise, pointwise, bias] = &self.weights[..] else {
+        let w = in_dtype("SeparableConv2D", &self.weights, x.dtype())?;
+        let [depthwise, pointwise, bias] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         let act = self.activation.fused();
@@ -526,7 +563,8 @@ impl Layer for SeparableConv2D {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let [depthwise, pointwise, _] = &self.weights[..] else {
+        let w = in_dtype("SeparableConv2D", &self.weights, dy.dtype())?;
+        let [depthwise, pointwise, _] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         let act = self.activation.fused();
@@ -549,7 +587,8 @@ impl Layer for SeparableConv2D {
         dpooled: &Tensor,
         need_dx: bool,
     ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
-        let [depthwise, pointwise, _] = &self.weights[..] else {
+        let w = in_dtype("SeparableConv2D", &self.weights, dpooled.dtype())?;
+        let [depthwise, pointwise, _] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         // The CPU's forward pass keeps `[x, y]`; a GPU's keeps `d` too: there the pool's,
@@ -568,6 +607,15 @@ impl Layer for SeparableConv2D {
         )?;
         Ok(Some((g.dx, vec![g.depthwise, g.pointwise, g.bias])))
     }
+}
+
+/// The weights as a layer computes with them: in its input's dtype (Keras' autocast variables:
+/// float16 copies of the float32 variables under mixed precision; the same tensors otherwise).
+fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+    if weights.is_empty() {
+        return Err(not_built(layer));
+    }
+    weights.iter().map(|w| w.cast(dtype)).collect()
 }
 
 /// Whether a layer's weight lives on a GPU (its ops then run there).
@@ -592,12 +640,23 @@ fn on_gpu(weight: &Tensor) -> bool {
 #[derive(Debug, Clone)]
 pub struct MaxPool2D {
     pool_size: usize,
+    policy: Option<Policy>,
 }
 
 impl MaxPool2D {
+    /// `dtype=`: this layer's dtype policy, whatever the global one (a float32 output layer
+    /// in a `mixed_float16` model, say).
+    pub fn dtype_policy(mut self, policy: Policy) -> MaxPool2D {
+        self.policy = Some(policy);
+        self
+    }
+
     /// `pool_size=2`.
     pub fn new() -> MaxPool2D {
-        MaxPool2D { pool_size: 2 }
+        MaxPool2D {
+            pool_size: 2,
+            policy: None,
+        }
     }
 
     /// `pool_size=`; anything but 2 fails when the layer is added.
@@ -614,6 +673,10 @@ impl Default for MaxPool2D {
 }
 
 impl Layer for MaxPool2D {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
@@ -694,9 +757,17 @@ impl Layer for MaxPool2D {
 #[derive(Debug, Clone, Default)]
 pub struct Flatten {
     input_shape: Option<Vec<usize>>,
+    policy: Option<Policy>,
 }
 
 impl Flatten {
+    /// `dtype=`: this layer's dtype policy, whatever the global one (a float32 output layer
+    /// in a `mixed_float16` model, say).
+    pub fn dtype_policy(mut self, policy: Policy) -> Flatten {
+        self.policy = Some(policy);
+        self
+    }
+
     /// A flatten layer.
     pub fn new() -> Flatten {
         Flatten::default()
@@ -710,6 +781,10 @@ impl Flatten {
 }
 
 impl Layer for Flatten {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
@@ -788,17 +863,26 @@ pub struct Dense {
     units: usize,
     activation: Activation,
     input_shape: Option<Vec<usize>>,
+    policy: Option<Policy>,
     /// `[kernel, bias]` once built.
     weights: Vec<Tensor>,
 }
 
 impl Dense {
+    /// `dtype=`: this layer's dtype policy, whatever the global one (a float32 output layer
+    /// in a `mixed_float16` model, say).
+    pub fn dtype_policy(mut self, policy: Policy) -> Dense {
+        self.policy = Some(policy);
+        self
+    }
+
     /// `units` outputs, no activation.
     pub fn new(units: usize) -> Dense {
         Dense {
             units,
             activation: Activation::Linear,
             input_shape: None,
+            policy: None,
             weights: Vec::new(),
         }
     }
@@ -817,6 +901,10 @@ impl Dense {
 }
 
 impl Layer for Dense {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
@@ -870,7 +958,8 @@ impl Layer for Dense {
     }
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
-        let [kernel, bias] = &self.weights[..] else {
+        let w = in_dtype("Dense", &self.weights, x.dtype())?;
+        let [kernel, bias] = &w[..] else {
             return Err(not_built("Dense"));
         };
         let y = ops::dense(x, kernel, Some(bias), self.activation.fused())?;
@@ -883,7 +972,8 @@ impl Layer for Dense {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let [kernel, _] = &self.weights[..] else {
+        let w = in_dtype("Dense", &self.weights, dy.dtype())?;
+        let [kernel, _] = &w[..] else {
             return Err(not_built("Dense"));
         };
         let [x, y] = saved::<2>("Dense", saved_tensors)?;

@@ -29,6 +29,7 @@ use crate::data::Batch;
 use crate::device::LogicalDevice;
 use crate::distribute::{as_replica_job, worker_rows, MirroredStrategy, Workers};
 use crate::error::{Error, Result};
+use crate::mixed_precision::Policy;
 use crate::nn::layers::Layer;
 use crate::nn::optimizer::{Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
@@ -52,6 +53,8 @@ pub(crate) struct Replica {
 pub(crate) struct ReplicaView<'a> {
     pub(crate) device: &'a LogicalDevice,
     pub(crate) layers: Vec<&'a dyn Layer>,
+    /// Each layer's dtype policy (the model's, on every replica).
+    pub(crate) policies: Vec<Policy>,
     pub(crate) optimizer: Option<&'a mut OptimizerState>,
 }
 
@@ -59,9 +62,11 @@ impl ReplicaView<'_> {
     fn stages(&self) -> Vec<Stage<'_>> {
         self.layers
             .iter()
-            .map(|&layer| Stage {
+            .zip(&self.policies)
+            .map(|(&layer, policy)| Stage {
                 layer,
                 device: self.device,
+                dtype: policy.compute_dtype_on(self.device),
             })
             .collect()
     }
@@ -370,27 +375,22 @@ struct ReplicaGrads {
 
 /// Forward, loss and backward of one replica's shard. The loss gradient is scaled by
 /// `rows / global`, so that the replicas' gradients add up to that of the global batch's mean
-/// loss.
+/// loss, and by the loss scale `(accuracy, factor).1`.
 fn replica_gradients(
     replica: &ReplicaView<'_>,
     batch: HostBatch<'_>,
     shard: Shard,
-    accuracy: bool,
+    (accuracy, factor): (bool, f32),
     packs: &[Range<usize>],
 ) -> Result<ReplicaGrads> {
     let device = replica.device;
     let stages = replica.stages();
     let (x, y) = batch.upload(shard, device)?;
     let (logits, saved) = pass::forward(&stages, &x, true)?;
-    let terms = pass::loss_terms(device, &logits, &y, accuracy)?;
+    let share = shard.rows as f32 / batch.y.len() as f32;
+    let terms = pass::loss_terms(device, &logits, &y, accuracy, factor * share)?;
     drop(logits);
-    let global = batch.y.len();
-    let dlogits = if shard.rows == global {
-        terms.dlogits
-    } else {
-        let _scope = device.scope();
-        terms.dlogits.scale(shard.rows as f32 / global as f32)?
-    };
+    let dlogits = terms.dlogits;
     let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
     pass::backward(&stages, saved, dlogits, |i, g| {
         grads[i] = g;
@@ -443,8 +443,14 @@ pub(crate) fn train_step(
     let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
     let grad_packs = packs(&lens);
 
-    // 1. Forward and backward, every replica at once.
-    let gradients = replica_packs(replicas, batch, &shards, accuracy, (&grad_packs, &lens));
+    // 1. Forward and backward, every replica at once (with the loss scale every replica
+    // shares).
+    let factor = replicas[0]
+        .optimizer
+        .as_deref()
+        .map_or(1.0, OptimizerState::loss_factor);
+    let loss = (accuracy, factor);
+    let gradients = replica_packs(replicas, batch, &shards, loss, (&grad_packs, &lens));
     // A worker of a multi-worker job says how its part went before anyone waits for its
     // gradients, so that a failed worker stops every worker instead of leaving them waiting.
     if let Some(w) = workers {
@@ -503,16 +509,22 @@ pub(crate) fn train_step(
             correct: accuracy.then_some(sums[1]),
         });
     }
-    let (grads, carriers, state_packs) = prepared?;
+    let (grads, carriers, state_packs, applies) = prepared?;
 
     // 4. The updates.
-    let updated = update(
-        replicas,
-        &grads,
-        (&carriers, &state_packs),
-        ops,
-        workers.filter(|_| cross_worker),
-    );
+    let updated = if applies {
+        update(
+            replicas,
+            &grads,
+            (&carriers, &state_packs),
+            ops,
+            workers.filter(|_| cross_worker),
+        )
+    } else {
+        replicas
+            .iter_mut()
+            .try_for_each(|r| r.optimizer().map(|o| o.finish_step(false)))
+    };
     if let (Err(e), Some(w)) = (&updated, workers) {
         // This worker's parameters may now differ from the others': end the job.
         w.abort(&format!(
@@ -533,7 +545,7 @@ fn replica_packs(
     replicas: &[ReplicaView<'_>],
     batch: HostBatch<'_>,
     shards: &[Shard],
-    accuracy: bool,
+    loss: (bool, f32),
     (grad_packs, lens): (&[Range<usize>], &[usize]),
 ) -> Result<(Vec<StepPart>, Vec<Vec<Tensor>>)> {
     let jobs: Vec<Job<'_, Option<ReplicaGrads>>> = replicas
@@ -542,7 +554,7 @@ fn replica_packs(
         .map(|(r, &shard)| {
             let job = move || match shard.rows {
                 0 => Ok(None),
-                _ => replica_gradients(r, batch, shard, accuracy, grad_packs).map(Some),
+                _ => replica_gradients(r, batch, shard, loss, grad_packs).map(Some),
             };
             (
                 r.device.name(),
@@ -574,10 +586,11 @@ fn replica_packs(
     Ok((parts, packed))
 }
 
-/// What phase 3 allocates: the gradients per weight (`[destination][weight]`), the carriers
-/// of the primary's state (`[pack][replica]`, empty when every replica updates itself) and the
-/// packs of the state.
-type Prepared = (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>, Vec<Range<usize>>);
+/// What phase 3 allocates: the gradients per weight (`[destination][weight]`, unscaled), the
+/// carriers of the primary's state (`[pack][replica]`, empty when every replica updates
+/// itself) and the packs of the state; and whether the step updates at all (loss scaling skips
+/// a step whose gradients are not finite).
+type Prepared = (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>, Vec<Range<usize>>, bool);
 
 /// Phase 3 of a step: everything the update allocates.
 fn prepare_update(
@@ -593,6 +606,20 @@ fn prepare_update(
             dest.extend(sum.split_flat(&shapes[pack.clone()])?);
         }
     }
+    // Every destination (and every worker) holds the same sums, so one check decides for all
+    // replicas: one replica's overflow skips the step everywhere.
+    let opt = replicas[0].optimizer()?;
+    let first: Vec<&Tensor> = grads
+        .first()
+        .map(|g| g.iter().collect())
+        .unwrap_or_default();
+    if !opt.applies(&first)? {
+        return Ok((Vec::new(), Vec::new(), Vec::new(), false));
+    }
+    let grads = grads
+        .iter()
+        .map(|g| opt.unscale(g))
+        .collect::<Result<Vec<_>>>()?;
     for r in replicas.iter_mut() {
         let layers = r.layers.clone();
         let opt = r.optimizer()?;
@@ -617,7 +644,7 @@ fn prepare_update(
     } else {
         Vec::new()
     };
-    Ok((grads, carriers, state_packs))
+    Ok((grads, carriers, state_packs, true))
 }
 
 /// Phase 4 of a step, which allocates nothing: the updates, on every replica or on the
@@ -659,7 +686,7 @@ fn update(
         }
     }
     for r in replicas.iter_mut() {
-        r.optimizer()?.finish_step();
+        r.optimizer()?.finish_step(true);
     }
     Ok(())
 }
@@ -696,7 +723,7 @@ pub(crate) fn evaluate_batch(
                 }
                 let (x, y) = batch.upload(shard, r.device)?;
                 let (logits, _) = pass::forward(&r.stages(), &x, false)?;
-                let terms = pass::loss_terms(r.device, &logits, &y, accuracy)?;
+                let terms = pass::loss_terms(r.device, &logits, &y, accuracy, 1.0)?;
                 Ok(Some(StepPart {
                     loss_sum: terms.loss_sum,
                     correct: terms.correct,

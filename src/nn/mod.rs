@@ -67,7 +67,7 @@ pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
-pub use optimizer::{Adam, Optimizer, Sgd};
+pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
 pub use pipeline::{Pipeline, Schedule, StageStats};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;

@@ -108,6 +108,79 @@ impl Default for Adam {
     }
 }
 
+/// Dynamic loss scaling around another optimizer (`keras.optimizers.LossScaleOptimizer`),
+/// Keras' rules and defaults: the loss is multiplied by the scale (initially `2^15`) before
+/// the backward pass, so that small float16 gradients do not flush to zero; the gradients are
+/// divided by it before the inner optimizer's update. A step whose gradients hold an infinity
+/// or a NaN updates nothing (the inner optimizer's `iterations` do not count it) and halves the
+/// scale; after `dynamic_growth_steps` finite steps in a row the scale doubles. Keras puts no
+/// floor under the scale, and neither do we.
+///
+/// Under `mixed_float16`, [`Sequential::compile`](crate::nn::Sequential::compile) wraps its
+/// optimizer in one by itself, as Keras 3 does. Under a [`MirroredStrategy`](crate::distribute::MirroredStrategy),
+/// across workers and in a pipeline, the check runs on the summed gradients, which every
+/// replica holds alike: one replica's overflow skips the step everywhere.
+///
+/// ```
+/// use anygpu::nn::{Adam, LossScaleOptimizer, Optimizer};
+/// let opt = LossScaleOptimizer::new(Adam::default());
+/// assert_eq!((opt.initial_scale, opt.dynamic_growth_steps), (32768.0, 2000));
+/// assert_eq!(opt.inner().name(), "Adam");
+/// assert_eq!(Optimizer::from(opt).name(), "LossScaleOptimizer");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossScaleOptimizer {
+    inner: Base,
+    /// `initial_scale`: the first step's scale.
+    pub initial_scale: f32,
+    /// `dynamic_growth_steps`: finite steps in a row before the scale doubles.
+    pub dynamic_growth_steps: u64,
+}
+
+/// The optimizers a [`LossScaleOptimizer`] can wrap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Base {
+    Sgd(Sgd),
+    Adam(Adam),
+}
+
+impl LossScaleOptimizer {
+    /// Wraps `inner` with Keras' defaults (`initial_scale=2**15, dynamic_growth_steps=2000`).
+    /// Wrapping a `LossScaleOptimizer` again wraps its inner optimizer.
+    pub fn new(inner: impl Into<Optimizer>) -> LossScaleOptimizer {
+        let inner = match inner.into() {
+            Optimizer::Sgd(s) => Base::Sgd(s),
+            Optimizer::Adam(a) => Base::Adam(a),
+            Optimizer::LossScale(l) => l.inner,
+        };
+        LossScaleOptimizer {
+            inner,
+            initial_scale: 32768.0,
+            dynamic_growth_steps: 2000,
+        }
+    }
+
+    /// `initial_scale=`.
+    pub fn initial_scale(mut self, scale: f32) -> LossScaleOptimizer {
+        self.initial_scale = scale;
+        self
+    }
+
+    /// `dynamic_growth_steps=`.
+    pub fn dynamic_growth_steps(mut self, steps: u64) -> LossScaleOptimizer {
+        self.dynamic_growth_steps = steps;
+        self
+    }
+
+    /// The wrapped optimizer.
+    pub fn inner(&self) -> Optimizer {
+        match self.inner {
+            Base::Sgd(s) => Optimizer::Sgd(s),
+            Base::Adam(a) => Optimizer::Adam(a),
+        }
+    }
+}
+
 /// An optimizer for [`crate::nn::Sequential::compile`].
 ///
 /// ```
@@ -122,27 +195,61 @@ pub enum Optimizer {
     Sgd(Sgd),
     /// [`Adam`].
     Adam(Adam),
+    /// [`LossScaleOptimizer`] around SGD or Adam.
+    LossScale(LossScaleOptimizer),
 }
 
 impl Optimizer {
-    /// Keras' class name: `SGD`, `Adam`.
+    /// Keras' class name: `SGD`, `Adam`, `LossScaleOptimizer`.
     pub fn name(&self) -> &'static str {
         match self {
             Optimizer::Sgd(_) => "SGD",
             Optimizer::Adam(_) => "Adam",
+            Optimizer::LossScale(_) => "LossScaleOptimizer",
         }
     }
 
-    /// The learning rate.
+    /// The learning rate (the inner optimizer's, under loss scaling).
     pub fn learning_rate(&self) -> f32 {
-        match self {
+        match self.base() {
             Optimizer::Sgd(s) => s.learning_rate,
             Optimizer::Adam(a) => a.learning_rate,
+            Optimizer::LossScale(_) => unreachable!("base() unwraps loss scaling"),
+        }
+    }
+
+    /// The optimizer that updates the weights: this one, or the one loss scaling wraps.
+    pub(crate) fn base(&self) -> Optimizer {
+        match self {
+            Optimizer::LossScale(l) => l.inner(),
+            other => *other,
+        }
+    }
+
+    /// The loss scaling, if any.
+    pub(crate) fn loss_scaling(&self) -> Option<&LossScaleOptimizer> {
+        match self {
+            Optimizer::LossScale(l) => Some(l),
+            _ => None,
         }
     }
 
     /// Checks the hyper-parameters (Keras raises `ValueError` on the same).
     pub(crate) fn validate(&self) -> Result<()> {
+        if let Optimizer::LossScale(l) = self {
+            if !(l.initial_scale.is_finite() && l.initial_scale > 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "LossScaleOptimizer: initial_scale must be a finite number > 0, got {}",
+                    l.initial_scale
+                )));
+            }
+            if l.dynamic_growth_steps == 0 {
+                return Err(Error::InvalidArgument(
+                    "LossScaleOptimizer: dynamic_growth_steps must be >= 1, got 0".into(),
+                ));
+            }
+            return l.inner().validate();
+        }
         let bad = |what: &str, v: f32| {
             Err(Error::InvalidArgument(format!(
                 "{}: {what} must be {}, got {v}",
@@ -190,6 +297,12 @@ impl From<Adam> for Optimizer {
     }
 }
 
+impl From<LossScaleOptimizer> for Optimizer {
+    fn from(l: LossScaleOptimizer) -> Self {
+        Optimizer::LossScale(l)
+    }
+}
+
 impl fmt::Display for Optimizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -202,6 +315,13 @@ impl fmt::Display for Optimizer {
                 f,
                 "Adam(learning_rate={}, beta_1={}, beta_2={}, epsilon={})",
                 a.learning_rate, a.beta_1, a.beta_2, a.epsilon
+            ),
+            Optimizer::LossScale(l) => write!(
+                f,
+                "LossScaleOptimizer({}, initial_scale={}, dynamic_growth_steps={})",
+                l.inner(),
+                l.initial_scale,
+                l.dynamic_growth_steps
             ),
         }
     }
@@ -218,13 +338,26 @@ enum Slots {
     Moments(Tensor, Tensor),
 }
 
-/// An optimizer with its state: slots per layer and weight, and the iteration count.
+/// Where dynamic loss scaling stands (Keras' `dynamic_scale` and `step_counter` variables).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LossScale {
+    /// The factor the loss is multiplied by.
+    pub(crate) scale: f32,
+    /// Finite steps in a row since the scale last changed.
+    pub(crate) counter: u64,
+}
+
+/// An optimizer with its state: slots per layer and weight, the iteration count, and the loss
+/// scale.
 #[derive(Debug)]
 pub(crate) struct OptimizerState {
     pub(crate) config: Optimizer,
     slots: Vec<Vec<Slots>>,
-    /// Completed steps (Keras' `optimizer.iterations`).
+    /// Completed steps (Keras' `optimizer.iterations`; steps that loss scaling skipped are not
+    /// counted).
     pub(crate) iterations: u64,
+    /// The loss scale, under a [`LossScaleOptimizer`].
+    pub(crate) loss_scale: Option<LossScale>,
 }
 
 impl OptimizerState {
@@ -233,7 +366,48 @@ impl OptimizerState {
             config,
             slots: (0..layers).map(|_| Vec::new()).collect(),
             iterations: 0,
+            loss_scale: config.loss_scaling().map(|l| LossScale {
+                scale: l.initial_scale,
+                counter: 0,
+            }),
         }
+    }
+
+    /// The factor the next step multiplies its loss by: the loss scale, or 1.
+    pub(crate) fn loss_factor(&self) -> f32 {
+        self.loss_scale.map_or(1.0, |l| l.scale)
+    }
+
+    /// Whether a step with these (scaled) gradients updates the weights: always without loss
+    /// scaling; under it, when every element is finite (a read of one flag per device).
+    ///
+    /// # Errors
+    /// Device errors.
+    pub(crate) fn applies(&self, grads: &[&Tensor]) -> Result<bool> {
+        match self.loss_scale {
+            None => Ok(true),
+            Some(_) => ops::all_finite(grads),
+        }
+    }
+
+    /// The gradients divided by the loss scale (new tensors, so an allocation: call before any
+    /// weight changes); the same tensors without loss scaling.
+    ///
+    /// # Errors
+    /// Device errors, out of memory.
+    pub(crate) fn unscale(&self, grads: &[Tensor]) -> Result<Vec<Tensor>> {
+        let Some(ls) = self.loss_scale else {
+            return Ok(grads.to_vec());
+        };
+        // Keras divides by the scale; for a power of two multiplying by its inverse is exact.
+        let inverse = 1.0 / ls.scale;
+        grads
+            .iter()
+            .map(|g| {
+                let _scope = g.device_handle().scope();
+                g.scale(inverse)
+            })
+            .collect()
     }
 
     /// Updates the weights of layer `layer` in place with their gradients, on each weight's
@@ -254,7 +428,7 @@ impl OptimizerState {
         self.ensure_slots(layer, weights)?;
         for ((w, g), slot) in weights.iter().zip(grads).zip(self.slots[layer].iter()) {
             let _scope = w.device_handle().scope();
-            match (&self.config, slot) {
+            match (&self.config.base(), slot) {
                 (Optimizer::Sgd(s), slot) => {
                     let p = SgdParams {
                         lr: s.learning_rate,
@@ -279,6 +453,9 @@ impl OptimizerState {
                 }
                 (Optimizer::Adam(_), _) => {
                     return Err(Error::Model("optimizer: Adam slots missing".into()))
+                }
+                (Optimizer::LossScale(_), _) => {
+                    return Err(Error::Model("optimizer: nested loss scaling".into()))
                 }
             }
         }
@@ -333,26 +510,45 @@ impl OptimizerState {
             .collect()
     }
 
-    /// Counts a finished step.
-    pub(crate) fn finish_step(&mut self) {
-        self.iterations += 1;
+    /// Ends a step: counts it when it `applied` its update, and moves the loss scale by
+    /// Keras' rules (halved after a skipped step; doubled after `dynamic_growth_steps` applied
+    /// ones in a row).
+    pub(crate) fn finish_step(&mut self, applied: bool) {
+        if applied {
+            self.iterations += 1;
+        }
+        let growth = self
+            .config
+            .loss_scaling()
+            .map_or(u64::MAX, |l| l.dynamic_growth_steps);
+        if let Some(ls) = self.loss_scale.as_mut() {
+            if !applied {
+                ls.scale *= 0.5;
+                ls.counter = 0;
+            } else if ls.counter + 1 >= growth {
+                ls.scale *= 2.0;
+                ls.counter = 0;
+            } else {
+                ls.counter += 1;
+            }
+        }
     }
 }
 
 /// The slot names of each weight under `config`, in [`OptimizerState::named_slots`] order.
 pub(crate) fn slot_names(config: &Optimizer) -> &'static [&'static str] {
-    match config {
+    match config.base() {
         Optimizer::Sgd(s) if s.momentum != 0.0 => &["momentum"],
         Optimizer::Sgd(_) => &[],
-        Optimizer::Adam(_) => &["momentum", "velocity"],
+        Optimizer::Adam(_) | Optimizer::LossScale(_) => &["momentum", "velocity"],
     }
 }
 
 fn new_slots(config: &Optimizer, w: &Tensor) -> Result<Slots> {
     let zeros = || Tensor::zeros_on(w.shape(), DType::F32, w.device_handle());
-    Ok(match config {
+    Ok(match config.base() {
         Optimizer::Sgd(s) if s.momentum != 0.0 => Slots::Velocity(zeros()?),
         Optimizer::Sgd(_) => Slots::None,
-        Optimizer::Adam(_) => Slots::Moments(zeros()?, zeros()?),
+        Optimizer::Adam(_) | Optimizer::LossScale(_) => Slots::Moments(zeros()?, zeros()?),
     })
 }

@@ -5,13 +5,29 @@ use crate::device::LogicalDevice;
 use crate::error::Result;
 use crate::nn::layers::Layer;
 use crate::ops;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
-/// A layer and the device it runs on.
+/// A layer, the device it runs on, and the dtype it computes in there (its policy's, or
+/// float32 where the device has no float16 kernels).
 #[derive(Clone, Copy)]
 pub(crate) struct Stage<'a> {
     pub(crate) layer: &'a dyn Layer,
     pub(crate) device: &'a LogicalDevice,
+    pub(crate) dtype: DType,
+}
+
+/// `t` in `dtype` on `device`: a float tensor is cast on the device it is on (which has the
+/// kernels for its own dtype) before it moves, so a float16 tensor never reaches a device
+/// without float16 kernels; labels and other integer tensors only move.
+pub(crate) fn arrive(t: &Tensor, dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
+    if t.dtype() == dtype || !t.dtype().is_float() {
+        return t.to_device(device);
+    }
+    let cast = {
+        let _scope = t.device_handle().scope();
+        t.cast(dtype)?
+    };
+    cast.to_device(device)
 }
 
 /// The forward pass to the last layer's output (logits for a softmax model), and, when
@@ -25,7 +41,7 @@ pub(crate) fn forward(
     let mut h = x.clone();
     for s in stages {
         let _scope = s.device.scope();
-        let input = h.to_device(s.device)?;
+        let input = arrive(&h, s.dtype, s.device)?;
         let (out, kept) = s.layer.forward(&input)?;
         if keep {
             saved.push(kept);
@@ -45,16 +61,23 @@ pub(crate) struct LossTerms {
     pub(crate) correct: Option<Tensor>,
 }
 
-/// Softmax cross-entropy of `logits` against `y` (moved to `device` first).
+/// Softmax cross-entropy of `logits` against `y` (moved to `device` first), in float32 as Keras
+/// advises under mixed precision (float16 logits are cast first). `factor` multiplies the
+/// logits' gradient: the loss scale times this part's share of the batch (1 for none).
 pub(crate) fn loss_terms(
     device: &LogicalDevice,
     logits: &Tensor,
     y: &Tensor,
     accuracy: bool,
+    factor: f32,
 ) -> Result<LossTerms> {
     let _scope = device.scope();
     let labels = y.to_device(device)?;
-    let (per_example, dlogits) = ops::sparse_softmax_cross_entropy(logits, &labels)?;
+    let logits = &arrive(logits, DType::F32, device)?;
+    let (per_example, mut dlogits) = ops::sparse_softmax_cross_entropy(logits, &labels)?;
+    if factor != 1.0 {
+        dlogits = dlogits.scale(factor)?;
+    }
     let loss_sum = per_example.reduce_sum(None)?;
     let correct = if accuracy {
         Some(ops::accuracy_count(logits, &labels)?)
@@ -69,7 +92,8 @@ pub(crate) fn loss_terms(
 }
 
 /// Back from `dlogits` through the stages, handing each layer's weight gradients to
-/// `on_grads(layer index, gradients)` as soon as they exist, last layer first. Each layer's
+/// `on_grads(layer index, gradients)` as soon as they exist, last layer first, in float32
+/// whatever dtype the layer computed in (the dtype of its variables). Each layer's
 /// saved tensors are freed once its backward has run. A 2×2 max-pool and the layer before it
 /// run as one pass when that layer has one for their (shared) device.
 pub(crate) fn backward(
@@ -97,7 +121,7 @@ pub(crate) fn backward_from(
         i -= 1;
         let s = stages[i];
         let _scope = s.device.scope();
-        let dy_here = dy.to_device(s.device)?;
+        let dy_here = arrive(&dy, s.dtype, s.device)?;
         let layer_saved = std::mem::take(&mut saved[i]);
         let (dx, grads) = match through_max_pool(stages, &mut saved, i, &dy_here, input_grad)? {
             Some((dx, grads)) => {
@@ -111,6 +135,10 @@ pub(crate) fn backward_from(
                 .backward(&layer_saved, &dy_here, i > 0 || input_grad)?,
         };
         drop(layer_saved);
+        let grads = grads
+            .iter()
+            .map(|g| g.cast(DType::F32))
+            .collect::<Result<Vec<_>>>()?;
         on_grads(i, grads)?;
         match dx {
             Some(dx) => dy = dx,
@@ -136,7 +164,7 @@ fn through_max_pool(
         return Ok(None);
     }
     let before = stages[i - 1];
-    if !before.device.same_device(stages[i].device) {
+    if !before.device.same_device(stages[i].device) || before.dtype != stages[i].dtype {
         return Ok(None);
     }
     let fused =

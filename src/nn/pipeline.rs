@@ -278,6 +278,8 @@ struct Shared<'a> {
     examples: Examples<'a>,
     rows: Vec<Range<usize>>,
     accuracy: bool,
+    /// The factor of the batch's loss gradient (the loss scale).
+    factor: f32,
 }
 
 /// One stage's part of the step.
@@ -376,15 +378,17 @@ fn run_stage(job: StageJob<'_, '_>, shared: &Shared<'_>) -> Result<StageDone, St
                     Some(tx) => tx.send((i, out)).map_err(|_| Stop::NeighbourGone)?,
                     None => {
                         let y = shared.examples.y(rows.clone(), device)?;
-                        let terms = pass::loss_terms(device, &out, &y, shared.accuracy)?;
-                        drop(out);
                         // Scaled so that the micro-batches' gradients add up to the batch's.
-                        let d = if rows.len() == total {
-                            terms.dlogits
-                        } else {
-                            let _on = device.scope();
-                            terms.dlogits.scale(rows.len() as f32 / total as f32)?
-                        };
+                        let share = rows.len() as f32 / total as f32;
+                        let terms = pass::loss_terms(
+                            device,
+                            &out,
+                            &y,
+                            shared.accuracy,
+                            shared.factor * share,
+                        )?;
+                        drop(out);
+                        let d = terms.dlogits;
                         dlogits.insert(i, d);
                         let this = StepPart {
                             loss_sum: terms.loss_sum,
@@ -447,7 +451,7 @@ pub(crate) fn gradients(
     pipeline: Pipeline,
     layers: &[Stage<'_>],
     examples: Examples<'_>,
-    accuracy: bool,
+    (accuracy, factor): (bool, f32),
 ) -> Result<PipelineGradients> {
     pipeline.validate()?;
     let ranges = stage_ranges(layers);
@@ -456,6 +460,7 @@ pub(crate) fn gradients(
         examples,
         rows: micro_batch_rows(examples.rows(), pipeline.micro_batches),
         accuracy,
+        factor,
     };
     let micro = shared.rows.len();
     let mut links: Vec<Links> = (0..k).map(|_| Links::default()).collect();

@@ -6,6 +6,7 @@ use crate::data::Batch;
 use crate::device::LogicalDevice;
 use crate::distribute::{self, MirroredStrategy};
 use crate::error::{Error, Result};
+use crate::mixed_precision::{self, Policy};
 use crate::nn::activation::Activation;
 use crate::nn::history::History;
 use crate::nn::init::derive_seed;
@@ -13,7 +14,7 @@ use crate::nn::layers::{count_params, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
-use crate::nn::optimizer::{self, Optimizer, OptimizerState};
+use crate::nn::optimizer::{self, LossScaleOptimizer, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::pipeline::{self, Examples, Pipeline, PipelineGradients, StageStats};
 use crate::nn::step_output::{StepOutput, StepPart};
@@ -26,6 +27,8 @@ pub(super) struct Entry {
     pub(super) name: String,
     pub(super) layer: Box<dyn Layer>,
     pub(super) device: LogicalDevice,
+    /// The layer's dtype policy: its own, else the global one when it was added.
+    pub(super) policy: Policy,
     input_shape: Option<Vec<usize>>,
     pub(super) output_shape: Option<Vec<usize>>,
 }
@@ -195,15 +198,18 @@ impl Sequential {
         let Some(first) = self.entries.first() else {
             return Vec::new();
         };
+        let policies: Vec<Policy> = self.entries.iter().map(|e| e.policy).collect();
         let mut views = vec![ReplicaView {
             device: &first.device,
             layers: self.entries.iter().map(|e| e.layer.as_ref()).collect(),
+            policies: policies.clone(),
             optimizer: None,
         }];
         if let Some(m) = &self.mirrors {
             views.extend(m.replicas.iter().map(|r| ReplicaView {
                 device: &r.device,
                 layers: r.layers.iter().map(AsRef::as_ref).collect(),
+                policies: policies.clone(),
                 optimizer: None,
             }));
         }
@@ -216,15 +222,18 @@ impl Sequential {
             Some(e) => &e.device,
             None => return Vec::new(),
         };
+        let policies: Vec<Policy> = self.entries.iter().map(|e| e.policy).collect();
         let mut views = vec![ReplicaView {
             device: primary_device,
             layers: self.entries.iter().map(|e| e.layer.as_ref()).collect(),
+            policies: policies.clone(),
             optimizer: self.compiled.as_mut().map(|c| &mut c.optimizer),
         }];
         if let Some(m) = self.mirrors.as_mut() {
             views.extend(m.replicas.iter_mut().map(|r| ReplicaView {
                 device: &r.device,
                 layers: r.layers.iter().map(AsRef::as_ref).collect(),
+                policies: policies.clone(),
                 optimizer: r.optimizer.as_mut(),
             }));
         }
@@ -378,10 +387,14 @@ impl Sequential {
             }
             None => None,
         };
+        let policy = layer
+            .dtype_policy()
+            .unwrap_or_else(mixed_precision::global_policy);
         self.entries.push(Entry {
             name,
             layer,
             device: device.clone(),
+            policy,
             input_shape,
             output_shape,
         });
@@ -488,7 +501,8 @@ impl Sequential {
     }
 
     /// Configures training (`model.compile(loss, optimizer, metrics)`); resets the optimizer
-    /// state.
+    /// state. When a layer computes under `mixed_float16`, the optimizer is wrapped in a
+    /// [`LossScaleOptimizer`] unless it is one already, as Keras 3 does.
     ///
     /// ```
     /// use anygpu::nn::{Activation, Dense, Loss, Metric, Sequential, Sgd};
@@ -511,8 +525,12 @@ impl Sequential {
         optimizer: impl Into<Optimizer>,
         metrics: &[Metric],
     ) -> Result<()> {
-        let optimizer = optimizer.into();
+        let mut optimizer = optimizer.into();
         optimizer.validate()?;
+        // Keras 3 wraps the optimizer of a mixed_float16 model in loss scaling by itself.
+        if self.entries.iter().any(|e| e.policy.is_mixed()) && optimizer.loss_scaling().is_none() {
+            optimizer = LossScaleOptimizer::new(optimizer).into();
+        }
         if let Some(current) = distribute::get_strategy() {
             if self.strategy() != Some(&current) {
                 return Err(Error::InvalidArgument(format!(
@@ -552,7 +570,16 @@ impl Sequential {
         &self.history
     }
 
-    /// Training steps run since `compile` (Keras' `optimizer.iterations`).
+    /// The current loss scale under a [`LossScaleOptimizer`] (Keras' `optimizer.dynamic_scale`):
+    /// what the next step multiplies its loss by. `None` without loss scaling.
+    pub fn loss_scale(&self) -> Option<f32> {
+        self.compiled
+            .as_ref()
+            .and_then(|c| c.optimizer.loss_scale.map(|l| l.scale))
+    }
+
+    /// Training steps run since `compile` (Keras' `optimizer.iterations`; steps that loss
+    /// scaling skipped are not counted).
     pub fn iterations(&self) -> u64 {
         self.compiled.as_ref().map_or(0, |c| c.optimizer.iterations)
     }
@@ -735,6 +762,7 @@ impl Sequential {
             .map(|e| Stage {
                 layer: e.layer.as_ref(),
                 device: &e.device,
+                dtype: e.policy.compute_dtype_on(&e.device),
             })
             .collect()
     }
@@ -749,15 +777,22 @@ impl Sequential {
     fn step(&mut self, x: &Tensor, y: &Tensor, update: bool) -> Result<(StepOutput, Vec<Tensor>)> {
         let what = if update { "fit" } else { "loss_and_gradients" };
         self.require_built(what)?;
-        let accuracy = self.compiled(what)?.accuracy;
+        let compiled = self.compiled(what)?;
+        let accuracy = compiled.accuracy;
+        // Gradients handed to the caller are the loss's own, unscaled.
+        let factor = if update {
+            compiled.optimizer.loss_factor()
+        } else {
+            1.0
+        };
         let n = self.check_batch(what, x, Some(y))?;
         // An empty batch has no micro-batches to pipeline; the serial pass answers for it.
         let (part, grads) = match self.pipeline.filter(|_| n > 0) {
             Some(p) => {
-                let out = self.pipelined(p, Examples::Device { x, y }, accuracy)?;
+                let out = self.pipelined(p, Examples::Device { x, y }, (accuracy, factor))?;
                 (out.part, out.grads)
             }
-            None => self.serial_gradients(x, y, accuracy)?,
+            None => self.serial_gradients(x, y, (accuracy, factor))?,
         };
         if update {
             self.apply_gradients(&grads)?;
@@ -767,16 +802,18 @@ impl Sequential {
     }
 
     /// Forward, loss and backward of the whole batch, layer after layer.
+    /// `(accuracy, factor)`: whether to count correct predictions, and the factor of the loss
+    /// gradient (the loss scale).
     fn serial_gradients(
         &self,
         x: &Tensor,
         y: &Tensor,
-        accuracy: bool,
+        (accuracy, factor): (bool, f32),
     ) -> Result<(StepPart, Vec<Vec<Tensor>>)> {
         let stages = self.stages();
         let last = stages[stages.len() - 1].device;
         let (logits, saved) = pass::forward(&stages, x, true)?;
-        let terms = pass::loss_terms(last, &logits, y, accuracy)?;
+        let terms = pass::loss_terms(last, &logits, y, accuracy, factor)?;
         drop(logits);
         let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
         pass::backward(&stages, saved, terms.dlogits, |i, g| {
@@ -795,9 +832,9 @@ impl Sequential {
         &mut self,
         p: Pipeline,
         examples: Examples<'_>,
-        accuracy: bool,
+        loss: (bool, f32),
     ) -> Result<PipelineGradients> {
-        let out = pipeline::gradients(p, &self.stages(), examples, accuracy)?;
+        let out = pipeline::gradients(p, &self.stages(), examples, loss)?;
         self.pipeline_stats.clone_from(&out.stats);
         Ok(out)
     }
@@ -858,11 +895,22 @@ impl Sequential {
 
     /// The optimizer step from every layer's gradients: the slots are allocated first (the only
     /// allocation of an update), then every weight is updated in place and the step counted.
+    /// Under loss scaling the gradients are checked and unscaled first; a step whose gradients
+    /// are not all finite updates nothing and only moves the scale.
     fn apply_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
         let compiled = self
             .compiled
             .as_mut()
             .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
+        let opt = &compiled.optimizer;
+        if !opt.applies(&grads.iter().flatten().collect::<Vec<_>>())? {
+            compiled.optimizer.finish_step(false);
+            return Ok(());
+        }
+        let grads = grads
+            .iter()
+            .map(|g| opt.unscale(g))
+            .collect::<Result<Vec<_>>>()?;
         let layer_weights: Vec<Vec<&Tensor>> = self
             .entries
             .iter()
@@ -872,10 +920,10 @@ impl Sequential {
             compiled.optimizer.ensure_slots(i, weights)?;
         }
         debug_assert_eq!(grads.len(), layer_weights.len(), "gradients of every layer");
-        for (i, (weights, g)) in layer_weights.iter().zip(grads).enumerate() {
+        for (i, (weights, g)) in layer_weights.iter().zip(&grads).enumerate() {
             compiled.optimizer.apply(i, weights, g)?;
         }
-        compiled.optimizer.finish_step();
+        compiled.optimizer.finish_step(true);
         Ok(())
     }
 
@@ -964,9 +1012,10 @@ impl Sequential {
         if let (Some(p), false) = (self.pipeline, batch.y.is_empty()) {
             // Each micro-batch goes from the host straight to its stage's device.
             self.require_built("fit")?;
-            let accuracy = self.compiled("fit")?.accuracy;
+            let compiled = self.compiled("fit")?;
+            let loss = (compiled.accuracy, compiled.optimizer.loss_factor());
             self.check_host_batch("fit", batch)?;
-            let out = self.pipelined(p, Examples::Host(HostBatch::from(batch)), accuracy)?;
+            let out = self.pipelined(p, Examples::Host(HostBatch::from(batch)), loss)?;
             self.apply_gradients(&out.grads)?;
             return Ok(StepOutput::new(vec![out.part], batch.y.len()));
         }

@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use crate::dtype::DType;
+use crate::mixed_precision::Policy;
 use crate::nn::layers::count_params;
 use crate::nn::sequential::Sequential;
 
@@ -19,6 +21,11 @@ pub struct LayerInfo {
     pub params: usize,
     /// The device holding the layer's weights and running it: `/device:GPU:0`.
     pub device: String,
+    /// The layer's dtype policy.
+    pub policy: Policy,
+    /// The dtype it computes in on its device: the policy's, or float32 where the device has
+    /// no float16 kernels.
+    pub compute_dtype: DType,
 }
 
 fn shape_str(shape: Option<&[usize]>) -> String {
@@ -59,6 +66,8 @@ impl Sequential {
                 output_shape: e.output_shape.clone(),
                 params: count_params(e.layer.as_ref()),
                 device: e.device.name().to_string(),
+                policy: e.policy,
+                compute_dtype: e.policy.compute_dtype_on(&e.device),
             })
             .collect()
     }
@@ -87,22 +96,39 @@ impl Sequential {
     /// # Ok::<(), anygpu::Error>(())
     /// ```
     ///
-    /// Unbuilt layers show `?` as their output shape and 0 parameters.
+    /// Unbuilt layers show `?` as their output shape and 0 parameters. When a layer's dtype
+    /// policy is not `float32`, a `Policy` column shows each layer's, and where a device makes
+    /// a layer compute in float32 regardless (no float16 kernels), says so:
+    /// `mixed_float16 (float32 on CPU:0)`.
     pub fn summary(&self) -> String {
-        let headers = ["Layer (type)", "Output Shape", "Param #", "Device"];
-        let rows: Vec<[String; 4]> = self
-            .layer_infos()
+        let infos = self.layer_infos();
+        let mixed = infos.iter().any(|i| i.policy != Policy::FLOAT32);
+        let mut headers = vec!["Layer (type)", "Output Shape", "Param #", "Device"];
+        if mixed {
+            headers.push("Policy");
+        }
+        let rows: Vec<Vec<String>> = infos
             .into_iter()
             .map(|info| {
-                [
+                let policy = if info.compute_dtype == info.policy.compute_dtype() {
+                    info.policy.name().to_string()
+                } else {
+                    let device = info.device.trim_start_matches("/device:");
+                    format!("{} (float32 on {device})", info.policy.name())
+                };
+                let mut row = vec![
                     format!("{} ({})", info.name, info.class_name),
                     shape_str(info.output_shape.as_deref()),
                     info.params.to_string(),
                     info.device,
-                ]
+                ];
+                if mixed {
+                    row.push(policy);
+                }
+                row
             })
             .collect();
-        let mut widths = headers.map(str::len);
+        let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
         for row in &rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.len());
@@ -110,9 +136,9 @@ impl Sequential {
         }
         let gap = 3;
         let total_width = 1 + widths.iter().map(|w| w + gap).sum::<usize>();
-        let line = |row: [&str; 4]| {
+        let line = |row: &[&str]| {
             let mut s = String::from(" ");
-            for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            for (i, (cell, &w)) in row.iter().zip(&widths).enumerate() {
                 if i + 1 == row.len() {
                     s.push_str(cell);
                 } else {
@@ -126,11 +152,11 @@ impl Sequential {
         let mut out = format!("Model: \"{}\"\n", self.name);
         out.push_str(&"_".repeat(total_width));
         out.push('\n');
-        out.push_str(&line(headers));
+        out.push_str(&line(&headers));
         out.push_str(&"=".repeat(total_width));
         out.push('\n');
         for row in &rows {
-            out.push_str(&line([&row[0], &row[1], &row[2], &row[3]]));
+            out.push_str(&line(&row.iter().map(String::as_str).collect::<Vec<_>>()));
         }
         out.push_str(&"=".repeat(total_width));
         out.push('\n');

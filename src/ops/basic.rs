@@ -65,6 +65,14 @@ const MEAN: OpInfo = OpInfo {
     name: "Mean",
     gpu: Some(REDUCE_KERNELS),
 };
+const CAST: OpInfo = OpInfo {
+    name: "Cast",
+    gpu: Some(&[gk::TO_F16, gk::TO_F32]),
+};
+const IS_FINITE: OpInfo = OpInfo {
+    name: "IsFinite",
+    gpu: Some(&[gk::FLAG_NONFINITE]),
+};
 const ARGMAX: OpInfo = OpInfo {
     name: "ArgMax",
     gpu: Some(&[gk::ARGMAX_ROWS]),
@@ -107,6 +115,47 @@ impl Tensor {
     /// `self * other` element-wise, broadcasting as [`Tensor::add`].
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
         binary(self, other, BinaryOp::Mul)
+    }
+
+    /// The tensor converted to another float type (`tf.cast`): float32 ↔ float16, rounding
+    /// to nearest; values beyond float16's range (±65504) become ±inf. The same tensor when it
+    /// already has that type. Runs on the tensor's device when it has float16 kernels, else
+    /// (soft placement) on the CPU.
+    ///
+    /// ```
+    /// use anygpu::{DType, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0f32, 1.0e-4, 70000.0], &[3])?;
+    /// let h = x.cast(DType::F16)?;
+    /// assert_eq!(h.dtype(), DType::F16);
+    /// let back = h.cast(DType::F32)?.to_vec::<f32>()?;
+    /// assert_eq!(back[0], 1.0);
+    /// assert!((back[1] - 1.0e-4).abs() < 1e-7);
+    /// assert_eq!(back[2], f32::INFINITY);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::DType`] for a cast from or to an integer type; device errors.
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if self.dtype() == dtype {
+            return Ok(self.clone());
+        }
+        if !self.dtype().is_float() || !dtype.is_float() {
+            return Err(Error::DType {
+                op: "Cast",
+                expected: "a float type (float, half)",
+                got: if self.dtype().is_float() {
+                    dtype.name()
+                } else {
+                    self.dtype().name()
+                },
+            });
+        }
+        run(&CAST, &[self], |device, inputs| {
+            let out = Tensor::uninit(self.shape(), dtype, device)?;
+            with_kernels(device, |k, _| k.cast(&inputs[0], &out))?;
+            Ok(out)
+        })
     }
 
     /// `alpha * self`.
@@ -280,8 +329,14 @@ pub(crate) fn matmul_ex(
         rhs: b.shape().to_vec(),
         hint: hint.to_string(),
     };
-    a.expect_dtype("MatMul", DType::F32)?;
-    b.expect_dtype("MatMul", DType::F32)?;
+    // Float32, or float16 under mixed precision (both operands alike).
+    let dtype = if a.dtype() == DType::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    a.expect_dtype("MatMul", dtype)?;
+    b.expect_dtype("MatMul", dtype)?;
     let (&[ar, ac], &[br, bc]) = (a.shape(), b.shape()) else {
         return Err(mismatch(": both operands must be 2-D"));
     };
@@ -293,6 +348,7 @@ pub(crate) fn matmul_ex(
         )));
     }
     if let Some(bias) = bias {
+        bias.expect_dtype("BiasAdd", dtype)?;
         if bias.shape() != [n] {
             return Err(Error::ShapeMismatch {
                 op: "BiasAdd",
@@ -312,10 +368,41 @@ pub(crate) fn matmul_ex(
     let mut inputs = vec![a, b];
     inputs.extend(bias);
     run(&MATMUL, &inputs, |device, moved| {
-        let out = Tensor::uninit(&[m, n], DType::F32, device)?;
+        let out = Tensor::uninit(&[m, n], dtype, device)?;
         with_kernels(device, |kern, _| {
             kern.matmul(&moved[0], &moved[1], moved.get(2), &out, dims, act)
         })?;
         Ok(out)
     })
+}
+
+/// Whether every element of the float32 `tensors` is finite (`tf.math.is_finite` reduced
+/// over all of them): one flag per device, written by a kernel per tensor, then read once per
+/// device. Loss scaling asks this of each step's gradients.
+///
+/// # Errors
+/// A tensor that is not float32; device errors.
+pub(crate) fn all_finite(tensors: &[&Tensor]) -> Result<bool> {
+    let mut flags: Vec<Tensor> = Vec::new();
+    for t in tensors {
+        t.expect_dtype("IsFinite", DType::F32)?;
+        let _scope = t.device_handle().scope();
+        run(&IS_FINITE, &[t], |device, inputs| {
+            let flag = match flags.iter().find(|f| f.device_handle().same_device(device)) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = Tensor::zeros_on(&[1], DType::F32, device)?;
+                    flags.push(f.clone());
+                    f
+                }
+            };
+            with_kernels(device, |k, _| k.flag_nonfinite(&inputs[0], &flag))
+        })?;
+    }
+    for f in &flags {
+        if f.to_vec::<f32>()?[0] != 0.0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

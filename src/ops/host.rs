@@ -16,7 +16,7 @@ use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
 };
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// The CPU device's kernels.
 pub(crate) struct HostKernels;
@@ -59,6 +59,11 @@ impl<'a> Inputs<'a> {
     fn i32(&self, input: usize) -> &[i32] {
         bytemuck::cast_slice(&self.guards[self.guard_of[input]])
     }
+
+    /// A float16 input's elements (two a word; the last word may hold a padding half).
+    fn f16(&self, input: usize) -> &[half::f16] {
+        bytemuck::cast_slice(&self.guards[self.guard_of[input]])
+    }
 }
 
 /// Write access to a host tensor's words.
@@ -69,6 +74,9 @@ impl Write<'_> {
         bytemuck::cast_slice_mut(&mut self.0)
     }
     fn i32(&mut self) -> &mut [i32] {
+        bytemuck::cast_slice_mut(&mut self.0)
+    }
+    fn f16(&mut self) -> &mut [half::f16] {
         bytemuck::cast_slice_mut(&mut self.0)
     }
 }
@@ -88,6 +96,27 @@ fn with_optional<'a>(inputs: &[&'a Tensor], extra: Option<&'a Tensor>) -> Vec<&'
 }
 
 impl Kernels for HostKernels {
+    fn cast(&self, x: &Tensor, out: &Tensor) -> Result<()> {
+        use half::slice::HalfFloatSliceExt;
+        let n = x.len();
+        let r = Inputs::lock(&[x]);
+        let mut w = write(out);
+        match (x.dtype(), out.dtype()) {
+            (DType::F32, DType::F16) => w.f16()[..n].convert_from_f32_slice(&r.f32(0)[..n]),
+            (DType::F16, DType::F32) => r.f16(0)[..n].convert_to_f32_slice(&mut w.f32()[..n]),
+            _ => w.0.copy_from_slice(&r.guards[r.guard_of[0]]),
+        }
+        Ok(())
+    }
+
+    fn flag_nonfinite(&self, x: &Tensor, flag: &Tensor) -> Result<()> {
+        let r = Inputs::lock(&[x]);
+        if r.f32(0).iter().any(|v| !v.is_finite()) {
+            write(flag).f32()[0] = 1.0;
+        }
+        Ok(())
+    }
+
     fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()> {
         let r = Inputs::lock(&[a, b]);
         cpu::binary(r.f32(0), r.f32(1), write(out).f32(), op);

@@ -19,10 +19,10 @@ pub use nn::*;
 
 use crate::device::logical::Backend;
 use crate::device::LogicalDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::placement::{self, OpInfo};
 use crate::profiler::{self, Timing};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use spec::{Activation, BinaryOp};
 
 /// A matrix product's dimensions: `op(A)` is `[m, k]`, `op(B)` is `[k, n]`, where `op`
@@ -63,6 +63,11 @@ pub(crate) trait Kernels {
     fn sum_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()>;
     /// Index of the first maximum of each row of `x` as `[rows, cols]`, into an i32 `out`.
     fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()>;
+    /// `out = x` converted to `out`'s float type (float32 ↔ float16; overflow gives ±inf).
+    fn cast(&self, x: &Tensor, out: &Tensor) -> Result<()>;
+    /// Sets `flag[0]` (f32) to 1 when some element of float32 `x` is infinite or NaN; leaves it
+    /// as it was otherwise.
+    fn flag_nonfinite(&self, x: &Tensor, flag: &Tensor) -> Result<()>;
 }
 
 /// Runs `f` with the kernels of `device`.
@@ -80,6 +85,32 @@ pub(crate) fn with_kernels<R: Send>(
     }
 }
 
+thread_local! {
+    /// Whether the op running on this thread has float16 inputs.
+    static HALF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the op running on this thread computes in float16: the tuner keeps its picks for
+/// float16 kernels apart from the float32 ones' (they may differ).
+pub(crate) fn computing_in_half() -> bool {
+    HALF.with(std::cell::Cell::get)
+}
+
+/// Marks the ops run while it lives as float16 or not; restores the outer op's mark on drop.
+struct HalfMark(bool);
+
+impl HalfMark {
+    fn enter(half: bool) -> HalfMark {
+        HalfMark(HALF.with(|h| h.replace(half)))
+    }
+}
+
+impl Drop for HalfMark {
+    fn drop(&mut self) {
+        HALF.with(|h| h.set(self.0));
+    }
+}
+
 /// Places `op`, brings `inputs` to its device, and hands both to `f`.
 pub(crate) fn run<R>(
     op: &OpInfo,
@@ -87,6 +118,21 @@ pub(crate) fn run<R>(
     f: impl FnOnce(&LogicalDevice, &[Tensor]) -> Result<R>,
 ) -> Result<R> {
     let device = placement::place(op, inputs.first().map(|t| t.device_handle()))?;
+    // Float16 tensors only meet float16 kernels (the CPU's casts read them too): a float32
+    // kernel would read their bytes as garbage.
+    if op.name != "Cast" && !device.has_f16() {
+        if let Some(t) = inputs.iter().find(|t| t.dtype() == DType::F16) {
+            return Err(Error::Unsupported {
+                op: op.name,
+                device: device.full_name().to_string(),
+                missing: format!(
+                    "float16 kernels for its {} input (an adapter with shader-f16); cast it to \
+                     float32 first",
+                    crate::tensor::describe(t.shape(), t.dtype())
+                ),
+            });
+        }
+    }
     device
         .0
         .ops_run
@@ -96,6 +142,7 @@ pub(crate) fn run<R>(
         .iter()
         .map(|t| t.to_device(&device))
         .collect::<Result<Vec<_>>>()?;
+    let _half = HalfMark::enter(moved.iter().any(|t| t.dtype() == DType::F16));
     let out = f(&device, &moved);
     if let Some(scope) = profiled {
         match device.gpu() {
@@ -112,4 +159,5 @@ pub(crate) fn run<R>(
     out
 }
 
+pub(crate) use basic::all_finite;
 pub(crate) use nn::NnKernels;

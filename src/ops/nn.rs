@@ -145,7 +145,7 @@ pub(crate) fn unfused_maxpool_activation_bias_grad<K: NnKernels + ?Sized>(
     s: &PoolShape,
     act: Activation,
 ) -> Result<()> {
-    let dy = Tensor::uninit(y.shape(), DType::F32, y.device_handle())?;
+    let dy = Tensor::uninit(y.shape(), y.dtype(), y.device_handle())?;
     nk.maxpool_backward(y, dpooled, &dy, s)?;
     let rows_cols = (s.n * s.h * s.w, s.c);
     nk.activation_bias_grad(&dy, y, dz, db, rows_cols, act)
@@ -369,6 +369,21 @@ fn expect_f32(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
         .try_for_each(|t| t.expect_dtype(op, DType::F32))
 }
 
+/// The one float dtype of an op's tensors (float32, or float16 under mixed precision), which
+/// is also its outputs'.
+fn float_dtype(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
+    let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
+    let expected = if dtype == DType::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    tensors
+        .iter()
+        .try_for_each(|t| t.expect_dtype(op, expected))?;
+    Ok(expected)
+}
+
 /// 2-D convolution, stride 1, with bias and activation fused: `act(conv2d(x, kernel) + bias)`.
 ///
 /// Keras `Conv2D(filters, (kh, kw), padding=..., activation=...)`, i.e.
@@ -387,10 +402,10 @@ pub fn conv2d(
     act: Activation,
 ) -> Result<Tensor> {
     let name = CONV2D.name;
-    expect_f32(name, &[x, kernel])?;
+    let dtype = float_dtype(name, &[x, kernel])?;
     let s = conv_shape(name, x.shape(), kernel.shape(), padding)?;
     if let Some(b) = bias {
-        b.expect_dtype("BiasAdd", DType::F32)?;
+        b.expect_dtype("BiasAdd", dtype)?;
         if b.shape() != [s.c_out] {
             return Err(mismatch(
                 "BiasAdd",
@@ -404,7 +419,7 @@ pub fn conv2d(
     let mut inputs = vec![x, kernel];
     inputs.extend(bias);
     run(&CONV2D, &inputs, |device, moved| {
-        let y = Tensor::uninit(&[s.n, oh, ow, s.c_out], DType::F32, device)?;
+        let y = Tensor::uninit(&[s.n, oh, ow, s.c_out], dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.conv2d(&moved[0], &moved[1], moved.get(2), &y, &s, act)
         })?;
@@ -427,7 +442,7 @@ pub fn conv2d_backward_input(
     padding: Padding,
 ) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_INPUT.name;
-    expect_f32(name, &[dz, kernel])?;
+    let dtype = float_dtype(name, &[dz, kernel])?;
     // A shape argument is checked like a tensor's before any arithmetic on its dimensions.
     shape::num_elements(input_shape, DType::F32)?;
     let s = conv_shape(name, input_shape, kernel.shape(), padding)?;
@@ -444,7 +459,7 @@ pub fn conv2d_backward_input(
         ));
     }
     run(&CONV2D_BACKWARD_INPUT, &[dz, kernel], |device, moved| {
-        let dx = Tensor::uninit(input_shape, DType::F32, device)?;
+        let dx = Tensor::uninit(input_shape, dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.conv2d_backward_input(&moved[0], &moved[1], &dx, &s)
         })?;
@@ -466,7 +481,7 @@ pub fn conv2d_backward_kernel(
     padding: Padding,
 ) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_KERNEL.name;
-    expect_f32(name, &[x, dz])?;
+    let dtype = float_dtype(name, &[x, dz])?;
     shape::num_elements(kernel_shape, DType::F32)?;
     let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
     let (oh, ow) = s.out_hw();
@@ -482,7 +497,7 @@ pub fn conv2d_backward_kernel(
         ));
     }
     run(&CONV2D_BACKWARD_KERNEL, &[x, dz], |device, moved| {
-        let dk = Tensor::uninit(kernel_shape, DType::F32, device)?;
+        let dk = Tensor::uninit(kernel_shape, dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.conv2d_backward_kernel(&moved[0], &moved[1], &dk, &s)
         })?;
@@ -522,7 +537,7 @@ pub fn conv2d_backward_weights(
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
     let name = CONV2D_BACKWARD_WEIGHTS.name;
-    expect_f32(name, &[x, y, dy])?;
+    let dtype = float_dtype(name, &[x, y, dy])?;
     shape::num_elements(kernel_shape, DType::F32)?;
     let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
     let (oh, ow) = s.out_hw();
@@ -541,8 +556,8 @@ pub fn conv2d_backward_weights(
         }
     }
     run(&CONV2D_BACKWARD_WEIGHTS, &[x, y, dy], |device, moved| {
-        let dk = Tensor::uninit(kernel_shape, DType::F32, device)?;
-        let db = Tensor::uninit(&[s.c_out], DType::F32, device)?;
+        let dk = Tensor::uninit(kernel_shape, dtype, device)?;
+        let db = Tensor::uninit(&[s.c_out], dtype, device)?;
         let g = ConvWeightGrads {
             x: &moved[0],
             y: &moved[1],
@@ -564,7 +579,7 @@ pub fn conv2d_backward_weights(
 /// A non-f32 tensor or a scalar.
 pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
     let name = BIAS_GRAD.name;
-    dz.expect_dtype(name, DType::F32)?;
+    let dtype = float_dtype(name, &[dz])?;
     let Some(&cols) = dz.shape().last() else {
         return Err(Error::InvalidArgument(format!(
             "{name}: the gradient must have at least one axis, got a scalar"
@@ -572,7 +587,7 @@ pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
     };
     let rows = dz.len().checked_div(cols).unwrap_or(0);
     run(&BIAS_GRAD, &[dz], |device, moved| {
-        let db = Tensor::uninit(&[cols], DType::F32, device)?;
+        let db = Tensor::uninit(&[cols], dtype, device)?;
         if cols > 0 {
             with_kernels(device, |k, _| k.sum_rows(&moved[0], rows, cols, &db))?;
         }
@@ -589,10 +604,10 @@ pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
 /// Non-f32 tensors; shapes that do not fit together.
 pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
     let name = DEPTHWISE.name;
-    expect_f32(name, &[x, kernel])?;
+    let dtype = float_dtype(name, &[x, kernel])?;
     let s = depthwise_shape(name, x.shape(), kernel.shape())?;
     run(&DEPTHWISE, &[x, kernel], |device, moved| {
-        let y = Tensor::uninit(x.shape(), DType::F32, device)?;
+        let y = Tensor::uninit(x.shape(), dtype, device)?;
         with_kernels(device, |_, nk| nk.depthwise(&moved[0], &moved[1], &y, &s))?;
         Ok(y)
     })
@@ -605,10 +620,10 @@ pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
 /// Non-f32 tensors; shapes that do not fit together.
 pub fn depthwise_conv2d_backward_input(dy: &Tensor, kernel: &Tensor) -> Result<Tensor> {
     let name = DEPTHWISE_BACKWARD_INPUT.name;
-    expect_f32(name, &[dy, kernel])?;
+    let dtype = float_dtype(name, &[dy, kernel])?;
     let s = depthwise_shape(name, dy.shape(), kernel.shape())?;
     run(&DEPTHWISE_BACKWARD_INPUT, &[dy, kernel], |device, moved| {
-        let dx = Tensor::uninit(dy.shape(), DType::F32, device)?;
+        let dx = Tensor::uninit(dy.shape(), dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.depthwise_backward_input(&moved[0], &moved[1], &dx, &s)
         })?;
@@ -627,7 +642,7 @@ pub fn depthwise_conv2d_backward_kernel(
     kernel_shape: &[usize],
 ) -> Result<Tensor> {
     let name = DEPTHWISE_BACKWARD_KERNEL.name;
-    expect_f32(name, &[x, dy])?;
+    let dtype = float_dtype(name, &[x, dy])?;
     shape::num_elements(kernel_shape, DType::F32)?;
     if x.shape() != dy.shape() {
         return Err(mismatch(
@@ -639,7 +654,7 @@ pub fn depthwise_conv2d_backward_kernel(
     }
     let s = depthwise_shape(name, x.shape(), kernel_shape)?;
     run(&DEPTHWISE_BACKWARD_KERNEL, &[x, dy], |device, moved| {
-        let dk = Tensor::uninit(kernel_shape, DType::F32, device)?;
+        let dk = Tensor::uninit(kernel_shape, dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.depthwise_backward_kernel(&moved[0], &moved[1], &dk, &s)
         })?;
@@ -664,7 +679,7 @@ pub fn pointwise_conv2d(
     act: Activation,
 ) -> Result<Tensor> {
     let name = CONV2D.name;
-    expect_f32(name, &[x, kernel])?;
+    float_dtype(name, &[x, kernel])?;
     let s = conv_shape(name, x.shape(), kernel.shape(), Padding::Valid)?;
     if s.kh != 1 || s.kw != 1 {
         return Err(mismatch(
@@ -690,11 +705,11 @@ fn pool_shape(op: &'static str, x: &Tensor, other: &[usize]) -> Result<PoolShape
 /// A non-f32 or non-rank-4 input.
 pub fn max_pool2d(x: &Tensor) -> Result<Tensor> {
     let name = MAXPOOL.name;
-    x.expect_dtype(name, DType::F32)?;
+    let dtype = float_dtype(name, &[x])?;
     let s = pool_shape(name, x, &[2, 2])?;
     let (oh, ow) = s.out_hw();
     run(&MAXPOOL, &[x], |device, moved| {
-        let y = Tensor::uninit(&[s.n, oh, ow, s.c], DType::F32, device)?;
+        let y = Tensor::uninit(&[s.n, oh, ow, s.c], dtype, device)?;
         with_kernels(device, |_, nk| nk.maxpool(&moved[0], &y, &s))?;
         Ok(y)
     })
@@ -707,7 +722,7 @@ pub fn max_pool2d(x: &Tensor) -> Result<Tensor> {
 /// Non-f32 tensors; a `dy` whose shape is not the pooled output's.
 pub fn max_pool2d_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let name = MAXPOOL_BACKWARD.name;
-    expect_f32(name, &[x, dy])?;
+    let dtype = float_dtype(name, &[x, dy])?;
     let s = pool_shape(name, x, dy.shape())?;
     let (oh, ow) = s.out_hw();
     if dy.shape() != [s.n, oh, ow, s.c] {
@@ -719,7 +734,7 @@ pub fn max_pool2d_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
         ));
     }
     run(&MAXPOOL_BACKWARD, &[x, dy], |device, moved| {
-        let dx = Tensor::uninit(x.shape(), DType::F32, device)?;
+        let dx = Tensor::uninit(x.shape(), dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.maxpool_backward(&moved[0], &moved[1], &dx, &s)
         })?;
@@ -734,9 +749,9 @@ pub fn max_pool2d_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
 /// A non-f32 tensor.
 pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
     let info = act_info(act, false);
-    x.expect_dtype(info.name, DType::F32)?;
+    let dtype = float_dtype(info.name, &[x])?;
     run(info, &[x], |device, moved| {
-        let y = Tensor::uninit(x.shape(), DType::F32, device)?;
+        let y = Tensor::uninit(x.shape(), dtype, device)?;
         with_kernels(device, |_, nk| nk.activation(&moved[0], &y, act))?;
         Ok(y)
     })
@@ -749,7 +764,7 @@ pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
 /// Non-f32 tensors; `dy` and `y` of different shapes.
 pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<Tensor> {
     let info = act_info(act, true);
-    expect_f32(info.name, &[dy, y])?;
+    let dtype = float_dtype(info.name, &[dy, y])?;
     if dy.shape() != y.shape() {
         return Err(mismatch(
             info.name,
@@ -759,7 +774,7 @@ pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<T
         ));
     }
     run(info, &[dy, y], |device, moved| {
-        let dz = Tensor::uninit(dy.shape(), DType::F32, device)?;
+        let dz = Tensor::uninit(dy.shape(), dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.activation_backward(&moved[0], &moved[1], &dz, act)
         })?;
@@ -791,7 +806,7 @@ pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<
         return Ok((dy.clone(), bias_grad(dy)?));
     }
     let name = ACTIVATION_BIAS_GRAD.name;
-    expect_f32(name, &[dy, y])?;
+    let dtype = float_dtype(name, &[dy, y])?;
     if dy.shape() != y.shape() {
         return Err(mismatch(
             name,
@@ -807,8 +822,8 @@ pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<
     };
     let rows = dy.len().checked_div(cols).unwrap_or(0);
     run(&ACTIVATION_BIAS_GRAD, &[dy, y], |device, moved| {
-        let dz = Tensor::uninit(dy.shape(), DType::F32, device)?;
-        let db = Tensor::uninit(&[cols], DType::F32, device)?;
+        let dz = Tensor::uninit(dy.shape(), dtype, device)?;
+        let db = Tensor::uninit(&[cols], dtype, device)?;
         if cols > 0 {
             with_kernels(device, |_, nk| {
                 nk.activation_bias_grad(&moved[0], &moved[1], &dz, &db, (rows, cols), act)
@@ -846,7 +861,7 @@ pub fn max_pool2d_activation_bias_grad(
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
     let name = MAXPOOL_ACTIVATION_BIAS_GRAD.name;
-    expect_f32(name, &[y, dpooled])?;
+    let dtype = float_dtype(name, &[y, dpooled])?;
     let s = pool_shape(name, y, dpooled.shape())?;
     let (oh, ow) = s.out_hw();
     if dpooled.shape() != [s.n, oh, ow, s.c] {
@@ -864,8 +879,8 @@ pub fn max_pool2d_activation_bias_grad(
         &MAXPOOL_ACTIVATION_BIAS_GRAD,
         &[y, dpooled],
         |device, moved| {
-            let dz = Tensor::uninit(y.shape(), DType::F32, device)?;
-            let db = Tensor::uninit(&[s.c], DType::F32, device)?;
+            let dz = Tensor::uninit(y.shape(), dtype, device)?;
+            let db = Tensor::uninit(&[s.c], dtype, device)?;
             if s.c > 0 {
                 with_kernels(device, |_, nk| {
                     nk.maxpool_activation_bias_grad(&moved[0], &moved[1], (&dz, &db), &s, act)
@@ -929,7 +944,7 @@ pub fn dense_backward(
     need_dx: bool,
 ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
     let name = DENSE_BACKWARD.name;
-    expect_f32(name, &[x, w, y, dy])?;
+    let dtype = float_dtype(name, &[x, w, y, dy])?;
     let (m, k, n) = match (x.shape(), w.shape()) {
         (&[m, k], &[k2, n]) if k == k2 => (m, k, n),
         _ => {
@@ -953,12 +968,12 @@ pub fn dense_backward(
     }
     run(&DENSE_BACKWARD, &[x, w, y, dy], |device, moved| {
         let dx = if need_dx {
-            Some(Tensor::uninit(&[m, k], DType::F32, device)?)
+            Some(Tensor::uninit(&[m, k], dtype, device)?)
         } else {
             None
         };
-        let dw = Tensor::uninit(&[k, n], DType::F32, device)?;
-        let db = Tensor::uninit(&[n], DType::F32, device)?;
+        let dw = Tensor::uninit(&[k, n], dtype, device)?;
+        let db = Tensor::uninit(&[n], dtype, device)?;
         let grads = DenseGrads {
             x: &moved[0],
             w: &moved[1],
@@ -1040,10 +1055,10 @@ pub fn separable_conv2d(
     act: Activation,
 ) -> Result<Tensor> {
     let name = SEPARABLE.name;
-    expect_f32(name, &[x, depthwise, pointwise])?;
+    let dtype = float_dtype(name, &[x, depthwise, pointwise])?;
     let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
     if let Some(b) = bias {
-        b.expect_dtype("BiasAdd", DType::F32)?;
+        b.expect_dtype("BiasAdd", dtype)?;
         if b.shape() != [filters] {
             return Err(mismatch(
                 "BiasAdd",
@@ -1056,7 +1071,7 @@ pub fn separable_conv2d(
     let mut inputs = vec![x, depthwise, pointwise];
     inputs.extend(bias);
     run(&SEPARABLE, &inputs, |device, moved| {
-        let y = Tensor::uninit(&[s.n, s.h, s.w, filters], DType::F32, device)?;
+        let y = Tensor::uninit(&[s.n, s.h, s.w, filters], dtype, device)?;
         let f = SeparableForward {
             x: &moved[0],
             depthwise: &moved[1],
@@ -1184,7 +1199,7 @@ fn separable_grads(
         &SEPARABLE_BACKWARD
     };
     let name = info.name;
-    expect_f32(name, &[x, depthwise, pointwise, y, dy])?;
+    let dtype = float_dtype(name, &[x, depthwise, pointwise, y, dy])?;
     let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
     let out_shape = [s.n, s.h, s.w, filters];
     if y.shape() != out_shape {
@@ -1210,13 +1225,13 @@ fn separable_grads(
     }
     run(info, &[x, depthwise, pointwise, y, dy], |device, moved| {
         let dx = if need_dx {
-            Some(Tensor::uninit(x.shape(), DType::F32, device)?)
+            Some(Tensor::uninit(x.shape(), dtype, device)?)
         } else {
             None
         };
-        let d_depthwise = Tensor::uninit(depthwise.shape(), DType::F32, device)?;
-        let d_pointwise = Tensor::uninit(pointwise.shape(), DType::F32, device)?;
-        let d_bias = Tensor::uninit(&[filters], DType::F32, device)?;
+        let d_depthwise = Tensor::uninit(depthwise.shape(), dtype, device)?;
+        let d_pointwise = Tensor::uninit(pointwise.shape(), dtype, device)?;
+        let d_bias = Tensor::uninit(&[filters], dtype, device)?;
         let g = SeparableBackward {
             x: &moved[0],
             depthwise: &moved[1],

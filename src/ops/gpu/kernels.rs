@@ -15,6 +15,9 @@ use crate::tensor::{DType, Tensor};
 pub(crate) const BINARY: Kernel = Kernel::new(ShaderFamily::Elementwise, "binary");
 pub(crate) const SCALE: Kernel = Kernel::new(ShaderFamily::Elementwise, "scale");
 pub(crate) const ACTIVATION: Kernel = Kernel::new(ShaderFamily::Elementwise, "activation");
+pub(crate) const FLAG_NONFINITE: Kernel = Kernel::new(ShaderFamily::Elementwise, "flag_nonfinite");
+pub(crate) const TO_F16: Kernel = Kernel::new(ShaderFamily::Cast, "to_f16");
+pub(crate) const TO_F32: Kernel = Kernel::new(ShaderFamily::Cast, "to_f32");
 pub(crate) const ACTIVATION_BACKWARD: Kernel =
     Kernel::new(ShaderFamily::Elementwise, "activation_backward");
 pub(crate) const ACTIVATION_BACKWARD_V4: Kernel =
@@ -130,8 +133,9 @@ impl<'a> GpuKernels<'a> {
         GpuKernels { dev, name }
     }
 
-    /// Records `kernel` over `tensors` (in the kernel's binding order) with `params`. Empty
-    /// tensors have no buffer: an op over them has nothing to do, so nothing is recorded.
+    /// Records `kernel` over `tensors` (in the kernel's binding order) with `params`: its
+    /// float16 twin when the tensors are float16. Empty tensors have no buffer: an op over them
+    /// has nothing to do, so nothing is recorded.
     pub(crate) fn launch<P: Pod>(
         &self,
         kernel: Kernel,
@@ -143,7 +147,8 @@ impl<'a> GpuKernels<'a> {
         let Some(ranges) = ranges else {
             return Ok(());
         };
-        self.launch_ranges(kernel, params, &ranges, workgroups)
+        let half = tensors.iter().any(|t| t.dtype() == DType::F16);
+        self.launch_ranges(kernel.with_half(half), params, &ranges, workgroups)
     }
 
     /// [`GpuKernels::launch`] over buffer ranges: tensors, or windows of them.
@@ -164,7 +169,7 @@ impl<'a> GpuKernels<'a> {
     /// A scratch tensor on this device (freed when dropped; the stream keeps the memory valid
     /// for commands already recorded, since later users of it are recorded after them).
     pub(crate) fn scratch(&self, shape: &[usize], like: &Tensor) -> Result<Tensor> {
-        Tensor::uninit(shape, DType::F32, like.device_handle())
+        Tensor::uninit(shape, like.dtype(), like.device_handle())
     }
 }
 
@@ -172,6 +177,12 @@ fn u(x: usize) -> u32 {
     // Shapes on a GPU are bounded by max_storage_buffer_binding_size (< 4 GiB), so every
     // element count and index fits in u32.
     x as u32
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CastParams {
+    n: u32,
 }
 
 #[repr(C)]
@@ -257,11 +268,42 @@ impl GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
+    /// Runs `sums` into a float32 tensor when `out` is float16, then casts that into `out`:
+    /// sums keep their partials in float32 (the bindings the float16 twins keep float32, see
+    /// `ShaderFamily::kept_f32`) and round to float16 once, at the end.
+    pub(crate) fn float32_sums(
+        &self,
+        out: &Tensor,
+        sums: impl FnOnce(&Tensor) -> Result<()>,
+    ) -> Result<()> {
+        if out.dtype() != DType::F16 {
+            return sums(out);
+        }
+        let wide = Tensor::uninit(out.shape(), DType::F32, out.device_handle())?;
+        sums(&wide)?;
+        self.cast(&wide, out)
+    }
+
     /// `dz = act'(dy, y)` (`[rows, cols]`) and the bias gradient `db = Σ_rows dz`: fused, the
     /// column sums' first pass runs in the activation's kernel and `dz` is not read again; the
     /// tuner weighs that against the separate kernels (the tree of `sum_rows_wg` keeps a GPU
     /// busier on narrow sums).
     pub(crate) fn activation_bias_grad_impl(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        dz: &Tensor,
+        db: &Tensor,
+        (rows, cols): (usize, usize),
+        act: Activation,
+    ) -> Result<()> {
+        self.float32_sums(db, |db| {
+            self.activation_bias_grad_f32_sums(dy, y, dz, db, (rows, cols), act)
+        })
+    }
+
+    /// [`GpuKernels::activation_bias_grad_impl`] with a float32 `db`.
+    fn activation_bias_grad_f32_sums(
         &self,
         dy: &Tensor,
         y: &Tensor,
@@ -315,6 +357,37 @@ impl GpuKernels<'_> {
 }
 
 impl Kernels for GpuKernels<'_> {
+    fn cast(&self, x: &Tensor, out: &Tensor) -> Result<()> {
+        let n = x.len();
+        let kernel = match (x.dtype(), out.dtype()) {
+            (DType::F32, DType::F16) => TO_F16,
+            (DType::F16, DType::F32) => TO_F32,
+            // The front-end answers a cast to the same type without a kernel.
+            _ => return self.scale(x, 1.0, out),
+        };
+        // Bindings 1 (f32), 2 (f16 pairs): the float32 side first either way.
+        let (f32_side, f16_side) = if kernel == TO_F16 { (x, out) } else { (out, x) };
+        let p = CastParams { n: u(n) };
+        self.launch(
+            kernel,
+            &p,
+            &[f32_side, f16_side],
+            grid_1d(n.div_ceil(2), 256),
+        )
+    }
+
+    fn flag_nonfinite(&self, x: &Tensor, flag: &Tensor) -> Result<()> {
+        let n = x.len();
+        let p = ElementwiseParams {
+            n: u(n),
+            m: 1,
+            op: 0,
+            act: 0,
+            alpha: 0.0,
+        };
+        self.launch(FLAG_NONFINITE, &p, &[x, flag], grid_1d(n, 256))
+    }
+
     fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()> {
         let n = a.len();
         let p = ElementwiseParams {
@@ -404,10 +477,12 @@ impl Kernels for GpuKernels<'_> {
             // hide latency, and split k when the output has few tiles.
             let mut candidates = vec!["tile64_v4", "tall_16x8"];
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64_v4", "smem128_v4"]);
-            if splitk_slices(d).is_some() {
+            // Split k keeps its partial products in the output's type: float32 only.
+            if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
                 candidates.push("splitk_v4");
             }
-            if ubo8_windows(d).is_some() {
+            // Its uniform window holds float32 values: no float16 twin.
+            if ubo8_windows(d).is_some() && a.dtype() == DType::F32 {
                 candidates.push("ubo8");
             }
             let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
@@ -446,7 +521,7 @@ impl Kernels for GpuKernels<'_> {
             bucket(d.k)
         );
         let mut candidates = vec!["tile64", "tall"];
-        if splitk_slices(d).is_some() {
+        if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
             candidates.push("splitk");
         }
         if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) {
@@ -500,6 +575,25 @@ impl Kernels for GpuKernels<'_> {
     }
 
     fn sum_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        self.float32_sums(out, |out| self.sum_rows_f32_out(x, rows, cols, out))
+    }
+
+    fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        let p = ReduceParams {
+            n: 0,
+            rows: u(rows),
+            cols: u(cols),
+            chunk: 0,
+            alpha: 0.0,
+            act: 0,
+        };
+        self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
+    }
+}
+
+impl GpuKernels<'_> {
+    /// [`Kernels::sum_rows`] into a float32 `out` (a float16 `x` is read by the twins).
+    fn sum_rows_f32_out(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
         if rows == 0 {
             return self.scale_fill_zero(out);
         }
@@ -529,20 +623,6 @@ impl Kernels for GpuKernels<'_> {
         self.sum_rows_chunked(x, rows, cols, out)
     }
 
-    fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
-        let p = ReduceParams {
-            n: 0,
-            rows: u(rows),
-            cols: u(cols),
-            chunk: 0,
-            alpha: 0.0,
-            act: 0,
-        };
-        self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
-    }
-}
-
-impl GpuKernels<'_> {
     /// Column sums in chunks of [`SUM_ROWS_CHUNK`] rows, one invocation per (vec4) column.
     fn sum_rows_chunked(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
         let (kernel, column_groups) = if cols.is_multiple_of(4) {
@@ -611,7 +691,7 @@ impl GpuKernels<'_> {
             let target = if chunks == 1 {
                 out.clone()
             } else {
-                self.scratch(&[chunks, cols], x)?
+                self.scratch(&[chunks, cols], out)?
             };
             let p = ReduceParams {
                 n: u(pass.lanes),
@@ -830,6 +910,10 @@ impl GpuKernels<'_> {
         run: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<()> {
         let ctx = &self.dev.ctx;
+        let mut choice = choice;
+        if crate::ops::computing_in_half() {
+            choice.class.push_str(" f16");
+        }
         ctx.tuner.run(&choice, &|| ctx.wait_idle(), run)
     }
 

@@ -6,9 +6,11 @@
 //! Everything is read-write because two tensors of one dispatch may be ranges of one arena
 //! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
 
+pub(crate) mod half;
 pub(crate) mod kernels;
 pub(crate) mod tune;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,11 +44,13 @@ pub(crate) enum ShaderFamily {
     Softmax,
     /// SGD, momentum, Adam updates in place.
     Optim,
+    /// Casts between float32 and float16 (adapters with f16 only).
+    Cast,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 9] = [
+    pub(crate) const ALL: [ShaderFamily; 10] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -56,6 +60,7 @@ impl ShaderFamily {
         ShaderFamily::Pool,
         ShaderFamily::Softmax,
         ShaderFamily::Optim,
+        ShaderFamily::Cast,
     ];
 
     /// The file under `shaders/`.
@@ -70,6 +75,39 @@ impl ShaderFamily {
             ShaderFamily::Pool => "pool.wgsl",
             ShaderFamily::Softmax => "softmax.wgsl",
             ShaderFamily::Optim => "optim.wgsl",
+            ShaderFamily::Cast => "cast.wgsl",
+        }
+    }
+
+    /// Whether the family has a float16 twin: every family but the optimizers (float32 master
+    /// weights), the loss (computed in float32) and the casts (both types already).
+    pub(crate) fn has_half_twin(self) -> bool {
+        !matches!(
+            self,
+            ShaderFamily::Optim | ShaderFamily::Softmax | ShaderFamily::Cast
+        )
+    }
+
+    /// The tensors that stay float32 in the family's float16 twin: the outputs of sums (column
+    /// sums, kernel gradients), whose partials between passes would lose precision in float16.
+    /// The kernels bind float32 tensors there and cast the final sum (see
+    /// `GpuKernels::float32_sums`).
+    pub(crate) fn kept_f32(self) -> &'static [&'static str] {
+        match self {
+            ShaderFamily::Reduce => &["out", "out4"],
+            ShaderFamily::ReduceSubgroup => &["out4"],
+            ShaderFamily::Conv2d | ShaderFamily::Depthwise => &["dk", "dk4"],
+            ShaderFamily::Pool => &["sums4"],
+            _ => &[],
+        }
+    }
+
+    /// The WGSL source of the family, or of its float16 twin.
+    pub(crate) fn source_in(self, half: bool) -> std::result::Result<Cow<'static, str>, String> {
+        if half && self.has_half_twin() {
+            half::f16_source(self.file(), self.source(), self.kept_f32()).map(Cow::Owned)
+        } else {
+            Ok(Cow::Borrowed(self.source()))
         }
     }
 
@@ -85,22 +123,40 @@ impl ShaderFamily {
             ShaderFamily::Pool => include_str!("../../../shaders/pool.wgsl"),
             ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
             ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
+            ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
         }
     }
 }
 
-/// A kernel: an entry point of a family. Which tensor bindings it takes is read from the shader.
+/// A kernel: an entry point of a family, over float32 tensors or, `half`, float16 ones (the
+/// family's float16 twin, see [`half`]). Which tensor bindings it takes is read from the shader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Kernel {
     pub(crate) family: ShaderFamily,
     pub(crate) entry: &'static str,
+    pub(crate) half: bool,
 }
 
 impl Kernel {
     pub(crate) const fn new(family: ShaderFamily, entry: &'static str) -> Kernel {
-        Kernel { family, entry }
+        Kernel {
+            family,
+            entry,
+            half: false,
+        }
+    }
+
+    /// The same entry point over float16 tensors (the casts take both types as they are).
+    pub(crate) fn with_half(self, half: bool) -> Kernel {
+        Kernel {
+            half: half && self.family.has_half_twin(),
+            ..self
+        }
     }
 }
+
+/// A family in one precision: the key of a compiled module.
+type ModuleKey = (ShaderFamily, bool);
 
 /// A compiled kernel and the bind group layout its bindings follow.
 pub(crate) struct Pipeline {
@@ -121,9 +177,9 @@ pub(crate) struct PipelineCache {
     device: wgpu::Device,
     capabilities: naga::valid::Capabilities,
     limits: wgpu::Limits,
-    modules: Mutex<HashMap<ShaderFamily, std::result::Result<ModuleInfo, String>>>,
+    modules: Mutex<HashMap<ModuleKey, std::result::Result<ModuleInfo, String>>>,
     layouts: Mutex<HashMap<LayoutKey, wgpu::BindGroupLayout>>,
-    pipelines: Mutex<HashMap<(ShaderFamily, &'static str), Arc<Pipeline>>>,
+    pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
 }
 
 struct ModuleInfo {
@@ -153,8 +209,8 @@ impl PipelineCache {
     pub(crate) fn check(&self, kernel: Kernel) -> std::result::Result<(), String> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         let info = modules
-            .entry(kernel.family)
-            .or_insert_with(|| self.load(kernel.family))
+            .entry((kernel.family, kernel.half))
+            .or_insert_with(|| self.load(kernel.family, kernel.half))
             .as_ref()
             .map_err(Clone::clone)?;
         let entry = info.entries.get(kernel.entry).ok_or_else(|| {
@@ -193,18 +249,24 @@ impl PipelineCache {
         Ok(())
     }
 
-    fn load(&self, family: ShaderFamily) -> std::result::Result<ModuleInfo, String> {
+    fn load(&self, family: ShaderFamily, half: bool) -> std::result::Result<ModuleInfo, String> {
+        let source = family.source_in(half)?;
         let Validated {
             entries,
             workgroup_bytes,
             ..
-        } = validate(family, self.capabilities)?;
-        log::debug!("compiling {} for {:?}", family.file(), self.device);
+        } = validate_source(family.file(), &source, self.capabilities)?;
+        log::debug!(
+            "compiling {}{} for {:?}",
+            family.file(),
+            if half { " (float16)" } else { "" },
+            self.device
+        );
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(family.file()),
-                source: wgpu::ShaderSource::Wgsl(family.source().into()),
+                source: wgpu::ShaderSource::Wgsl(source),
             });
         Ok(ModuleInfo {
             module,
@@ -215,7 +277,7 @@ impl PipelineCache {
 
     /// The pipeline for `kernel`, compiled on first use.
     pub(crate) fn get(&self, kernel: Kernel, device_name: &str) -> Result<Arc<Pipeline>> {
-        let key = (kernel.family, kernel.entry);
+        let key = kernel;
         if let Some(p) = self
             .pipelines
             .lock()
@@ -232,7 +294,7 @@ impl PipelineCache {
         let (bindings, uniform) = {
             let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
             modules
-                .get(&kernel.family)
+                .get(&(kernel.family, kernel.half))
                 .and_then(|m| m.as_ref().ok())
                 .and_then(|m| m.entries.get(kernel.entry))
                 .map(|e| (e.bindings.clone(), e.uniform.clone()))
@@ -248,7 +310,7 @@ impl PipelineCache {
             });
         let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         let info = modules
-            .get(&kernel.family)
+            .get(&(kernel.family, kernel.half))
             .and_then(|m| m.as_ref().ok())
             .ok_or_else(|| Error::Gpu {
                 device: device_name.to_string(),
@@ -369,6 +431,7 @@ pub(crate) struct Validated {
 
 /// Parses and validates a family's WGSL with `capabilities`, and reads each entry point's
 /// workgroup size and bindings. `Err` says what the shader needs that is missing.
+#[cfg(test)]
 pub(crate) fn validate(
     family: ShaderFamily,
     capabilities: naga::valid::Capabilities,
@@ -472,20 +535,23 @@ mod tests {
     #[test]
     fn every_shader_parses_and_validates_without_optional_capabilities() {
         // Without f16 or subgroups: what llvmpipe's GL backend offers, so every kernel runs on
-        // every adapter; the subgroup family (optional candidates only) with subgroups, and is
-        // refused without.
+        // every adapter; the subgroup family (optional candidates only) with subgroups and the
+        // casts (mixed precision only) with f16, each refused without.
         for family in ShaderFamily::ALL {
-            let caps = if family == ShaderFamily::ReduceSubgroup {
+            let needs = match family {
+                ShaderFamily::ReduceSubgroup => wgpu::Features::SUBGROUP,
+                ShaderFamily::Cast => wgpu::Features::SHADER_F16,
+                _ => wgpu::Features::empty(),
+            };
+            if !needs.is_empty() {
                 let refused = validate(family, Capabilities::empty()).err();
                 assert!(
                     refused.is_some(),
-                    "{} validates without subgroups",
+                    "{} validates without {needs:?}",
                     family.file()
                 );
-                capabilities_of(wgpu::Features::SUBGROUP)
-            } else {
-                Capabilities::empty()
-            };
+            }
+            let caps = capabilities_of(needs);
             let v = validate(family, caps).unwrap_or_else(|e| panic!("{}: {e}", family.file()));
             for (entry, info) in &v.entries {
                 let invocations: u32 = info.workgroup_size.iter().product();

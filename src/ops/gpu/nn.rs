@@ -38,7 +38,7 @@ use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
 };
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 const fn conv(entry: &'static str) -> Kernel {
     Kernel::new(ShaderFamily::Conv2d, entry)
@@ -514,7 +514,8 @@ impl GpuKernels<'_> {
         if v4 && !pointwise && pixels.div_ceil(64) <= MAX_GROUPS_PER_DIM && pixels > 0 {
             let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
             let mut candidates = vec!["direct"];
-            if c1_windows(g).is_some() {
+            // Its uniform windows hold float32 weights: no float16 twin.
+            if c1_windows(g).is_some() && input.dtype() == DType::F32 {
                 candidates.push("ubo_c1");
             }
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64"]);
@@ -640,6 +641,46 @@ impl GpuKernels<'_> {
         }
     }
 
+    /// The fused [`NnKernels::maxpool_activation_bias_grad`] (channels in vec4s) into a
+    /// float32 `db`.
+    fn maxpool_act_grad_sums(
+        &self,
+        y: &Tensor,
+        dpooled: &Tensor,
+        (dz, db): (&Tensor, &Tensor),
+        s: &PoolShape,
+        act: Activation,
+    ) -> Result<()> {
+        let (_, c) = channel_lanes(s.c);
+        let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
+        let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
+        let chunks = windows.div_ceil(chunk);
+        let partials = if chunks == 1 {
+            db.clone()
+        } else {
+            self.scratch(&[chunks, s.c], db)?
+        };
+        let p = PoolParams {
+            act: act.code(),
+            chunk: u(chunk),
+            windows: u(windows),
+            ..PoolParams::shape(s, c)
+        };
+        // Every window is partial when dpooled is empty; it is never read then.
+        let dpooled = if dpooled.is_empty() { dz } else { dpooled };
+        let grid = [u(c.div_ceil(64)), u(chunks), 1];
+        self.launch(
+            MAXPOOL_ACT_GRAD_SUM_V4,
+            &p,
+            &[y, dpooled, dz, &partials],
+            grid,
+        )?;
+        if chunks > 1 {
+            self.sum_rows(&partials, chunks, s.c, db)?;
+        }
+        Ok(())
+    }
+
     /// Dispatches a partial-sum kernel writing `[chunks, len]` partials and reduces them into
     /// `out` (`[len]`); with one chunk the kernel writes `out` directly.
     fn partial_sums(
@@ -650,6 +691,20 @@ impl GpuKernels<'_> {
         out: &Tensor,
         items: usize,
         chunks: usize,
+    ) -> Result<()> {
+        self.float32_sums(out, |out| {
+            self.partial_sums_f32(kernel, params, inputs, out, (items, chunks))
+        })
+    }
+
+    /// [`GpuKernels::partial_sums`] into a float32 `out`.
+    fn partial_sums_f32(
+        &self,
+        kernel: Kernel,
+        params: &impl Pod,
+        inputs: [&Tensor; 2],
+        out: &Tensor,
+        (items, chunks): (usize, usize),
     ) -> Result<()> {
         let len = out.len();
         if chunks == 1 {
@@ -1185,37 +1240,13 @@ impl NnKernels for GpuKernels<'_> {
         s: &PoolShape,
         act: Activation,
     ) -> Result<()> {
-        let (v4, c) = channel_lanes(s.c);
+        let (v4, _) = channel_lanes(s.c);
         if s.input_len() == 0 || !v4 {
             return unfused_maxpool_activation_bias_grad(self, y, dpooled, (dz, db), s, act);
         }
-        let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
-        let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
-        let chunks = windows.div_ceil(chunk);
-        let partials = if chunks == 1 {
-            db.clone()
-        } else {
-            self.scratch(&[chunks, s.c], db)?
-        };
-        let p = PoolParams {
-            act: act.code(),
-            chunk: u(chunk),
-            windows: u(windows),
-            ..PoolParams::shape(s, c)
-        };
-        // Every window is partial when dpooled is empty; it is never read then.
-        let dpooled = if dpooled.is_empty() { dz } else { dpooled };
-        let grid = [u(c.div_ceil(64)), u(chunks), 1];
-        self.launch(
-            MAXPOOL_ACT_GRAD_SUM_V4,
-            &p,
-            &[y, dpooled, dz, &partials],
-            grid,
-        )?;
-        if chunks > 1 {
-            self.sum_rows(&partials, chunks, s.c, db)?;
-        }
-        Ok(())
+        self.float32_sums(db, |db| {
+            self.maxpool_act_grad_sums(y, dpooled, (dz, db), s, act)
+        })
     }
 
     fn activation(&self, x: &Tensor, y: &Tensor, act: Activation) -> Result<()> {
