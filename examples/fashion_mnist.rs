@@ -544,6 +544,8 @@ fn run(args: Args) -> Result<(), BoxError> {
             None => build()?,
         },
     };
+    // What compile made of it (wrapped in loss scaling under mixed_float16).
+    let optimizer = model.optimizer().copied().unwrap_or(optimizer);
     let devices = model.devices();
     if chief {
         model.print_summary();

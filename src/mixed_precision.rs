@@ -21,6 +21,22 @@
 //! A device without float16 kernels computes in float32 instead, with one warning per device:
 //! `CPU:0` (its kernels are float32 only) and adapters without `SHADER_F16` (llvmpipe on GL).
 //! The model trains the same; only the speed and memory gains are missing there.
+//!
+//! ```
+//! use anygpu::nn::{Activation, Adam, Dense, Loss, Sequential};
+//! use anygpu::DType;
+//! anygpu::mixed_precision::set_global_policy("mixed_float16")?;
+//! let _cpu = anygpu::with_device("/cpu:0")?;
+//! let mut model = Sequential::new();
+//! model.add(Dense::new(2).activation(Activation::Softmax).input_shape(&[3]))?;
+//! model.compile(Loss::sparse_categorical_crossentropy(), Adam::default(), &[])?;
+//! assert_eq!(model.optimizer().map(|o| o.name()), Some("LossScaleOptimizer"));
+//! // CPU:0 has float32 kernels only: the layer computes in float32 there.
+//! assert_eq!(model.layer_infos()[0].compute_dtype, DType::F32);
+//! # Ok::<(), anygpu::Error>(())
+//! ```
+//!
+//! More in `docs/mixed_precision.md`.
 
 use std::collections::HashSet;
 use std::fmt;

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::nn::atomic::write_atomically;
 use crate::nn::callbacks::{Callback, FitContext, Position};
 use crate::nn::history::History;
+use crate::nn::optimizer::LossScale;
 use crate::nn::sequential::Sequential;
 use crate::nn::weights::{self, Blob};
 
@@ -207,6 +208,21 @@ fn save(model: &Sequential, epochs_done: usize, position: Position, path: &Path)
         ("model".to_string(), model.name().to_string()),
         ("optimizer".to_string(), optimizer_description(model)),
         ("iterations".to_string(), model.iterations().to_string()),
+        // Keras' dynamic_scale and step_counter (empty without loss scaling).
+        (
+            "loss_scale".to_string(),
+            model
+                .loss_scale_state()
+                .map(|l| l.scale.to_string())
+                .unwrap_or_default(),
+        ),
+        (
+            "loss_scale_counter".to_string(),
+            model
+                .loss_scale_state()
+                .map(|l| l.counter.to_string())
+                .unwrap_or_default(),
+        ),
         ("epochs_done".to_string(), epochs_done.to_string()),
         ("train_iter_pass".to_string(), opt(position.iter_pass)),
         ("train_taken".to_string(), position.taken.to_string()),
@@ -304,6 +320,22 @@ fn restore(model: &mut Sequential, bytes: &[u8], path: &Path) -> Result<(usize, 
         )));
     }
     let iterations = number("iterations")?;
+    let loss_scale = match (text("loss_scale"), optional("loss_scale_counter")?) {
+        ("", _) | (_, None) => None,
+        (scale, Some(counter)) => Some(LossScale {
+            scale: scale
+                .parse()
+                .ok()
+                .filter(|s: &f32| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| err(format!("metadata 'loss_scale' is not a scale: '{scale}'")))?,
+            counter,
+        }),
+    };
+    if loss_scale.is_some() != model.loss_scale_state().is_some() {
+        return Err(err(
+            "the checkpoint and the model disagree on loss scaling (LossScaleOptimizer)".into(),
+        ));
+    }
     let epochs_done = usize::try_from(number("epochs_done")?)
         .map_err(|_| err("epochs_done does not fit in usize".into()))?;
     let position = Position {
@@ -354,7 +386,7 @@ fn restore(model: &mut Sequential, bytes: &[u8], path: &Path) -> Result<(usize, 
             history.epochs()
         )));
     }
-    model.restore_training_state(&weights, &slots, iterations)?;
+    model.restore_training_state(&weights, &slots, (iterations, loss_scale))?;
     model.history = history;
     Ok((epochs_done, position))
 }

@@ -14,7 +14,7 @@ use crate::nn::layers::{count_params, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
-use crate::nn::optimizer::{self, LossScaleOptimizer, Optimizer, OptimizerState};
+use crate::nn::optimizer::{self, LossScale, LossScaleOptimizer, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::pipeline::{self, Examples, Pipeline, PipelineGradients, StageStats};
 use crate::nn::step_output::{StepOutput, StepPart};
@@ -578,6 +578,11 @@ impl Sequential {
             .and_then(|c| c.optimizer.loss_scale.map(|l| l.scale))
     }
 
+    /// The loss scale and its counter, for checkpoints.
+    pub(crate) fn loss_scale_state(&self) -> Option<LossScale> {
+        self.compiled.as_ref().and_then(|c| c.optimizer.loss_scale)
+    }
+
     /// Training steps run since `compile` (Keras' `optimizer.iterations`; steps that loss
     /// scaling skipped are not counted).
     pub fn iterations(&self) -> u64 {
@@ -637,13 +642,13 @@ impl Sequential {
 
     /// Puts back a training state checked against [`weight_layout`](Sequential::weight_layout)
     /// and [`optimizer_layout`](Sequential::optimizer_layout): the weights, the optimizer
-    /// slots and the iteration count, on every replica. Every slot is allocated before anything
-    /// is written.
+    /// slots, the iteration count and the loss scale, on every replica. Every slot is
+    /// allocated before anything is written.
     pub(crate) fn restore_training_state(
         &mut self,
         weights: &[Vec<f32>],
         slots: &[Vec<f32>],
-        iterations: u64,
+        (iterations, loss_scale): (u64, Option<LossScale>),
     ) -> Result<()> {
         for view in self.replica_views() {
             let opt = view.optimizer.ok_or_else(|| {
@@ -672,6 +677,7 @@ impl Sequential {
                 t.write_words(bytemuck::cast_slice(v))?;
             }
             opt.iterations = iterations;
+            opt.loss_scale = loss_scale;
         }
         Ok(())
     }
