@@ -5,7 +5,7 @@
 //! stops every worker with its rank and cause (in a step, outside one in `fit`, and a panic in
 //! a single local replica), `BackupAndRestore` from the chief's checkpoint, a local
 //! `CrossDeviceOps` under the MPI level, workers with different local replica counts in sync,
-//! and `TF_CONFIG` that disagrees with MPI.
+//! `TF_CONFIG` that disagrees with MPI, and loss scaling that skips a step on every worker.
 //!
 //! A binary of its own (`harness = false`): every worker must run the same collectives in the
 //! same order, so the cases run one after another on the main thread, in the order below.
@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use anygpu::data::Dataset;
 use anygpu::distribute::{HierarchicalAllReduce, MultiWorkerMirroredStrategy};
 use anygpu::nn::{
-    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Optimizer,
-    Sequential, Sgd,
+    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss,
+    LossScaleOptimizer, Optimizer, Sequential, Sgd,
 };
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
@@ -611,6 +611,46 @@ fn error_on(k: usize) {
     std::process::exit(3);
 }
 
+/// Dynamic loss scaling across workers: a global batch whose second half (worker 1's, with two
+/// workers) holds an infinity skips the step on every worker and halves every worker's scale;
+/// a finite batch then updates everywhere. No vote of its own: the summed gradients decide.
+fn loss_scaling_skips_the_step_on_every_worker() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let mut model = strategy
+        .scope(|| {
+            let mut m = Sequential::with_seed(3);
+            m.add(
+                Dense::new(3)
+                    .activation(Activation::Softmax)
+                    .input_shape(&[4]),
+            )?;
+            let opt = LossScaleOptimizer::new(Sgd::new(0.1)).initial_scale(8.0);
+            m.compile(Loss::sparse_categorical_crossentropy(), opt, &[])?;
+            Ok::<_, Error>(m)
+        })
+        .expect("one scope")
+        .expect("the multi-worker model builds");
+    let before = model.get_weights().expect("weights");
+    let overflowing = [0.5, 0.1, 0.2, 0.9, f32::INFINITY, 1.0, 0.0, 0.0];
+    let x = Tensor::from_slice_on(&overflowing, &[2, 4], &cpu).expect("x");
+    let y = Tensor::from_slice_on(&[0i32, 1], &[2], &cpu).expect("y");
+    model
+        .train_step(&x, &y)
+        .expect("a skipped step is no error");
+    assert_eq!(model.loss_scale(), Some(4.0));
+    assert_eq!(model.iterations(), 0);
+    assert_eq!(model.get_weights().expect("weights"), before);
+    let x = Tensor::from_slice_on(&[0.5f32, 0.1, 0.2, 0.9, 0.3, 1.0, 0.0, 0.0], &[2, 4], &cpu)
+        .expect("x");
+    model.train_step(&x, &y).expect("a step");
+    assert_eq!(model.iterations(), 1);
+    assert_ne!(model.get_weights().expect("weights"), before);
+    assert!(
+        strategy.weights_in_sync(&model).expect("checksums"),
+        "the workers' parameters differ"
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--error-on-rank") {
@@ -623,7 +663,7 @@ fn main() {
         panic_on(k);
         return;
     }
-    let cases: [(&str, fn()); 11] = [
+    let cases: [(&str, fn()); 12] = [
         (
             "one_replica_per_worker_trains_like_one_process",
             one_replica_per_worker_trains_like_one_process,
@@ -667,6 +707,10 @@ fn main() {
         (
             "tf_config_that_disagrees_with_mpi_is_an_error",
             tf_config_that_disagrees_with_mpi_is_an_error,
+        ),
+        (
+            "loss_scaling_skips_the_step_on_every_worker",
+            loss_scaling_skips_the_step_on_every_worker,
         ),
     ];
     // `--exact NAME` runs one case (on every worker alike), as libtest would.
