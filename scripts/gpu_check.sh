@@ -1,38 +1,61 @@
 #!/usr/bin/env bash
 # The GPU check: run it first whenever a machine with a real GPU is at hand, and record what it
-# prints in the README's Speed section. It prints the adapters; the train step on GPU:0 (time,
-# host time, dispatches) with the heuristic kernels (ANYGPU_AUTOTUNE=off), with tuning from a
-# cold cache (the first step pays it) and from the warm cache, with the tuner's decisions and
-# the profiler's top ops and kernels; Burn's step on the same GPU when its binary is there;
-# and the kernel benchmarks on GPU:0 in quick mode.
+# prints in the README's Speed section. It prints the adapters; the mixed-precision kernels
+# against the f64 oracle; the train step on GPU:0 from a cold tuning cache (the first step pays
+# the tuning) and warm, profiled, in float32 and under mixed_float16; then ours, PyTorch's
+# variants (scripts/torch_train_step.py) and Burn's side by side, alternating, at batch 128 and
+# 1024, and one table of their medians at the end.
 #
 #   scripts/gpu_check.sh              # builds with cargo first
 #   scripts/gpu_check.sh BIN_DIR      # uses binaries built beforehand (scripts/gpu_pack.sh)
 #
-# GPU_CHECK_STEPS (default 30) sets the timed train steps; GPU_CHECK_BENCH=0 skips the kernel
-# benchmarks, GPU_CHECK_BURN=0 the peer; profiles (trace.json, top_ops.txt) and the tuning
-# cache go under GPU_CHECK_OUT (default runs/gpu_check). Keep it under 8 minutes on any GPU: a
-# lent machine's time is short (on an H200 it takes 4, Burn's cold autotune 2 of them).
+# GPU_CHECK_STEPS (default 30) sets the timed train steps; GPU_CHECK_ROUNDS (default 2) the
+# rounds of the side-by-side comparison; GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0
+# Burn, GPU_CHECK_COMPILE=0 torch.compile (the slowest PyTorch row: it compiles for a minute);
+# GPU_CHECK_BENCH=1 adds the kernel benchmarks (criterion, quick). Profiles (trace.json,
+# top_ops.txt) and the tuning caches go under GPU_CHECK_OUT (default runs/gpu_check). Keep it
+# under 8 minutes on any GPU: a lent machine's time is short.
 set -u
 
 bin=${1:-}
 if [ -z "$bin" ]; then
     cargo build --release --example fashion_mnist --example device_info || exit 1
+    cargo test --release --test mixed_precision --no-run || exit 1
     cargo bench --no-run --bench kernels || exit 1
     bin=target/release/examples
     kernels=$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)
+    mixed=$(ls -t target/release/deps/mixed_precision-* | grep -v '\.d$' | head -1)
 else
     kernels=$bin/kernels
+    mixed=$bin/mixed_precision
 fi
 steps=${GPU_CHECK_STEPS:-30}
+rounds=${GPU_CHECK_ROUNDS:-2}
 out=${GPU_CHECK_OUT:-runs/gpu_check}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+table="$out/medians.txt"
+: >"$table"
 
 section() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
 ours() {
     timeout 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
         sed -n '/^warm-up steps/,$p'
+}
+# One row of the table: "<label> <median ms>", from a run's "median train step: X ms" line.
+row() {
+    local label=$1
+    shift
+    local line
+    line=$("$@" 2>&1 | grep 'median train step' | tail -1)
+    echo "$line"
+    local ms
+    ms=$(echo "$line" | sed -n 's/.*median train step: \([0-9.]*\) ms.*/\1/p')
+    echo "$label ${ms:-failed}" >>"$table"
+}
+torch() {
+    timeout "${2:-90}" python3 scripts/torch_train_step.py --variant "$1" --batch "$batch" \
+        --steps "$steps"
 }
 # The peer's wgpu-vulkan asks for a software adapter (lavapipe); elsewhere wgpu-auto takes the
 # first GPU.
@@ -48,14 +71,45 @@ section "adapters"
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 "$bin/device_info"
 
+if [ -x "$mixed" ]; then
+    section "float16 kernels and loss scaling against the f64 oracle (tests/mixed_precision)"
+    ANYGPU_REQUIRE_ADAPTER=1 timeout 120 "$mixed" --test-threads 1 f16 loss_scale 2>&1 |
+        grep -E '^test |test result|panicked'
+fi
+
 for batch in 128 1024; do
-    section "train step, GPU:0, batch $batch, heuristic kernels (ANYGPU_AUTOTUNE=off)"
-    ANYGPU_AUTOTUNE=off ours --batch-size "$batch"
-    section "train step, GPU:0, batch $batch, tuning from a cold cache"
+    section "train step, GPU:0, batch $batch, tuning from a cold cache (f32, then mixed_float16)"
     rm -rf "$out/cache-$batch"
     ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch"
-    section "train step, GPU:0, batch $batch, tuned (warm cache), profiled"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --mixed-precision
+    section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, f32"
     ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --profile "$out/profile-$batch"
+    section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, mixed_float16"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --mixed-precision \
+        --profile "$out/profile-$batch-mixed"
+done
+
+has_torch=0
+if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && python3 -c 'import torch' 2>/dev/null; then has_torch=1; fi
+for round in $(seq "$rounds"); do
+    for batch in 128 1024; do
+        section "side by side, round $round, batch $batch: ours, PyTorch, alternating"
+        export ANYGPU_CACHE_DIR="$out/cache-$batch"
+        row "$batch anygpu-f32" ours --batch-size "$batch"
+        if [ "$has_torch" = 1 ]; then
+            row "$batch torch-fp32-eager(TF32-off)" torch fp32
+            row "$batch torch-default-eager" torch default
+        fi
+        row "$batch anygpu-mixed_float16" ours --batch-size "$batch" --mixed-precision
+        if [ "$has_torch" = 1 ]; then
+            row "$batch torch-amp-fp16" torch amp
+            row "$batch torch-cuda-graph" torch graph
+            if [ "$round" = 1 ] && [ "${GPU_CHECK_COMPILE:-1}" != 0 ]; then
+                row "$batch torch-compile" torch compile 150
+            fi
+        fi
+        unset ANYGPU_CACHE_DIR
+    done
 done
 
 if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ]; then
@@ -67,9 +121,19 @@ if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ]; then
     ANYGPU_CACHE_DIR="$out/cache-128" ours | grep '^median'
 fi
 
-if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+if [ "${GPU_CHECK_BENCH:-0}" != 0 ]; then
     section "kernels, GPU:0 (criterion, quick; tuned, batch 128 cache)"
     ANYGPU_CACHE_DIR="$out/cache-128" ANYGPU_BENCH_DEVICES=gpu0 timeout 150 "$kernels" --bench --quick --noplot 2>&1 |
         grep -E '^[a-z0-9_]+/|time:'
 fi
+
+section "medians (ms per train step; each round's runs alternate)"
+sort -s -k1,1n "$table" | awk '{
+    key = $1 " " $2
+    if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
+    ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
+} END {
+    printf "%-6s %-28s %s\n", "batch", "step", "median per round (ms)"
+    for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-28s %s\n", k[1], k[2], ms[order[i]] }
+}'
 section "done"

@@ -211,10 +211,10 @@ impl Optimizer {
 
     /// The learning rate (the inner optimizer's, under loss scaling).
     pub fn learning_rate(&self) -> f32 {
-        match self.base() {
+        match self {
             Optimizer::Sgd(s) => s.learning_rate,
             Optimizer::Adam(a) => a.learning_rate,
-            Optimizer::LossScale(_) => unreachable!("base() unwraps loss scaling"),
+            Optimizer::LossScale(l) => l.inner().learning_rate(),
         }
     }
 

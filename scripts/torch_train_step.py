@@ -1,0 +1,162 @@
+"""PyTorch's side of the GPU speed comparison: the tutorial CNN's training step.
+
+The same model as `anygpu::nn::tutorial_cnn` and `scripts/tf_train_step.py` (184,234 parameters,
+SELU, softmax cross-entropy, SGD at 0.01), in PyTorch's own layout (NCHW) as a PyTorch user
+writes it. A step is forward, loss, backward, update and a synchronize; the batch is made on the
+GPU before timing, as `fashion_mnist --time-steps N` uploads its batches before timing.
+
+    python3 scripts/torch_train_step.py --variant fp32 --batch 1024 --steps 30
+
+Variants:
+    fp32     eager, TF32 off for matmuls and cuDNN: the like-for-like row against anygpu's f32
+    default  eager with PyTorch's defaults (cuDNN may use TF32 for convolutions)
+    amp      torch.autocast(float16) with torch.amp.GradScaler: against `--mixed-precision`
+    graph    the whole default step captured in one CUDA graph and replayed: the bound with no
+             launch overhead
+    compile  torch.compile(model) (default mode), eager otherwise; the first steps compile
+
+Prints one line, `torch <variant> median train step: X ms (batch B; ...)`, which
+scripts/gpu_check.sh collects into its table. Run each variant in a process of its own (the
+check does, under a timeout): TF32 and compile settings are process-wide.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+
+class SeparableConv2d(nn.Module):
+    """Keras' SeparableConv2D(filters, 3, padding="same"): depthwise without bias, then 1x1."""
+
+    def __init__(self, c_in, filters):
+        super().__init__()
+        self.depthwise = nn.Conv2d(c_in, c_in, 3, padding=1, groups=c_in, bias=False)
+        self.pointwise = nn.Conv2d(c_in, filters, 1)
+
+    def forward(self, x):
+        return self.pointwise(self.depthwise(x))
+
+
+def tutorial_cnn():
+    selu = nn.SELU
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1),
+        selu(),
+        SeparableConv2d(32, 32),
+        selu(),
+        nn.MaxPool2d(2),
+        SeparableConv2d(32, 64),
+        selu(),
+        SeparableConv2d(64, 64),
+        selu(),
+        nn.MaxPool2d(2),
+        SeparableConv2d(64, 128),
+        selu(),
+        SeparableConv2d(128, 128),
+        selu(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(1152, 128),
+        selu(),
+        # Logits: the softmax is fused into the loss, as anygpu and Keras do it.
+        nn.Linear(128, 10),
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--variant", choices=["fp32", "default", "amp", "graph", "compile"], default="fp32"
+    )
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.variant == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True  # what a PyTorch user training a fixed shape sets
+    torch.manual_seed(0)
+
+    model = tutorial_cnn().to(device)
+    params = sum(p.numel() for p in model.parameters())
+    assert params == 184_234, f"{params} parameters, not the tutorial's 184,234"
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.randn(args.batch, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (args.batch,), device=device)
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if args.variant == "compile":
+        model = torch.compile(model)
+
+    if args.variant == "amp":
+        scaler = torch.amp.GradScaler(device.type)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    elif args.variant == "graph":
+        if device.type != "cuda":
+            raise SystemExit("torch graph: needs CUDA")
+        # PyTorch's recipe for whole-network capture: warm up on a side stream, then capture
+        # forward, backward and the update; replay runs the step as one launch.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+        def step():
+            graph.replay()
+
+    else:
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+
+    start = time.perf_counter()
+    step()
+    sync()
+    first = (time.perf_counter() - start) * 1e3
+    for _ in range(args.warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    med = statistics.median(times)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(
+        f"torch {args.variant} median train step: {med:.2f} ms (batch {args.batch}, {name}, "
+        f"torch {torch.__version__}; min {min(times):.2f}, max {max(times):.2f} over "
+        f"{args.steps} steps; first step {first:.0f} ms; {args.batch / med * 1e3:.0f} images/s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
