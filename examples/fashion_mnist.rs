@@ -280,6 +280,12 @@ struct HistoryJson {
     steps_per_epoch: usize,
     params: usize,
     seed: u64,
+    /// The global dtype policy: `float32` or `mixed_float16`.
+    policy: String,
+    /// Optimizer steps applied (steps that loss scaling skipped are not counted).
+    iterations: u64,
+    /// The loss scale at the end, under mixed precision.
+    loss_scale: Option<f32>,
 }
 
 fn main() {
@@ -967,6 +973,9 @@ impl RunInfo<'_> {
             steps_per_epoch: self.steps_per_epoch,
             params: model.count_params(),
             seed: self.args.seed,
+            policy: mixed_precision::global_policy().name().to_string(),
+            iterations: model.iterations(),
+            loss_scale: model.loss_scale(),
         }
     }
 }
