@@ -402,3 +402,65 @@ fn a_file_whose_pid_now_runs_another_process_is_removed() {
     assert!(!stale.exists() && ours.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn control_characters_from_a_snapshot_are_stripped_in_the_table_and_escaped_in_json() {
+    let dir = private_dir("control");
+    let me = std::process::id();
+    // Written by hand: `Snapshot::to_text` would have replaced them; another writer need not.
+    let program = "ev\x1b[2Jil\x07\r\u{7f}\u{9b}31m!";
+    let device = "/device:\x1b]0;owned\x07GPU:0";
+    std::fs::write(
+        dir.join(format!("{me}-0.smi")),
+        format!(
+            "anygpu-smi 1\npid {me}\nprogram {program}\nupdated 1.8e9\n\
+             device {device}\tad\x1bapter\tVulkan\t-\t-\t-\t-\t-\n"
+        ),
+    )
+    .unwrap();
+    // A file name makes a note; notes are printed too.
+    std::fs::write(dir.join("bell\x07\x1b[1A.txt"), "").unwrap();
+    let shown_raw = |bytes: &[u8]| {
+        String::from_utf8_lossy(bytes)
+            .chars()
+            .find(|&c| c != '\n' && c.is_control())
+    };
+
+    let table = smi_tool(&["--dir", dir.to_str().unwrap()]);
+    assert!(table.status.success());
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert_eq!(shown_raw(&table.stdout), None, "{text:?}");
+    assert!(text.contains("ev[2Jil31m!"), "{text}");
+    assert!(text.contains("/device:]0;ownedGPU:0"), "{text}");
+    assert!(text.contains("note: bell[1A.txt"), "{text}");
+
+    let out = smi_tool(&["--json", "--dir", dir.to_str().unwrap()]);
+    assert_eq!(
+        shown_raw(&out.stdout),
+        None,
+        "{:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Escaped, not stripped: a parser gets the string as published.
+    let json = json_of(&out);
+    assert_eq!(json["processes"][0]["program"], program, "{json}");
+    assert_eq!(json["processes"][0]["devices"][0]["name"], device, "{json}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn watch_refuses_intervals_it_cannot_sleep() {
+    let dir = private_dir("watch");
+    for bad in ["1e20", "NaN", "inf", "-1", "0", "86401", "soon"] {
+        let out = smi_tool(&["--watch", bad, "--dir", dir.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--watch {bad}: {err}");
+        assert!(
+            err.contains(&format!(
+                "--watch '{bad}': expected seconds, more than 0 and at most 86400"
+            )),
+            "--watch {bad}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

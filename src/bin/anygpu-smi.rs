@@ -7,7 +7,7 @@
 //!   (none)           the physical devices, then the processes using anygpu
 //!   -L               one line per physical device (nvidia-smi -L)
 //!   --json           the same as JSON
-//!   --watch SECONDS  redraw every SECONDS (watch -n 0.1 nvidia-smi)
+//!   --watch SECONDS  redraw every SECONDS, up to 86400 (watch -n 0.1 nvidia-smi)
 //!   --pid PID        only this process
 //!   --dir DIR        where processes publish (default: anygpu::smi::default_dir())
 //! ```
@@ -26,7 +26,7 @@ const USAGE: &str = "usage: anygpu-smi [-L] [--json] [--watch SECONDS] [--pid PI
 struct Args {
     list: bool,
     json: bool,
-    watch: Option<f64>,
+    watch: Option<Duration>,
     pid: Option<u32>,
     dir: Option<PathBuf>,
 }
@@ -40,12 +40,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--json" => args.json = true,
             "--watch" | "-l" => {
                 let v = value(&a)?;
-                let secs: f64 = v
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                    .ok_or(format!("--watch '{v}': not a positive number of seconds"))?;
-                args.watch = Some(secs);
+                args.watch = Some(watch_interval(&v)?);
             }
             "--pid" => {
                 let v = value(&a)?;
@@ -60,6 +55,20 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         }
     }
     Ok(args)
+}
+
+/// The longest `--watch` interval: a day (longer would be a typo, and `Duration` has limits).
+const MAX_WATCH_SECONDS: f64 = 86_400.0;
+
+/// `--watch`'s value: seconds, more than 0 and at most [`MAX_WATCH_SECONDS`].
+fn watch_interval(v: &str) -> Result<Duration, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && *s <= MAX_WATCH_SECONDS)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or(format!(
+            "--watch '{v}': expected seconds, more than 0 and at most {MAX_WATCH_SECONDS} (a day)"
+        ))
 }
 
 /// A physical device as listed: index, adapter, backend, type, memory.
@@ -94,6 +103,13 @@ fn physical_devices() -> Vec<Physical> {
         .collect()
 }
 
+/// `s` without control characters: a snapshot's strings are written by other processes, and
+/// an ESC, CR or BEL in them would drive the terminal (move the cursor, retitle the window,
+/// hide lines) instead of being shown.
+fn printable(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).collect()
+}
+
 fn bytes(v: Option<u64>) -> String {
     v.map_or_else(|| "-".into(), format_bytes)
 }
@@ -117,17 +133,18 @@ fn table(physical: &[Physical], scan: &Scan) -> String {
         let _ = writeln!(
             out,
             "{:<28} {:<40} {:<8} {:<14} {:>10}",
-            p.name,
-            p.adapter,
-            p.backend,
-            p.kind,
+            printable(&p.name),
+            printable(&p.adapter),
+            printable(&p.backend),
+            printable(&p.kind),
             bytes(p.memory)
         );
     }
     if let Ok(v) = std::env::var("ANYGPU_VISIBLE_DEVICES") {
         let _ = writeln!(
             out,
-            "(ANYGPU_VISIBLE_DEVICES={v}: only these GPUs are listed)"
+            "(ANYGPU_VISIBLE_DEVICES={}: only these GPUs are listed)",
+            printable(&v)
         );
     }
     let _ = writeln!(out, "\nProcesses:");
@@ -151,13 +168,13 @@ fn table(physical: &[Physical], scan: &Scan) -> String {
         };
         for (i, d) in devices.iter().enumerate() {
             let (pid, program, step) = match i {
-                0 => (s.pid.to_string(), s.program.clone(), last_step(s)),
+                0 => (s.pid.to_string(), printable(&s.program), last_step(s)),
                 _ => (String::new(), String::new(), String::new()),
             };
             let _ = writeln!(
                 out,
                 "{pid:>8} {program:<20} {:<16} {:>11} {:>11} {:>11} {:>10}  {step}",
-                d.name,
+                printable(&d.name),
                 bytes(d.reserved),
                 bytes(d.in_use),
                 bytes(d.peak),
@@ -166,7 +183,7 @@ fn table(physical: &[Physical], scan: &Scan) -> String {
         }
     }
     for note in &scan.notes {
-        let _ = writeln!(out, "note: {note}");
+        let _ = writeln!(out, "note: {}", printable(note));
     }
     out
 }
@@ -178,20 +195,24 @@ fn list(physical: &[Physical]) -> String {
         let _ = writeln!(
             out,
             "GPU {index}: {} ({}, {})",
-            p.adapter, p.backend, p.kind
+            printable(&p.adapter),
+            printable(&p.backend),
+            printable(&p.kind)
         );
     }
     out
 }
 
-/// A JSON string literal.
+/// A JSON string literal. RFC 8259 requires U+0000..U+001F escaped; DEL and the C1 controls
+/// (U+0080..U+009F, CSI among them) are escaped too, so `--json` on a terminal cannot drive it
+/// either, while a parser still gets the string exactly as published.
 fn js(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
+            c if c.is_control() => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
             c => out.push(c),
@@ -304,7 +325,7 @@ fn main() {
             }
         }
         match args.watch {
-            Some(secs) => std::thread::sleep(Duration::from_secs_f64(secs)),
+            Some(interval) => std::thread::sleep(interval),
             None => break,
         }
     }

@@ -1,7 +1,9 @@
 //! The per-user directory processes publish into: `$ANYGPU_SMI_DIR`, else
 //! `$XDG_RUNTIME_DIR/anygpu-smi`, else `<temp dir>/anygpu-smi-<uid>`. Created 0700; a directory
 //! owned by another user or writable by others is refused (anyone could plant or replace files
-//! a reader trusts), by the publisher and by `anygpu-smi` alike.
+//! a reader trusts), and so is one with a parent another user could rename it out of (owned by
+//! neither root nor this user, or writable by others and not sticky), by the publisher and by
+//! `anygpu-smi` alike.
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +22,7 @@ pub(crate) fn default_dir(env: impl Fn(&str) -> Option<String>) -> PathBuf {
 
 #[cfg(unix)]
 fn uid_label() -> String {
-    current_uid().map_or_else(|| "user".into(), |u| u.to_string())
+    current_uid().to_string()
 }
 
 #[cfg(not(unix))]
@@ -28,20 +30,12 @@ fn uid_label() -> String {
     std::env::var("USERNAME").unwrap_or_else(|_| "user".into())
 }
 
-/// This process's user id: the owner of `/proc/self` (Linux), else of a file it creates.
+/// This process's effective user id: the owner of the files and directories it creates, which
+/// is what the ownership checks below compare against.
 #[cfg(unix)]
-pub(crate) fn current_uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    if let Ok(m) = std::fs::metadata("/proc/self") {
-        return Some(m.uid());
-    }
-    let probe = std::env::temp_dir().join(format!(".anygpu-uid-{}", std::process::id()));
-    let uid = std::fs::write(&probe, b"")
-        .and_then(|()| std::fs::metadata(&probe))
-        .map(|m| m.uid())
-        .ok();
-    let _ = std::fs::remove_file(&probe);
-    uid
+pub(crate) fn current_uid() -> u32 {
+    // SAFETY: `geteuid` takes no arguments, touches no memory of ours and cannot fail (POSIX).
+    unsafe { libc::geteuid() }
 }
 
 fn refused(dir: &Path, why: String) -> Error {
@@ -72,10 +66,10 @@ pub(crate) fn ensure_private(dir: &Path) -> Result<()> {
 }
 
 /// Checks, without creating anything, that `dir` is a real directory (not a link) owned by this
-/// user and writable by no one else.
+/// user and writable by no one else, under parents no other user can change.
 ///
 /// # Errors
-/// As [`ensure_private`].
+/// As [`ensure_private`]; the error names the parent when a parent is at fault.
 pub(crate) fn check_private(dir: &Path) -> Result<()> {
     let meta = std::fs::symlink_metadata(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -88,14 +82,10 @@ pub(crate) fn check_private(dir: &Path) -> Result<()> {
     {
         use std::os::unix::fs::MetadataExt;
         let mine = current_uid();
-        if mine.is_some_and(|uid| uid != meta.uid()) {
+        if meta.uid() != mine {
             return Err(refused(
                 dir,
-                format!(
-                    "owned by uid {}, not by this user (uid {})",
-                    meta.uid(),
-                    mine.unwrap_or_default()
-                ),
+                format!("owned by uid {}, not by this user (uid {mine})", meta.uid()),
             ));
         }
         let mode = meta.mode() & 0o777;
@@ -103,6 +93,49 @@ pub(crate) fn check_private(dir: &Path) -> Result<()> {
             return Err(refused(
                 dir,
                 format!("writable by others (mode {mode:o}); chmod 700 it"),
+            ));
+        }
+        check_ancestors(dir)?;
+    }
+    Ok(())
+}
+
+/// Checks every directory above `dir`, up to the root, both as written and with its symbolic
+/// links resolved: whoever can rename entries in one of them can swap `dir` (or a link on the
+/// way to it) for a directory of their own, so each must be owned by root or this user and
+/// writable by no one else, unless sticky (`/tmp`: others cannot rename what is ours there).
+#[cfg(unix)]
+fn check_ancestors(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let written = std::path::absolute(dir).map_err(io(dir))?;
+    let parent = written.parent().unwrap_or(&written);
+    let resolved = std::fs::canonicalize(parent).map_err(io(parent))?;
+    let mine = current_uid();
+    for ancestor in parent.ancestors().chain(resolved.ancestors()) {
+        let meta = std::fs::symlink_metadata(ancestor).map_err(io(ancestor))?;
+        if meta.uid() != 0 && meta.uid() != mine {
+            return Err(refused(
+                ancestor,
+                format!(
+                    "a parent of {} owned by uid {}, neither root nor this user (uid {mine})",
+                    dir.display(),
+                    meta.uid()
+                ),
+            ));
+        }
+        // A link's own mode means nothing (Linux shows 777); its directory is checked too.
+        let mode = meta.mode() & 0o7777;
+        if meta.is_dir() && mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(refused(
+                ancestor,
+                format!(
+                    "a parent of {} writable by others without the sticky bit (mode {mode:o})",
+                    dir.display()
+                ),
             ));
         }
     }
@@ -152,7 +185,7 @@ mod tests {
 
     #[test]
     fn a_directory_of_another_user_is_refused() {
-        let uid = current_uid().unwrap();
+        let uid = current_uid();
         let (dir, cleanup) = if uid == 0 {
             // Root can give a directory away; anyone else finds one of root's.
             let dir = scratch("theirs");
@@ -168,6 +201,68 @@ mod tests {
         if cleanup {
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    #[test]
+    fn a_parent_writable_by_others_is_refused_unless_sticky() {
+        let top = scratch("parents");
+        let open = top.join("open");
+        let dir = open.join("state");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_private(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("refusing directory {}:", open.display()))
+                && err.contains("writable by others without the sticky bit (mode 777)"),
+            "{err}"
+        );
+        // Reached through a link, the real parent is checked as well.
+        let link = scratch("parents-link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        assert!(check_private(&link.join("state")).is_err());
+        // Sticky, like /tmp: others cannot rename what is ours there.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        check_private(&dir).unwrap();
+        check_private(&link.join("state")).unwrap();
+        std::fs::remove_file(&link).unwrap();
+        std::fs::remove_dir_all(&top).unwrap();
+    }
+
+    #[test]
+    fn a_parent_of_another_user_is_refused() {
+        if current_uid() != 0 {
+            // Only root can make one; the check is the same code as for a user's.
+            eprintln!("SKIPPED: needs root to give a directory away");
+            return;
+        }
+        let top = scratch("parents-theirs");
+        let dir = top.join("state");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&top, Some(65534), None).unwrap();
+        let err = check_private(&dir).unwrap_err().to_string();
+        assert!(err.contains("neither root nor this user"), "{err}");
+        std::fs::remove_dir_all(&top).unwrap();
+    }
+
+    #[test]
+    fn the_uid_comes_from_the_os_and_follows_no_planted_link() {
+        // Where /proc is missing the old probe wrote `<tmp>/.anygpu-uid-<pid>`, following
+        // whatever link another user had put there.
+        let victim = scratch("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let probe = std::env::temp_dir().join(format!(".anygpu-uid-{}", std::process::id()));
+        let _ = std::fs::remove_file(&probe);
+        std::os::unix::fs::symlink(&victim, &probe).unwrap();
+        let uid = current_uid();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&probe).unwrap().is_symlink());
+        std::fs::remove_file(&probe).unwrap();
+        // The owner of what this process creates.
+        let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&victim).unwrap());
+        assert_eq!(owner, uid);
+        std::fs::remove_file(&victim).unwrap();
     }
 
     #[test]

@@ -6,9 +6,10 @@
 //! a second, each time to a temporary file renamed over the last, so a reader never sees half
 //! a file. The directory ([`default_dir`]) is per user: `$ANYGPU_SMI_DIR`, else
 //! `$XDG_RUNTIME_DIR/anygpu-smi`, else `<temp dir>/anygpu-smi-<uid>`, created with mode 0700;
-//! one owned by another user or writable by others is refused. The file is removed when the
-//! runtime is dropped or the process exits; a killed process's file is removed by the next
-//! [`scan`]. `ANYGPU_SMI=0` turns publishing off.
+//! one owned by another user or writable by others, or under a parent another user could swap
+//! it in, is refused. Only regular files are read, never through a link. The file is removed
+//! when the runtime is dropped or the process exits; a killed process's file is removed by the
+//! next [`scan`]. `ANYGPU_SMI=0` turns publishing off.
 //!
 //! ```
 //! let dir = std::env::temp_dir().join(format!("anygpu-smi-doc-{}", std::process::id()));
@@ -119,9 +120,20 @@ fn pid_of(name: &str) -> Option<(u32, bool)> {
     Some((pid.parse().ok()?, published))
 }
 
-/// Reads a file of at most [`MAX_FILE_BYTES`].
+/// Reads a regular file of at most [`MAX_FILE_BYTES`]. Anything else that another process of
+/// this user left under a snapshot's name is refused without reading it: a FIFO would block
+/// the reader forever, a link could point anywhere, a device could be endless.
 fn read_small(path: &Path) -> std::result::Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    const NOT_REGULAR: &str = "not a regular file (a link, FIFO, device or directory)";
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err(NOT_REGULAR.into());
+    }
+    let file = open_no_wait(path).map_err(|e| e.to_string())?;
+    // The name may have been replaced between the two looks: what was opened decides.
+    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err(NOT_REGULAR.into());
+    }
     let mut bytes = Vec::new();
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -132,12 +144,30 @@ fn read_small(path: &Path) -> std::result::Result<String, String> {
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into())
 }
 
+/// Opens `path` for reading without following a final link (`O_NOFOLLOW`) and without waiting
+/// for a writer should it be a FIFO (`O_NONBLOCK`; a regular file reads the same with it).
+#[cfg(unix)]
+fn open_no_wait(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+}
+
+/// Elsewhere: a plain open (the regular-file checks around it still apply).
+#[cfg(not(unix))]
+fn open_no_wait(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
+}
+
 /// Reads every snapshot in `dir`: live processes' are returned, sorted by PID; files of dead
 /// processes are removed; anything else is skipped with a note. A missing directory is empty.
 ///
 /// # Errors
-/// `InvalidArgument` when `dir` is owned by another user, writable by others or not a
-/// directory (its files could be anyone's); `Io` when it cannot be listed.
+/// `InvalidArgument` when `dir` is owned by another user, writable by others, not a directory,
+/// or under a parent another user could swap it in (its files could be anyone's); `Io` when it
+/// or a parent cannot be looked at.
 pub fn scan(dir: &Path) -> Result<Scan> {
     let mut scan = Scan::default();
     if !dir.exists() {
@@ -193,6 +223,51 @@ pub fn scan(dir: &Path) -> Result<Scan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_a_link_under_a_snapshots_name_is_skipped_without_blocking() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("anygpu-smi-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let me = std::process::id();
+        let fifo = dir.join(format!("{me}-0.smi"));
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+        // A good snapshot outside the directory, linked in: a link could point anywhere.
+        let good = Snapshot {
+            pid: me,
+            updated: 1.8e9,
+            ..Snapshot::default()
+        };
+        let outside = dir.with_extension("outside");
+        std::fs::write(&outside, good.to_text()).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join(format!("{me}-1.smi"))).unwrap();
+        std::fs::write(dir.join(format!("{me}-2.smi")), good.to_text()).unwrap();
+
+        // In a thread: were the FIFO opened for a blocking read, this would wait for a writer
+        // forever; the test fails after a few seconds instead (the thread is left behind).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let scanned = dir.clone();
+        std::thread::spawn(move || tx.send(scan(&scanned)));
+        let scan = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("scan returns though a FIFO is in the directory")
+            .unwrap();
+        assert_eq!(scan.processes, vec![good], "{scan:?}");
+        for n in 0..2 {
+            let note = format!("{me}-{n}.smi: not a regular file");
+            assert!(
+                scan.notes.iter().any(|n| n.starts_with(&note)),
+                "{note}: {:?}",
+                scan.notes
+            );
+        }
+        std::fs::remove_file(&outside).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn file_names_give_the_writers_pid() {
