@@ -39,8 +39,9 @@
 //!                             checkpoint found in --checkpoint-dir
 //!   --checkpoint-dir DIR      checkpoint the whole run after every epoch (weights, optimizer
 //!                             state, data position, history: keras.callbacks.BackupAndRestore);
-//!                             deleted when training completes. Under multi-worker only worker 0
-//!                             reads and writes it; the others resume from what it sends
+//!                             deleted once the trained model is saved. Under multi-worker
+//!                             only worker 0 reads and writes it; the others resume from what
+//!                             it sends
 //!   --resume                  continue the run checkpointed in --checkpoint-dir
 //!   --tensorboard DIR         TensorBoard logs (keras.callbacks.TensorBoard: per-epoch
 //!                             curves, the running loss every 50 steps, weight histograms);
@@ -214,7 +215,7 @@ struct Args {
     #[arg(long)]
     overwrite: bool,
     /// Checkpoint the whole run into DIR after every epoch (keras.callbacks.BackupAndRestore);
-    /// the checkpoint is deleted when training completes.
+    /// the checkpoint is deleted once the trained model is saved.
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// Continue the run checkpointed in --checkpoint-dir.
@@ -353,7 +354,10 @@ fn run(args: Args) -> Result<(), BoxError> {
     // multi-worker only the chief reads and writes the checkpoint directory (the others resume
     // from the checkpoint the chief sends them, so it need not be on a shared filesystem).
     let mut backup = match &args.checkpoint_dir {
-        Some(dir) if trains && chief => Some(prepare_checkpoint(dir, &args)?),
+        // Deleted by hand once the trained model is saved, not when fit ends.
+        Some(dir) if trains && chief => {
+            Some(prepare_checkpoint(dir, &args)?.delete_checkpoint(false))
+        }
         Some(dir) if trains => Some(BackupAndRestore::new(dir)),
         _ => None,
     };
@@ -672,6 +676,13 @@ fn run(args: Args) -> Result<(), BoxError> {
     println!("throughput: {mean_ips:.0} images/s in fit");
     let json_path = out.join("history.json");
     write_json(&json_path, &run.history_json(&model, &history, Some(&test)))?;
+    // The run's only copy until now: the checkpoint goes once the model and its history are
+    // safely on disk (a failed evaluation or save can still be resumed).
+    if let Some(backup) = &backup {
+        if backup.has_checkpoint() {
+            std::fs::remove_file(backup.checkpoint_path())?;
+        }
+    }
     let png_path = out.join("learning_curves.png");
     match plot::learning_curves(&png_path, &history) {
         Ok(()) => println!(

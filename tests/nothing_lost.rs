@@ -404,3 +404,135 @@ fn a_fit_that_fails_in_an_epoch_keeps_the_history_of_the_epochs_before() {
     assert!(rows.starts_with("epoch,loss,val_loss\n0,"), "{rows}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A checkpoint of one epoch of 10 steps over `data`, kept, in `dir`.
+fn one_epoch_checkpoint(cpu: &LogicalDevice, dir: &std::path::Path, data: &Dataset) {
+    let (mut m, _) = model(cpu, cpu, Adam::new(0.02).into());
+    m.set_verbose(Verbosity::Silent);
+    let mut backup = BackupAndRestore::new(dir).delete_checkpoint(false);
+    m.fit_with_callbacks(data, 1, Some(10), None, &mut [&mut backup])
+        .unwrap();
+    assert!(backup.has_checkpoint());
+}
+
+/// Resumes a fresh model from `dir` with `data`; its error, and whether the model changed.
+fn resume_error(cpu: &LogicalDevice, dir: &std::path::Path, data: &Dataset) -> (String, bool) {
+    let (mut m, _) = model(cpu, cpu, Adam::new(0.02).into());
+    m.set_verbose(Verbosity::Silent);
+    let before = state(&m);
+    let mut backup = BackupAndRestore::new(dir).delete_checkpoint(false);
+    let err = m
+        .fit_with_callbacks(data, 2, Some(10), None, &mut [&mut backup])
+        .unwrap_err()
+        .to_string();
+    (err, state(&m) != before)
+}
+
+#[test]
+fn a_checkpoint_of_other_training_data_is_refused_and_changes_nothing() {
+    let rt = cpu_runtime(1);
+    let cpu = rt.cpu().unwrap();
+    let dir = scratch("other-data");
+    one_epoch_checkpoint(&cpu, &dir, &dataset(false));
+    // Another batch size: the saved position (batches taken in the pass) means other examples.
+    let rebatched = Dataset::from_tensor_slices(
+        common::values(90, 11),
+        &[3],
+        (0..30).map(|i| i % 3).collect(),
+    )
+    .unwrap()
+    .shuffle(30, 5)
+    .batch(5, false);
+    let (err, changed) = resume_error(&cpu, &dir, &rebatched);
+    assert!(
+        err.contains("batch(3, false)") && err.contains("batch(5, false)"),
+        "{err}"
+    );
+    assert!(!changed, "a refused checkpoint changes nothing");
+    // The same data with other steps per epoch.
+    let (mut m, _) = model(&cpu, &cpu, Adam::new(0.02).into());
+    m.set_verbose(Verbosity::Silent);
+    let mut backup = BackupAndRestore::new(&dir).delete_checkpoint(false);
+    let err = m
+        .fit_with_callbacks(&dataset(false), 2, Some(7), None, &mut [&mut backup])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("10 steps an epoch") && err.contains("7 steps"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The checkpoint file's safetensors header (JSON) rewritten by `edit`, its length prefix
+/// updated.
+fn edit_header(path: &std::path::Path, edit: impl Fn(&str) -> String) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    let mut new = edit(header);
+    assert_ne!(new, header, "the edit changed nothing");
+    while !new.len().is_multiple_of(8) {
+        new.push(' ');
+    }
+    let mut out = (new.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(new.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn a_checkpoint_holding_nan_or_an_impossible_position_is_refused() {
+    let rt = cpu_runtime(1);
+    let cpu = rt.cpu().unwrap();
+    let dir = scratch("corrupt");
+    one_epoch_checkpoint(&cpu, &dir, &dataset(false));
+    let path = BackupAndRestore::new(&dir).checkpoint_path();
+    let pristine = std::fs::read(&path).unwrap();
+
+    // A NaN in the data of a weight (the first float of each float32 tensor but the history).
+    let (n, header) = safetensors::SafeTensors::read_metadata(&pristine).unwrap();
+    let (name, at) = header
+        .tensors()
+        .into_iter()
+        .filter(|(name, info)| {
+            !name.starts_with("history/") && info.dtype == safetensors::Dtype::F32
+        })
+        .map(|(name, info)| (name, info.data_offsets.0))
+        .min()
+        .unwrap();
+    let mut corrupt = pristine.clone();
+    let start = 8 + n + at;
+    corrupt[start..start + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&path, &corrupt).unwrap();
+    let (err, changed) = resume_error(&cpu, &dir, &dataset(false));
+    assert!(
+        err.contains("NaN") && err.contains("corrupt") && err.contains(&name),
+        "{err}"
+    );
+    assert!(!changed);
+
+    // More batches taken than the epochs done could take, on a dataset that repeats forever
+    // (a replay would never end): refused at once.
+    let forever = dataset(false).repeat(None);
+    std::fs::remove_file(&path).unwrap();
+    one_epoch_checkpoint(&cpu, &dir, &forever);
+    edit_header(&path, |h| {
+        let at = h.find("\"train_taken\":\"").unwrap() + "\"train_taken\":\"".len();
+        let end = at + h[at..].find('"').unwrap();
+        format!("{}{}{}", &h[..at], u64::MAX / 2, &h[end..])
+    });
+    let err = {
+        let (mut m, _) = model(&cpu, &cpu, Adam::new(0.02).into());
+        m.set_verbose(Verbosity::Silent);
+        let mut backup = BackupAndRestore::new(&dir).delete_checkpoint(false);
+        m.fit_with_callbacks(&forever, 2, Some(10), None, &mut [&mut backup])
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(
+        err.contains("batches were taken") && err.contains("corrupt"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

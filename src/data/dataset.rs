@@ -316,6 +316,31 @@ impl Dataset {
         self.source.y.len()
     }
 
+    /// What decides the batches of a pass: the examples' count and shape and the pipeline's
+    /// transformations (not prefetching, which changes no batch). A checkpoint's position in
+    /// the data is only valid for a dataset with the same description.
+    pub(crate) fn describe(&self) -> String {
+        let stages: Vec<String> = self
+            .stages
+            .iter()
+            .map(|s| match s {
+                Stage::Shuffle { buffer_size, seed } => format!("shuffle({buffer_size}, {seed})"),
+                Stage::Repeat(None) => "repeat()".to_string(),
+                Stage::Repeat(Some(n)) => format!("repeat({n})"),
+                Stage::Batch {
+                    size,
+                    drop_remainder,
+                } => format!("batch({size}, {drop_remainder})"),
+            })
+            .collect();
+        format!(
+            "{} examples of shape {:?}, {}",
+            self.num_examples(),
+            self.example_shape(),
+            stages.join("."),
+        )
+    }
+
     fn is_batched(&self) -> bool {
         self.stages.iter().any(|s| matches!(s, Stage::Batch { .. }))
     }

@@ -119,13 +119,24 @@ pub(crate) struct Position {
 impl Position {
     /// Moves both datasets to this position; the training iterator (when mid-pass), with its
     /// pass number and the batches taken, is returned.
+    ///
+    /// `max_taken` bounds the batches replayed: what the epochs done could have taken (a
+    /// dataset that repeats forever never runs out, whatever the file says).
     pub(crate) fn resume(
         &self,
         dataset: &Dataset,
         validation: Option<&Dataset>,
+        max_taken: u64,
     ) -> Result<Option<(BatchIter, u64, u64)>> {
         let resumed = match self.iter_pass {
             None => None,
+            Some(_) if self.taken > max_taken => {
+                return Err(Error::InvalidArgument(format!(
+                    "fit: the checkpoint says {} batches were taken from the current pass, more \
+                     than its epochs could take ({max_taken}): it is corrupt",
+                    self.taken
+                )))
+            }
             Some(pass) => {
                 dataset.set_passes_started(pass);
                 let mut iter = dataset.iter();
@@ -160,6 +171,9 @@ pub struct FitContext<'a> {
     /// Where the datasets stand after `epochs_done` epochs (set by `fit` after every epoch;
     /// set by a restore before the first).
     pub(crate) position: Option<Position>,
+    /// What a checkpoint's position is only valid for: the training data's batch size, batches
+    /// per pass and steps per epoch (a resume with other ones would continue elsewhere).
+    pub(crate) data: String,
 }
 
 impl FitContext<'_> {

@@ -131,7 +131,8 @@ impl Callback for BackupAndRestore {
         let Some(bytes) = bytes else {
             return Ok(());
         };
-        let (epochs_done, position) = restore(fit.model, &bytes, &path)?;
+        let data = fit.data.clone();
+        let (epochs_done, position) = restore(fit.model, &bytes, &path, &data)?;
         fit.epochs_done = epochs_done;
         fit.position = Some(position);
         self.restored = Some(epochs_done);
@@ -153,8 +154,7 @@ impl Callback for BackupAndRestore {
         })?;
         save(
             fit.model,
-            fit.epochs_done,
-            position,
+            (fit.epochs_done, position, &fit.data),
             &self.checkpoint_path(),
         )
     }
@@ -190,7 +190,13 @@ fn optimizer_description(model: &Sequential) -> String {
     model.optimizer().map(|o| o.to_string()).unwrap_or_default()
 }
 
-fn save(model: &Sequential, epochs_done: usize, position: Position, path: &Path) -> Result<()> {
+/// Writes `model`'s checkpoint: `(epochs_done, position, data)` are where `fit` stands and the
+/// description of the data that position is valid for.
+fn save(
+    model: &Sequential,
+    (epochs_done, position, data): (usize, Position, &str),
+    path: &Path,
+) -> Result<()> {
     let mut blobs = Vec::new();
     for (name, t) in model.named_weights() {
         blobs.push(Blob::from_tensor(name, t)?);
@@ -224,6 +230,7 @@ fn save(model: &Sequential, epochs_done: usize, position: Position, path: &Path)
                 .unwrap_or_default(),
         ),
         ("epochs_done".to_string(), epochs_done.to_string()),
+        ("data".to_string(), data.to_string()),
         ("train_iter_pass".to_string(), opt(position.iter_pass)),
         ("train_taken".to_string(), position.taken.to_string()),
         ("train_passes".to_string(), position.passes.to_string()),
@@ -279,9 +286,15 @@ fn chief_checkpoint(workers: &dyn Workers, path: &Path) -> Result<Option<Vec<u8>
     Ok(Some(bytes))
 }
 
-/// Restores `model` from the checkpoint `bytes` (read from `path`): everything is read and
-/// checked first, then written. Returns the epochs done and the datasets' position.
-fn restore(model: &mut Sequential, bytes: &[u8], path: &Path) -> Result<(usize, Position)> {
+/// Restores `model` from the checkpoint `bytes` (read from `path`) for a fit over `data` (see
+/// `FitContext::data`): everything is read and checked first, then written. Returns the epochs
+/// done and the datasets' position.
+fn restore(
+    model: &mut Sequential,
+    bytes: &[u8],
+    path: &Path,
+    data: &str,
+) -> Result<(usize, Position)> {
     let err = |m: String| Error::Model(format!("BackupAndRestore('{}'): {m}", path.display()));
     let (_, header) = SafeTensors::read_metadata(bytes)
         .map_err(|e| err(format!("not a safetensors file: {e}")))?;
@@ -319,6 +332,15 @@ fn restore(model: &mut Sequential, bytes: &[u8], path: &Path) -> Result<(usize, 
             }
         )));
     }
+    // A position in other data is no position: refuse rather than continue elsewhere. (Files
+    // written before the description was recorded have none to compare.)
+    if !text("data").is_empty() && text("data") != data {
+        return Err(err(format!(
+            "the checkpoint was written for training data '{}', but this fit has '{data}': \
+             resume with the same data set, batch size and steps per epoch, or start afresh",
+            text("data")
+        )));
+    }
     let iterations = number("iterations")?;
     let loss_scale = match (text("loss_scale"), optional("loss_scale_counter")?) {
         ("", _) | (_, None) => None,
@@ -349,11 +371,26 @@ fn restore(model: &mut Sequential, bytes: &[u8], path: &Path) -> Result<(usize, 
         .iter()
         .map(|(name, shape)| weights::f32_tensor(&file, name, shape, err))
         .collect::<Result<Vec<_>>>()?;
-    let slots = model
-        .optimizer_layout()
+    let slot_layout = model.optimizer_layout();
+    let slots = slot_layout
         .iter()
         .map(|(name, shape)| weights::f32_tensor(&file, &format!("optimizer/{name}"), shape, err))
         .collect::<Result<Vec<_>>>()?;
+    // Training never saves a NaN or an infinity on purpose (loss scaling skips such steps): a
+    // checkpoint holding one is corrupt, and resuming from it would train garbage.
+    let names = model.weight_layout().into_iter().chain(
+        slot_layout
+            .into_iter()
+            .map(|(n, s)| (format!("optimizer/{n}"), s)),
+    );
+    for ((name, _), values) in names.zip(weights.iter().chain(&slots)) {
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(err(format!(
+                "'{name}' holds {} at element {i}: the checkpoint is corrupt",
+                values[i]
+            )));
+        }
+    }
     let mut history = History::default();
     {
         let series = |name: &str| -> Result<Vec<f64>> {

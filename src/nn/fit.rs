@@ -116,11 +116,13 @@ impl Sequential {
         // collective for one that returned.
         let strategy = self.strategy().cloned();
         let workers = strategy.as_ref().and_then(MirroredStrategy::workers);
+        let data = format!("{}; {steps} steps an epoch", dataset.describe());
         let mut run = FitContext {
             model: self,
             epochs_done: 0,
             epochs,
             position: None,
+            data,
         };
         for cb in callbacks.iter_mut() {
             let done = cb.on_train_begin(&mut run);
@@ -128,7 +130,10 @@ impl Sequential {
         }
         // Where a restored checkpoint left the pipeline; else a new pass at the first batch.
         let resumed = match run.position.take() {
-            Some(position) => position.resume(dataset, validation),
+            Some(position) => {
+                let max_taken = (run.epochs_done as u64).saturating_mul(steps as u64);
+                position.resume(dataset, validation, max_taken)
+            }
             None => Ok(None),
         };
         let mut train = shared(workers, "fit: resuming the dataset", resumed)?;
@@ -224,6 +229,7 @@ impl Sequential {
                     epochs_done: epoch,
                     epochs,
                     position: None,
+                    data: String::new(),
                 };
                 for cb in callbacks.iter_mut() {
                     if wants(&**cb, global) {

@@ -654,9 +654,18 @@ impl Sequential {
             let opt = view.optimizer.ok_or_else(|| {
                 Error::Model("restore: the model is not compiled; compile it first".into())
             })?;
+            let mut count = 0;
             for (i, layer) in view.layers.iter().enumerate() {
                 let ws: Vec<&Tensor> = layer.weights().into_iter().map(|(_, t)| t).collect();
                 opt.ensure_slots(i, &ws)?;
+                count += opt.slot_tensors(i).len();
+            }
+            // Checked before anything is written: all or nothing.
+            if count != slots.len() {
+                return Err(Error::Model(format!(
+                    "restore: {} optimizer slots for {count} in the model",
+                    slots.len()
+                )));
             }
         }
         self.write_weights(weights)?;
