@@ -35,7 +35,6 @@ mod dir;
 mod publish;
 mod snapshot;
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -119,16 +118,11 @@ fn pid_of(name: &str) -> Option<(u32, bool)> {
     Some((pid.parse().ok()?, published))
 }
 
-/// Reads a file of at most [`MAX_FILE_BYTES`].
+/// Reads a regular file of at most [`MAX_FILE_BYTES`] (a FIFO or a link is refused, not read).
 fn read_small(path: &Path) -> std::result::Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
-    }
+    let bytes = crate::private_fs::read_regular(path, MAX_FILE_BYTES)
+        .map_err(|e| e.to_string())?
+        .ok_or("removed meanwhile")?;
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into())
 }
 
