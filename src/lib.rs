@@ -93,6 +93,7 @@ pub mod mixed_precision;
 pub mod nn;
 pub mod ops;
 mod placement;
+mod private_fs;
 pub mod profiler;
 mod rng;
 pub mod runtime;

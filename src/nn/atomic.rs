@@ -27,15 +27,20 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// `dir/.name.tmp-<pid>-<n>`: hidden, beside the target (a rename is atomic only within one
-/// file system), and unique to this process and call.
+/// `dir/.name.tmp-<pid>-<n>-<ns>`: hidden, beside the target (a rename is atomic only within
+/// one file system), and unique to this process and call. The clock's nanoseconds tell apart
+/// processes of one PID in different PID namespaces (containers sharing a directory); the file
+/// is created exclusively anyway, so a name taken or planted fails the write, never follows.
 fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let n = NEXT_TEMP.fetch_add(1, Ordering::Relaxed);
-    parent_dir(path).join(format!(".{name}.tmp-{}-{n}", std::process::id()))
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    parent_dir(path).join(format!(".{name}.tmp-{}-{n}-{ns}", std::process::id()))
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, `fsync`ed, then

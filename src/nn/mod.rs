@@ -37,7 +37,7 @@
 //!   distributed) weights than in TensorFlow.
 
 mod activation;
-mod atomic;
+pub(crate) mod atomic;
 mod callbacks;
 mod checkpoint;
 mod event_file;

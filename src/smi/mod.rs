@@ -36,7 +36,6 @@ mod dir;
 mod publish;
 mod snapshot;
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -120,45 +119,12 @@ fn pid_of(name: &str) -> Option<(u32, bool)> {
     Some((pid.parse().ok()?, published))
 }
 
-/// Reads a regular file of at most [`MAX_FILE_BYTES`]. Anything else that another process of
-/// this user left under a snapshot's name is refused without reading it: a FIFO would block
-/// the reader forever, a link could point anywhere, a device could be endless.
+/// Reads a regular file of at most [`MAX_FILE_BYTES`] (a FIFO or a link is refused, not read).
 fn read_small(path: &Path) -> std::result::Result<String, String> {
-    const NOT_REGULAR: &str = "not a regular file (a link, FIFO, device or directory)";
-    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err(NOT_REGULAR.into());
-    }
-    let file = open_no_wait(path).map_err(|e| e.to_string())?;
-    // The name may have been replaced between the two looks: what was opened decides.
-    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
-        return Err(NOT_REGULAR.into());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
-    }
+    let bytes = crate::private_fs::read_regular(path, MAX_FILE_BYTES)
+        .map_err(|e| e.to_string())?
+        .ok_or("removed meanwhile")?;
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into())
-}
-
-/// Opens `path` for reading without following a final link (`O_NOFOLLOW`) and without waiting
-/// for a writer should it be a FIFO (`O_NONBLOCK`; a regular file reads the same with it).
-#[cfg(unix)]
-fn open_no_wait(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-}
-
-/// Elsewhere: a plain open (the regular-file checks around it still apply).
-#[cfg(not(unix))]
-fn open_no_wait(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::File::open(path)
 }
 
 /// Reads every snapshot in `dir`: live processes' are returned, sorted by PID; files of dead

@@ -13,16 +13,25 @@
 //! `ANYGPU_CACHE_DIR`, else `$XDG_CACHE_HOME/anygpu`, else `~/.cache/anygpu`. Each entry's key
 //! holds the crate version and a hash of every WGSL source, so an entry from another build is
 //! never used. An unreadable or corrupt file is a warning, and tuning goes on in memory; so is
-//! an unwritable directory.
+//! an unwritable directory, and one owned by another user or writable by others (anyone who can
+//! write there could pick our kernels or redirect our writes). The file is read only when it is
+//! a regular file of at most 4 MiB (a link, FIFO or device is a warning, never opened). A save
+//! merges with what other processes saved meanwhile, under a lock file, and replaces the file
+//! through a newly created temporary file.
+//!
+//! Within a process one thread tunes a key; others wanting it wait for its choice (timings
+//! taken side by side would slow each other down).
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::gpu::{ShaderFamily, PIPELINES_CREATED};
+use crate::private_fs;
 
 /// How much to tune: `ANYGPU_AUTOTUNE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +199,8 @@ pub(crate) struct Tuner {
     /// Key prefix: the crate version and the hash of every shader.
     build: String,
     state: Mutex<TunerState>,
+    /// Signalled when a thread stops tuning a key (`TunerState::tuning` shrinks).
+    tuned: Condvar,
     /// Measurements started so far. A candidate built on another tuned op (a convolution run
     /// as a product) tunes that op inside its own warm-up; this count tells the warm-up to
     /// run again, so the nested tuning's time is not charged to the candidate.
@@ -205,6 +216,32 @@ struct TunerState {
     decisions: Vec<TuningDecision>,
     /// A warning about the file has been given.
     warned: bool,
+    /// The keys (op, class) being tuned, and by which thread.
+    tuning: HashMap<(&'static str, String), ThreadId>,
+}
+
+/// What [`Tuner::claim`] found for a key.
+enum Claim<'t> {
+    /// A choice is known: run it.
+    Known(&'static str),
+    /// This thread tunes the key; the guard lets the others go when dropped.
+    Tune(TuningGuard<'t>),
+}
+
+/// Marks a key as being tuned by this thread until dropped (on an error or panic too).
+struct TuningGuard<'t> {
+    tuner: &'t Tuner,
+    /// `None` when this thread already held the key (a nested run of it).
+    key: Option<(&'static str, String)>,
+}
+
+impl Drop for TuningGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.tuner.lock().tuning.remove(&key);
+            self.tuner.tuned.notify_all();
+        }
+    }
 }
 
 /// A choice the tuner knows.
@@ -231,15 +268,20 @@ impl Tuner {
             "{} {:?} {} {:04x}:{:04x}",
             adapter.name, adapter.backend, adapter.driver_info, adapter.vendor, adapter.device
         );
-        let file = config.cache_dir.as_ref().map(|d| {
-            d.join(format!(
-                "autotune-{}-{:016x}.txt",
-                sanitize(&adapter.name),
-                fnv1a(FNV_OFFSET, identity.as_bytes())
-            ))
-        });
+        let tuning = config.mode != TuneMode::Off && config.force.is_none();
+        let file = config
+            .cache_dir
+            .as_deref()
+            .filter(|d| tuning && usable_dir(d))
+            .map(|d| {
+                d.join(format!(
+                    "autotune-{}-{:016x}.txt",
+                    sanitize(&adapter.name),
+                    fnv1a(FNV_OFFSET, identity.as_bytes())
+                ))
+            });
         let mut state = TunerState::default();
-        if config.mode != TuneMode::Off && config.force.is_none() {
+        if tuning {
             if let Some(path) = &file {
                 match load(path, &build) {
                     Ok(entries) => {
@@ -267,13 +309,52 @@ impl Tuner {
             file,
             build,
             state: Mutex::new(state),
+            tuned: Condvar::new(),
             measurements: AtomicU64::new(0),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, TunerState> {
         // Plain maps; a panic in another thread leaves them usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The known choice for (op, class), or the right to tune it: while another thread tunes
+    /// it, waits for that thread's choice (or its failure, and then tunes it itself).
+    fn claim(&self, op: &'static str, class: &str, candidates: &[&'static str]) -> Claim<'_> {
+        let me = std::thread::current().id();
+        let key = (op, class.to_string());
+        let mut state = self.lock();
+        loop {
+            if let Some(pick) = cached_in(&mut state, op, class, candidates) {
+                return Claim::Known(pick);
+            }
+            match state.tuning.get(&key) {
+                // The key is tuned inside one of its own candidates: measure it here too, as
+                // before, rather than wait for ourselves.
+                Some(owner) if *owner == me => {
+                    return Claim::Tune(TuningGuard {
+                        tuner: self,
+                        key: None,
+                    })
+                }
+                Some(_) => {
+                    state = self
+                        .tuned
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    // A warm-up that waited here is run again, like one that tuned a nested op.
+                    self.measurements.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    state.tuning.insert(key.clone(), me);
+                    return Claim::Tune(TuningGuard {
+                        tuner: self,
+                        key: Some(key),
+                    });
+                }
+            }
+        }
     }
 
     /// The decisions taken in this process (measured, cached or heuristic), in order.
@@ -313,9 +394,10 @@ impl Tuner {
             self.note_heuristic(op, class, heuristic);
             return run(heuristic);
         }
-        if let Some(pick) = self.cached(op, class, candidates) {
-            return run(pick);
-        }
+        let claim = match self.claim(op, class, candidates) {
+            Claim::Known(pick) => return run(pick),
+            Claim::Tune(guard) => guard,
+        };
         // The heuristic first: a candidate far slower than it is then cut after its warm-up.
         let ordered: Vec<&'static str> = std::iter::once(heuristic)
             .filter(|h| candidates.contains(h))
@@ -350,36 +432,10 @@ impl Tuner {
                 source: DecisionSource::Measured,
             });
         }
+        // The choice is known: threads waiting for it go on while this one saves.
+        drop(claim);
         self.save();
         run(pick)
-    }
-
-    /// The known choice for (op, class) if it is among `candidates`, listed as cached on its
-    /// first use.
-    fn cached(
-        &self,
-        op: &'static str,
-        class: &str,
-        candidates: &[&'static str],
-    ) -> Option<&'static str> {
-        let mut state = self.lock();
-        let state = &mut *state;
-        let known = state.choices.get_mut(op)?.get_mut(class)?;
-        let pick = candidates
-            .iter()
-            .find(|c| **c == known.candidate)
-            .copied()?;
-        if !known.listed {
-            known.listed = true;
-            state.decisions.push(TuningDecision {
-                op,
-                class: class.to_string(),
-                candidate: pick.to_string(),
-                timings_ms: Vec::new(),
-                source: DecisionSource::Cached,
-            });
-        }
-        Some(pick)
     }
 
     /// Records the heuristic's choice, once per key.
@@ -504,39 +560,12 @@ impl Tuner {
         Ok((pick, timings))
     }
 
-    /// Writes every choice of this build to the cache file (a temporary file renamed over it,
-    /// so a reader never sees half a file, and a corrupt file is replaced); failures are a
-    /// warning, once.
+    /// Writes every measured choice of this build to the cache file, with the entries of this
+    /// build other processes saved there meanwhile (theirs where this process has none);
+    /// failures are a warning, once.
     fn save(&self) {
         let Some(path) = &self.file else { return };
-        let text = {
-            let state = self.lock();
-            let mut lines: Vec<String> = state
-                .choices
-                .iter()
-                .flat_map(|(op, by_class)| {
-                    by_class
-                        .iter()
-                        .filter(|(_, k)| k.persist)
-                        .map(move |(class, k)| {
-                            format!("{}|{op}|{class}\t{}\n", self.build, k.candidate)
-                        })
-                })
-                .collect();
-            lines.sort();
-            format!("{HEADER}\n{}", lines.concat())
-        };
-        let result = (|| -> std::io::Result<()> {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, text)?;
-            std::fs::rename(&tmp, path).inspect_err(|_| {
-                std::fs::remove_file(&tmp).ok();
-            })
-        })();
-        if let Err(e) = result {
+        if let Err(e) = self.merge_into(path) {
             let mut state = self.lock();
             if !state.warned {
                 state.warned = true;
@@ -547,7 +576,88 @@ impl Tuner {
             }
         }
     }
+
+    /// Reads `path`, adds this process's choices and replaces it: through a new temporary file
+    /// renamed over it (a reader never sees half a file; a link planted in the directory is
+    /// never followed), under a lock file so that processes saving at once each add to the
+    /// other's file rather than overwrite it.
+    fn merge_into(&self, path: &Path) -> std::result::Result<(), String> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        private_fs::ensure_private(dir).map_err(|e| e.to_string())?;
+        let lock = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.with_extension("lock"))
+            .map_err(|e| format!("lock file: {e}"))?;
+        // Held until `lock` is dropped (closed) at the end. File systems without locks (some
+        // network ones) still get a whole file, only perhaps without the other's entries.
+        if let Err(e) = lock.lock() {
+            log::debug!("autotune cache {} not locked: {e}", path.display());
+        }
+        // A corrupt file is replaced: its entries are lost either way.
+        let on_disk = load(path, &self.build).unwrap_or_default();
+        let mut entries: BTreeMap<(String, String), String> = on_disk
+            .into_iter()
+            .map(|(op, class, candidate)| ((op, class), candidate))
+            .collect();
+        {
+            let state = self.lock();
+            for (op, by_class) in &state.choices {
+                for (class, known) in by_class.iter().filter(|(_, k)| k.persist) {
+                    entries.insert((op.clone(), class.clone()), known.candidate.clone());
+                }
+            }
+        }
+        let mut text = format!("{HEADER}\n");
+        for ((op, class), candidate) in &entries {
+            text.push_str(&format!("{}|{op}|{class}\t{candidate}\n", self.build));
+        }
+        crate::nn::atomic::write_atomically(path, text.as_bytes()).map_err(|e| e.to_string())
+    }
 }
+
+/// The known choice for (op, class) if it is among `candidates`, listed as cached on its first
+/// use.
+fn cached_in(
+    state: &mut TunerState,
+    op: &'static str,
+    class: &str,
+    candidates: &[&'static str],
+) -> Option<&'static str> {
+    let known = state.choices.get_mut(op)?.get_mut(class)?;
+    let pick = candidates
+        .iter()
+        .find(|c| **c == known.candidate)
+        .copied()?;
+    if !known.listed {
+        known.listed = true;
+        state.decisions.push(TuningDecision {
+            op,
+            class: class.to_string(),
+            candidate: pick.to_string(),
+            timings_ms: Vec::new(),
+            source: DecisionSource::Cached,
+        });
+    }
+    Some(pick)
+}
+
+/// Whether the cache directory `dir` may be used: missing (it is created private on the first
+/// save), or a directory of this user that no one else can write to. A refusal is a warning.
+fn usable_dir(dir: &Path) -> bool {
+    match private_fs::check_private(dir) {
+        Ok(()) => true,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => {
+            log::warn!("autotune cache not used ({e}); tuning in memory");
+            false
+        }
+    }
+}
+
+/// The largest cache file read: a few kilobytes are usual, a larger file is not ours.
+const MAX_CACHE_BYTES: u64 = 4 << 20;
 
 /// The first line of a cache file.
 const HEADER: &str = "# anygpu autotune cache v1: key<TAB>candidate";
@@ -555,15 +665,9 @@ const HEADER: &str = "# anygpu autotune cache v1: key<TAB>candidate";
 /// Reads a cache file: the (op, class, candidate) entries of this build only. A missing file is
 /// empty; anything that is not our format is an error (the caller warns and tunes in memory).
 fn load(path: &std::path::Path, build: &str) -> std::io::Result<Vec<(String, String, String)>> {
-    let text = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+    let Some(text) = private_fs::read_regular(path, MAX_CACHE_BYTES)? else {
+        return Ok(Vec::new());
     };
-    // A cache file is a few kilobytes; a huge one is not ours.
-    if text.len() > 4 << 20 {
-        return Err(std::io::Error::other("larger than 4 MiB"));
-    }
     let text = String::from_utf8(text).map_err(|_| std::io::Error::other("not UTF-8"))?;
     let mut lines = text.lines();
     if lines.next() != Some(HEADER) {
@@ -651,10 +755,15 @@ mod tests {
 
     /// Runs one tuned op whose candidate `slow` sleeps; returns what ran, in order.
     fn tune_once(tuner: &Tuner) -> Vec<String> {
+        tune_class(tuner, "128x128x1024")
+    }
+
+    /// [`tune_once`] for another shape class.
+    fn tune_class(tuner: &Tuner, class: &str) -> Vec<String> {
         let mut ran = Vec::new();
         tuner
             .run(
-                &Choice::new("matmul", "128x128x1024".into(), &["slow", "fast"], "slow"),
+                &Choice::new("matmul", class.into(), &["slow", "fast"], "slow"),
                 &|| Ok(()),
                 &mut |c| {
                     if c == "slow" {
@@ -850,6 +959,137 @@ mod tests {
         assert_eq!(tune_once(&t).last().map(String::as_str), Some("fast"));
         assert_eq!(tune_once(&t), ["fast"]);
         std::fs::remove_file(blocked).ok();
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// `temp(name)`, created with mode 0700 (as a first save would).
+    #[cfg(unix)]
+    fn private_temp(name: &str) -> PathBuf {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = temp(name);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        dir
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_a_link_to_dev_zero_or_a_huge_file_as_the_cache_is_ignored_at_once() {
+        let dir = private_temp("special");
+        let file = Tuner::new(config(&dir), &info()).file.unwrap();
+        let plant: [(&str, &dyn Fn()); 3] = [
+            ("a FIFO", &|| {
+                let made = std::process::Command::new("mkfifo").arg(&file).status();
+                assert!(made.unwrap().success());
+            }),
+            ("a link to /dev/zero", &|| {
+                std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+            }),
+            // Sparse: read whole it would take a second and 2 GiB of memory.
+            ("a 2 GiB file", &|| {
+                let f = std::fs::File::create(&file).unwrap();
+                f.set_len(2 << 30).unwrap();
+            }),
+        ];
+        for (what, plant) in plant {
+            plant();
+            // On a thread, so that a hang fails the test instead of stalling it.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let cfg = config(&dir);
+            std::thread::spawn(move || {
+                // The test may have given up waiting.
+                let _ = tx.send(Tuner::new(cfg, &info()));
+            });
+            let tuner = rx
+                .recv_timeout(Duration::from_millis(300))
+                .unwrap_or_else(|_| panic!("{what} as the cache file was read or waited on"));
+            assert!(tune_once(&tuner).len() > 1, "{what}: tuned again");
+            // The save replaced it with a real cache file.
+            let next = Tuner::new(config(&dir), &info());
+            assert_eq!(tune_once(&next), ["fast"], "after {what}");
+            std::fs::remove_file(&file).unwrap();
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_directory_others_can_write_to_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp("shared");
+        let tuner = Tuner::new(config(&dir), &info());
+        tune_once(&tuner);
+        let file = tuner.file.clone().unwrap();
+        let saved = std::fs::read(&file).unwrap();
+        for mode in [0o777, 0o770] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            // Anyone could have written this file: it is neither read nor written.
+            let t = Tuner::new(config(&dir), &info());
+            assert!(tune_once(&t).len() > 1, "mode {mode:o}: tuned again");
+            assert_eq!(std::fs::read(&file).unwrap(), saved, "mode {mode:o}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_save_does_not_follow_a_link_planted_at_the_old_temporary_name() {
+        let dir = private_temp("planted");
+        let victim_dir = private_temp("victim");
+        let victim = victim_dir.join("precious");
+        std::fs::write(&victim, b"precious").unwrap();
+        let tuner = Tuner::new(config(&dir), &info());
+        let file = tuner.file.clone().unwrap();
+        // The name saves went through before: `<file>.tmp<pid>`.
+        let old_temp = file.with_extension(format!("tmp{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &old_temp).unwrap();
+        tune_once(&tuner);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        let meta = std::fs::symlink_metadata(&file).unwrap();
+        assert!(meta.file_type().is_file(), "the cache file is no link");
+        assert_eq!(tune_once(&Tuner::new(config(&dir), &info())), ["fast"]);
+        std::fs::remove_dir_all(dir).ok();
+        std::fs::remove_dir_all(victim_dir).ok();
+    }
+
+    #[test]
+    fn processes_saving_different_keys_merge_their_choices() {
+        // Two processes, both started before either saved.
+        let dir = temp("merge");
+        let first = Tuner::new(config(&dir), &info());
+        let second = Tuner::new(config(&dir), &info());
+        assert!(tune_class(&first, "8x8x8").len() > 1);
+        assert!(tune_class(&second, "16x16x16").len() > 1);
+        let third = Tuner::new(config(&dir), &info());
+        assert_eq!(tune_class(&third, "8x8x8"), ["fast"], "the first's choice");
+        assert_eq!(tune_class(&third, "16x16x16"), ["fast"], "the second's");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn threads_tuning_one_key_at_once_measure_it_once() {
+        let dir = temp("threads");
+        let tuner = Tuner::new(config(&dir), &info());
+        let start = std::sync::Barrier::new(2);
+        let mut ran: Vec<Vec<String>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        tune_once(&tuner)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        ran.sort_by_key(Vec::len);
+        assert_eq!(
+            ran[0],
+            ["fast"],
+            "the other thread's choice, untimed: {ran:?}"
+        );
+        assert!(ran[1].len() > 1, "{ran:?}");
+        assert_eq!(tuner.decisions().len(), 1);
         std::fs::remove_dir_all(dir).ok();
     }
 
