@@ -652,6 +652,11 @@ fn check_tf_config(text: &str, rank: usize, size: usize) -> Result<()> {
             .map_or(0, |tasks| tasks.len())
     };
     let (chiefs, workers) = (count("chief"), count("worker"));
+    if chiefs > 1 {
+        return Err(fail(format!(
+            "TF_CONFIG lists {chiefs} chiefs; a cluster has at most one: {text}"
+        )));
+    }
     let total = chiefs + workers;
     if total != size {
         return Err(fail(format!(
@@ -663,9 +668,9 @@ fn check_tf_config(text: &str, rank: usize, size: usize) -> Result<()> {
         .as_u64()
         .and_then(|i| usize::try_from(i).ok())
         .ok_or_else(|| fail(format!("TF_CONFIG has no task index: {text}")))?;
-    let task = match kind {
-        "chief" => index,
-        "worker" => chiefs + index,
+    let (task, of_kind) = match kind {
+        "chief" => (index, chiefs),
+        "worker" => (chiefs + index, workers),
         other => {
             return Err(fail(format!(
                 "TF_CONFIG task type {other:?} does not train; MultiWorkerMirroredStrategy \
@@ -673,6 +678,13 @@ fn check_tf_config(text: &str, rank: usize, size: usize) -> Result<()> {
             )))
         }
     };
+    // An index past its list would alias another task's rank (chief 1 is worker 0's).
+    if index >= of_kind {
+        return Err(fail(format!(
+            "TF_CONFIG task {kind}:{index} does not exist: the cluster lists {of_kind} \
+             {kind} task(s): {text}"
+        )));
+    }
     if task != rank {
         return Err(fail(format!(
             "TF_CONFIG makes this process task {kind}:{index} (worker {task}), but MPI started \
@@ -701,6 +713,17 @@ mod tests {
         let chief = r#"{"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}}"#;
         assert!(check_tf_config(chief, 1, 2).is_ok());
         assert!(check_tf_config("not json", 0, 1).is_err());
+        // An index past its list, which would alias another task's rank.
+        let past = r#"{"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "chief", "index": 1}}"#;
+        let err = check_tf_config(past, 1, 2).unwrap_err().to_string();
+        assert!(err.contains("task chief:1 does not exist"), "{err}");
+        let past =
+            r#"{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}}"#;
+        assert!(check_tf_config(past, 1, 2).is_err());
+        let two_chiefs =
+            r#"{"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 1}}"#;
+        let err = check_tf_config(two_chiefs, 1, 2).unwrap_err().to_string();
+        assert!(err.contains("at most one"), "{err}");
         let ps = r#"{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}"#;
         assert!(check_tf_config(ps, 0, 1)
             .unwrap_err()
