@@ -13,7 +13,7 @@
 //! ```
 
 use std::fs::File;
-use std::io::Write as _;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -298,22 +298,212 @@ impl EventFile {
     }
 
     /// Appends `events`, each framed as a record, in one write, and flushes them to the OS so
-    /// a TensorBoard reading along sees them at once.
+    /// a TensorBoard reading along sees them at once. All or nothing: see [`append_records`].
     pub(crate) fn append(&mut self, events: &[Vec<u8>]) -> Result<()> {
-        let bytes: Vec<u8> = events.iter().flat_map(|e| record(e)).collect();
-        self.file
-            .write_all(&bytes)
-            .and_then(|()| self.file.flush())
-            .map_err(|source| Error::Io {
-                path: self.path.clone(),
-                source,
-            })
+        append_records(&mut self.file, &self.path, events)
     }
+}
+
+/// What appending needs of an event file besides writing: cutting a torn append back off.
+/// A trait so that the tests can stand in a disk that fills up in the middle of a record.
+pub(crate) trait RecordSink: Write + Seek {
+    /// Cuts the sink to `len` bytes ([`File::set_len`]).
+    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl RecordSink for File {
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)
+    }
+}
+
+/// Appends `events` to `sink` (the file at `path`), each framed as a record, all or nothing.
+///
+/// A full disk can take part of a write: TensorBoard's reader stops at a torn record and
+/// everything appended after it would be lost. So the records go out in one write, and when it
+/// fails the sink is cut back to its length before the append, leaving it ending on a whole
+/// record. Should that cut fail too, the error says the file may end in a torn record.
+pub(crate) fn append_records<S: RecordSink>(
+    sink: &mut S,
+    path: &Path,
+    events: &[Vec<u8>],
+) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bytes: Vec<u8> = events.iter().flat_map(|e| record(e)).collect();
+    let start = sink.stream_position().map_err(io)?;
+    let Err(write_error) = sink.write_all(&bytes).and_then(|()| sink.flush()) else {
+        return Ok(());
+    };
+    // Back to `start` in length and position, so the next append lands right after the last
+    // whole record.
+    let rolled_back = sink
+        .truncate(start)
+        .and_then(|()| sink.seek(SeekFrom::Start(start)));
+    Err(io(match rolled_back {
+        Ok(_) => write_error,
+        Err(cut_error) => std::io::Error::new(
+            write_error.kind(),
+            format!(
+                "{write_error}; cutting the file back to {start} bytes failed too ({cut_error}), \
+                 so it may end in a torn record"
+            ),
+        ),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{self, Cursor};
+
+    /// A disk with room for `room` bytes: a write past it stores what fits and fails, as
+    /// `write(2)` does on a full disk; with `cut_fails`, truncating fails too.
+    struct SmallDisk {
+        data: Cursor<Vec<u8>>,
+        room: u64,
+        cut_fails: bool,
+    }
+
+    impl SmallDisk {
+        fn new(room: u64) -> SmallDisk {
+            SmallDisk {
+                data: Cursor::new(Vec::new()),
+                room,
+                cut_fails: false,
+            }
+        }
+
+        fn bytes(&self) -> &[u8] {
+            self.data.get_ref()
+        }
+    }
+
+    impl Write for SmallDisk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let left = self.room.saturating_sub(self.data.position());
+            let fits = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            if fits == 0 && !buf.is_empty() {
+                return Err(io::ErrorKind::StorageFull.into());
+            }
+            self.data.write(&buf[..fits])
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Seek for SmallDisk {
+        fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+            self.data.seek(to)
+        }
+    }
+
+    impl RecordSink for SmallDisk {
+        fn truncate(&mut self, len: u64) -> io::Result<()> {
+            if self.cut_fails {
+                return Err(io::Error::other("read-only file system"));
+            }
+            self.data.get_mut().truncate(usize::try_from(len).unwrap());
+            Ok(())
+        }
+    }
+
+    /// The data of the TFRecords in `bytes`, every length and data CRC checked; panics on a
+    /// bad CRC or a torn record, trailing bytes included.
+    fn read_records(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+        let u32_at = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let n = out.len();
+            assert!(bytes.len() >= 12, "record {n}: torn header");
+            let (len, rest) = bytes.split_at(8);
+            assert_eq!(u32_at(rest), masked_crc32c(len), "record {n}: length CRC");
+            let len = usize::try_from(u64::from_le_bytes(len.try_into().unwrap())).unwrap();
+            assert!(rest.len() >= 4 + len + 4, "record {n}: torn data");
+            let (data, rest) = rest[4..].split_at(len);
+            assert_eq!(u32_at(rest), masked_crc32c(data), "record {n}: data CRC");
+            out.push(data.to_vec());
+            bytes = &rest[4..];
+        }
+        out
+    }
+
+    fn events(tags: &[&str]) -> Vec<Vec<u8>> {
+        tags.iter()
+            .map(|tag| summary_event(1.0, 2, tag, Value::Scalar(0.5)))
+            .collect()
+    }
+
+    #[test]
+    fn a_disk_that_fills_mid_record_keeps_only_whole_records() {
+        let path = Path::new("logs/train/events.v2");
+        let (first, second, third) = (events(&["a"]), events(&["b", "c"]), events(&["d"]));
+        let whole: Vec<u8> = [&first, &second]
+            .into_iter()
+            .flatten()
+            .flat_map(|e| record(e))
+            .collect();
+        // Room for the first two appends and half of the third's record.
+        let mut disk = SmallDisk::new((whole.len() + record(&third[0]).len() / 2) as u64);
+        append_records(&mut disk, path, &first).unwrap();
+        append_records(&mut disk, path, &second).unwrap();
+
+        let err = append_records(&mut disk, path, &third).unwrap_err();
+        match &err {
+            Error::Io { path: p, source } => {
+                assert_eq!(p, path);
+                assert_eq!(source.kind(), io::ErrorKind::StorageFull);
+            }
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
+        assert_eq!(disk.bytes(), &whole[..], "the torn record was not cut off");
+        assert_eq!(read_records(disk.bytes()), [first, second.clone()].concat());
+
+        // Once there is room again, the next record follows the last whole one.
+        disk.room = u64::MAX;
+        append_records(&mut disk, path, &third).unwrap();
+        let records = read_records(disk.bytes());
+        assert_eq!(records.len(), 4);
+        assert_eq!(records[3], third[0]);
+    }
+
+    #[test]
+    fn a_failed_cut_back_says_the_file_may_end_torn() {
+        let path = Path::new("logs/train/events.v2");
+        let mut disk = SmallDisk::new(20);
+        disk.cut_fails = true;
+        let err = append_records(&mut disk, path, &events(&["a"])).unwrap_err();
+        let message = err.to_string();
+        assert!(message.starts_with("logs/train/events.v2: "), "{message}");
+        assert!(
+            message.contains("cutting the file back to 0 bytes failed too"),
+            "{message}"
+        );
+        assert!(message.contains("read-only file system"), "{message}");
+        assert!(
+            message.ends_with("so it may end in a torn record"),
+            "{message}"
+        );
+    }
+
+    /// A real `File` that takes no byte at all, and (a device, not a regular file) cannot be
+    /// cut either: the error is the write's, with the failed cut named.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_event_file_on_dev_full_reports_the_failed_append() {
+        let Ok(file) = File::options().write(true).open("/dev/full") else {
+            return; // No /dev/full in this sandbox.
+        };
+        let path = PathBuf::from("/dev/full");
+        let mut events_file = EventFile { path, file };
+        let message = events_file.append(&events(&["a"])).unwrap_err().to_string();
+        assert!(message.starts_with("/dev/full: "), "{message}");
+        assert!(message.contains("torn record"), "{message}");
+    }
 
     #[test]
     fn crc32c_matches_the_published_check_values() {
