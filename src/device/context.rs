@@ -42,6 +42,10 @@ pub(crate) struct GpuContext {
     /// Name used in messages: the first logical device on this adapter.
     pub(crate) label: String,
     stream: Mutex<Stream>,
+    /// Profiled submissions whose timestamps are still to be read: queued under the stream's
+    /// lock, read after it is released (a wait under it would stall every thread recording on
+    /// this adapter, and a hung device every one of them for good).
+    timed: Mutex<Vec<TimedSubmission>>,
     /// The first error wgpu reported outside an error scope, surfaced by the next wait.
     device_error: Arc<Mutex<Option<String>>>,
     counters: StreamCounters,
@@ -55,6 +59,16 @@ pub(crate) struct GpuContext {
     /// lock while it records (threads of virtual devices share the adapter), and commands run
     /// in the order recorded, so one per adapter is enough.
     pub(crate) uniform_scratch: Mutex<wgpu::Buffer>,
+}
+
+/// A profiled submission: its timestamps, copied into a buffer of their own, and what they
+/// time.
+struct TimedSubmission {
+    readback: wgpu::Buffer,
+    index: wgpu::SubmissionIndex,
+    submitted: Instant,
+    /// (op, kernel) of query pair `i`.
+    kernels: Vec<(Option<u64>, &'static str)>,
 }
 
 /// Bytes of [`GpuContext::uniform_scratch`].
@@ -115,6 +129,7 @@ impl GpuContext {
             pipelines,
             label,
             stream: Mutex::new(stream),
+            timed: Mutex::new(Vec::new()),
             device_error,
             counters: StreamCounters::default(),
             regions_released: Arc::new(AtomicU64::new(0)),
@@ -148,8 +163,9 @@ impl GpuContext {
         }
     }
 
-    /// Submits what is pending, without waiting, unless the profiler timed some of it: then it
-    /// waits, reads the timestamps and hands them to the profiler.
+    /// Submits what is pending, without waiting. Timestamps the profiler took are copied into
+    /// a buffer of their own and queued for [`GpuContext::read_timed`], which the public entry
+    /// points call once the stream's lock is released.
     fn submit(&self, stream: &mut Stream) -> Option<wgpu::SubmissionIndex> {
         stream.end_pass();
         let mut encoder = stream.encoder.take()?;
@@ -162,38 +178,59 @@ impl GpuContext {
         };
         let pairs = timed.pending.len() as u32;
         let bytes = u64::from(pairs) * 16;
+        // A buffer per submission: the next one may resolve into `resolve` again before this
+        // one's timestamps are read.
+        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("anygpu profiler readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         encoder.resolve_query_set(&timed.queries, 0..pairs * 2, &timed.resolve, 0);
-        encoder.copy_buffer_to_buffer(&timed.resolve, 0, &timed.readback, 0, bytes);
+        encoder.copy_buffer_to_buffer(&timed.resolve, 0, &readback, 0, bytes);
         let submitted = Instant::now();
         let index = self.queue.submit([encoder.finish()]);
         let kernels = std::mem::take(&mut timed.pending);
-        if let Err(e) = self.read_timestamps(timed, index.clone(), submitted, &kernels) {
-            log::warn!(
-                "profiler: timestamps of {pairs} kernels on {} lost: {e}",
-                self.label
-            );
-        }
+        self.timed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(TimedSubmission {
+                readback,
+                index: index.clone(),
+                submitted,
+                kernels,
+            });
         Some(index)
     }
 
-    /// Waits for `index`, reads the timestamps of `kernels` and records them.
-    fn read_timestamps(
-        &self,
-        timed: &Timestamps,
-        index: wgpu::SubmissionIndex,
-        submitted: Instant,
-        kernels: &[(Option<u64>, &'static str)],
-    ) -> Result<()> {
+    /// Waits for the profiled submissions queued so far and hands their timestamps to the
+    /// profiler (the profiler's promise: each submission is waited for, so the step is slower
+    /// and its kernels are not). Call with the stream's lock released.
+    fn read_timed(&self) {
+        let queued = std::mem::take(&mut *self.timed.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in queued {
+            if let Err(e) = self.read_timestamps(&t) {
+                log::warn!(
+                    "profiler: timestamps of {} kernels on {} lost: {e}",
+                    t.kernels.len(),
+                    self.label
+                );
+            }
+        }
+    }
+
+    /// Waits for `t`'s submission, reads its timestamps and records them.
+    fn read_timestamps(&self, t: &TimedSubmission) -> Result<()> {
+        let (submitted, kernels) = (t.submitted, &t.kernels);
         let bytes = kernels.len() as u64 * 16;
         let (tx, rx) = std::sync::mpsc::channel();
-        timed
-            .readback
+        t.readback
             .map_async(wgpu::MapMode::Read, ..bytes, move |r| {
                 let _ = tx.send(r);
             });
         self.device
             .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
+                submission_index: Some(t.index.clone()),
                 timeout: None,
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
@@ -202,13 +239,13 @@ impl GpuContext {
             .map_err(|_| self.gpu_error("the map callback never ran".into()))?
             .map_err(|e| self.gpu_error(format!("mapping the timestamps failed: {e}")))?;
         let ticks: Vec<u64> = {
-            let view = timed
+            let view = t
                 .readback
                 .get_mapped_range(..bytes)
                 .map_err(|e| self.gpu_error(format!("reading the timestamps failed: {e}")))?;
             bytemuck::pod_collect_to_vec(&view[..])
         };
-        timed.readback.unmap();
+        t.readback.unmap();
         let period = f64::from(self.queue.get_timestamp_period());
         let intervals: Vec<DeviceInterval> = kernels
             .iter()
@@ -352,6 +389,7 @@ impl GpuContext {
         }
         self.recorded_one(stream);
         drop(guard);
+        self.read_timed();
         self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
         if hit {
             self.counters
@@ -370,6 +408,8 @@ impl GpuContext {
         self.record(&mut stream, |encoder| {
             encoder.copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, bytes)
         });
+        drop(stream);
+        self.read_timed();
     }
 
     /// Records a copy of `len` 4-byte words from word `src_offset` of `src` to word
@@ -417,6 +457,8 @@ impl GpuContext {
         self.record(&mut stream, |encoder| {
             encoder.clear_buffer(dst.buffer, dst.offset, Some(bytes))
         });
+        drop(stream);
+        self.read_timed();
     }
 
     /// Writes host bytes into a device range, after everything recorded so far.
@@ -437,6 +479,10 @@ impl GpuContext {
             self.queue
                 .write_buffer(dst.buffer, dst.offset + len, &padded);
         }
+        // The writes above stay under the lock: no other thread's commands may come between
+        // the submission that flushed the pending ones and them.
+        drop(stream);
+        self.read_timed();
     }
 
     /// Reads `bytes` bytes of a device range back to the host, waiting for the commands that
@@ -465,6 +511,7 @@ impl GpuContext {
             });
             self.submit(&mut stream)
         };
+        self.read_timed();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             // The receiver waits below; if it is gone there is no one to tell.
@@ -494,6 +541,8 @@ impl GpuContext {
     pub(crate) fn flush(&self) {
         let mut stream = self.stream();
         self.submit(&mut stream);
+        drop(stream);
+        self.read_timed();
     }
 
     /// Submits what is pending and waits for the queue to drain.
@@ -502,6 +551,7 @@ impl GpuContext {
             let mut stream = self.stream();
             self.submit(&mut stream)
         };
+        self.read_timed();
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: submission,
@@ -535,5 +585,47 @@ fn describe(err: &wgpu::Error) -> String {
             description.trim_end().to_string()
         }
         wgpu::Error::OutOfMemory { source } => format!("out of memory: {source}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DeviceKind, Runtime, Tensor};
+
+    #[test]
+    fn profiled_timestamps_are_read_once_the_stream_lock_is_released() {
+        let rt = Runtime::builder()
+            .env("WGPU_BACKEND", Some("vulkan"))
+            .build()
+            .expect("runtime");
+        let gpus = rt.list_logical_devices(DeviceKind::Gpu).expect("devices");
+        let Some(dev) = gpus
+            .iter()
+            .find(|d| d.gpu().is_some_and(|g| g.ctx.has_timestamps()))
+        else {
+            assert!(
+                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with timestamp queries"
+            );
+            eprintln!("SKIPPED: no adapter with timestamp queries");
+            return;
+        };
+        let ctx = &dev.gpu().expect("a GPU").ctx;
+        let dir = std::env::temp_dir().join(format!("anygpu-timed-{}", std::process::id()));
+        crate::profiler::start(&dir).expect("profiler");
+        let x = Tensor::from_slice_on(&[1.0f32; 64], &[64], dev).expect("upload");
+        // A profiled dispatch, recorded and not yet submitted.
+        let _y = x.scale(2.0).expect("scale");
+        {
+            let mut stream = ctx.stream();
+            ctx.submit(&mut stream);
+            // Submitted with the lock held, and not waited for there: queued.
+            assert_eq!(ctx.timed.lock().map(|t| t.len()).unwrap_or(0), 1);
+        }
+        ctx.read_timed();
+        assert!(ctx.timed.lock().map(|t| t.is_empty()).unwrap_or(false));
+        let report = crate::profiler::stop().expect("report").to_string();
+        assert!(report.contains("scale"), "{report}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

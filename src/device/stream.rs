@@ -262,7 +262,6 @@ impl BindGroupCache {
 pub(crate) struct Timestamps {
     pub(crate) queries: wgpu::QuerySet,
     pub(crate) resolve: wgpu::Buffer,
-    pub(crate) readback: wgpu::Buffer,
     /// (op, kernel) of query pair `i` (queries `2i` and `2i + 1`).
     pub(crate) pending: Vec<(Option<u64>, &'static str)>,
 }
@@ -280,12 +279,6 @@ impl Timestamps {
                 label: Some("anygpu profiler resolve"),
                 size: bytes,
                 usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-            readback: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("anygpu profiler readback"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
             pending: Vec::new(),
