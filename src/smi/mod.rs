@@ -107,6 +107,12 @@ fn alive(pid: u32, started: Option<u64>, updated: Option<f64>) -> bool {
     updated.is_some_and(|t| now() - t < STALE_SECONDS)
 }
 
+/// Whether process `pid` is known to have ended: `/proc` is there to ask and `/proc/<pid>` is
+/// not. Without `/proc` nothing is known, so this is `false` and a caller removes nothing.
+pub(crate) fn has_ended(pid: u32) -> bool {
+    Path::new("/proc/self").exists() && !alive(pid, None, None)
+}
+
 /// `<pid>-<n>` of a file name `<pid>-<n>.smi` or `.<pid>-<n>.tmp`.
 fn pid_of(name: &str) -> Option<(u32, bool)> {
     let (stem, published) = match (name.strip_suffix(".smi"), name.strip_suffix(".tmp")) {
@@ -154,7 +160,7 @@ pub fn scan(dir: &Path) -> Result<Scan> {
         };
         if !published {
             // A writer's temporary file: only a dead writer's is ours to remove.
-            if !alive(pid, None, None) && Path::new("/proc/self").exists() {
+            if has_ended(pid) {
                 let _ = std::fs::remove_file(&path);
             }
             continue;
