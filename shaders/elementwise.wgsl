@@ -14,8 +14,9 @@
 //   copy_range          out[act + i] = a[m + i], i < n         bindings a, out
 //                       (a copy between two ranges of one buffer, which copy_buffer_to_buffer
 //                       refuses; m and act carry the source and destination offsets)
-//   flag_nonfinite      out[0] = 1 when some a[i] is infinite or NaN, else untouched (the
-//                       caller zeroes it; several tensors may flag one word)  bindings a, out
+//   unscale_flag        out[i] = alpha * a[i], and b[0] = 1 when some a[i] is infinite or NaN,
+//                       else b is untouched (the caller zeroes it; several tensors may flag one
+//                       word): loss scaling's unscale and check in one pass  bindings a, b, out
 //
 // Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 out: storage read_write array<f32>, flat;
 // 4 a4, 5 b4, 6 out4: the same as array<vec4<f32>> (bound sizes are multiples of 16 bytes).
@@ -133,11 +134,13 @@ fn copy_range(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 }
 
 @compute @workgroup_size(256)
-fn flag_nonfinite(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn unscale_flag(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
     if (i >= p.n) { return; }
+    let x = a[i];
+    out[i] = p.alpha * x;
     // The exponent bits rather than x != x: WGSL lets a compiler assume floats are finite.
-    if ((bitcast<u32>(a[i]) & 0x7f800000u) == 0x7f800000u) {
-        out[0] = 1.0;
+    if ((bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
+        b[0] = 1.0;
     }
 }

@@ -606,20 +606,11 @@ fn prepare_update(
             dest.extend(sum.split_flat(&shapes[pack.clone()])?);
         }
     }
-    // Every destination (and every worker) holds the same sums, so one check decides for all
-    // replicas: one replica's overflow skips the step everywhere.
-    let opt = replicas[0].optimizer()?;
-    let first: Vec<&Tensor> = grads
-        .first()
-        .map(|g| g.iter().collect())
-        .unwrap_or_default();
-    if !opt.applies(&first)? {
+    // Every destination (and every worker) holds the same sums, so the check decides alike for
+    // all replicas: one replica's overflow skips the step everywhere.
+    let Some(grads) = replicas[0].optimizer()?.unscaled(&grads)? else {
         return Ok((Vec::new(), Vec::new(), Vec::new(), false));
-    }
-    let grads = grads
-        .iter()
-        .map(|g| opt.unscale(g))
-        .collect::<Result<Vec<_>>>()?;
+    };
     for r in replicas.iter_mut() {
         let layers = r.layers.clone();
         let opt = r.optimizer()?;

@@ -378,36 +378,31 @@ impl OptimizerState {
         self.loss_scale.map_or(1.0, |l| l.scale)
     }
 
-    /// Whether a step with these (scaled) gradients updates the weights: always without loss
-    /// scaling; under it, when every element is finite (a read of one flag per device).
-    ///
-    /// # Errors
-    /// Device errors.
-    pub(crate) fn applies(&self, grads: &[&Tensor]) -> Result<bool> {
-        match self.loss_scale {
-            None => Ok(true),
-            Some(_) => ops::all_finite(grads),
-        }
-    }
-
-    /// The gradients divided by the loss scale (new tensors, so an allocation: call before any
-    /// weight changes); the same tensors without loss scaling.
+    /// The gradients the update applies: without loss scaling, `grads` as they are; under it,
+    /// `grads` divided by the scale (new tensors, so an allocation: call before any weight
+    /// changes), or `None` when some element is not finite and the step is skipped. One kernel
+    /// per gradient unscales and checks; one flag per device is read.
     ///
     /// # Errors
     /// Device errors, out of memory.
-    pub(crate) fn unscale(&self, grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    pub(crate) fn unscaled(&self, grads: &[Vec<Tensor>]) -> Result<Option<Vec<Vec<Tensor>>>> {
         let Some(ls) = self.loss_scale else {
-            return Ok(grads.to_vec());
+            return Ok(Some(grads.to_vec()));
         };
         // Keras divides by the scale; for a power of two multiplying by its inverse is exact.
         let inverse = 1.0 / ls.scale;
-        grads
-            .iter()
-            .map(|g| {
-                let _scope = g.device_handle().scope();
-                g.scale(inverse)
-            })
-            .collect()
+        let lens: Vec<usize> = grads.iter().map(Vec::len).collect();
+        let flat: Vec<Tensor> = grads.iter().flatten().cloned().collect();
+        let (unscaled, finite) = ops::unscale_checked(&flat, inverse)?;
+        if !finite {
+            return Ok(None);
+        }
+        let mut rest = unscaled.into_iter();
+        Ok(Some(
+            lens.iter()
+                .map(|&n| rest.by_ref().take(n).collect())
+                .collect(),
+        ))
     }
 
     /// Updates the weights of layer `layer` in place with their gradients, on each weight's

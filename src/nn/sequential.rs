@@ -917,15 +917,10 @@ impl Sequential {
             .compiled
             .as_mut()
             .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
-        let opt = &compiled.optimizer;
-        if !opt.applies(&grads.iter().flatten().collect::<Vec<_>>())? {
+        let Some(grads) = compiled.optimizer.unscaled(grads)? else {
             compiled.optimizer.finish_step(false);
             return Ok(());
-        }
-        let grads = grads
-            .iter()
-            .map(|g| opt.unscale(g))
-            .collect::<Result<Vec<_>>>()?;
+        };
         let layer_weights: Vec<Vec<&Tensor>> = self
             .entries
             .iter()

@@ -69,9 +69,9 @@ const CAST: OpInfo = OpInfo {
     name: "Cast",
     gpu: Some(&[gk::TO_F16, gk::TO_F32]),
 };
-const IS_FINITE: OpInfo = OpInfo {
+const UNSCALE: OpInfo = OpInfo {
     name: "IsFinite",
-    gpu: Some(&[gk::FLAG_NONFINITE]),
+    gpu: Some(&[gk::UNSCALE_FLAG]),
 };
 const ARGMAX: OpInfo = OpInfo {
     name: "ArgMax",
@@ -376,18 +376,20 @@ pub(crate) fn matmul_ex(
     })
 }
 
-/// Whether every element of the float32 `tensors` is finite (`tf.math.is_finite` reduced
-/// over all of them): one flag per device, written by a kernel per tensor, then read once per
-/// device. Loss scaling asks this of each step's gradients.
+/// Loss scaling's unscale and check: each of the float32 `grads` times `inverse` (the inverse
+/// of the loss scale), in new tensors, and whether every element was finite (`tf.math.is_finite`
+/// reduced over all of them). One kernel per gradient does both; one flag per device is read
+/// once, after all of them.
 ///
 /// # Errors
-/// A tensor that is not float32; device errors.
-pub(crate) fn all_finite(tensors: &[&Tensor]) -> Result<bool> {
+/// A gradient that is not float32; device errors, out of memory.
+pub(crate) fn unscale_checked(grads: &[Tensor], inverse: f32) -> Result<(Vec<Tensor>, bool)> {
     let mut flags: Vec<Tensor> = Vec::new();
-    for t in tensors {
-        t.expect_dtype("IsFinite", DType::F32)?;
-        let _scope = t.device_handle().scope();
-        run(&IS_FINITE, &[t], |device, inputs| {
+    let mut out = Vec::with_capacity(grads.len());
+    for g in grads {
+        g.expect_dtype("IsFinite", DType::F32)?;
+        let _scope = g.device_handle().scope();
+        out.push(run(&UNSCALE, &[g], |device, inputs| {
             let flag = match flags.iter().find(|f| f.device_handle().same_device(device)) {
                 Some(f) => f.clone(),
                 None => {
@@ -396,13 +398,17 @@ pub(crate) fn all_finite(tensors: &[&Tensor]) -> Result<bool> {
                     f
                 }
             };
-            with_kernels(device, |k, _| k.flag_nonfinite(&inputs[0], &flag))
-        })?;
+            let unscaled = Tensor::uninit(g.shape(), DType::F32, device)?;
+            with_kernels(device, |k, _| {
+                k.unscale_flag(&inputs[0], inverse, &unscaled, &flag)
+            })?;
+            Ok(unscaled)
+        })?);
     }
     for f in &flags {
         if f.to_vec::<f32>()?[0] != 0.0 {
-            return Ok(false);
+            return Ok((out, false));
         }
     }
-    Ok(true)
+    Ok((out, true))
 }

@@ -109,8 +109,9 @@ impl Kernels for HostKernels {
         Ok(())
     }
 
-    fn flag_nonfinite(&self, x: &Tensor, flag: &Tensor) -> Result<()> {
+    fn unscale_flag(&self, x: &Tensor, alpha: f32, out: &Tensor, flag: &Tensor) -> Result<()> {
         let r = Inputs::lock(&[x]);
+        cpu::scale(r.f32(0), alpha, write(out).f32());
         if r.f32(0).iter().any(|v| !v.is_finite()) {
             write(flag).f32()[0] = 1.0;
         }

@@ -65,9 +65,9 @@ pub(crate) trait Kernels {
     fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()>;
     /// `out = x` converted to `out`'s float type (float32 ↔ float16; overflow gives ±inf).
     fn cast(&self, x: &Tensor, out: &Tensor) -> Result<()>;
-    /// Sets `flag[0]` (f32) to 1 when some element of float32 `x` is infinite or NaN; leaves it
-    /// as it was otherwise.
-    fn flag_nonfinite(&self, x: &Tensor, flag: &Tensor) -> Result<()>;
+    /// `out = alpha * x` (float32), and `flag[0] = 1` when some element of `x` is infinite or
+    /// NaN (left as it was otherwise): loss scaling's unscale and check in one pass.
+    fn unscale_flag(&self, x: &Tensor, alpha: f32, out: &Tensor, flag: &Tensor) -> Result<()>;
 }
 
 /// Runs `f` with the kernels of `device`.
@@ -159,5 +159,5 @@ pub(crate) fn run<R>(
     out
 }
 
-pub(crate) use basic::all_finite;
+pub(crate) use basic::unscale_checked;
 pub(crate) use nn::NnKernels;

@@ -15,7 +15,7 @@ use crate::tensor::{DType, Tensor};
 pub(crate) const BINARY: Kernel = Kernel::new(ShaderFamily::Elementwise, "binary");
 pub(crate) const SCALE: Kernel = Kernel::new(ShaderFamily::Elementwise, "scale");
 pub(crate) const ACTIVATION: Kernel = Kernel::new(ShaderFamily::Elementwise, "activation");
-pub(crate) const FLAG_NONFINITE: Kernel = Kernel::new(ShaderFamily::Elementwise, "flag_nonfinite");
+pub(crate) const UNSCALE_FLAG: Kernel = Kernel::new(ShaderFamily::Elementwise, "unscale_flag");
 pub(crate) const TO_F16: Kernel = Kernel::new(ShaderFamily::Cast, "to_f16");
 pub(crate) const TO_F32: Kernel = Kernel::new(ShaderFamily::Cast, "to_f32");
 pub(crate) const ACTIVATION_BACKWARD: Kernel =
@@ -376,16 +376,17 @@ impl Kernels for GpuKernels<'_> {
         )
     }
 
-    fn flag_nonfinite(&self, x: &Tensor, flag: &Tensor) -> Result<()> {
+    fn unscale_flag(&self, x: &Tensor, alpha: f32, out: &Tensor, flag: &Tensor) -> Result<()> {
         let n = x.len();
         let p = ElementwiseParams {
             n: u(n),
             m: 1,
             op: 0,
             act: 0,
-            alpha: 0.0,
+            alpha,
         };
-        self.launch(FLAG_NONFINITE, &p, &[x, flag], grid_1d(n, 256))
+        // Bindings 1, 2, 3: a, b (the flag), out.
+        self.launch(UNSCALE_FLAG, &p, &[x, flag, out], grid_1d(n, 256))
     }
 
     fn binary(&self, a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> Result<()> {
