@@ -362,8 +362,8 @@ impl Layer for Conv2D {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let w = in_dtype("Conv2D", &self.weights, dy.dtype())?;
-        let [kernel, _] = &w[..] else {
+        let w = backward_weights("Conv2D", &self.weights, dy.dtype())?;
+        let [kernel] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
         let [x, y] = saved::<2>("Conv2D", saved_tensors)?;
@@ -454,18 +454,14 @@ impl SeparableConv2D {
 
     /// The GPU path's gradients from `dz` (w.r.t. the pre-activation output) and the bias
     /// gradient: the pointwise kernel's and input's, then the depthwise kernel's and input's.
+    /// `(depthwise, pointwise)` are the kernels in `dz`'s dtype.
     fn backward_from_dz(
         &self,
-        x: &Tensor,
-        d: &Tensor,
-        dz: &Tensor,
+        (x, d, dz): (&Tensor, &Tensor, &Tensor),
+        (depthwise, pointwise): (&Tensor, &Tensor),
         db: Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let w = in_dtype("SeparableConv2D", &self.weights, dz.dtype())?;
-        let [depthwise, pointwise, _] = &w[..] else {
-            return Err(not_built("SeparableConv2D"));
-        };
         let dp = ops::conv2d_backward_kernel(d, dz, pointwise.shape(), Padding::Same)?;
         let dd = ops::conv2d_backward_input(dz, pointwise, d.shape(), Padding::Same)?;
         let dk = ops::depthwise_conv2d_backward_kernel(x, &dd, depthwise.shape())?;
@@ -563,8 +559,8 @@ impl Layer for SeparableConv2D {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let w = in_dtype("SeparableConv2D", &self.weights, dy.dtype())?;
-        let [depthwise, pointwise, _] = &w[..] else {
+        let w = backward_weights("SeparableConv2D", &self.weights, dy.dtype())?;
+        let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         let act = self.activation.fused();
@@ -575,7 +571,7 @@ impl Layer for SeparableConv2D {
         let [x, y, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
         // (The GPU path: separate kernels, `d` kept from the forward pass.)
         let (dz, db) = activation_and_bias_grad(dy, &y, self.activation)?;
-        self.backward_from_dz(&x, &d, &dz, db, need_dx)
+        self.backward_from_dz((&x, &d, &dz), (depthwise, pointwise), db, need_dx)
     }
 
     /// On the CPU one op routes the pool's gradient and applies the activation's block by
@@ -587,8 +583,8 @@ impl Layer for SeparableConv2D {
         dpooled: &Tensor,
         need_dx: bool,
     ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
-        let w = in_dtype("SeparableConv2D", &self.weights, dpooled.dtype())?;
-        let [depthwise, pointwise, _] = &w[..] else {
+        let w = backward_weights("SeparableConv2D", &self.weights, dpooled.dtype())?;
+        let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         // The CPU's forward pass keeps `[x, y]`; a GPU's keeps `d` too: there the pool's,
@@ -596,7 +592,9 @@ impl Layer for SeparableConv2D {
         if let [x, y, d] = saved_tensors {
             let act = self.activation.fused();
             let (dz, db) = ops::max_pool2d_activation_bias_grad(y, dpooled, act)?;
-            return self.backward_from_dz(x, d, &dz, db, need_dx).map(Some);
+            return self
+                .backward_from_dz((x, d, &dz), (depthwise, pointwise), db, need_dx)
+                .map(Some);
         }
         let [x, y] = saved_tensors else {
             return Ok(None);
@@ -616,6 +614,13 @@ fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>
         return Err(not_built(layer));
     }
     weights.iter().map(|w| w.cast(dtype)).collect()
+}
+
+/// [`in_dtype`] for a backward pass: every weight but the last, the bias, which a backward pass
+/// does not read (one cast less per layer and step under mixed precision).
+fn backward_weights(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+    let (_bias, kernels) = weights.split_last().ok_or_else(|| not_built(layer))?;
+    in_dtype(layer, kernels, dtype)
 }
 
 /// Whether a layer's weight lives on a GPU (its ops then run there).
@@ -972,8 +977,8 @@ impl Layer for Dense {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let w = in_dtype("Dense", &self.weights, dy.dtype())?;
-        let [kernel, _] = &w[..] else {
+        let w = backward_weights("Dense", &self.weights, dy.dtype())?;
+        let [kernel] = &w[..] else {
             return Err(not_built("Dense"));
         };
         let [x, y] = saved::<2>("Dense", saved_tensors)?;
