@@ -128,11 +128,11 @@ impl Policy {
             return DType::F16;
         }
         static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+        // Asked for every layer at every step: allocate only the first time.
         let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-        if warned
-            .get_or_insert_with(HashSet::new)
-            .insert(device.full_name().to_string())
-        {
+        let warned = warned.get_or_insert_with(HashSet::new);
+        if !warned.contains(device.full_name()) {
+            warned.insert(device.full_name().to_string());
             log::warn!(
                 "mixed_float16: {} ({}) has no float16 kernels; layers placed there compute in \
                  float32",

@@ -12,6 +12,8 @@
 //!
 //! With `ANYGPU_REQUIRE_ADAPTER=1`, finding no GPU adapter is a failure, not a CPU-only run.
 
+mod common;
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use anygpu::ops;
@@ -1238,36 +1240,7 @@ fn forced(candidate: &str) -> (Runtime, Vec<LogicalDevice>) {
 #[test]
 fn every_tuning_candidate_matches_the_reference() {
     let _g = serial();
-    let candidates = [
-        "tile64_v4",
-        "tall_16x8",
-        "splitk_v4",
-        "smem64_v4",
-        "smem128_v4",
-        "ubo8",
-        "tile64",
-        "tall",
-        "splitk",
-        "untransposed",
-        "rows_v4",
-        "rows_wg",
-        "rows_sg",
-        "rows4x4",
-        "tile8x8",
-        "smem64",
-        "ubo_c1",
-        "co8",
-        "co16",
-        "fused",
-        "separate",
-        "direct",
-        "product",
-        "chunks_2k",
-        "chunks_8k",
-        "chunks_32k",
-        "chunks_128k",
-    ];
-    for candidate in candidates {
+    for candidate in common::TUNING_CANDIDATES {
         let (_rt, gpus) = forced(candidate);
         for dev in &gpus {
             let _s = dev.scope();

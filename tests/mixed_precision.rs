@@ -410,31 +410,9 @@ fn check_products_and_activations(rt: &Runtime, test: &str) {
 #[test]
 fn f16_every_tuning_candidate_matches_the_oracle() {
     let _g = serial();
-    let candidates = [
-        "tile64_v4",
-        "tall_16x8",
-        "smem64_v4",
-        "smem128_v4",
-        "tile64",
-        "tall",
-        "untransposed",
-        "rows_v4",
-        "rows_wg",
-        "rows_sg",
-        "rows4x4",
-        "tile8x8",
-        "smem64",
-        "co8",
-        "co16",
-        "fused",
-        "separate",
-        "direct",
-        "product",
-        "chunks_2k",
-        "chunks_8k",
-        "chunks_32k",
-        "chunks_128k",
-    ];
+    let candidates = common::TUNING_CANDIDATES
+        .into_iter()
+        .filter(|c| !common::FLOAT32_ONLY_CANDIDATES.contains(c));
     for candidate in candidates {
         let rt = common::builder()
             .memory_growth(true)
@@ -448,8 +426,7 @@ fn f16_every_tuning_candidate_matches_the_oracle() {
     }
 }
 
-/// A model of `policy` over `devices` (one per layer, cycling), the 8×8 CNN of the other
-/// training tests.
+/// The 8×8 CNN of the other training tests under `policy`, on `device`.
 fn small_model(seed: u64, policy: Policy, device: &LogicalDevice) -> Sequential {
     let _s = device.scope();
     let _restore = GlobalPolicy::set(policy);

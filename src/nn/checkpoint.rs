@@ -366,31 +366,28 @@ fn restore(
         passes: number("train_passes")?,
         validation_passes: optional("validation_passes")?,
     };
+    // Training never saves a NaN or an infinity on purpose (loss scaling skips such steps): a
+    // checkpoint holding one is corrupt, and resuming from it would train garbage.
+    let finite = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        let values = weights::f32_tensor(&file, name, shape, err)?;
+        match values.iter().position(|v| !v.is_finite()) {
+            Some(i) => Err(err(format!(
+                "'{name}' holds {} at element {i}: the checkpoint is corrupt",
+                values[i]
+            ))),
+            None => Ok(values),
+        }
+    };
     let weights = model
         .weight_layout()
         .iter()
-        .map(|(name, shape)| weights::f32_tensor(&file, name, shape, err))
+        .map(|(name, shape)| finite(name, shape))
         .collect::<Result<Vec<_>>>()?;
-    let slot_layout = model.optimizer_layout();
-    let slots = slot_layout
+    let slots = model
+        .optimizer_layout()
         .iter()
-        .map(|(name, shape)| weights::f32_tensor(&file, &format!("optimizer/{name}"), shape, err))
+        .map(|(name, shape)| finite(&format!("optimizer/{name}"), shape))
         .collect::<Result<Vec<_>>>()?;
-    // Training never saves a NaN or an infinity on purpose (loss scaling skips such steps): a
-    // checkpoint holding one is corrupt, and resuming from it would train garbage.
-    let names = model.weight_layout().into_iter().chain(
-        slot_layout
-            .into_iter()
-            .map(|(n, s)| (format!("optimizer/{n}"), s)),
-    );
-    for ((name, _), values) in names.zip(weights.iter().chain(&slots)) {
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(err(format!(
-                "'{name}' holds {} at element {i}: the checkpoint is corrupt",
-                values[i]
-            )));
-        }
-    }
     let mut history = History::default();
     {
         let series = |name: &str| -> Result<Vec<f64>> {

@@ -195,3 +195,39 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
         assert!(err <= tol, "{what}[{i}]: {g} vs {w} (error {err:e})");
     }
 }
+
+/// Every candidate the autotuner can pick (`ANYGPU_AUTOTUNE_FORCE` names), for the tests that
+/// force each in turn.
+pub const TUNING_CANDIDATES: [&str; 27] = [
+    "tile64_v4",
+    "tall_16x8",
+    "splitk_v4",
+    "smem64_v4",
+    "smem128_v4",
+    "ubo8",
+    "tile64",
+    "tall",
+    "splitk",
+    "untransposed",
+    "rows_v4",
+    "rows_wg",
+    "rows_sg",
+    "rows4x4",
+    "tile8x8",
+    "smem64",
+    "ubo_c1",
+    "co8",
+    "co16",
+    "fused",
+    "separate",
+    "direct",
+    "product",
+    "chunks_2k",
+    "chunks_8k",
+    "chunks_32k",
+    "chunks_128k",
+];
+
+/// The candidates that keep float32 values outside the tensors (uniform windows, split-k
+/// partials): never offered for float16.
+pub const FLOAT32_ONLY_CANDIDATES: [&str; 4] = ["splitk_v4", "ubo8", "splitk", "ubo_c1"];

@@ -298,60 +298,47 @@ impl GpuKernels<'_> {
         act: Activation,
     ) -> Result<()> {
         self.float32_sums(db, |db| {
-            self.activation_bias_grad_f32_sums(dy, y, dz, db, (rows, cols), act)
-        })
-    }
-
-    /// [`GpuKernels::activation_bias_grad_impl`] with a float32 `db`.
-    fn activation_bias_grad_f32_sums(
-        &self,
-        dy: &Tensor,
-        y: &Tensor,
-        dz: &Tensor,
-        db: &Tensor,
-        (rows, cols): (usize, usize),
-        act: Activation,
-    ) -> Result<()> {
-        let separate = || -> Result<()> {
-            self.activation_backward_impl(dy, y, dz, act)?;
-            self.sum_rows(dz, rows, cols, db)
-        };
-        if rows == 0 || !cols.is_multiple_of(4) {
-            return separate();
-        }
-        let class = format!("{}x{}", bucket(rows), bucket(cols));
-        let heuristic = if self.dev.ctx.software_kernels {
-            "fused"
-        } else {
-            "separate"
-        };
-        let choice = Choice::new("act_bias_grad", class, &["fused", "separate"], heuristic);
-        self.tuned(choice, &mut |candidate| {
-            if candidate == "separate" {
+            let separate = || -> Result<()> {
+                self.activation_backward_impl(dy, y, dz, act)?;
+                self.sum_rows(dz, rows, cols, db)
+            };
+            if rows == 0 || !cols.is_multiple_of(4) {
                 return separate();
             }
-            let chunk = row_chunk(rows, SUM_ROWS_CHUNK);
-            let chunks = rows.div_ceil(chunk);
-            let partials = if chunks == 1 {
-                db.clone()
+            let class = format!("{}x{}", bucket(rows), bucket(cols));
+            let heuristic = if self.dev.ctx.software_kernels {
+                "fused"
             } else {
-                self.scratch(&[chunks, cols], db)?
+                "separate"
             };
-            let p = ReduceParams {
-                n: 0,
-                rows: u(rows),
-                cols: u(cols),
-                chunk: u(chunk),
-                alpha: 0.0,
-                act: act.code(),
-            };
-            // Bindings 4, 5, 6, 7: y, the partial sums, dy, dz.
-            let grid = [u(cols.div_ceil(256)), u(chunks), 1];
-            self.launch(ACT_GRAD_SUM_ROWS_V4, &p, &[y, &partials, dy, dz], grid)?;
-            if chunks > 1 {
-                self.sum_rows(&partials, chunks, cols, db)?;
-            }
-            Ok(())
+            let choice = Choice::new("act_bias_grad", class, &["fused", "separate"], heuristic);
+            self.tuned(choice, &mut |candidate| {
+                if candidate == "separate" {
+                    return separate();
+                }
+                let chunk = row_chunk(rows, SUM_ROWS_CHUNK);
+                let chunks = rows.div_ceil(chunk);
+                let partials = if chunks == 1 {
+                    db.clone()
+                } else {
+                    self.scratch(&[chunks, cols], db)?
+                };
+                let p = ReduceParams {
+                    n: 0,
+                    rows: u(rows),
+                    cols: u(cols),
+                    chunk: u(chunk),
+                    alpha: 0.0,
+                    act: act.code(),
+                };
+                // Bindings 4, 5, 6, 7: y, the partial sums, dy, dz.
+                let grid = [u(cols.div_ceil(256)), u(chunks), 1];
+                self.launch(ACT_GRAD_SUM_ROWS_V4, &p, &[y, &partials, dy, dz], grid)?;
+                if chunks > 1 {
+                    self.sum_rows(&partials, chunks, cols, db)?;
+                }
+                Ok(())
+            })
         })
     }
 }

@@ -641,46 +641,6 @@ impl GpuKernels<'_> {
         }
     }
 
-    /// The fused [`NnKernels::maxpool_activation_bias_grad`] (channels in vec4s) into a
-    /// float32 `db`.
-    fn maxpool_act_grad_sums(
-        &self,
-        y: &Tensor,
-        dpooled: &Tensor,
-        (dz, db): (&Tensor, &Tensor),
-        s: &PoolShape,
-        act: Activation,
-    ) -> Result<()> {
-        let (_, c) = channel_lanes(s.c);
-        let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
-        let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
-        let chunks = windows.div_ceil(chunk);
-        let partials = if chunks == 1 {
-            db.clone()
-        } else {
-            self.scratch(&[chunks, s.c], db)?
-        };
-        let p = PoolParams {
-            act: act.code(),
-            chunk: u(chunk),
-            windows: u(windows),
-            ..PoolParams::shape(s, c)
-        };
-        // Every window is partial when dpooled is empty; it is never read then.
-        let dpooled = if dpooled.is_empty() { dz } else { dpooled };
-        let grid = [u(c.div_ceil(64)), u(chunks), 1];
-        self.launch(
-            MAXPOOL_ACT_GRAD_SUM_V4,
-            &p,
-            &[y, dpooled, dz, &partials],
-            grid,
-        )?;
-        if chunks > 1 {
-            self.sum_rows(&partials, chunks, s.c, db)?;
-        }
-        Ok(())
-    }
-
     /// Dispatches a partial-sum kernel writing `[chunks, len]` partials and reduces them into
     /// `out` (`[len]`); with one chunk the kernel writes `out` directly.
     fn partial_sums(
@@ -693,36 +653,24 @@ impl GpuKernels<'_> {
         chunks: usize,
     ) -> Result<()> {
         self.float32_sums(out, |out| {
-            self.partial_sums_f32(kernel, params, inputs, out, (items, chunks))
-        })
-    }
-
-    /// [`GpuKernels::partial_sums`] into a float32 `out`.
-    fn partial_sums_f32(
-        &self,
-        kernel: Kernel,
-        params: &impl Pod,
-        inputs: [&Tensor; 2],
-        out: &Tensor,
-        (items, chunks): (usize, usize),
-    ) -> Result<()> {
-        let len = out.len();
-        if chunks == 1 {
-            return self.launch(
+            let len = out.len();
+            if chunks == 1 {
+                return self.launch(
+                    kernel,
+                    params,
+                    &[inputs[0], inputs[1], out],
+                    grid_1d(items, 64),
+                );
+            }
+            let partials = self.scratch(&[chunks, len], out)?;
+            self.launch(
                 kernel,
                 params,
-                &[inputs[0], inputs[1], out],
+                &[inputs[0], inputs[1], &partials],
                 grid_1d(items, 64),
-            );
-        }
-        let partials = self.scratch(&[chunks, len], out)?;
-        self.launch(
-            kernel,
-            params,
-            &[inputs[0], inputs[1], &partials],
-            grid_1d(items, 64),
-        )?;
-        self.sum_rows(&partials, chunks, len, out)
+            )?;
+            self.sum_rows(&partials, chunks, len, out)
+        })
     }
 
     /// The depthwise correlation over `s`: the forward pass, or with `flip` the input gradient
@@ -1240,12 +1188,39 @@ impl NnKernels for GpuKernels<'_> {
         s: &PoolShape,
         act: Activation,
     ) -> Result<()> {
-        let (v4, _) = channel_lanes(s.c);
+        let (v4, c) = channel_lanes(s.c);
         if s.input_len() == 0 || !v4 {
             return unfused_maxpool_activation_bias_grad(self, y, dpooled, (dz, db), s, act);
         }
+        // Partial sums in float32 (the bias sums are `kept_f32`), one rounding at the end.
         self.float32_sums(db, |db| {
-            self.maxpool_act_grad_sums(y, dpooled, (dz, db), s, act)
+            let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
+            let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
+            let chunks = windows.div_ceil(chunk);
+            let partials = if chunks == 1 {
+                db.clone()
+            } else {
+                self.scratch(&[chunks, s.c], db)?
+            };
+            let p = PoolParams {
+                act: act.code(),
+                chunk: u(chunk),
+                windows: u(windows),
+                ..PoolParams::shape(s, c)
+            };
+            // Every window is partial when dpooled is empty; it is never read then.
+            let dpooled = if dpooled.is_empty() { dz } else { dpooled };
+            let grid = [u(c.div_ceil(64)), u(chunks), 1];
+            self.launch(
+                MAXPOOL_ACT_GRAD_SUM_V4,
+                &p,
+                &[y, dpooled, dz, &partials],
+                grid,
+            )?;
+            if chunks > 1 {
+                self.sum_rows(&partials, chunks, s.c, db)?;
+            }
+            Ok(())
         })
     }
 
