@@ -2,6 +2,8 @@
 //! failure under `ANYGPU_REQUIRE_ADAPTER=1` (CI) and a loud skip elsewhere.
 #![allow(dead_code)]
 
+pub mod golden;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
