@@ -12,7 +12,7 @@ Every case runs twice, in float32 and float64, from the same float32 inputs. The
 float64 outputs (the reference), and for each output how far TF's own float32 result is from it
 (`noise`), so a test's tolerance follows from TensorFlow's float32 noise, not a guess.
 
-Writes `tests/golden/<module>.safetensors`: tensors named `<case>/<tensor>` (inputs in float32,
+Writes `tests/golden/data/<module>.safetensors`: tensors named `<case>/<tensor>` (inputs in float32,
 outputs in float64), metadata `cases` = JSON {case: {config, inputs, outputs, noise}}.
 
     pip install tensorflow-cpu==2.21.*
@@ -97,7 +97,7 @@ def run_family(module_name):
             entry["outputs"].append(key)
             entry["noise"][key] = float(np.max(np.abs(got32 - want))) if want.size else 0.0
         cases[name] = entry
-    out = ROOT / "tests" / "golden" / f"{module_name}.safetensors"
+    out = ROOT / "tests" / "golden" / "data" / f"{module_name}.safetensors"
     write_safetensors(
         out,
         tensors,

@@ -1,4 +1,4 @@
-//! TensorFlow's own numbers (`tests/golden/*.safetensors`, written by `scripts/tf_golden.py`):
+//! TensorFlow's own numbers (`tests/golden/data/*.safetensors`, written by `scripts/tf_golden.py`):
 //! inputs in float32, TF's float64 outputs, and how far TF's float32 outputs are from those
 //! (`noise`), which sets each comparison's tolerance.
 
@@ -26,7 +26,7 @@ impl Golden {
     /// Reads `tests/golden/<family>.safetensors`.
     pub fn load(family: &str) -> Golden {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/golden")
+            .join("tests/golden/data")
             .join(format!("{family}.safetensors"));
         let bytes = std::fs::read(&path).unwrap_or_else(|e| {
             panic!(

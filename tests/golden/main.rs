@@ -2,16 +2,20 @@
 //! inputs and weights, on CPU:0 and every GPU adapter (`tests/golden/`, written by
 //! `scripts/tf_golden.py`; see `common::golden` for the tolerances).
 //!
-//! Every test name has `golden` in it: `cargo test --release -- golden` runs them all.
+//! Every test name has `golden` in it: `cargo test --release -- golden` runs them all. One module
+//! per family of `scripts/golden/`; the helpers here build a layer from a case and check it.
 
+#[path = "../common/mod.rs"]
 mod common;
 
-use anygpu::nn::{Activation, Conv2D, Dense, Layer, MaxPool2D, SeparableConv2D};
+mod layers;
+
+use anygpu::nn::{Activation, Layer};
 use anygpu::ops::spec::Padding;
 use anygpu::{KindFilter, LogicalDevice, Runtime, Tensor};
-use common::golden::{Case, Golden};
+use common::golden::Case;
 
-fn runtime() -> Runtime {
+pub fn runtime() -> Runtime {
     common::builder()
         .memory_growth(true)
         .build()
@@ -19,21 +23,21 @@ fn runtime() -> Runtime {
 }
 
 /// CPU:0 and every GPU; a missing GPU fails under `ANYGPU_REQUIRE_ADAPTER=1`.
-fn devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
+pub fn devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
     common::gpus_at_least(1, test);
     rt.list_logical_devices(KindFilter::All).expect("devices")
 }
 
-fn upload(case: &Case<'_>, key: &str, dev: &LogicalDevice) -> Tensor {
+pub fn upload(case: &Case<'_>, key: &str, dev: &LogicalDevice) -> Tensor {
     let (shape, values) = case.input(key);
     Tensor::from_slice_on(&values, &shape, dev).expect("upload")
 }
 
-fn read(t: &Tensor) -> Vec<f32> {
+pub fn read(t: &Tensor) -> Vec<f32> {
     t.to_vec::<f32>().expect("readback")
 }
 
-fn padding(case: &Case<'_>) -> Padding {
+pub fn padding(case: &Case<'_>) -> Padding {
     match case.str("padding") {
         "same" => Padding::Same,
         "valid" => Padding::Valid,
@@ -41,14 +45,14 @@ fn padding(case: &Case<'_>) -> Padding {
     }
 }
 
-fn activation(case: &Case<'_>) -> Activation {
+pub fn activation(case: &Case<'_>) -> Activation {
     case.str("activation").parse().expect("a known activation")
 }
 
 /// Builds `layer` for the case's input on `dev`, sets the case's weights (`weight_keys`, in
 /// the layer's order), runs forward and backward with the case's `dy`, and checks `y`, `dx`
 /// and every weight gradient against TensorFlow's.
-fn check_layer(
+pub fn check_layer(
     case: &Case<'_>,
     mut layer: Box<dyn Layer>,
     weight_keys: &[&str],
@@ -72,40 +76,5 @@ fn check_layer(
     case.check(&name, "dx", dx.shape(), &read(&dx));
     for (key, g) in weight_keys.iter().zip(&grads) {
         case.check(&name, &format!("d{key}"), g.shape(), &read(g));
-    }
-}
-
-#[test]
-fn golden_tutorial_layers() {
-    let rt = runtime();
-    let golden = Golden::load("layers");
-    for dev in devices(&rt, "golden_tutorial_layers") {
-        for case in golden.cases() {
-            let (layer, weights): (Box<dyn Layer>, &[&str]) = match case.name {
-                n if n.starts_with("conv2d") => (
-                    Box::new(
-                        Conv2D::new(case.usize("filters"), case.usize("kernel_size"))
-                            .padding(padding(&case))
-                            .activation(activation(&case)),
-                    ),
-                    &["kernel", "bias"],
-                ),
-                n if n.starts_with("separable_conv2d") => (
-                    Box::new(
-                        SeparableConv2D::new(case.usize("filters"), case.usize("kernel_size"))
-                            .padding(padding(&case))
-                            .activation(activation(&case)),
-                    ),
-                    &["depthwise_kernel", "pointwise_kernel", "bias"],
-                ),
-                n if n.starts_with("max_pool2d") => (Box::new(MaxPool2D::new()), &[]),
-                n if n.starts_with("dense") => (
-                    Box::new(Dense::new(case.usize("units")).activation(activation(&case))),
-                    &["kernel", "bias"],
-                ),
-                other => panic!("golden layers: no layer for case {other}"),
-            };
-            check_layer(&case, layer, weights, &dev);
-        }
     }
 }
