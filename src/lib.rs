@@ -112,3 +112,16 @@ pub use runtime::{
     KindFilter, LogicalDeviceConfiguration, PlacementRecord, Runtime, RuntimeBuilder,
 };
 pub use tensor::{DType, Element, Tensor};
+
+// The Rust examples of the README and of docs/ run as doctests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/distributed.md")]
+struct DistributedExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/mixed_precision.md")]
+struct MixedPrecisionExamples;
