@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anygpu::smi::{self, DeviceUse, Scan, Snapshot};
 use anygpu::{format_bytes, DeviceKind, Runtime};
+use serde_json::{json, Value};
 
 const USAGE: &str = "usage: anygpu-smi [-L] [--json] [--watch SECONDS] [--pid PID] [--dir DIR]";
 
@@ -203,80 +204,64 @@ fn list(physical: &[Physical]) -> String {
     out
 }
 
-/// A JSON string literal. RFC 8259 requires U+0000..U+001F escaped; DEL and the C1 controls
-/// (U+0080..U+009F, CSI among them) are escaped too, so `--json` on a terminal cannot drive it
-/// either, while a parser still gets the string exactly as published.
-fn js(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+/// JSON escapes for what a terminal would obey: serde_json escapes U+0000..U+001F as RFC 8259
+/// requires; DEL and the C1 controls (U+0080..U+009F, CSI among them) are escaped here too, so
+/// `--json` on a terminal cannot drive it either, while a parser still gets each string exactly
+/// as published. Outside strings JSON text has no such characters, so escaping them is safe.
+fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
         }
     }
-    out.push('"');
     out
 }
 
-fn jn<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map_or_else(|| "null".into(), |v| v.to_string())
-}
-
-fn json_device(d: &DeviceUse) -> String {
-    format!(
-        "{{\"name\":{},\"adapter\":{},\"backend\":{},\"reserved\":{},\"in_use\":{},\"peak\":{},\"limit\":{},\"ops\":{}}}",
-        js(&d.name),
-        js(&d.adapter),
-        js(&d.backend),
-        jn(d.reserved),
-        jn(d.in_use),
-        jn(d.peak),
-        jn(d.limit),
-        jn(d.ops)
-    )
+fn json_device(d: &DeviceUse) -> Value {
+    json!({
+        "name": d.name,
+        "adapter": d.adapter,
+        "backend": d.backend,
+        "reserved": d.reserved,
+        "in_use": d.in_use,
+        "peak": d.peak,
+        "limit": d.limit,
+        "ops": d.ops,
+    })
 }
 
 fn json(physical: &[Physical], scan: &Scan) -> String {
-    let devices: Vec<String> = physical
+    let devices: Vec<Value> = physical
         .iter()
         .map(|p| {
-            format!(
-                "{{\"name\":{},\"adapter\":{},\"backend\":{},\"type\":{},\"memory\":{}}}",
-                js(&p.name),
-                js(&p.adapter),
-                js(&p.backend),
-                js(&p.kind),
-                jn(p.memory)
-            )
+            json!({
+                "name": p.name,
+                "adapter": p.adapter,
+                "backend": p.backend,
+                "type": p.kind,
+                "memory": p.memory,
+            })
         })
         .collect();
-    let processes: Vec<String> = scan
+    let processes: Vec<Value> = scan
         .processes
         .iter()
         .map(|s| {
-            let step_seconds = s.step_seconds.filter(|t| t.is_finite());
-            format!(
-                "{{\"pid\":{},\"program\":{},\"updated\":{},\"steps\":{},\"step_seconds\":{},\"devices\":[{}]}}",
-                s.pid,
-                js(&s.program),
-                s.updated,
-                jn(s.steps),
-                jn(step_seconds),
-                s.devices.iter().map(json_device).collect::<Vec<_>>().join(",")
-            )
+            json!({
+                "pid": s.pid,
+                "program": s.program,
+                "updated": s.updated,
+                "steps": s.steps,
+                "step_seconds": s.step_seconds.filter(|t| t.is_finite()),
+                "devices": s.devices.iter().map(json_device).collect::<Vec<_>>(),
+            })
         })
         .collect();
-    let notes: Vec<String> = scan.notes.iter().map(|n| js(n)).collect();
-    format!(
-        "{{\"devices\":[{}],\"processes\":[{}],\"notes\":[{}]}}\n",
-        devices.join(","),
-        processes.join(","),
-        notes.join(",")
-    )
+    let doc = json!({ "devices": devices, "processes": processes, "notes": scan.notes });
+    escape_controls(&doc.to_string()) + "\n"
 }
 
 fn render(args: &Args, physical: &[Physical], dir: &std::path::Path) -> Result<String, String> {

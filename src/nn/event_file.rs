@@ -1,58 +1,26 @@
 //! TensorBoard event files, written without TensorFlow: TFRecord framing around `Event`
-//! protobufs, with the few protobuf fields and the CRC32C they need written by hand (no
-//! protobuf or CRC dependency for some forty lines of encoding).
+//! protobufs (encoded by `prost`, checksummed by `crc32c`).
 //!
 //! A record is `u64 length`, `u32 masked_crc32c(length bytes)`, `data`,
 //! `u32 masked_crc32c(data)`, all little-endian (TensorFlow's `tensorflow/core/lib/io/record_writer.cc`).
-//! The events (`tensorflow/core/util/event.proto`, `tensorflow/core/framework/summary.proto`):
-//!
-//! ```text
-//! Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
-//! Summary { repeated Value value = 1; }
-//! Value   { string tag = 1; float simple_value = 2; HistogramProto histo = 5; }
-//! ```
+//! The messages are the few fields TensorBoard reads of `tensorflow/core/util/event.proto` and
+//! `tensorflow/core/framework/summary.proto`, declared below with their field numbers.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use prost::Message;
+
 use crate::error::{Error, Result};
 
-/// CRC-32C (Castagnoli, reflected polynomial `0x82F63B78`), one byte per table step.
-const CRC32C_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
-/// CRC-32C of `bytes`.
-pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc = CRC32C_TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
-}
-
-/// TFRecord's masked CRC: a CRC of data that itself holds CRCs would be weak, so it is rotated
-/// and offset (`tensorflow/core/lib/hash/crc32c.h`, `Mask`).
+/// TFRecord's masked CRC-32C: a CRC of data that itself holds CRCs would be weak, so it is
+/// rotated and offset (`tensorflow/core/lib/hash/crc32c.h`, `Mask`).
 pub(crate) fn masked_crc32c(bytes: &[u8]) -> u32 {
-    crc32c(bytes).rotate_right(15).wrapping_add(0xa282_ead8)
+    crc32c::crc32c(bytes)
+        .rotate_right(15)
+        .wrapping_add(0xa282_ead8)
 }
 
 /// One TFRecord: length, its masked CRC, the data, its masked CRC.
@@ -66,56 +34,68 @@ pub(crate) fn record(data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Protobuf wire types.
-const VARINT: u32 = 0;
-const FIXED64: u32 = 1;
-const LENGTH_DELIMITED: u32 = 2;
-const FIXED32: u32 = 5;
+/// `tensorflow.Event` (the fields written here).
+#[derive(Clone, PartialEq, prost::Message)]
+struct EventProto {
+    #[prost(double, tag = "1")]
+    wall_time: f64,
+    #[prost(int64, tag = "2")]
+    step: i64,
+    #[prost(oneof = "EventWhat", tags = "3, 5")]
+    what: Option<EventWhat>,
+}
 
-/// A protobuf message under construction: the fields in the order they are added.
-#[derive(Default)]
-struct Message(Vec<u8>);
+/// `Event.what`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum EventWhat {
+    #[prost(string, tag = "3")]
+    FileVersion(String),
+    #[prost(message, tag = "5")]
+    Summary(SummaryProto),
+}
 
-impl Message {
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-    }
+/// `tensorflow.Summary`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SummaryProto {
+    #[prost(message, repeated, tag = "1")]
+    value: Vec<SummaryValueProto>,
+}
 
-    fn key(&mut self, field: u32, wire_type: u32) {
-        self.varint(u64::from(field << 3 | wire_type));
-    }
+/// `tensorflow.Summary.Value`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SummaryValueProto {
+    #[prost(string, tag = "1")]
+    tag: String,
+    #[prost(oneof = "SummaryValueKind", tags = "2, 5")]
+    value: Option<SummaryValueKind>,
+}
 
-    fn int64(&mut self, field: u32, v: i64) {
-        self.key(field, VARINT);
-        // int64 is encoded as its two's complement, ten bytes when negative.
-        self.varint(v as u64);
-    }
+/// `Summary.Value.value`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum SummaryValueKind {
+    #[prost(float, tag = "2")]
+    SimpleValue(f32),
+    #[prost(message, tag = "5")]
+    Histo(HistogramProto),
+}
 
-    fn double(&mut self, field: u32, v: f64) {
-        self.key(field, FIXED64);
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-
-    fn float(&mut self, field: u32, v: f32) {
-        self.key(field, FIXED32);
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-
-    fn bytes(&mut self, field: u32, v: &[u8]) {
-        self.key(field, LENGTH_DELIMITED);
-        self.varint(v.len() as u64);
-        self.0.extend_from_slice(v);
-    }
-
-    /// Repeated doubles, packed (proto3's default for `repeated double`).
-    fn packed_doubles(&mut self, field: u32, values: &[f64]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.bytes(field, &bytes);
-    }
+/// `tensorflow.HistogramProto` (proto3: the repeated doubles are packed).
+#[derive(Clone, PartialEq, prost::Message)]
+struct HistogramProto {
+    #[prost(double, tag = "1")]
+    min: f64,
+    #[prost(double, tag = "2")]
+    max: f64,
+    #[prost(double, tag = "3")]
+    num: f64,
+    #[prost(double, tag = "4")]
+    sum: f64,
+    #[prost(double, tag = "5")]
+    sum_squares: f64,
+    #[prost(double, repeated, tag = "6")]
+    bucket_limit: Vec<f64>,
+    #[prost(double, repeated, tag = "7")]
+    bucket: Vec<f64>,
 }
 
 /// A histogram in TensorFlow's `HistogramProto`: bucket `i` counts the values in
@@ -179,16 +159,16 @@ impl Histogram {
         })
     }
 
-    fn encode(&self) -> Vec<u8> {
-        let mut m = Message::default();
-        m.double(1, self.min);
-        m.double(2, self.max);
-        m.double(3, self.num);
-        m.double(4, self.sum);
-        m.double(5, self.sum_squares);
-        m.packed_doubles(6, &self.bucket_limit);
-        m.packed_doubles(7, &self.bucket);
-        m.0
+    fn proto(&self) -> HistogramProto {
+        HistogramProto {
+            min: self.min,
+            max: self.max,
+            num: self.num,
+            sum: self.sum,
+            sum_squares: self.sum_squares,
+            bucket_limit: self.bucket_limit.clone(),
+            bucket: self.bucket.clone(),
+        }
     }
 }
 
@@ -200,27 +180,32 @@ pub(crate) enum Value<'a> {
 
 /// An `Event` with `file_version`: the first record of every event file.
 fn file_version_event(wall_time: f64) -> Vec<u8> {
-    let mut event = Message::default();
-    event.double(1, wall_time);
-    event.bytes(3, b"brain.Event:2");
-    event.0
+    EventProto {
+        wall_time,
+        step: 0,
+        what: Some(EventWhat::FileVersion("brain.Event:2".into())),
+    }
+    .encode_to_vec()
 }
 
 /// An `Event` holding one summary value.
 pub(crate) fn summary_event(wall_time: f64, step: i64, tag: &str, value: Value<'_>) -> Vec<u8> {
-    let mut v = Message::default();
-    v.bytes(1, tag.as_bytes());
-    match value {
-        Value::Scalar(x) => v.float(2, x),
-        Value::Histogram(h) => v.bytes(5, &h.encode()),
+    let value = match value {
+        Value::Scalar(x) => SummaryValueKind::SimpleValue(x),
+        Value::Histogram(h) => SummaryValueKind::Histo(h.proto()),
+    };
+    let summary = SummaryProto {
+        value: vec![SummaryValueProto {
+            tag: tag.into(),
+            value: Some(value),
+        }],
+    };
+    EventProto {
+        wall_time,
+        step,
+        what: Some(EventWhat::Summary(summary)),
     }
-    let mut summary = Message::default();
-    summary.bytes(1, &v.0);
-    let mut event = Message::default();
-    event.double(1, wall_time);
-    event.int64(2, step);
-    event.bytes(5, &summary.0);
-    event.0
+    .encode_to_vec()
 }
 
 /// Seconds since the Unix epoch, as TensorFlow stamps events.
@@ -506,32 +491,11 @@ mod tests {
     }
 
     #[test]
-    fn crc32c_matches_the_published_check_values() {
-        // RFC 3720 (iSCSI) B.4 and the standard "123456789" check value.
-        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
-        assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
-        assert_eq!(crc32c(&[0xffu8; 32]), 0x62A8_AB43);
-        assert_eq!(crc32c(b""), 0);
-    }
-
-    #[test]
     fn masked_crc_is_tensorflows_mask() {
         // Computed bit by bit outside the crate: crc32c("abc") = 0x364b3fb7, masked with
         // ((crc >> 15) | (crc << 17)) + 0xa282ead8.
-        assert_eq!(crc32c(b"abc"), 0x364B_3FB7);
+        assert_eq!(crc32c::crc32c(b"abc"), 0x364B_3FB7);
         assert_eq!(masked_crc32c(b"abc"), 0x21F1_576E);
-    }
-
-    #[test]
-    fn varints_use_seven_bits_per_byte() {
-        let mut m = Message::default();
-        m.varint(1);
-        m.varint(300);
-        m.int64(2, -1);
-        assert_eq!(&m.0[..3], &[0x01, 0xac, 0x02]);
-        // Field 2, varint; then -1 as ten bytes.
-        assert_eq!(m.0[3], 0x10);
-        assert_eq!(m.0.len(), 3 + 1 + 10);
     }
 
     #[test]
