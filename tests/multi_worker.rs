@@ -5,7 +5,9 @@
 //! stops every worker with its rank and cause (in a step, outside one in `fit`, and a panic in
 //! a single local replica), `BackupAndRestore` from the chief's checkpoint, a local
 //! `CrossDeviceOps` under the MPI level, workers with different local replica counts in sync,
-//! `TF_CONFIG` that disagrees with MPI, and loss scaling that skips a step on every worker.
+//! `TF_CONFIG` that disagrees with MPI, loss scaling that skips a step on every worker, and
+//! workers out of step (different steps per epoch, models of different shapes, a panic on a
+//! kernel thread) failing alike instead of hanging.
 //!
 //! A binary of its own (`harness = false`): every worker must run the same collectives in the
 //! same order, so the cases run one after another on the main thread, in the order below.
@@ -528,6 +530,161 @@ fn a_panic_in_a_single_replica_step_fails_the_step_everywhere() {
     assert!(strategy.weights_in_sync(&model).expect("checksums"));
 }
 
+/// A worker whose dataset gives a step more than the others' fails `fit` on every worker
+/// before the first step, naming the counts, instead of pairing its extra step's collectives
+/// with the others' validation; the workers stay usable and in sync.
+fn workers_with_different_steps_per_epoch_fail_fit_alike() {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    let mut model = strategy
+        .scope(|| compiled_cnn(5, Sgd::new(0.05).into()))
+        .expect("scope")
+        .expect("a model");
+    // 16 examples on worker 0, 24 on worker 1 (batch 8): 2 steps against 3.
+    let n = 16 + 8 * strategy.worker_index().min(1);
+    let (x, y) = common::synthetic(n, 6);
+    let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
+        .expect("a dataset")
+        .batch(8, false);
+    let result = model.fit(&data, 1, None, None);
+    if strategy.num_workers() == 1 {
+        result.expect("one worker agrees with itself");
+        return;
+    }
+    match result {
+        Err(Error::Distributed { request, cause, .. }) => {
+            assert_eq!(request, "fit: steps per epoch");
+            assert!(cause.contains("steps an epoch"), "{cause}");
+        }
+        other => panic!("expected Error::Distributed, got {other:?}"),
+    }
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
+/// Workers that build models of different shapes fail the model's creation alike (the first
+/// broadcast of the chief's weights carries another length), with a message saying so.
+fn models_of_different_shapes_fail_on_every_worker() {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    let units = 3 + strategy.worker_index().min(1);
+    let made = strategy
+        .scope(|| -> anygpu::Result<Sequential> {
+            let mut m = Sequential::with_seed(1);
+            m.add(Dense::new(units).input_shape(&[4]))?;
+            Ok(m)
+        })
+        .expect("scope");
+    if strategy.num_workers() == 1 {
+        made.expect("one worker");
+        return;
+    }
+    match made {
+        Err(Error::Distributed { cause, .. }) => {
+            assert!(cause.contains("out of step"), "{cause}");
+            assert!(cause.contains("values"), "{cause}");
+        }
+        other => panic!("expected Error::Distributed, got {other:?}"),
+    }
+    // The next collective pairs again.
+    strategy
+        .agree("after a failed creation", Ok(()))
+        .expect("the workers are back in step");
+}
+
+/// A [`Dense`] layer whose forward pass panics on one of rayon's threads (where the CPU
+/// kernels run) while `panic_forward` is set.
+#[derive(Debug, Clone)]
+struct PanicsInKernel(Flaky);
+
+impl anygpu::nn::Layer for PanicsInKernel {
+    fn class_name(&self) -> &'static str {
+        "Dense"
+    }
+    fn base_name(&self) -> &'static str {
+        "dense"
+    }
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.0.declared_input_shape()
+    }
+    fn activation(&self) -> Activation {
+        anygpu::nn::Layer::activation(&self.0)
+    }
+    fn compute_output_shape(&self, input_shape: &[usize]) -> anygpu::Result<Vec<usize>> {
+        self.0.compute_output_shape(input_shape)
+    }
+    fn build(&mut self, shape: &[usize], seed: u64, device: &LogicalDevice) -> anygpu::Result<()> {
+        self.0.build(shape, seed, device)
+    }
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        self.0.weights()
+    }
+    fn set_weight(&mut self, index: usize, value: Tensor) -> anygpu::Result<()> {
+        self.0.set_weight(index, value)
+    }
+    fn forward(&self, x: &Tensor) -> anygpu::Result<(Tensor, Vec<Tensor>)> {
+        if self.0.panic_forward.load(Ordering::SeqCst) {
+            use rayon::prelude::*;
+            (0..64).into_par_iter().for_each(|i| {
+                assert!(
+                    rayon::current_thread_index().is_none() || i != 63,
+                    "injected: a kernel thread panics"
+                );
+            });
+        }
+        self.0.inner.forward(x)
+    }
+    fn backward(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> anygpu::Result<(Option<Tensor>, Vec<Tensor>)> {
+        self.0.backward(saved, dy, need_dx)
+    }
+    fn boxed_clone(&self) -> Box<dyn anygpu::nn::Layer> {
+        Box::new(self.clone())
+    }
+}
+
+/// A panic on one of rayon's threads inside a replica's kernels fails the step on every
+/// worker, as a panic on the replica's own thread does, instead of aborting the job.
+fn a_panic_on_a_kernel_thread_fails_the_step_everywhere() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let last = strategy.num_workers() - 1;
+    let layer = PanicsInKernel(Flaky::new(
+        Dense::new(3)
+            .activation(Activation::Softmax)
+            .input_shape(&[64]),
+    ));
+    let panic = layer.0.panic_forward.clone();
+    let mut model = strategy
+        .scope(|| -> anygpu::Result<Sequential> {
+            let mut m = Sequential::with_seed(3);
+            m.add(layer)?;
+            m.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1), &[])?;
+            Ok(m)
+        })
+        .expect("scope")
+        .expect("a model");
+    let (x, y) = common::synthetic(8, 4);
+    let x = Tensor::from_slice_on(&x, &[8, 64], &cpu).expect("x");
+    let y = Tensor::from_slice_on(&y, &[8], &cpu).expect("y");
+    panic.store(strategy.worker_index() == last, Ordering::SeqCst);
+    let err = model
+        .train_on_batch(&x, &y)
+        .expect_err("the last worker's kernel thread panics");
+    panic.store(false, Ordering::SeqCst);
+    match &err {
+        Error::Distributed { rank, cause, .. } => {
+            assert_eq!(*rank, last, "{err}");
+            assert!(cause.contains("injected: a kernel thread panics"), "{err}");
+        }
+        other => panic!("expected Error::Distributed, got {other}"),
+    }
+    model
+        .train_on_batch(&x, &y)
+        .expect("a step after the panic");
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
 /// `TF_CONFIG` describing another job fails on every worker, naming the worker and why.
 fn tf_config_that_disagrees_with_mpi_is_an_error() {
     let (_rt, cpu, probe) = cpu_worker();
@@ -663,7 +820,7 @@ fn main() {
         panic_on(k);
         return;
     }
-    let cases: [(&str, fn()); 12] = [
+    let cases: [(&str, fn()); 15] = [
         (
             "one_replica_per_worker_trains_like_one_process",
             one_replica_per_worker_trains_like_one_process,
@@ -703,6 +860,18 @@ fn main() {
         (
             "a_panic_in_a_single_replica_step_fails_the_step_everywhere",
             a_panic_in_a_single_replica_step_fails_the_step_everywhere,
+        ),
+        (
+            "workers_with_different_steps_per_epoch_fail_fit_alike",
+            workers_with_different_steps_per_epoch_fail_fit_alike,
+        ),
+        (
+            "models_of_different_shapes_fail_on_every_worker",
+            models_of_different_shapes_fail_on_every_worker,
+        ),
+        (
+            "a_panic_on_a_kernel_thread_fails_the_step_everywhere",
+            a_panic_on_a_kernel_thread_fails_the_step_everywhere,
         ),
         (
             "tf_config_that_disagrees_with_mpi_is_an_error",

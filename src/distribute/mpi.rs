@@ -6,9 +6,10 @@
 //! replicas' gradients through [`HierarchicalAllReduce`] (or the local `CrossDeviceOps` that
 //! [`MirroredStrategy::with_cross_device_ops`] set), one MPI all-reduce of the packed
 //! `f32` sums between the workers (from one thread), and the result back to the local
-//! replicas. Around it, every worker votes on how its part of the step went (an all-reduce of
-//! one word per worker), so a worker that fails ends the step on every worker with the same
-//! [`Error::Distributed`] instead of leaving them waiting in a collective.
+//! replicas. Before every collective that carries data, every worker votes on how its part went,
+//! what the collective is for and how long it is (one all-gather of three words per worker), so
+//! a worker that fails, or whose control flow went elsewhere, ends the step on every worker with
+//! the same [`Error::Distributed`] instead of leaving them waiting in a collective.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -171,6 +172,94 @@ impl MpiWorld {
         with_world(self.process, |w| w.all_reduce_into(&value, &mut out, op));
         out
     }
+
+    /// The vote before every collective that carries data: each worker says whether its part
+    /// went well, what the collective is for (a hash of `request`) and how many values it
+    /// will carry (`len`), in one fixed-size all-gather. So a collective only ever pairs with
+    /// the same collective on every worker: workers whose control flow went apart (a worker
+    /// with one step more, a model of another shape) fail here, all of them alike, instead of
+    /// pairing a vote with a gradient sum and hanging or aborting in MPI.
+    ///
+    /// A failed worker's error comes first (the lowest one tells everyone why); then a worker
+    /// that is elsewhere, or at the same collective with another length, against the chief.
+    fn vote(
+        &self,
+        request: &str,
+        local: std::result::Result<(), &Error>,
+        len: usize,
+    ) -> Result<()> {
+        let size = self.size();
+        let mine = [
+            u64::from(local.is_err()),
+            fnv1a(request.bytes()),
+            len as u64,
+        ];
+        let mut all = vec![0u64; 3 * size];
+        with_world(self.process, |w| w.all_gather_into(&mine[..], &mut all[..]));
+        let worker = |r: usize| &all[3 * r..3 * r + 3];
+        let failed: Vec<usize> = (0..size).filter(|&r| worker(r)[0] != 0).collect();
+        if let Some(&first) = failed.first() {
+            return Err(self.failure(request, local, &failed, first));
+        }
+        let chief = worker(0);
+        let apart: Vec<usize> = (1..size)
+            .filter(|&r| worker(r)[1..] != chief[1..])
+            .collect();
+        let Some(&first) = apart.first() else {
+            return Ok(());
+        };
+        let what = |r: usize| match worker(r)[1] == chief[1] {
+            true => format!("the same collective with {} values", worker(r)[2]),
+            false => "another collective".to_string(),
+        };
+        let others: Vec<String> = apart.iter().map(|&r| format!("{r}: {}", what(r))).collect();
+        Err(Error::Distributed {
+            rank: first,
+            workers: size,
+            request: request.into(),
+            cause: format!(
+                "the workers are out of step: worker 0 is at this collective with {} values, \
+                 worker(s) {} — their data or models differ (a shard with more steps, a \
+                 model of another shape)",
+                chief[2],
+                others.join("; ")
+            ),
+        })
+    }
+
+    /// [`Error::Distributed`] for the failed workers (`first` the lowest): it broadcasts its
+    /// message to the others.
+    fn failure(
+        &self,
+        request: &str,
+        local: std::result::Result<(), &Error>,
+        failed: &[usize],
+        first: usize,
+    ) -> Error {
+        // The lowest failed worker tells everyone why: its message's length, then the bytes.
+        let mut message = match (&local, first == self.rank()) {
+            (Err(e), true) => e.to_string().into_bytes(),
+            _ => Vec::new(),
+        };
+        let mut len = message.len() as u64;
+        with_world(self.process, |w| {
+            let root = w.process_at_rank(first as i32);
+            root.broadcast_into(&mut len);
+            message.resize(usize::try_from(len).unwrap_or(0), 0);
+            root.broadcast_into(&mut message[..]);
+        });
+        let mut cause = String::from_utf8_lossy(&message).into_owned();
+        if failed.len() > 1 {
+            let others: Vec<String> = failed[1..].iter().map(usize::to_string).collect();
+            cause.push_str(&format!(" (worker(s) {} failed too)", others.join(", ")));
+        }
+        Error::Distributed {
+            rank: first,
+            workers: self.size(),
+            request: request.into(),
+            cause,
+        }
+    }
 }
 
 impl Workers for MpiWorld {
@@ -192,45 +281,14 @@ impl Workers for MpiWorld {
         local: std::result::Result<(), &Error>,
         sums: &mut [f64],
     ) -> Result<()> {
-        // One word per worker (1.0: failed), then the values to add up.
-        let size = self.size();
-        let mut send = vec![0.0f64; size + sums.len()];
-        if local.is_err() {
-            send[self.rank()] = 1.0;
+        self.vote(request, local, sums.len())?;
+        if !sums.is_empty() {
+            let send = sums.to_vec();
+            with_world(self.process, |w| {
+                w.all_reduce_into(&send[..], sums, SystemOperation::sum())
+            });
         }
-        send[size..].copy_from_slice(sums);
-        let mut received = vec![0.0f64; send.len()];
-        with_world(self.process, |w| {
-            w.all_reduce_into(&send[..], &mut received[..], SystemOperation::sum())
-        });
-        let failed: Vec<usize> = (0..size).filter(|&r| received[r] != 0.0).collect();
-        let Some(&first) = failed.first() else {
-            sums.copy_from_slice(&received[size..]);
-            return Ok(());
-        };
-        // The lowest failed worker tells everyone why: its message's length, then the bytes.
-        let mut message = match (&local, first == self.rank()) {
-            (Err(e), true) => e.to_string().into_bytes(),
-            _ => Vec::new(),
-        };
-        let mut len = message.len() as u64;
-        with_world(self.process, |w| {
-            let root = w.process_at_rank(first as i32);
-            root.broadcast_into(&mut len);
-            message.resize(usize::try_from(len).unwrap_or(0), 0);
-            root.broadcast_into(&mut message[..]);
-        });
-        let mut cause = String::from_utf8_lossy(&message).into_owned();
-        if failed.len() > 1 {
-            let others: Vec<String> = failed[1..].iter().map(usize::to_string).collect();
-            cause.push_str(&format!(" (worker(s) {} failed too)", others.join(", ")));
-        }
-        Err(Error::Distributed {
-            rank: first,
-            workers: size,
-            request: request.into(),
-            cause,
-        })
+        Ok(())
     }
 
     fn cross_device_ops(
@@ -240,8 +298,10 @@ impl Workers for MpiWorld {
         Arc::new(MpiAllReduce { world: self, local })
     }
 
-    fn broadcast(&self, words: &mut [u32]) {
+    fn broadcast(&self, request: &str, words: &mut [u32]) -> Result<()> {
+        self.vote(request, Ok(()), words.len())?;
         with_world(self.process, |w| w.process_at_rank(0).broadcast_into(words));
+        Ok(())
     }
 
     fn abort(&self, cause: &str) -> ! {
@@ -298,10 +358,13 @@ impl CrossDeviceOps for MpiAllReduce {
             .local
             .reduce_sum(values, std::slice::from_ref(first))
             .and_then(|sums| sums[0].to_vec::<f32>());
-        self.world.agree(
+        // The length of the sum to come is in the vote: every worker's model has the same
+        // gradient size, or none goes on.
+        let len = values.first().map_or(0, Tensor::len);
+        self.world.vote(
             "training step (local reduction)",
             local.as_ref().map(drop),
-            &mut [],
+            len,
         )?;
         let send = local?;
         let mut sum = vec![0.0f32; send.len()];

@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::distribute::CrossDeviceOps;
@@ -11,7 +12,9 @@ use crate::distribute::CrossDeviceOps;
 use crate::error::{Error, Result};
 
 /// The other worker processes of a multi-worker job. Every method is a collective: every
-/// worker calls it, in the same order, with arguments of the same lengths.
+/// worker calls it, in the same order. Each one checks that it pairs with the same collective
+/// (its purpose and its length) on every worker before it moves data, and fails on every
+/// worker alike when not.
 pub(crate) trait Workers: Send + Sync + fmt::Debug {
     /// This worker's index (its MPI rank); worker 0 is the chief.
     fn rank(&self) -> usize;
@@ -40,8 +43,13 @@ pub(crate) trait Workers: Send + Sync + fmt::Debug {
     fn cross_device_ops(self: Arc<Self>, local: Arc<dyn CrossDeviceOps>)
         -> Arc<dyn CrossDeviceOps>;
 
-    /// Overwrites `words` with the chief's.
-    fn broadcast(&self, words: &mut [u32]);
+    /// Overwrites `words` with the chief's, once every worker agreed that it is at the same
+    /// broadcast (`request`) with the same length.
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] on every worker when a worker is elsewhere or has another length
+    /// (a model of another shape).
+    fn broadcast(&self, request: &str, words: &mut [u32]) -> Result<()>;
 
     /// Ends the whole job (the last resort, when this worker's parameters may differ from
     /// the others'): prints `cause` and aborts every worker.
@@ -85,6 +93,9 @@ thread_local! {
     static IN_REPLICA_JOB: Cell<bool> = const { Cell::new(false) };
 }
 
+/// How many replica jobs are running in this process, on any thread.
+static REPLICA_JOBS: AtomicUsize = AtomicUsize::new(0);
+
 /// Runs `job` as a replica's part of a step: a panic inside it becomes that step's error on
 /// every worker (the step catches it and votes), so the MPI panic hook, which aborts the job
 /// for any other panic, must let it pass ([`in_replica_job`]). A flag, not the thread's name:
@@ -94,17 +105,23 @@ pub(crate) fn as_replica_job<T>(job: impl FnOnce() -> T) -> T {
     impl Drop for Reset {
         fn drop(&mut self) {
             IN_REPLICA_JOB.with(|f| f.set(self.0));
+            REPLICA_JOBS.fetch_sub(1, Ordering::SeqCst);
         }
     }
     // Reset on unwind too: the panic is caught above, and the thread goes on.
+    REPLICA_JOBS.fetch_add(1, Ordering::SeqCst);
     let _reset = Reset(IN_REPLICA_JOB.with(|f| f.replace(true)));
     job()
 }
 
-/// Whether this thread is inside [`as_replica_job`].
+/// Whether a panic on this thread belongs to a replica's job: the thread runs one, or it is a
+/// rayon worker while one runs. A replica's CPU kernels run on rayon's threads, and rayon
+/// hands a panic there on to the thread that called into it — the replica's, which catches it
+/// — so such a panic becomes the step's error too, not the end of the job.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn in_replica_job() -> bool {
     IN_REPLICA_JOB.with(Cell::get)
+        || (rayon::current_thread_index().is_some() && REPLICA_JOBS.load(Ordering::SeqCst) > 0)
 }
 
 /// FNV-1a (64 bits) of `bytes`: a checksum that, unlike `std`'s `DefaultHasher`, is the same

@@ -265,7 +265,7 @@ fn chief_checkpoint(workers: &dyn Workers, path: &Path) -> Result<Option<Vec<u8>
     // [present, length low word, length high word]
     let len = local.as_ref().map_or(0, |b| b.len() as u64);
     let mut head = [u32::from(local.is_some()), len as u32, (len >> 32) as u32];
-    workers.broadcast(&mut head);
+    workers.broadcast("BackupAndRestore: the checkpoint's size", &mut head)?;
     if head[0] == 0 {
         return Ok(None);
     }
@@ -280,7 +280,7 @@ fn chief_checkpoint(workers: &dyn Workers, path: &Path) -> Result<Option<Vec<u8>
             *w = u32::from_le_bytes(b);
         }
     }
-    workers.broadcast(&mut words);
+    workers.broadcast("BackupAndRestore: worker 0's checkpoint", &mut words)?;
     let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     bytes.truncate(len);
     Ok(Some(bytes))

@@ -116,6 +116,9 @@ impl Sequential {
         // collective for one that returned.
         let strategy = self.strategy().cloned();
         let workers = strategy.as_ref().and_then(MirroredStrategy::workers);
+        if let Some(w) = workers {
+            steps_agree(w, steps)?;
+        }
         let data = format!("{}; {steps} steps an epoch", dataset.describe());
         let mut run = FitContext {
             model: self,
@@ -433,4 +436,29 @@ mod tests {
             "429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800"
         );
     }
+}
+
+/// Every worker of a multi-worker job runs the same number of steps an epoch, or none starts:
+/// a worker with a step more would wait in a collective the others never join. One vote on
+/// the sum of the counts and of their squares: they equal `n·steps` and `n·steps²` on a worker
+/// exactly when every worker has its `steps` (the counts' variance is then zero).
+fn steps_agree(workers: &dyn Workers, steps: usize) -> Result<()> {
+    let mine = steps as f64;
+    let mut sums = [mine, mine * mine];
+    workers.agree("fit: steps per epoch", Ok(()), &mut sums)?;
+    let n = workers.replicas().len() as f64;
+    if sums == [n * mine, n * mine * mine] {
+        return Ok(());
+    }
+    Err(Error::Distributed {
+        rank: workers.rank(),
+        workers: workers.replicas().len(),
+        request: "fit: steps per epoch".into(),
+        cause: format!(
+            "this worker's dataset gives {steps} steps an epoch, the workers' mean is {}: every \
+             worker must read the same number of global batches (the same dataset, or \
+             steps_per_epoch)",
+            sums[0] / n
+        ),
+    })
 }

@@ -134,7 +134,7 @@ fn from_chief(workers: &dyn Workers, layer: &dyn Layer) -> Result<()> {
     )?;
     let local = local?;
     let mut words: Vec<u32> = local.concat();
-    workers.broadcast(&mut words);
+    workers.broadcast("creating the model (weights from worker 0)", &mut words)?;
     if workers.rank() != 0 {
         let mut rest = &words[..];
         for t in weights {
@@ -664,7 +664,7 @@ fn update(
             carrier[0].assign_flat(&states[0][pack.clone()], Direction::FromParts)?;
             if let Some(w) = chief {
                 let mut words = carrier[0].words()?;
-                w.broadcast(&mut words);
+                w.broadcast("training step (optimizer state from worker 0)", &mut words)?;
                 if w.rank() != 0 {
                     carrier[0].write_words(&words)?;
                     carrier[0].assign_flat(&states[0][pack.clone()], Direction::IntoParts)?;
