@@ -419,25 +419,6 @@ fn epoch_line(
     line
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn epoch_line_reads_like_keras() {
-        let line = epoch_line(
-            429,
-            Duration::from_millis(12_012),
-            (0.38, Some(0.8622)),
-            None,
-        );
-        assert_eq!(
-            line,
-            "429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800"
-        );
-    }
-}
-
 /// Every worker of a multi-worker job runs the same number of steps an epoch, or none starts:
 /// a worker with a step more would wait in a collective the others never join. One vote on
 /// the sum of the counts and of their squares: they equal `n·steps` and `n·steps²` on a worker
@@ -461,4 +442,23 @@ fn steps_agree(workers: &dyn Workers, steps: usize) -> Result<()> {
             sums[0] / n
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_line_reads_like_keras() {
+        let line = epoch_line(
+            429,
+            Duration::from_millis(12_012),
+            (0.38, Some(0.8622)),
+            None,
+        );
+        assert_eq!(
+            line,
+            "429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800"
+        );
+    }
 }
