@@ -50,6 +50,7 @@
 //! | `ANYGPU_VISIBLE_DEVICES` | `2,0`: only these physical GPUs, in this order (like `CUDA_VISIBLE_DEVICES`; empty = none). `set_visible_devices` then picks among what is left. As with CUDA, the list ends at its first invalid entry (`0,-1,1` keeps GPU 0), with a warning |
 //! | `ANYGPU_FORCE_GPU_ALLOW_GROWTH` | `true`/`false` overrides `set_memory_growth` (like `TF_FORCE_GPU_ALLOW_GROWTH`) |
 //! | `ANYGPU_GPU_MEMORY_LIMIT_MB` | budget of a whole physical GPU, instead of its reported memory less a reserve (2^64 bytes or more fails initialization) |
+//! | `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS` | `1`: software adapters (lavapipe, llvmpipe, WARP) count as GPUs for default and soft placement, as TensorFlow counts its GPUs (`RuntimeBuilder::software_adapters_as_gpus`); by default they run only what is placed on them by name |
 //! | `ANYGPU_MEMORY_LOG` | `1`: log each arena region reserved or released |
 //! | `ANYGPU_SMI` | `0`: do not publish this process's devices and memory for `anygpu-smi` (see [`smi`]) |
 //! | `ANYGPU_SMI_DIR` | where processes publish for `anygpu-smi` (default `$XDG_RUNTIME_DIR/anygpu-smi`, else `<temp>/anygpu-smi-<uid>`) |
@@ -66,7 +67,9 @@
 //! (lavapipe, llvmpipe, WARP: wgpu's `DeviceType::Cpu`) are listed and run anything you place
 //! on them, but never become the default: on the same cores `CPU:0`'s native kernels are
 //! faster. Name them (a device scope, [`LogicalDevice::scope`], `Tensor::from_slice_on`) to
-//! use them. See [`Runtime::default_device`].
+//! use them. See [`Runtime::default_device`]. `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS=1` (or
+//! [`RuntimeBuilder::software_adapters_as_gpus`]) counts them as GPUs, as TensorFlow counts
+//! its GPUs: then TF's own default and soft-placement rules run on software adapters (CI).
 //!
 //! A GPU whose adapter fails to open or to reserve its budget at initialization is listed,
 //! marked unavailable ([`LogicalDevice::unavailable_reason`]) and logged; ops placed there fail

@@ -175,6 +175,9 @@ pub(crate) struct RuntimeShared {
     initializations: AtomicUsize,
     /// Physical GPU index -> cause: adapters that fail to open, for tests of one bad adapter.
     injected_failures: HashMap<usize, String>,
+    /// Software adapters count as GPUs for default and soft placement
+    /// (`ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS`), read once.
+    software_as_gpus: bool,
 }
 
 /// The runtime behind a device's [`Owner`], while it lives.
@@ -263,6 +266,13 @@ impl Runtime {
         env: HashMap<String, Option<String>>,
         injected_failures: HashMap<usize, String>,
     ) -> Runtime {
+        let software_as_gpus = software_adapters_as_gpus(
+            match env.get(SOFTWARE_AS_GPUS) {
+                Some(value) => value.clone(),
+                None => std::env::var(SOFTWARE_AS_GPUS).ok(),
+            }
+            .as_deref(),
+        );
         Runtime {
             shared: Arc::new(RuntimeShared {
                 env,
@@ -275,6 +285,7 @@ impl Runtime {
                 warned_fallbacks: Mutex::new(HashSet::new()),
                 initializations: AtomicUsize::new(0),
                 injected_failures,
+                software_as_gpus,
             }),
         }
     }
@@ -985,14 +996,40 @@ impl Runtime {
     /// usable like any GPU, but never win the default over `CPU:0`, whose native kernels are
     /// faster on the same cores: name them (a device scope, a device handle) to use them. A GPU
     /// marked unavailable (its adapter failed at initialization) is skipped too.
+    ///
+    /// Under [`RuntimeBuilder::software_adapters_as_gpus`] (or
+    /// `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS=1`) software adapters count as GPUs here, exactly as
+    /// TensorFlow counts its GPUs: the first available GPU is the default, whatever its
+    /// adapter, and soft placement falls back to it first. That is TF's own rule, made
+    /// testable on machines whose only GPUs are software ones (CI).
+    ///
+    /// ```
+    /// use anygpu::{DeviceKind, Runtime};
+    /// let rt = Runtime::builder().software_adapters_as_gpus(true).build()?;
+    /// let default = rt.default_device()?;
+    /// match rt.list_logical_devices("GPU")?.first() {
+    ///     Some(gpu) if gpu.is_available() => assert_eq!(default, *gpu),
+    ///     _ => assert_eq!(default.device_type(), DeviceKind::Cpu),
+    /// }
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
     pub fn default_device(&self) -> Result<LogicalDevice> {
         let devices = self.devices()?;
+        let counts = |d: &&LogicalDevice| {
+            d.is_available() && (self.shared.software_as_gpus || !d.is_software())
+        };
         Ok(devices
             .gpus
             .iter()
-            .find(|d| d.is_available() && !d.is_software())
+            .find(counts)
             .unwrap_or(&devices.cpus[0])
             .clone())
+    }
+
+    /// Whether software adapters count as GPUs for default and soft placement
+    /// ([`RuntimeBuilder::software_adapters_as_gpus`]).
+    pub fn software_adapters_as_gpus(&self) -> bool {
+        self.shared.software_as_gpus
     }
 
     /// The arena of the GPU logical device `name`; `cpu_message` is the error for a CPU.
@@ -1040,6 +1077,22 @@ impl Runtime {
     /// Sizes of a GPU logical device's arena regions, in creation order.
     pub fn memory_regions(&self, device: &str) -> Result<Vec<u64>> {
         Ok(self.gpu_arena(device, ALLOCATOR_STATS)?.region_sizes())
+    }
+}
+
+/// The switch that makes software adapters count as GPUs for placement.
+const SOFTWARE_AS_GPUS: &str = "ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS";
+
+/// `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS`: `1`/`true` on, unset, empty, `0`/`false` off; anything
+/// else is off with a warning.
+fn software_adapters_as_gpus(value: Option<&str>) -> bool {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Some("1" | "true") => true,
+        None | Some("" | "0" | "false") => false,
+        Some(other) => {
+            log::warn!("{SOFTWARE_AS_GPUS}={other:?} ignored: use 1 or 0");
+            false
+        }
     }
 }
 
@@ -1266,6 +1319,15 @@ impl RuntimeBuilder {
     pub fn log_device_placement(mut self, enabled: bool) -> Self {
         self.log_placement = enabled;
         self
+    }
+
+    /// Software adapters (lavapipe, llvmpipe, WARP) count as GPUs for default and soft
+    /// placement, as TensorFlow counts its GPUs (see [`Runtime::default_device`]); the same as
+    /// `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS=1`, which this overrides. Off by default: `CPU:0` is
+    /// faster than a software adapter on the same cores.
+    pub fn software_adapters_as_gpus(self, enabled: bool) -> Self {
+        let value = if enabled { "1" } else { "0" };
+        self.env(SOFTWARE_AS_GPUS, Some(value))
     }
 
     /// Soft placement (on by default).

@@ -478,3 +478,105 @@ fn one_adapter_that_fails_to_open_leaves_every_other_device_working() {
     let strategy = anygpu::distribute::MirroredStrategy::for_runtime(&rt).unwrap();
     assert!(strategy.devices().iter().all(LogicalDevice::is_available));
 }
+
+/// A runtime whose software adapters count as GPUs (`software_adapters_as_gpus`), with the
+/// placement log captured; `None` (skipped, or failed under `ANYGPU_REQUIRE_ADAPTER=1`)
+/// without a GPU.
+fn tf_rules(test: &str) -> Option<(Runtime, Arc<Mutex<Vec<PlacementRecord>>>)> {
+    gpus_at_least(1, test)?;
+    let rt = builder().software_adapters_as_gpus(true).build().unwrap();
+    let log = capture(&rt);
+    Some((rt, log))
+}
+
+#[test]
+fn with_software_adapters_as_gpus_an_op_without_a_scope_runs_on_gpu0_as_in_tensorflow() {
+    let Some((rt, log)) = tf_rules("tf_default_device") else {
+        return;
+    };
+    assert!(rt.software_adapters_as_gpus());
+    let gpu0 = rt.device("GPU:0").unwrap();
+    assert_eq!(rt.default_device().unwrap(), gpu0);
+    // TF: an op with a GPU kernel and inputs on the CPU runs on GPU:0, its inputs copied there.
+    let a = Tensor::from_slice_on(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &rt.cpu().unwrap()).unwrap();
+    let c = a.matmul(&a).unwrap();
+    assert_eq!(c.device(), gpu0.full_name());
+    assert_eq!(c.to_vec::<f32>().unwrap(), [7.0, 10.0, 15.0, 22.0]);
+    let records = log.lock().unwrap().clone();
+    assert!(
+        records
+            .iter()
+            .any(|r| r.op == "MatMul" && r.device == gpu0.full_name()),
+        "{records:?}"
+    );
+    // The same runtime without the switch keeps CPU:0 (software adapters are not hardware).
+    let plain = builder().build().unwrap();
+    assert!(!plain.software_adapters_as_gpus());
+    let hardware = plain
+        .list_logical_devices("GPU")
+        .unwrap()
+        .into_iter()
+        .find(|d| !d.is_software());
+    if hardware.is_none() {
+        assert_eq!(plain.default_device().unwrap().name(), "/device:CPU:0");
+    }
+}
+
+#[test]
+fn with_software_adapters_as_gpus_soft_placement_falls_back_to_gpu0_then_the_cpu() {
+    let Some((rt, log)) = tf_rules("tf_soft_placement") else {
+        return;
+    };
+    let gpu0 = rt.device("GPU:0").unwrap();
+    // A missing device: TF's soft placement picks GPU:0 for an op with a GPU kernel ...
+    let c = rt
+        .device_scope("/device:GPU:7", || {
+            let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+            a.matmul(&a)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.device(), gpu0.full_name());
+    // ... and the CPU for one without (Cumsum is CPU-only).
+    let y = rt
+        .device_scope("/device:GPU:7", || {
+            Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?.cumsum()
+        })
+        .unwrap()
+        .unwrap();
+    assert!(y.device().ends_with("CPU:0"), "{}", y.device());
+    assert_eq!(y.to_vec::<f32>().unwrap(), [1.0, 3.0, 6.0]);
+    let records = log.lock().unwrap().clone();
+    assert!(records
+        .iter()
+        .any(|r| r.op == "MatMul" && r.device == gpu0.full_name()));
+    assert!(records
+        .iter()
+        .any(|r| r.op == "Cumsum" && r.device.ends_with("CPU:0")));
+}
+
+#[test]
+fn the_environment_variable_turns_software_adapters_into_gpus_and_the_builder_overrides_it() {
+    let Some(_) = gpus_at_least(1, "tf_rules_env") else {
+        return;
+    };
+    let on = builder()
+        .env("ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS", Some("1"))
+        .build()
+        .unwrap();
+    assert!(on.software_adapters_as_gpus());
+    assert_eq!(on.default_device().unwrap(), on.device("GPU:0").unwrap());
+    let overridden = builder()
+        .env("ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS", Some("1"))
+        .software_adapters_as_gpus(false)
+        .build()
+        .unwrap();
+    assert!(!overridden.software_adapters_as_gpus());
+    for bad in ["yes", "2"] {
+        let rt = builder()
+            .env("ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS", Some(bad))
+            .configure()
+            .unwrap();
+        assert!(!rt.software_adapters_as_gpus(), "{bad} is not a switch");
+    }
+}

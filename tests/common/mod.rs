@@ -94,6 +94,7 @@ pub fn builder() -> RuntimeBuilder {
         .env("ANYGPU_VISIBLE_DEVICES", None)
         .env("ANYGPU_FORCE_GPU_ALLOW_GROWTH", None)
         .env("ANYGPU_GPU_MEMORY_LIMIT_MB", None)
+        .env("ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS", None)
 }
 
 /// Whether CI demands a GPU.
