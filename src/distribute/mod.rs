@@ -26,6 +26,8 @@ mod cross_device;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod strategy;
+#[doc(hidden)]
+pub mod tf_config;
 mod workers;
 
 #[cfg(feature = "mpi")]

@@ -289,7 +289,7 @@ fn chief_checkpoint(workers: &dyn Workers, path: &Path) -> Result<Option<Vec<u8>
 /// Restores `model` from the checkpoint `bytes` (read from `path`) for a fit over `data` (see
 /// `FitContext::data`): everything is read and checked first, then written. Returns the epochs
 /// done and the datasets' position.
-fn restore(
+pub(crate) fn restore(
     model: &mut Sequential,
     bytes: &[u8],
     path: &Path,

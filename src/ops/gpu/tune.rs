@@ -668,7 +668,21 @@ fn load(path: &std::path::Path, build: &str) -> std::io::Result<Vec<(String, Str
     let Some(text) = private_fs::read_regular(path, MAX_CACHE_BYTES)? else {
         return Ok(Vec::new());
     };
-    let text = String::from_utf8(text).map_err(|_| std::io::Error::other("not UTF-8"))?;
+    parse_cache(&text, build)
+}
+
+/// The (op, class, candidate) entries of build `build` in the bytes of a cache file; anything
+/// that is not our format (not UTF-8, another header, a malformed line) is an error. Public for
+/// the fuzz targets only.
+///
+/// # Errors
+/// An error saying what is not our format.
+#[doc(hidden)]
+pub fn parse_cache(
+    bytes: &[u8],
+    build: &str,
+) -> std::io::Result<Vec<(String, String, String)>> {
+    let text = std::str::from_utf8(bytes).map_err(|_| std::io::Error::other("not UTF-8"))?;
     let mut lines = text.lines();
     if lines.next() != Some(HEADER) {
         return Err(std::io::Error::other("not an anygpu autotune cache"));
