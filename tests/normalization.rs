@@ -10,8 +10,8 @@ use common::{compiled, synthetic};
 
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
-    Activation, BatchNormalization, Conv2D, Dense, Dropout, Flatten, Layer, Pipeline,
-    Sequential, Sgd,
+    Activation, BatchNormalization, Conv2D, Dense, Dropout, Flatten, Layer, Pipeline, Sequential,
+    Sgd,
 };
 use anygpu::ops::reference::{self as oracle, assert_close, to_f64};
 use anygpu::ops::spec::{DropoutMask, Padding};
@@ -68,7 +68,10 @@ fn batch_norm_kernels_match_the_oracle_on_every_device() {
             let rows = shape.iter().product::<usize>() / c;
             let what = format!("{dev} {shape:?}");
             let x = activations(shape, 1);
-            let gamma: Vec<f32> = oracle::random_vec(c, 2).iter().map(|v| 1.0 + 0.5 * v).collect();
+            let gamma: Vec<f32> = oracle::random_vec(c, 2)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect();
             let beta = oracle::random_vec(c, 3);
             let mm = oracle::random_vec(c, 4);
             let mv: Vec<f32> = oracle::random_vec(c, 5).iter().map(|v| 1.5 + v).collect();
@@ -109,7 +112,12 @@ fn batch_norm_kernels_match_the_oracle_on_every_device() {
             let want_mm = oracle::moving_update(&to_f64(&mm), &mean, m);
             let want_mv = oracle::moving_update(&to_f64(&mv), &var, m);
             assert_close(&read(&tm), &want_mm, 1e-5, &format!("{what}: moving mean"));
-            assert_close(&read(&tv), &want_mv, 1e-5, &format!("{what}: moving variance"));
+            assert_close(
+                &read(&tv),
+                &want_mv,
+                1e-5,
+                &format!("{what}: moving variance"),
+            );
 
             let tdy = on(&dev, &dy, shape);
             let (dx, dgamma, dbeta) =
@@ -123,7 +131,12 @@ fn batch_norm_kernels_match_the_oracle_on_every_device() {
                 f64::from(epsilon),
             );
             assert_close(&read(&dx), &want_dx, 1e-3, &format!("{what}: dx"));
-            assert_close(&read(&dgamma), &want_dgamma, 1e-4, &format!("{what}: dgamma"));
+            assert_close(
+                &read(&dgamma),
+                &want_dgamma,
+                1e-4,
+                &format!("{what}: dgamma"),
+            );
             assert_close(&read(&dbeta), &want_dbeta, 1e-4, &format!("{what}: dbeta"));
         }
     }
@@ -136,7 +149,10 @@ fn batch_norm_in_float16_computes_its_statistics_in_float32() {
     let c = 8;
     let x = activations(&shape, 11);
     let mut tested = 0;
-    for dev in devices(&rt, "batch_norm_in_float16_computes_its_statistics_in_float32") {
+    for dev in devices(
+        &rt,
+        "batch_norm_in_float16_computes_its_statistics_in_float32",
+    ) {
         if !dev.has_f16() || dev.device_type() != DeviceKind::Gpu {
             continue;
         }
@@ -165,7 +181,12 @@ fn batch_norm_in_float16_computes_its_statistics_in_float32() {
             oracle::batch_norm_train(&to_f64(&rounded), &[1.0; 8], &[0.0; 8], (72, c), 1e-3);
         // float16 output: half a unit in the last place of values of a few units.
         assert_close(&y, &want, 4e-3, &format!("{dev}: float16 y"));
-        assert_close(&read(&stats)[..c], &mean, 1e-5, &format!("{dev}: float32 mean"));
+        assert_close(
+            &read(&stats)[..c],
+            &mean,
+            1e-5,
+            &format!("{dev}: float32 mean"),
+        );
         tested += 1;
     }
     if tested == 0 {
@@ -246,15 +267,24 @@ fn batch_norm_refuses_other_ranks_and_axes_naming_the_value() {
         .compute_output_shape(&[4, 4])
         .unwrap_err()
         .to_string();
-    assert!(err.contains("BatchNormalization") && err.contains("rank 3"), "{err}");
+    assert!(
+        err.contains("BatchNormalization") && err.contains("rank 3"),
+        "{err}"
+    );
     let err = BatchNormalization::new()
         .axis(1)
         .compute_output_shape(&[4, 4, 2])
         .unwrap_err()
         .to_string();
     assert!(err.contains("axis=1"), "{err}");
-    assert!(BatchNormalization::new().axis(3).compute_output_shape(&[4, 4, 2]).is_ok());
-    assert!(BatchNormalization::new().axis(1).compute_output_shape(&[7]).is_ok());
+    assert!(BatchNormalization::new()
+        .axis(3)
+        .compute_output_shape(&[4, 4, 2])
+        .is_ok());
+    assert!(BatchNormalization::new()
+        .axis(1)
+        .compute_output_shape(&[7])
+        .is_ok());
 }
 
 /// Conv2D (ReLU) → BatchNormalization → Dropout → Flatten → Dense (softmax), 8×8×1 → 3.
@@ -301,8 +331,10 @@ fn falls(what: &str, losses: &[f32]) {
 fn a_conv_bn_dropout_model_trains_on_every_device() {
     let rt = runtime();
     for dev in devices(&rt, "a_conv_bn_dropout_model_trains_on_every_device") {
-        let mut model = scoped(&dev, || compiled(conv_bn_dropout_model(1)?, Sgd::new(0.1).into()))
-            .expect("the model builds");
+        let mut model = scoped(&dev, || {
+            compiled(conv_bn_dropout_model(1)?, Sgd::new(0.1).into())
+        })
+        .expect("the model builds");
         let summary = model.summary();
         assert!(summary.contains("Non-trainable params: 8"), "{summary}");
         assert!(summary.contains("Trainable params: 819"), "{summary}");
@@ -313,9 +345,15 @@ fn a_conv_bn_dropout_model_trains_on_every_device() {
             .collect();
         falls(&dev.to_string(), &losses);
         let named: Vec<String> = model.named_weights().into_iter().map(|(n, _)| n).collect();
-        assert!(named.contains(&"batch_normalization/moving_mean".to_string()), "{named:?}");
+        assert!(
+            named.contains(&"batch_normalization/moving_mean".to_string()),
+            "{named:?}"
+        );
         let moved = read(model.named_weights()[4].1);
-        assert!(moved.iter().any(|&v| v != 0.0), "{dev}: the moving mean moved");
+        assert!(
+            moved.iter().any(|&v| v != 0.0),
+            "{dev}: the moving mean moved"
+        );
     }
 }
 
@@ -325,22 +363,29 @@ fn save_and_load_weights_keep_the_moving_statistics() {
     let dir = std::env::temp_dir().join(format!("anygpu-bn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temp dir");
     for dev in devices(&rt, "save_and_load_weights_keep_the_moving_statistics") {
-        let path = dir.join(format!("{}.safetensors", dev.name().replace([':', '/'], "_")));
-        let mut model = scoped(&dev, || compiled(conv_bn_dropout_model(2)?, Sgd::new(0.05).into()))
-            .expect("the model builds");
+        let path = dir.join(format!(
+            "{}.safetensors",
+            dev.name().replace([':', '/'], "_")
+        ));
+        let mut model = scoped(&dev, || {
+            compiled(conv_bn_dropout_model(2)?, Sgd::new(0.05).into())
+        })
+        .expect("the model builds");
         let data = batches(16 * 4, 16, &dev);
         for (x, y) in &data {
             model.train_on_batch(x, y).expect("a step");
         }
         model.save_weights(&path).expect("save");
-        let mut other = scoped(&dev, || conv_bn_dropout_model(99))
-            .expect("the other model builds");
+        let mut other = scoped(&dev, || conv_bn_dropout_model(99)).expect("the other model builds");
         let fresh = read(&other.predict(&data[0].0).expect("predict"));
         other.load_weights(&path).expect("load");
         let want = read(&model.predict(&data[0].0).expect("predict"));
         let got = read(&other.predict(&data[0].0).expect("predict"));
         assert_eq!(got, want, "{dev}: predictions after load_weights");
-        assert_ne!(fresh, want, "{dev}: the moving statistics matter to predict");
+        assert_ne!(
+            fresh, want,
+            "{dev}: the moving statistics matter to predict"
+        );
         assert_eq!(
             other.get_weights().expect("weights"),
             model.get_weights().expect("weights")
@@ -371,7 +416,11 @@ fn mirrored_replicas_average_their_moving_statistics() {
             let other = model.replica_weights(1).expect("replica 1");
             assert_eq!(primary.len(), other.len());
             assert!(
-                primary.iter().flatten().zip(other.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits()),
+                primary
+                    .iter()
+                    .flatten()
+                    .zip(other.iter().flatten())
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{replicas:?} step {step}: the replicas differ (moving statistics included)"
             );
         }
@@ -382,10 +431,16 @@ fn mirrored_replicas_average_their_moving_statistics() {
             .scope(|| compiled(conv_bn_dropout_model(3)?, Sgd::new(0.1).into()))
             .expect("one scope")
             .expect("the model builds");
-        fresh.train_on_batch(&data[0].0, &data[0].1).expect("a step");
-        let mut single = scoped(&replicas[0], || compiled(conv_bn_dropout_model(3)?, Sgd::new(0.1).into()))
-            .expect("the model builds");
-        single.train_on_batch(&data[0].0, &data[0].1).expect("a step");
+        fresh
+            .train_on_batch(&data[0].0, &data[0].1)
+            .expect("a step");
+        let mut single = scoped(&replicas[0], || {
+            compiled(conv_bn_dropout_model(3)?, Sgd::new(0.1).into())
+        })
+        .expect("the model builds");
+        single
+            .train_on_batch(&data[0].0, &data[0].1)
+            .expect("a step");
         let mm = |m: &Sequential| read(m.named_weights()[4].1);
         // With halves of equal size the mean of the two batch means is the batch's mean.
         common::assert_close("moving mean", &mm(&fresh), &mm(&single), 1e-5);
@@ -408,12 +463,15 @@ fn a_pipelined_model_normalizes_per_device() {
             .input_shape(&[8, 8, 1]),
     )
     .expect("conv");
-    m.add_on(&devs[0], BatchNormalization::new().momentum(0.9)).expect("bn");
+    m.add_on(&devs[0], BatchNormalization::new().momentum(0.9))
+        .expect("bn");
     m.add_on(&devs[1], Flatten::new()).expect("flatten");
-    m.add_on(&devs[1], Dense::new(8).activation(Activation::Relu)).expect("dense");
+    m.add_on(&devs[1], Dense::new(8).activation(Activation::Relu))
+        .expect("dense");
     m.add_on(&devs[1], BatchNormalization::new()).expect("bn 2");
     m.add_on(&devs[1], Dropout::new(0.1)).expect("dropout");
-    m.add_on(&devs[1], Dense::new(3).activation(Activation::Softmax)).expect("out");
+    m.add_on(&devs[1], Dense::new(3).activation(Activation::Softmax))
+        .expect("out");
     let mut m = compiled(m, Sgd::new(0.1).into()).expect("compile");
     m.set_pipeline(Pipeline::gpipe(2)).expect("pipeline");
     let data = batches(16 * 20, 16, &devs[0]);
@@ -424,9 +482,62 @@ fn a_pipelined_model_normalizes_per_device() {
     falls("pipeline", &losses);
     for (name, t) in m.named_weights() {
         if name.ends_with("moving_variance") {
-            assert!(read(t).iter().all(|v| v.is_finite() && *v != 1.0), "{name} moved");
+            assert!(
+                read(t).iter().all(|v| v.is_finite() && *v != 1.0),
+                "{name} moved"
+            );
         }
     }
     let eval = m.predict(&data[0].0).expect("predict");
     assert!(read(&eval).iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn a_mixed_float16_model_with_batch_norm_and_dropout_trains_on_float16_gpus() {
+    use anygpu::mixed_precision::Policy;
+    let rt = runtime();
+    let mut tested = 0;
+    for dev in devices(
+        &rt,
+        "a_mixed_float16_model_with_batch_norm_and_dropout_trains",
+    ) {
+        if !dev.has_f16() || dev.device_type() != DeviceKind::Gpu {
+            continue;
+        }
+        let mixed = Policy::MIXED_FLOAT16;
+        let mut m = Sequential::with_seed(6);
+        let _scope = dev.scope();
+        m.add(
+            Conv2D::new(4, 3)
+                .padding(Padding::Same)
+                .activation(Activation::Relu)
+                .dtype_policy(mixed)
+                .input_shape(&[8, 8, 1]),
+        )
+        .expect("conv");
+        m.add(BatchNormalization::new().momentum(0.9).dtype_policy(mixed))
+            .expect("bn");
+        m.add(Dropout::new(0.2).dtype_policy(mixed))
+            .expect("dropout");
+        m.add(Flatten::new().dtype_policy(mixed)).expect("flatten");
+        m.add(
+            Dense::new(3)
+                .activation(Activation::Softmax)
+                .dtype_policy(Policy::FLOAT32),
+        )
+        .expect("out");
+        let mut m = compiled(m, Sgd::new(0.1).into()).expect("compile");
+        let data = batches(16 * 20, 16, &dev);
+        let losses: Vec<f32> = data
+            .iter()
+            .map(|(x, y)| m.train_on_batch(x, y).expect("a mixed step"))
+            .collect();
+        falls(&format!("{dev} mixed_float16"), &losses);
+        // The moving statistics stay float32 variables.
+        assert_eq!(m.named_weights()[4].1.dtype(), DType::F32);
+        tested += 1;
+    }
+    if tested == 0 {
+        eprintln!("no float16 adapter: the mixed_float16 model was not trained");
+    }
 }

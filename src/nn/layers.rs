@@ -229,7 +229,12 @@ pub(crate) fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Te
     })
 }
 
-pub(crate) fn replace(layer: &str, weights: &mut [Tensor], index: usize, value: Tensor) -> Result<()> {
+pub(crate) fn replace(
+    layer: &str,
+    weights: &mut [Tensor],
+    index: usize,
+    value: Tensor,
+) -> Result<()> {
     let n = weights.len();
     let slot = weights.get_mut(index).ok_or_else(|| {
         Error::InvalidArgument(format!(
@@ -268,7 +273,10 @@ fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize
     }
 }
 
-pub(crate) fn weights_of<'a>(names: &[&'static str], w: &'a [Tensor]) -> Vec<(&'static str, &'a Tensor)> {
+pub(crate) fn weights_of<'a>(
+    names: &[&'static str],
+    w: &'a [Tensor],
+) -> Vec<(&'static str, &'a Tensor)> {
     names.iter().copied().zip(w.iter()).collect()
 }
 

@@ -472,7 +472,12 @@ pub(crate) fn train_step(
     }
     // The gradients, then the non-trainable weights' shares of their mean.
     let trainable = shapes.len();
-    shapes.extend(replicas[0].non_trainable().iter().map(|t| t.shape().to_vec()));
+    shapes.extend(
+        replicas[0]
+            .non_trainable()
+            .iter()
+            .map(|t| t.shape().to_vec()),
+    );
     let total_replicas = match workers {
         Some(w) => w.replicas().iter().sum(),
         None => replicas.len(),
@@ -555,18 +560,20 @@ pub(crate) fn train_step(
     let (grads, carriers, state_packs, applies, means) = prepared?;
 
     // 4. The updates.
-    let updated = take_means(replicas, &means).and_then(|()| if applies {
-        update(
-            replicas,
-            &grads,
-            (&carriers, &state_packs),
-            ops,
-            workers.filter(|_| cross_worker),
-        )
-    } else {
-        replicas
-            .iter_mut()
-            .try_for_each(|r| r.optimizer().map(|o| o.finish_step(false)))
+    let updated = take_means(replicas, &means).and_then(|()| {
+        if applies {
+            update(
+                replicas,
+                &grads,
+                (&carriers, &state_packs),
+                ops,
+                workers.filter(|_| cross_worker),
+            )
+        } else {
+            replicas
+                .iter_mut()
+                .try_for_each(|r| r.optimizer().map(|o| o.finish_step(false)))
+        }
     });
     if let (Err(e), Some(w)) = (&updated, workers) {
         // This worker's parameters may now differ from the others': end the job.
@@ -597,8 +604,9 @@ fn replica_packs(
         .map(|(r, &shard)| {
             let job = move || match shard.rows {
                 0 => Ok(None),
-                _ => replica_gradients(r, batch, shard, loss, (grad_packs, total_replicas))
-                    .map(Some),
+                _ => {
+                    replica_gradients(r, batch, shard, loss, (grad_packs, total_replicas)).map(Some)
+                }
             };
             (
                 r.device.name(),

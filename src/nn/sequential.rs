@@ -189,7 +189,11 @@ impl Sequential {
         mirror
             .layers
             .iter()
-            .flat_map(|l| variables(l.as_ref()).into_iter().map(|(_, t)| t.to_vec::<f32>()))
+            .flat_map(|l| {
+                variables(l.as_ref())
+                    .into_iter()
+                    .map(|(_, t)| t.to_vec::<f32>())
+            })
             .collect()
     }
 

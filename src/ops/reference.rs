@@ -575,7 +575,6 @@ pub fn adam(
     out
 }
 
-
 // ---- batch normalization and dropout ----
 
 /// Batch normalization over `x` as `[rows, c]` in training mode: `(y, mean, var)` with the
@@ -591,7 +590,10 @@ pub fn batch_norm_train(
     let mut var = vec![0.0; c];
     for j in 0..c {
         mean[j] = (0..rows).map(|r| x[r * c + j]).sum::<f64>() / rows as f64;
-        var[j] = (0..rows).map(|r| (x[r * c + j] - mean[j]).powi(2)).sum::<f64>() / rows as f64;
+        var[j] = (0..rows)
+            .map(|r| (x[r * c + j] - mean[j]).powi(2))
+            .sum::<f64>()
+            / rows as f64;
     }
     let y = batch_norm_with(x, gamma, beta, (&mean, &var), c, epsilon);
     (y, mean, var)

@@ -312,7 +312,10 @@ impl DropoutMask {
     pub fn new(rate: f32, seed: u64, step: u64) -> DropoutMask {
         let word = |v: u64, shift: u32| (v >> shift) as u32;
         let key = dropout_mix(
-            word(seed, 0) ^ dropout_mix(word(seed, 32) ^ dropout_mix(word(step, 0) ^ dropout_mix(word(step, 32)))),
+            word(seed, 0)
+                ^ dropout_mix(
+                    word(seed, 32) ^ dropout_mix(word(step, 0) ^ dropout_mix(word(step, 32))),
+                ),
         );
         let threshold = (f64::from(rate) * f64::from(1u32 << 24)).ceil() as u32;
         DropoutMask {

@@ -35,7 +35,11 @@ fn column_sums(rows: usize, width: usize, f: impl Fn(usize, &mut [f64]) + Sync) 
 
 /// `(mean, var)` per channel of `x` (`[rows, c]`, rows > 0): biased variance, two passes.
 pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>, Vec<f32>) {
-    assert!(x.len() >= rows * c, "x holds {} values, not {rows}x{c}", x.len());
+    assert!(
+        x.len() >= rows * c,
+        "x holds {} values, not {rows}x{c}",
+        x.len()
+    );
     let sums = column_sums(rows, c, |r, acc| {
         for (a, &v) in acc.iter_mut().zip(&x[r * c..(r + 1) * c]) {
             *a += f64::from(v);
@@ -44,7 +48,7 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
     let mean: Vec<f32> = sums.iter().map(|s| (s / rows as f64) as f32).collect();
     let sq = column_sums(rows, c, |r, acc| {
         for ((a, &v), &m) in acc.iter_mut().zip(&x[r * c..(r + 1) * c]).zip(&mean) {
-            let d = f64::from(v - m);
+            let d = f64::from(v) - f64::from(m);
             *a += d * d;
         }
     });

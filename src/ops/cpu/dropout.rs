@@ -30,7 +30,11 @@ pub(crate) fn dropout_grad(dy: &[f32], mask: &[f32], dx: &mut [f32]) {
     let n = dy.len().min(dx.len()).min(mask.len());
     dx[..n]
         .par_chunks_mut(PAR_CHUNK)
-        .zip(dy[..n].par_chunks(PAR_CHUNK).zip(mask[..n].par_chunks(PAR_CHUNK)))
+        .zip(
+            dy[..n]
+                .par_chunks(PAR_CHUNK)
+                .zip(mask[..n].par_chunks(PAR_CHUNK)),
+        )
         .for_each(|(dx, (dy, mask))| {
             for ((dx, &g), &m) in dx.iter_mut().zip(dy).zip(mask) {
                 *dx = g * m;

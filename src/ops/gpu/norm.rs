@@ -188,6 +188,11 @@ impl GpuKernels<'_> {
             threshold: 0,
             scale: 0.0,
         };
-        self.launch(DROPOUT_GRAD_MASK, &p, &[dy, dx, mask], grid_1d(dy.len(), 64))
+        self.launch(
+            DROPOUT_GRAD_MASK,
+            &p,
+            &[dy, dx, mask],
+            grid_1d(dy.len(), 64),
+        )
     }
 }
