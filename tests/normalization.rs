@@ -541,3 +541,39 @@ fn a_mixed_float16_model_with_batch_norm_and_dropout_trains_on_float16_gpus() {
         eprintln!("no float16 adapter: the mixed_float16 model was not trained");
     }
 }
+
+#[test]
+fn backup_and_restore_brings_back_the_moving_statistics() {
+    let rt = runtime();
+    let cpu = rt.cpu().expect("CPU:0");
+    let dir = std::env::temp_dir().join(format!("anygpu-bn-backup-{}", std::process::id()));
+    let (x, y) = synthetic(64, 8);
+    let data = || {
+        anygpu::data::Dataset::from_tensor_slices(x.clone(), &[8, 8, 1], y.clone())
+            .expect("a dataset")
+            .batch(16, false)
+    };
+    let mut first = scoped(&cpu, || {
+        compiled(conv_bn_dropout_model(7)?, Sgd::new(0.1).into())
+    })
+    .expect("the model builds");
+    let mut backup = anygpu::nn::BackupAndRestore::new(&dir).delete_checkpoint(false);
+    first
+        .fit_with_callbacks(&data(), 1, None, None, &mut [&mut backup])
+        .expect("fit");
+    let mut resumed = scoped(&cpu, || {
+        compiled(conv_bn_dropout_model(8)?, Sgd::new(0.1).into())
+    })
+    .expect("the model builds");
+    let mut backup = anygpu::nn::BackupAndRestore::new(&dir).delete_checkpoint(false);
+    resumed
+        .fit_with_callbacks(&data(), 1, None, None, &mut [&mut backup])
+        .expect("the restore");
+    assert_eq!(backup.restored_epochs(), Some(1));
+    // Every weight, the moving statistics included.
+    assert_eq!(
+        resumed.get_weights().expect("weights"),
+        first.get_weights().expect("weights")
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

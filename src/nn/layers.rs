@@ -18,13 +18,17 @@ use crate::tensor::{DType, Tensor};
 /// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
 ///
 /// A layer is created with its hyper-parameters, then *built* once its input shape is known:
-/// `build` creates the weights on the layer's device. Training calls
-/// [`forward`](Layer::forward), which returns the output and the tensors the backward pass
-/// needs, then [`backward`](Layer::backward) with the gradient of the loss w.r.t. the output.
+/// `build` creates the weights on the layer's device. The model runs
+/// [`call`](Layer::call)`(x, training)`: in a training step (`training = true`) it returns the
+/// output and the tensors the backward pass needs (by default [`forward`](Layer::forward)),
+/// then [`backward`](Layer::backward) gets the gradient of the loss w.r.t. the output; in
+/// `evaluate`, `predict` and validation `training = false` and nothing goes backward.
 /// A layer with a `softmax` activation returns its logits from `forward`; the model folds the
 /// softmax into the loss (see [`Activation::Softmax`]).
 ///
-/// The five layers of this module implement it; another implementation is a custom layer.
+/// The five layers of this module and [`crate::nn::BatchNormalization`] and
+/// [`crate::nn::Dropout`] implement it; another implementation is a custom layer (it needs
+/// only the required methods: `call`, `non_trainable_weights` and the others have defaults).
 ///
 /// ```
 /// use anygpu::nn::{Conv2D, Layer};
