@@ -18,13 +18,17 @@ use crate::tensor::{DType, Tensor};
 /// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
 ///
 /// A layer is created with its hyper-parameters, then *built* once its input shape is known:
-/// `build` creates the weights on the layer's device. Training calls
-/// [`forward`](Layer::forward), which returns the output and the tensors the backward pass
-/// needs, then [`backward`](Layer::backward) with the gradient of the loss w.r.t. the output.
+/// `build` creates the weights on the layer's device. The model runs
+/// [`call`](Layer::call)`(x, training)`: in a training step (`training = true`) it returns the
+/// output and the tensors the backward pass needs (by default [`forward`](Layer::forward)),
+/// then [`backward`](Layer::backward) gets the gradient of the loss w.r.t. the output; in
+/// `evaluate`, `predict` and validation `training = false` and nothing goes backward.
 /// A layer with a `softmax` activation returns its logits from `forward`; the model folds the
 /// softmax into the loss (see [`Activation::Softmax`]).
 ///
-/// The five layers of this module implement it; another implementation is a custom layer.
+/// The five layers of this module and [`crate::nn::BatchNormalization`] and
+/// [`crate::nn::Dropout`] implement it; another implementation is a custom layer (it needs
+/// only the required methods: `call`, `non_trainable_weights` and the others have defaults).
 ///
 /// ```
 /// use anygpu::nn::{Conv2D, Layer};
@@ -80,11 +84,51 @@ pub trait Layer: fmt::Debug + Send + Sync {
     /// [`Error::ShapeMismatch`] for another shape, [`Error::InvalidArgument`] for a bad index.
     fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()>;
 
-    /// The output for a batch `x`, and the tensors [`backward`](Layer::backward) needs.
+    /// The output for a batch `x` in training, and the tensors [`backward`](Layer::backward)
+    /// needs (the training pass; see [`call`](Layer::call)).
     ///
     /// # Errors
     /// Shape errors, device errors, or [`Error::Model`] when the layer is not built.
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)>;
+
+    /// Keras' `layer(x, training=...)`: what the model runs. `training = true` in training
+    /// steps (the output, and the tensors [`backward`](Layer::backward) needs); `false` in
+    /// `evaluate`, `predict` and validation, where nothing goes backward, so a layer should
+    /// keep nothing (the model drops what it returns then anyway).
+    ///
+    /// Provided: [`forward`](Layer::forward) either way, which is right for every layer whose
+    /// output does not depend on the mode. [`crate::nn::BatchNormalization`] (batch statistics
+    /// vs moving ones) and [`crate::nn::Dropout`] (a mask vs the identity) override it.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn call(&self, x: &Tensor, training: bool) -> Result<(Tensor, Vec<Tensor>)> {
+        let _ = training;
+        self.forward(x)
+    }
+
+    /// The non-trainable variables with their Keras names (Keras' `non_trainable_weights`:
+    /// `BatchNormalization`'s `moving_mean` and `moving_variance`), in Keras' order; empty for
+    /// most layers (the default) and before `build`.
+    ///
+    /// The layer itself updates them, in place on its device, during a training
+    /// [`call`](Layer::call); the optimizer never sees them. The model saves and restores them
+    /// with the weights ([`crate::nn::Sequential::save_weights`], checkpoints), copies them to
+    /// its replicas under a [`crate::distribute::MirroredStrategy`] and counts them as
+    /// "Non-trainable params".
+    fn non_trainable_weights(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    /// Replaces non-trainable variable `index` (of
+    /// [`non_trainable_weights`](Layer::non_trainable_weights)) with a tensor of the same shape.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] for another shape, [`Error::InvalidArgument`] for a bad index
+    /// (every index, by default).
+    fn set_non_trainable_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace(self.class_name(), &mut [], index, value)
+    }
 
     /// From the gradient `dy` of the loss w.r.t. the output: the gradient w.r.t. the input
     /// (when `need_dx`) and one gradient per weight, in [`weights`](Layer::weights) order.
@@ -126,23 +170,52 @@ pub trait Layer: fmt::Debug + Send + Sync {
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
     /// replicas this way, then gives each copy its own weights on its replica's device through
-    /// [`set_weight`](Layer::set_weight) — so every tensor the layer updates must be one of its
-    /// [`weights`](Layer::weights), or the copies would share it.
+    /// [`set_weight`](Layer::set_weight) and
+    /// [`set_non_trainable_weight`](Layer::set_non_trainable_weight) — so every tensor the
+    /// layer updates must be one of its [`weights`](Layer::weights) or
+    /// [`non_trainable_weights`](Layer::non_trainable_weights), or the copies would share it.
     fn boxed_clone(&self) -> Box<dyn Layer>;
 }
 
-/// Number of elements of the weights of a layer.
+/// Number of elements of the weights of a layer, trainable and not (Keras'
+/// `count_params()`).
 pub(crate) fn count_params(layer: &dyn Layer) -> usize {
-    layer.weights().iter().map(|(_, t)| t.len()).sum()
+    variables(layer).iter().map(|(_, t)| t.len()).sum()
 }
 
-fn not_built(layer: &str) -> Error {
+/// Number of elements of the non-trainable weights of a layer.
+pub(crate) fn count_non_trainable(layer: &dyn Layer) -> usize {
+    layer
+        .non_trainable_weights()
+        .iter()
+        .map(|(_, t)| t.len())
+        .sum()
+}
+
+/// Every variable of a layer: its trainable weights, then its non-trainable ones (Keras'
+/// `layer.weights`, the order `get_weights`, weight files and checkpoints use).
+pub(crate) fn variables(layer: &dyn Layer) -> Vec<(&'static str, &Tensor)> {
+    let mut all = layer.weights();
+    all.extend(layer.non_trainable_weights());
+    all
+}
+
+/// Replaces variable `index` of [`variables`].
+pub(crate) fn set_variable(layer: &mut dyn Layer, index: usize, value: Tensor) -> Result<()> {
+    let trainable = layer.weights().len();
+    match index.checked_sub(trainable) {
+        None => layer.set_weight(index, value),
+        Some(j) => layer.set_non_trainable_weight(j, value),
+    }
+}
+
+pub(crate) fn not_built(layer: &str) -> Error {
     Error::Model(format!(
         "{layer} is not built: add it to a Sequential model whose input shape is known"
     ))
 }
 
-fn bad_input(op: &'static str, got: &[usize], hint: String) -> Error {
+pub(crate) fn bad_input(op: &'static str, got: &[usize], hint: String) -> Error {
     Error::ShapeMismatch {
         op,
         lhs: got.to_vec(),
@@ -151,7 +224,7 @@ fn bad_input(op: &'static str, got: &[usize], hint: String) -> Error {
     }
 }
 
-fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Tensor; N]> {
+pub(crate) fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Tensor; N]> {
     <[Tensor; N]>::try_from(saved.to_vec()).map_err(|v| {
         Error::Model(format!(
             "{layer}.backward: expected {N} saved tensors from forward, got {}",
@@ -160,7 +233,12 @@ fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Tensor; N]> {
     })
 }
 
-fn replace(layer: &str, weights: &mut [Tensor], index: usize, value: Tensor) -> Result<()> {
+pub(crate) fn replace(
+    layer: &str,
+    weights: &mut [Tensor],
+    index: usize,
+    value: Tensor,
+) -> Result<()> {
     let n = weights.len();
     let slot = weights.get_mut(index).ok_or_else(|| {
         Error::InvalidArgument(format!(
@@ -199,7 +277,10 @@ fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize
     }
 }
 
-fn weights_of<'a>(names: &[&'static str], w: &'a [Tensor]) -> Vec<(&'static str, &'a Tensor)> {
+pub(crate) fn weights_of<'a>(
+    names: &[&'static str],
+    w: &'a [Tensor],
+) -> Vec<(&'static str, &'a Tensor)> {
     names.iter().copied().zip(w.iter()).collect()
 }
 

@@ -11,6 +11,13 @@
 //! 4. the updates, which allocate nothing: on every replica when all run the same kernels;
 //!    otherwise on the primary, whose weights and slots are then copied to the others.
 //!
+//! Non-trainable weights (a `BatchNormalization`'s moving statistics) are updated by each
+//! replica's own training pass, from its own batch statistics, so they drift apart; they
+//! travel in phase 2 with the gradients, each divided by the number of replicas, and every
+//! replica takes their sum — the mean over replicas, as tf.keras' `ON_READ`/`MEAN` variables
+//! read — after the update. (Keras 3 declares them with `aggregation="none"` and leaves each
+//! replica its own: replicas then read differently, which this crate never allows.)
+//!
 //! What phase 4 cannot survive is a device lost halfway through it: the error says which, and
 //! the replicas may then differ until the weights are set again.
 //!
@@ -30,7 +37,7 @@ use crate::device::LogicalDevice;
 use crate::distribute::{as_replica_job, worker_rows, MirroredStrategy, Workers};
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
-use crate::nn::layers::Layer;
+use crate::nn::layers::{set_variable, variables, Layer};
 use crate::nn::optimizer::{Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::step_output::{HostPart, StepOutput, StepPart};
@@ -71,7 +78,7 @@ impl ReplicaView<'_> {
             .collect()
     }
 
-    /// Every weight, in model order.
+    /// Every trainable weight, in model order: what has gradients.
     fn weights(&self) -> Vec<&Tensor> {
         self.layers
             .iter()
@@ -79,11 +86,20 @@ impl ReplicaView<'_> {
             .collect()
     }
 
-    /// Weights and optimizer slots, layer by layer: what must be equal on every replica.
+    /// Every non-trainable weight, in model order (moving statistics).
+    fn non_trainable(&self) -> Vec<&Tensor> {
+        self.layers
+            .iter()
+            .flat_map(|l| l.non_trainable_weights().into_iter().map(|(_, t)| t))
+            .collect()
+    }
+
+    /// Weights (trainable and not) and optimizer slots, layer by layer: what must be equal on
+    /// every replica.
     fn state(&self) -> Vec<&Tensor> {
         let mut out = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            out.extend(l.weights().into_iter().map(|(_, t)| t));
+            out.extend(variables(*l).into_iter().map(|(_, t)| t));
             if let Some(opt) = &self.optimizer {
                 out.extend(opt.slot_tensors(i));
             }
@@ -101,16 +117,15 @@ impl ReplicaView<'_> {
     }
 }
 
-/// A copy of `layer` whose weights live on `device`.
+/// A copy of `layer` whose weights (trainable and not) live on `device`.
 fn copy_layer(layer: &dyn Layer, device: &LogicalDevice) -> Result<Box<dyn Layer>> {
     let mut copy = layer.boxed_clone();
-    let weights = layer
-        .weights()
+    let weights = variables(layer)
         .into_iter()
         .map(|(_, w)| w.to_device(device))
         .collect::<Result<Vec<_>>>()?;
     for (j, w) in weights.into_iter().enumerate() {
-        copy.set_weight(j, w)?;
+        set_variable(copy.as_mut(), j, w)?;
     }
     Ok(copy)
 }
@@ -119,7 +134,7 @@ fn copy_layer(layer: &dyn Layer, device: &LogicalDevice) -> Result<Box<dyn Layer
 /// worker has read its own (a worker that cannot read fails them all, rather than leaving the
 /// others waiting in the broadcast).
 fn from_chief(workers: &dyn Workers, layer: &dyn Layer) -> Result<()> {
-    let weights: Vec<&Tensor> = layer.weights().into_iter().map(|(_, t)| t).collect();
+    let weights: Vec<&Tensor> = variables(layer).into_iter().map(|(_, t)| t).collect();
     if weights.is_empty() {
         return Ok(());
     }
@@ -381,7 +396,7 @@ fn replica_gradients(
     batch: HostBatch<'_>,
     shard: Shard,
     (accuracy, factor): (bool, f32),
-    packs: &[Range<usize>],
+    (packs, total_replicas): (&[Range<usize>], usize),
 ) -> Result<ReplicaGrads> {
     let device = replica.device;
     let stages = replica.stages();
@@ -396,7 +411,8 @@ fn replica_gradients(
         grads[i] = g;
         Ok(())
     })?;
-    let all: Vec<&Tensor> = grads.iter().flatten().collect();
+    let states = mean_shares(replica, total_replicas)?;
+    let all: Vec<&Tensor> = grads.iter().flatten().chain(&states).collect();
     Ok(ReplicaGrads {
         part: StepPart {
             loss_sum: terms.loss_sum,
@@ -404,6 +420,20 @@ fn replica_gradients(
         },
         packed: pack(&all, packs, device)?,
     })
+}
+
+/// This replica's share of the mean of the non-trainable weights: each divided by the number
+/// of replicas of the step (on every worker), so that the sum of phase 2 is their mean.
+fn mean_shares(replica: &ReplicaView<'_>, total_replicas: usize) -> Result<Vec<Tensor>> {
+    let share = 1.0 / total_replicas as f32;
+    replica
+        .non_trainable()
+        .into_iter()
+        .map(|t| {
+            let _scope = t.device_handle().scope();
+            t.scale(share)
+        })
+        .collect()
 }
 
 /// The request of a step's first vote, which a worker whose batch failed (`fit`'s
@@ -430,7 +460,7 @@ pub(crate) fn train_step(
 ) -> Result<StepOutput> {
     let workers = strategy.workers();
     let shards = batch.worker_shards(strategy);
-    let shapes: Vec<Vec<usize>> = replicas[0]
+    let mut shapes: Vec<Vec<usize>> = replicas[0]
         .weights()
         .iter()
         .map(|w| w.shape().to_vec())
@@ -440,6 +470,18 @@ pub(crate) fn train_step(
             "fit: the model has no weights to train".into(),
         ));
     }
+    // The gradients, then the non-trainable weights' shares of their mean.
+    let trainable = shapes.len();
+    shapes.extend(
+        replicas[0]
+            .non_trainable()
+            .iter()
+            .map(|t| t.shape().to_vec()),
+    );
+    let total_replicas = match workers {
+        Some(w) => w.replicas().iter().sum(),
+        None => replicas.len(),
+    };
     let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
     let grad_packs = packs(&lens);
 
@@ -450,7 +492,13 @@ pub(crate) fn train_step(
         .as_deref()
         .map_or(1.0, OptimizerState::loss_factor);
     let loss = (accuracy, factor);
-    let gradients = replica_packs(replicas, batch, &shards, loss, (&grad_packs, &lens));
+    let gradients = replica_packs(
+        replicas,
+        batch,
+        &shards,
+        loss,
+        (&grad_packs, &lens, trainable, total_replicas),
+    );
     // A worker of a multi-worker job says how its part went before anyone waits for its
     // gradients, so that a failed worker stops every worker instead of leaving them waiting.
     if let Some(w) = workers {
@@ -489,7 +537,7 @@ pub(crate) fn train_step(
     let carry = !everywhere && (replicas.len() > 1 || cross_worker);
     let prepared = match failed {
         Some(e) => Err(e),
-        None => prepare_update(replicas, &reduced, (&grad_packs, &shapes), carry),
+        None => prepare_update(replicas, &reduced, (&grad_packs, &shapes, trainable), carry),
     };
     drop(reduced);
     // Across workers the update starts only when every worker has everything it needs, and
@@ -509,22 +557,24 @@ pub(crate) fn train_step(
             correct: accuracy.then_some(sums[1]),
         });
     }
-    let (grads, carriers, state_packs, applies) = prepared?;
+    let (grads, carriers, state_packs, applies, means) = prepared?;
 
     // 4. The updates.
-    let updated = if applies {
-        update(
-            replicas,
-            &grads,
-            (&carriers, &state_packs),
-            ops,
-            workers.filter(|_| cross_worker),
-        )
-    } else {
-        replicas
-            .iter_mut()
-            .try_for_each(|r| r.optimizer().map(|o| o.finish_step(false)))
-    };
+    let updated = take_means(replicas, &means).and_then(|()| {
+        if applies {
+            update(
+                replicas,
+                &grads,
+                (&carriers, &state_packs),
+                ops,
+                workers.filter(|_| cross_worker),
+            )
+        } else {
+            replicas
+                .iter_mut()
+                .try_for_each(|r| r.optimizer().map(|o| o.finish_step(false)))
+        }
+    });
     if let (Err(e), Some(w)) = (&updated, workers) {
         // This worker's parameters may now differ from the others': end the job.
         w.abort(&format!(
@@ -546,7 +596,7 @@ fn replica_packs(
     batch: HostBatch<'_>,
     shards: &[Shard],
     loss: (bool, f32),
-    (grad_packs, lens): (&[Range<usize>], &[usize]),
+    (grad_packs, lens, trainable, total_replicas): (&[Range<usize>], &[usize], usize, usize),
 ) -> Result<(Vec<StepPart>, Vec<Vec<Tensor>>)> {
     let jobs: Vec<Job<'_, Option<ReplicaGrads>>> = replicas
         .iter()
@@ -554,7 +604,9 @@ fn replica_packs(
         .map(|(r, &shard)| {
             let job = move || match shard.rows {
                 0 => Ok(None),
-                _ => replica_gradients(r, batch, shard, loss, grad_packs).map(Some),
+                _ => {
+                    replica_gradients(r, batch, shard, loss, (grad_packs, total_replicas)).map(Some)
+                }
             };
             (
                 r.device.name(),
@@ -571,13 +623,16 @@ fn replica_packs(
                 parts.push(g.part);
                 g.packed
             }
-            None => grad_packs
-                .iter()
-                .map(|p| {
-                    let len = lens[p.clone()].iter().sum::<usize>();
-                    Tensor::zeros_on(&[len], DType::F32, r.device)
-                })
-                .collect::<Result<_>>()?,
+            None => {
+                // Zero gradients, and this replica's moving statistics as they were.
+                let zeros = lens[..trainable]
+                    .iter()
+                    .map(|&len| Tensor::zeros_on(&[len], DType::F32, r.device))
+                    .collect::<Result<Vec<_>>>()?;
+                let states = mean_shares(r, total_replicas)?;
+                let all: Vec<&Tensor> = zeros.iter().chain(&states).collect();
+                pack(&all, grad_packs, r.device)?
+            }
         };
         for (pack, t) in packed.iter_mut().zip(tensors) {
             pack.push(t);
@@ -589,14 +644,21 @@ fn replica_packs(
 /// What phase 3 allocates: the gradients per weight (`[destination][weight]`, unscaled), the
 /// carriers of the primary's state (`[pack][replica]`, empty when every replica updates
 /// itself) and the packs of the state; and whether the step updates at all (loss scaling skips
-/// a step whose gradients are not finite).
-type Prepared = (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>, Vec<Range<usize>>, bool);
+/// a step whose gradients are not finite); and the means of the non-trainable weights
+/// (`[destination][weight]`).
+type Prepared = (
+    Vec<Vec<Tensor>>,
+    Vec<Vec<Tensor>>,
+    Vec<Range<usize>>,
+    bool,
+    Vec<Vec<Tensor>>,
+);
 
 /// Phase 3 of a step: everything the update allocates.
 fn prepare_update(
     replicas: &mut [ReplicaView<'_>],
     reduced: &[Vec<Tensor>],
-    (grad_packs, shapes): (&[Range<usize>], &[Vec<usize>]),
+    (grad_packs, shapes, trainable): (&[Range<usize>], &[Vec<usize>], usize),
     carry: bool,
 ) -> Result<Prepared> {
     let destinations = reduced.first().map_or(0, Vec::len);
@@ -606,10 +668,11 @@ fn prepare_update(
             dest.extend(sum.split_flat(&shapes[pack.clone()])?);
         }
     }
+    let means: Vec<Vec<Tensor>> = grads.iter_mut().map(|g| g.split_off(trainable)).collect();
     // Every destination (and every worker) holds the same sums, so the check decides alike for
     // all replicas: one replica's overflow skips the step everywhere.
     let Some(grads) = replicas[0].optimizer()?.unscaled(&grads)? else {
-        return Ok((Vec::new(), Vec::new(), Vec::new(), false));
+        return Ok((Vec::new(), Vec::new(), Vec::new(), false, means));
     };
     for r in replicas.iter_mut() {
         let layers = r.layers.clone();
@@ -635,7 +698,22 @@ fn prepare_update(
     } else {
         Vec::new()
     };
-    Ok((grads, carriers, state_packs, true))
+    Ok((grads, carriers, state_packs, true, means))
+}
+
+/// Every replica's non-trainable weights set to their mean over the replicas (from its own
+/// destination's copy, or the primary's when only the primary updates), in place.
+fn take_means(replicas: &[ReplicaView<'_>], means: &[Vec<Tensor>]) -> Result<()> {
+    let Some(first) = means.first() else {
+        return Ok(());
+    };
+    for (i, r) in replicas.iter().enumerate() {
+        let source = means.get(i).unwrap_or(first);
+        for (t, mean) in r.non_trainable().into_iter().zip(source) {
+            t.assign(mean)?;
+        }
+    }
+    Ok(())
 }
 
 /// Phase 4 of a step, which allocates nothing: the updates, on every replica or on the

@@ -50,6 +50,7 @@ mod metrics;
 mod mirrored;
 #[cfg(feature = "mpi")]
 mod multi_worker;
+mod normalization;
 mod optimizer;
 mod pass;
 mod pipeline;
@@ -67,6 +68,7 @@ pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
+pub use normalization::{BatchNormalization, Dropout};
 pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
 pub use pipeline::{Pipeline, Schedule, StageStats};
 pub use sequential::Sequential;

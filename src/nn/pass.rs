@@ -30,19 +30,22 @@ pub(crate) fn arrive(t: &Tensor, dtype: DType, device: &LogicalDevice) -> Result
     cast.to_device(device)
 }
 
-/// The forward pass to the last layer's output (logits for a softmax model), and, when
-/// `keep`, what each layer's backward needs. Inputs move to each layer's device.
+/// The forward pass to the last layer's output (logits for a softmax model). With
+/// `training` (Keras' `training=True`: a training step) each layer runs its training pass and
+/// what each layer's backward needs is returned; without, its inference pass, keeping
+/// nothing. Inputs move to each layer's device.
 pub(crate) fn forward(
     stages: &[Stage<'_>],
     x: &Tensor,
-    keep: bool,
+    training: bool,
 ) -> Result<(Tensor, Vec<Vec<Tensor>>)> {
+    let keep = training;
     let mut saved = Vec::with_capacity(if keep { stages.len() } else { 0 });
     let mut h = x.clone();
     for s in stages {
         let _scope = s.device.scope();
         let input = arrive(&h, s.dtype, s.device)?;
-        let (out, kept) = s.layer.forward(&input)?;
+        let (out, kept) = s.layer.call(&input, training)?;
         if keep {
             saved.push(kept);
         }

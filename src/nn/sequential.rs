@@ -10,7 +10,7 @@ use crate::mixed_precision::{self, Policy};
 use crate::nn::activation::Activation;
 use crate::nn::history::History;
 use crate::nn::init::derive_seed;
-use crate::nn::layers::{count_params, Layer};
+use crate::nn::layers::{count_params, variables, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
@@ -189,7 +189,11 @@ impl Sequential {
         mirror
             .layers
             .iter()
-            .flat_map(|l| l.weights().into_iter().map(|(_, t)| t.to_vec::<f32>()))
+            .flat_map(|l| {
+                variables(l.as_ref())
+                    .into_iter()
+                    .map(|(_, t)| t.to_vec::<f32>())
+            })
             .collect()
     }
 
@@ -492,7 +496,7 @@ impl Sequential {
             .collect()
     }
 
-    /// Total number of weight elements (`model.count_params()`); all are trainable.
+    /// Total number of weight elements, trainable and not (`model.count_params()`).
     pub fn count_params(&self) -> usize {
         self.entries
             .iter()
@@ -630,8 +634,14 @@ impl Sequential {
             return Vec::new();
         };
         let names = optimizer::slot_names(&compiled.optimizer.config);
-        self.weight_layout()
-            .into_iter()
+        self.entries
+            .iter()
+            .flat_map(|e| {
+                e.layer
+                    .weights()
+                    .into_iter()
+                    .map(move |(n, t)| (format!("{}/{n}", e.name), t.shape().to_vec()))
+            })
             .flat_map(|(weight, shape)| {
                 names
                     .iter()
@@ -1067,9 +1077,11 @@ impl Sequential {
         self.train_step(x, y)?.loss()
     }
 
-    /// The mean loss on a batch and its gradient w.r.t. every weight, without updating them:
-    /// what `tf.GradientTape` gives for `loss(y, model(x))`. Gradients come in
-    /// [`weights`](Sequential::weights) order, each on its layer's device.
+    /// The mean loss on a batch and its gradient w.r.t. every trainable weight, without
+    /// updating them: what `tf.GradientTape` gives for `loss(y, model(x, training=True))`.
+    /// Gradients come in [`trainable_weights`](Sequential::trainable_weights) order, each on
+    /// its layer's device. Layers run their training pass, so a `BatchNormalization` updates
+    /// its moving statistics, as in Keras.
     ///
     /// ```
     /// use anygpu::nn::{Dense, Loss, Sequential, Sgd};
@@ -1162,7 +1174,10 @@ impl Sequential {
         }
     }
 
-    /// Every weight in layer order, each layer's in Keras' order (`model.weights`).
+    /// Every weight in layer order, each layer's in Keras' order (`model.weights`): its
+    /// trainable weights, then its non-trainable ones (a `BatchNormalization`'s moving
+    /// statistics), which [`get_weights`](Sequential::get_weights),
+    /// [`set_weights`](Sequential::set_weights), weight files and checkpoints include too.
     ///
     /// Under a [`MirroredStrategy`] these are the primary replica's tensors: change a mirrored
     /// model's weights with [`set_weights`](Sequential::set_weights) or
@@ -1171,17 +1186,36 @@ impl Sequential {
     pub fn weights(&self) -> Vec<&Tensor> {
         self.entries
             .iter()
+            .flat_map(|e| variables(e.layer.as_ref()).into_iter().map(|(_, t)| t))
+            .collect()
+    }
+
+    /// The weights the optimizer trains (`model.trainable_weights`), in layer order: what
+    /// [`loss_and_gradients`](Sequential::loss_and_gradients) gives gradients for.
+    /// [`weights`](Sequential::weights) adds each layer's non-trainable ones after its
+    /// trainable ones (a `BatchNormalization`'s moving statistics).
+    pub fn trainable_weights(&self) -> Vec<&Tensor> {
+        self.entries
+            .iter()
             .flat_map(|e| e.layer.weights().into_iter().map(|(_, t)| t))
             .collect()
     }
 
-    /// Weights with their names, `layer_name/weight_name` (`conv2d/kernel`, ...).
+    /// Number of non-trainable weight elements (the summary's "Non-trainable params").
+    pub fn count_non_trainable_params(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| crate::nn::layers::count_non_trainable(e.layer.as_ref()))
+            .sum()
+    }
+
+    /// Weights with their names, `layer_name/weight_name` (`conv2d/kernel`,
+    /// `batch_normalization/moving_mean`, ...), in [`weights`](Sequential::weights) order.
     pub fn named_weights(&self) -> Vec<(String, &Tensor)> {
         self.entries
             .iter()
             .flat_map(|e| {
-                e.layer
-                    .weights()
+                variables(e.layer.as_ref())
                     .into_iter()
                     .map(move |(n, t)| (format!("{}/{n}", e.name), t))
             })
@@ -1245,7 +1279,7 @@ impl Sequential {
             let weights = replica
                 .layers
                 .iter()
-                .flat_map(|l| l.weights().into_iter().map(|(_, t)| t));
+                .flat_map(|l| variables(*l).into_iter().map(|(_, t)| t));
             for (t, v) in weights.zip(values) {
                 t.write_words(bytemuck::cast_slice(v))?;
             }

@@ -160,9 +160,10 @@ impl Sequential {
         }
         out.push_str(&"=".repeat(total_width));
         out.push('\n');
+        let frozen = self.count_non_trainable_params();
         let _ = writeln!(out, "Total params: {}", thousands(total));
-        let _ = writeln!(out, "Trainable params: {}", thousands(total));
-        out.push_str("Non-trainable params: 0\n");
+        let _ = writeln!(out, "Trainable params: {}", thousands(total - frozen));
+        let _ = writeln!(out, "Non-trainable params: {}", thousands(frozen));
         if let Some(strategy) = self.strategy() {
             let names: Vec<&str> = strategy.devices().iter().map(|d| d.name()).collect();
             let _ = writeln!(

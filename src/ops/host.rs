@@ -438,4 +438,78 @@ impl NnKernels for HostKernels {
         );
         Ok(())
     }
+
+    // ---- batch normalization and dropout ----
+    fn batch_norm(&self, a: &crate::ops::norm::BatchNormArgs<'_>) -> Result<()> {
+        let r = Inputs::lock(&[a.x, a.v.gamma, a.v.beta]);
+        let mut y = write(a.y);
+        let (x, gamma, beta) = (r.f32(0), r.f32(1), r.f32(2));
+        let n = a.p.rows * a.p.channels;
+        match a.stats {
+            Some(stats) => {
+                // The moving statistics are written in place; the front-end checked they are
+                // distinct float32 variables.
+                let (mut mm, mut mv) = (write(a.v.moving_mean), write(a.v.moving_variance));
+                cpu::batchnorm::batch_norm_train(
+                    &x[..n],
+                    (gamma, beta),
+                    (mm.f32(), mv.f32()),
+                    &mut y.f32()[..n],
+                    write(stats).f32(),
+                    &a.p,
+                );
+            }
+            None => {
+                let m = Inputs::lock(&[a.v.moving_mean, a.v.moving_variance]);
+                cpu::batchnorm::batch_norm_infer(
+                    &x[..n],
+                    (gamma, beta),
+                    (m.f32(0), m.f32(1)),
+                    &mut y.f32()[..n],
+                    &a.p,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn batch_norm_backward(&self, g: &crate::ops::norm::BatchNormGradArgs<'_>) -> Result<()> {
+        let r = Inputs::lock(&[g.x, g.dy, g.gamma, g.stats]);
+        let (mut dx, mut dgamma, mut dbeta) = (write(g.dx), write(g.dgamma), write(g.dbeta));
+        let n = g.p.rows * g.p.channels;
+        cpu::batchnorm::batch_norm_backward(
+            &r.f32(0)[..n],
+            &r.f32(1)[..n],
+            r.f32(2),
+            r.f32(3),
+            &mut dx.f32()[..n],
+            (dgamma.f32(), dbeta.f32()),
+            &g.p,
+        );
+        Ok(())
+    }
+
+    fn dropout(
+        &self,
+        x: &Tensor,
+        (y, mask): (&Tensor, &Tensor),
+        m: &crate::ops::spec::DropoutMask,
+    ) -> Result<()> {
+        let n = x.len();
+        let (mut y, mut mask) = (write(y), write(mask));
+        cpu::dropout::dropout(
+            &Inputs::lock(&[x]).f32(0)[..n],
+            &mut y.f32()[..n],
+            &mut mask.f32()[..n],
+            m,
+        );
+        Ok(())
+    }
+
+    fn dropout_grad(&self, dy: &Tensor, mask: &Tensor, dx: &Tensor) -> Result<()> {
+        let n = dy.len();
+        let r = Inputs::lock(&[dy, mask]);
+        cpu::dropout::dropout_grad(&r.f32(0)[..n], &r.f32(1)[..n], &mut write(dx).f32()[..n]);
+        Ok(())
+    }
 }

@@ -11,11 +11,16 @@ pub(crate) mod cpu;
 pub(crate) mod gpu;
 pub(crate) mod host;
 pub(crate) mod nn;
+pub(crate) mod norm;
 #[doc(hidden)]
 pub mod reference;
 pub mod spec;
 
 pub use nn::*;
+pub use norm::{
+    batch_normalization_backward, batch_normalization_inference, batch_normalization_training,
+    dropout, dropout_backward, BatchNormVariables,
+};
 
 use crate::device::logical::Backend;
 use crate::device::LogicalDevice;

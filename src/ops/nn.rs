@@ -133,6 +133,22 @@ pub(crate) trait NnKernels {
     fn separable(&self, f: &SeparableForward<'_>) -> Result<()>;
     /// Its gradients (see [`separable_conv2d_backward`]).
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()>;
+
+    // ---- batch normalization and dropout (front-ends in `ops::norm`) ----
+    /// Batch normalization's forward pass: in training (`a.stats` given) the batch statistics
+    /// into `stats` and the moving statistics updated in place; else from the moving ones.
+    fn batch_norm(&self, a: &crate::ops::norm::BatchNormArgs<'_>) -> Result<()>;
+    /// Its gradients.
+    fn batch_norm_backward(&self, g: &crate::ops::norm::BatchNormGradArgs<'_>) -> Result<()>;
+    /// `mask = keeps(i) ? scale : 0`, `y = x * mask`.
+    fn dropout(
+        &self,
+        x: &Tensor,
+        y_mask: (&Tensor, &Tensor),
+        m: &crate::ops::spec::DropoutMask,
+    ) -> Result<()>;
+    /// `dx = dy * mask`.
+    fn dropout_grad(&self, dy: &Tensor, mask: &Tensor, dx: &Tensor) -> Result<()>;
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a

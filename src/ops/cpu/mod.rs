@@ -98,8 +98,10 @@ macro_rules! multiversion {
     };
 }
 
+pub(crate) mod batchnorm;
 pub(crate) mod conv;
 pub(crate) mod depthwise;
+pub(crate) mod dropout;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod optim;

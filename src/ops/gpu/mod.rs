@@ -46,11 +46,15 @@ pub(crate) enum ShaderFamily {
     Optim,
     /// Casts between float32 and float16 (adapters with f16 only).
     Cast,
+    /// Batch normalization: moments, normalization, gradients.
+    Batchnorm,
+    /// Dropout's counter-based mask.
+    Dropout,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 10] = [
+    pub(crate) const ALL: [ShaderFamily; 12] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -61,6 +65,8 @@ impl ShaderFamily {
         ShaderFamily::Softmax,
         ShaderFamily::Optim,
         ShaderFamily::Cast,
+        ShaderFamily::Batchnorm,
+        ShaderFamily::Dropout,
     ];
 
     /// The file under `shaders/`.
@@ -76,6 +82,8 @@ impl ShaderFamily {
             ShaderFamily::Softmax => "softmax.wgsl",
             ShaderFamily::Optim => "optim.wgsl",
             ShaderFamily::Cast => "cast.wgsl",
+            ShaderFamily::Batchnorm => "batchnorm.wgsl",
+            ShaderFamily::Dropout => "dropout.wgsl",
         }
     }
 
@@ -98,6 +106,21 @@ impl ShaderFamily {
             ShaderFamily::ReduceSubgroup => &["out4"],
             ShaderFamily::Conv2d | ShaderFamily::Depthwise => &["dk", "dk4"],
             ShaderFamily::Pool => &["sums4"],
+            // Keras computes batch normalization in float32 for float16 inputs: only the
+            // activations and their gradients are float16.
+            ShaderFamily::Batchnorm => &[
+                "partials",
+                "sums",
+                "sq",
+                "gamma",
+                "beta",
+                "moving_mean",
+                "moving_var",
+                "stats",
+                "coef",
+                "dgamma",
+                "dbeta",
+            ],
             _ => &[],
         }
     }
@@ -124,6 +147,8 @@ impl ShaderFamily {
             ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
             ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
             ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
+            ShaderFamily::Batchnorm => include_str!("../../../shaders/batchnorm.wgsl"),
+            ShaderFamily::Dropout => include_str!("../../../shaders/dropout.wgsl"),
         }
     }
 }
@@ -526,6 +551,7 @@ pub(crate) fn grid_1d(n: usize, workgroup: u32) -> [u32; 3] {
     }
 }
 pub(crate) mod nn;
+pub(crate) mod norm;
 
 #[cfg(test)]
 mod tests {

@@ -1301,6 +1301,28 @@ impl NnKernels for GpuKernels<'_> {
         Ok(())
     }
 
+    // ---- batch normalization and dropout (`ops::gpu::norm`) ----
+    fn batch_norm(&self, a: &crate::ops::norm::BatchNormArgs<'_>) -> Result<()> {
+        self.batch_norm_impl(a)
+    }
+
+    fn batch_norm_backward(&self, g: &crate::ops::norm::BatchNormGradArgs<'_>) -> Result<()> {
+        self.batch_norm_backward_impl(g)
+    }
+
+    fn dropout(
+        &self,
+        x: &Tensor,
+        (y, mask): (&Tensor, &Tensor),
+        m: &crate::ops::spec::DropoutMask,
+    ) -> Result<()> {
+        self.dropout_impl(x, (y, mask), m)
+    }
+
+    fn dropout_grad(&self, dy: &Tensor, mask: &Tensor, dx: &Tensor) -> Result<()> {
+        self.dropout_grad_impl(dy, mask, dx)
+    }
+
     fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {
         let (oh, ow) = g.s.out_hw();
         let rows = g.s.n * oh * ow;

@@ -1,0 +1,490 @@
+//! Keras' `BatchNormalization` and `Dropout`: the two layers whose training pass differs from
+//! their inference pass ([`Layer::call`]'s `training` flag), and, for batch normalization,
+//! non-trainable state ([`Layer::non_trainable_weights`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::device::LogicalDevice;
+use crate::error::{Error, Result};
+use crate::mixed_precision::Policy;
+use crate::nn::init::zeros;
+use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
+use crate::ops::{self, spec::DropoutMask, BatchNormVariables};
+use crate::tensor::Tensor;
+
+/// `shape` filled with ones on `device`.
+fn ones(shape: &[usize], device: &LogicalDevice) -> Result<Tensor> {
+    let n = shape.iter().product();
+    Tensor::from_slice_on(&vec![1.0f32; n], shape, device)
+}
+
+/// Batch normalization (`keras.layers.BatchNormalization(axis=-1, momentum=0.99,
+/// epsilon=1e-3, center=True, scale=True)`): in training, each channel (the last axis) is
+/// normalized with the batch's mean and biased variance and the moving statistics move
+/// towards them (`moving = moving * momentum + batch * (1 - momentum)`); in inference the
+/// moving statistics normalize. Then `* gamma + beta`.
+///
+/// Weights, in Keras' order: `gamma` (ones, with `scale`), `beta` (zeros, with `center`), and
+/// the non-trainable `moving_mean` (zeros) and `moving_variance` (ones), all `[channels]` and
+/// float32 whatever the dtype policy (Keras computes batch normalization in float32 and casts
+/// the output to the compute dtype; here the float16 kernels read and write float16
+/// activations and compute in float32).
+///
+/// ```
+/// use anygpu::nn::{BatchNormalization, Layer};
+/// let bn = BatchNormalization::new();
+/// assert_eq!(bn.compute_output_shape(&[28, 28, 32])?, [28, 28, 32]);
+/// assert!(bn.compute_output_shape(&[4, 28, 28, 32]).is_err()); // rank 2 or 4 (with the batch)
+/// assert!(BatchNormalization::new().axis(1).compute_output_shape(&[28, 28, 32]).is_err());
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// Under a [`crate::distribute::MirroredStrategy`] each replica normalizes with its own
+/// batch statistics (Keras' default `synchronized=False`) and the replicas' moving statistics
+/// are averaged after every step, so that they agree. In a [`crate::nn::Pipeline`] each
+/// micro-batch is normalized with its own statistics and moves the moving ones.
+///
+/// Differences from Keras: `axis=-1` only (the last axis, for inputs of shape `[features]` or
+/// `[height, width, channels]`); no `synchronized=True`, renorm, masks, regularizers or
+/// constraints; fixed initializers.
+#[derive(Debug, Clone)]
+pub struct BatchNormalization {
+    axis: isize,
+    momentum: f32,
+    epsilon: f32,
+    center: bool,
+    scale: bool,
+    input_shape: Option<Vec<usize>>,
+    policy: Option<Policy>,
+    /// `[gamma?, beta?]` once built.
+    weights: Vec<Tensor>,
+    /// `[moving_mean, moving_variance]` once built.
+    moving: Vec<Tensor>,
+    /// The ones and zeros that stand in for `gamma` and `beta` without `scale` or `center`.
+    fixed: Vec<Tensor>,
+}
+
+impl Default for BatchNormalization {
+    fn default() -> Self {
+        BatchNormalization::new()
+    }
+}
+
+impl BatchNormalization {
+    /// Keras' defaults: `axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True`.
+    pub fn new() -> BatchNormalization {
+        BatchNormalization {
+            axis: -1,
+            momentum: 0.99,
+            epsilon: 1e-3,
+            center: true,
+            scale: true,
+            input_shape: None,
+            policy: None,
+            weights: Vec::new(),
+            moving: Vec::new(),
+            fixed: Vec::new(),
+        }
+    }
+
+    /// `axis=`, counted with the batch axis as Keras does: -1 or the last axis (1 for
+    /// `[n, features]`, 3 for NHWC); another fails when the layer is added.
+    pub fn axis(mut self, axis: isize) -> BatchNormalization {
+        self.axis = axis;
+        self
+    }
+
+    /// `momentum=` of the moving statistics.
+    pub fn momentum(mut self, momentum: f32) -> BatchNormalization {
+        self.momentum = momentum;
+        self
+    }
+
+    /// `epsilon=`, added to the variance.
+    pub fn epsilon(mut self, epsilon: f32) -> BatchNormalization {
+        self.epsilon = epsilon;
+        self
+    }
+
+    /// `center=`: with it, the trainable offset `beta`.
+    pub fn center(mut self, center: bool) -> BatchNormalization {
+        self.center = center;
+        self
+    }
+
+    /// `scale=`: with it, the trainable scale `gamma`.
+    pub fn scale(mut self, scale: bool) -> BatchNormalization {
+        self.scale = scale;
+        self
+    }
+
+    /// `input_shape=`, for the first layer of a model.
+    pub fn input_shape(mut self, shape: &[usize]) -> BatchNormalization {
+        self.input_shape = Some(shape.to_vec());
+        self
+    }
+
+    /// `dtype=`: this layer's dtype policy, whatever the global one.
+    pub fn dtype_policy(mut self, policy: Policy) -> BatchNormalization {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// `(gamma, beta)`, or the ones and zeros standing in for them.
+    fn gamma_beta(&self) -> Result<(&Tensor, &Tensor)> {
+        let mut trained = self.weights.iter();
+        let mut fixed = self.fixed.iter();
+        let mut pick = |own: bool| if own { trained.next() } else { fixed.next() };
+        match (pick(self.scale), pick(self.center)) {
+            (Some(g), Some(b)) => Ok((g, b)),
+            _ => Err(not_built("BatchNormalization")),
+        }
+    }
+
+    fn variables(&self) -> Result<BatchNormVariables<'_>> {
+        let (gamma, beta) = self.gamma_beta()?;
+        let [moving_mean, moving_variance] = &self.moving[..] else {
+            return Err(not_built("BatchNormalization"));
+        };
+        Ok(BatchNormVariables {
+            gamma,
+            beta,
+            moving_mean,
+            moving_variance,
+        })
+    }
+
+    fn check_hyper_parameters(&self) -> Result<()> {
+        let bad = |what: &str, value: f32, limit: &str| {
+            Err(Error::InvalidArgument(format!(
+                "BatchNormalization: {what}={value} is not valid; it must be {limit}"
+            )))
+        };
+        if !(self.momentum.is_finite() && (0.0..=1.0).contains(&self.momentum)) {
+            return bad("momentum", self.momentum, "in [0, 1]");
+        }
+        if !(self.epsilon.is_finite() && self.epsilon >= 0.0) {
+            return bad("epsilon", self.epsilon, "finite and >= 0");
+        }
+        Ok(())
+    }
+}
+
+impl Layer for BatchNormalization {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
+    fn class_name(&self) -> &'static str {
+        "BatchNormalization"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "batch_normalization"
+    }
+
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.input_shape.as_deref()
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        self.check_hyper_parameters()?;
+        // Keras' rank counts the batch axis.
+        let rank = input_shape.len() + 1;
+        if rank != 2 && rank != 4 {
+            return Err(bad_input(
+                "BatchNormalization",
+                input_shape,
+                format!(
+                    ": BatchNormalization takes inputs of rank 2 ([batch, features]) or 4 \
+                     ([batch, height, width, channels]), got rank {rank} (input_shape \
+                     {input_shape:?})"
+                ),
+            ));
+        }
+        if self.axis != -1 && self.axis != rank as isize - 1 {
+            return Err(Error::InvalidArgument(format!(
+                "BatchNormalization: axis={} is not supported for inputs of rank {rank}; only \
+                 the last axis (axis=-1 or axis={})",
+                self.axis,
+                rank - 1
+            )));
+        }
+        if input_shape.contains(&0) {
+            return Err(bad_input(
+                "BatchNormalization",
+                input_shape,
+                format!(": every axis of the input must be non-empty, got {input_shape:?}"),
+            ));
+        }
+        Ok(input_shape.to_vec())
+    }
+
+    fn build(&mut self, input_shape: &[usize], _seed: u64, device: &LogicalDevice) -> Result<()> {
+        self.compute_output_shape(input_shape)?;
+        let c = input_shape[input_shape.len() - 1];
+        let mut weights = Vec::new();
+        let mut fixed = Vec::new();
+        for (own, value) in [(self.scale, 1.0), (self.center, 0.0)] {
+            let t = if value == 1.0 {
+                ones(&[c], device)?
+            } else {
+                zeros(&[c], device)?
+            };
+            if own {
+                weights.push(t);
+            } else {
+                fixed.push(t);
+            }
+        }
+        self.moving = vec![zeros(&[c], device)?, ones(&[c], device)?];
+        self.weights = weights;
+        self.fixed = fixed;
+        Ok(())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        let names: &[&'static str] = match (self.scale, self.center) {
+            (true, true) => &["gamma", "beta"],
+            (true, false) => &["gamma"],
+            (false, true) => &["beta"],
+            (false, false) => &[],
+        };
+        weights_of(names, &self.weights)
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("BatchNormalization", &mut self.weights, index, value)
+    }
+
+    fn non_trainable_weights(&self) -> Vec<(&'static str, &Tensor)> {
+        weights_of(&["moving_mean", "moving_variance"], &self.moving)
+    }
+
+    fn set_non_trainable_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("BatchNormalization", &mut self.moving, index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        self.call(x, true)
+    }
+
+    /// Training: the batch statistics normalize, the moving statistics are updated in place on
+    /// the layer's device; `[x, statistics]` are kept for the backward pass. Inference: the
+    /// moving statistics normalize, nothing is kept.
+    fn call(&self, x: &Tensor, training: bool) -> Result<(Tensor, Vec<Tensor>)> {
+        let v = self.variables()?;
+        if !training {
+            let y = ops::batch_normalization_inference(x, v, self.epsilon)?;
+            return Ok((y, Vec::new()));
+        }
+        let (y, stats) = ops::batch_normalization_training(x, v, self.momentum, self.epsilon)?;
+        Ok((y, vec![x.clone(), stats]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
+        let (gamma, _) = self.gamma_beta()?;
+        let (dx, dgamma, dbeta) =
+            ops::batch_normalization_backward(&x, dy, gamma, &stats, self.epsilon)?;
+        let mut grads = Vec::new();
+        if self.scale {
+            grads.push(dgamma);
+        }
+        if self.center {
+            grads.push(dbeta);
+        }
+        Ok((need_dx.then_some(dx), grads))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Inverted dropout (`keras.layers.Dropout(rate, seed=None)`): in training each element is
+/// zeroed with probability `rate` and the others are scaled by `1 / (1 - rate)`; in inference
+/// (and with `rate = 0`) the identity.
+///
+/// The mask is a counter-based hash of (seed, step, element index) (see
+/// [`DropoutMask`]): the same seed draws the same masks on CPU:0 and every GPU, in every run,
+/// and each training step draws a new one (the layer counts its training calls). Without a
+/// seed the layer takes one from the model's seed and its index
+/// ([`crate::nn::Sequential::with_seed`]). The backward pass applies the forward pass's mask.
+///
+/// ```
+/// use anygpu::nn::{Dropout, Layer};
+/// assert_eq!(Dropout::new(0.5).compute_output_shape(&[128])?, [128]);
+/// assert!(Dropout::new(1.0).compute_output_shape(&[128]).is_err());
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// Differences from Keras: no `noise_shape`; `rate=1` (everything dropped) is refused; the
+/// random stream is not TensorFlow's, so masks differ from Keras' for the same seed; the step
+/// counter is not part of checkpoints (a resumed run draws the masks of a fresh layer).
+#[derive(Debug)]
+pub struct Dropout {
+    rate: f32,
+    seed: Option<u64>,
+    /// The seed `build` derived from the model's, used without `seed`.
+    model_seed: u64,
+    input_shape: Option<Vec<usize>>,
+    policy: Option<Policy>,
+    /// Training calls so far: the mask's step.
+    step: AtomicU64,
+}
+
+impl Clone for Dropout {
+    fn clone(&self) -> Self {
+        Dropout {
+            rate: self.rate,
+            seed: self.seed,
+            model_seed: self.model_seed,
+            input_shape: self.input_shape.clone(),
+            policy: self.policy,
+            // Its own counter, from where this one is: a replica draws the primary's masks.
+            step: AtomicU64::new(self.step.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl Dropout {
+    /// Drops a `rate` fraction of the elements in training (`0 <= rate < 1`, checked when the
+    /// layer is added).
+    pub fn new(rate: f32) -> Dropout {
+        Dropout {
+            rate,
+            seed: None,
+            model_seed: 0,
+            input_shape: None,
+            policy: None,
+            step: AtomicU64::new(0),
+        }
+    }
+
+    /// `seed=`: the masks' seed.
+    pub fn seed(mut self, seed: u64) -> Dropout {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// `input_shape=`, for the first layer of a model.
+    pub fn input_shape(mut self, shape: &[usize]) -> Dropout {
+        self.input_shape = Some(shape.to_vec());
+        self
+    }
+
+    /// `dtype=`: this layer's dtype policy, whatever the global one.
+    pub fn dtype_policy(mut self, policy: Policy) -> Dropout {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> f32 {
+        self.rate
+    }
+
+    /// Training calls so far (the step of the next mask).
+    pub fn steps(&self) -> u64 {
+        self.step.load(Ordering::Relaxed)
+    }
+
+    fn check_rate(&self) -> Result<()> {
+        if !(self.rate.is_finite() && (0.0..1.0).contains(&self.rate)) {
+            return Err(Error::InvalidArgument(format!(
+                "Dropout: invalid value received for argument `rate`. Expected a float value \
+                 in [0, 1). Received: rate={}",
+                self.rate
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Layer for Dropout {
+    fn dtype_policy(&self) -> Option<Policy> {
+        self.policy
+    }
+
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+
+    fn class_name(&self) -> &'static str {
+        "Dropout"
+    }
+
+    fn base_name(&self) -> &'static str {
+        "dropout"
+    }
+
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.input_shape.as_deref()
+    }
+
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
+        self.check_rate()?;
+        Ok(input_shape.to_vec())
+    }
+
+    fn build(&mut self, input_shape: &[usize], seed: u64, _device: &LogicalDevice) -> Result<()> {
+        self.compute_output_shape(input_shape)?;
+        self.model_seed = seed;
+        Ok(())
+    }
+
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace("Dropout", &mut [], index, value)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        self.call(x, true)
+    }
+
+    /// Training: a new mask (kept for the backward pass); inference, or `rate = 0`: `x`.
+    fn call(&self, x: &Tensor, training: bool) -> Result<(Tensor, Vec<Tensor>)> {
+        if !training || self.rate == 0.0 {
+            return Ok((x.clone(), Vec::new()));
+        }
+        self.check_rate()?;
+        let step = self.step.fetch_add(1, Ordering::Relaxed);
+        let mask = DropoutMask::new(self.rate, self.seed.unwrap_or(self.model_seed), step);
+        let (y, mask) = ops::dropout(x, &mask)?;
+        Ok((y, vec![mask]))
+    }
+
+    fn backward(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        if !need_dx {
+            return Ok((None, Vec::new()));
+        }
+        let dx = match saved_tensors {
+            // The identity (rate 0).
+            [] => dy.clone(),
+            [mask] => ops::dropout_backward(dy, mask)?,
+            _ => {
+                return Err(Error::Model(format!(
+                    "Dropout.backward: expected at most 1 saved tensor from forward, got {}",
+                    saved_tensors.len()
+                )))
+            }
+        };
+        Ok((Some(dx), Vec::new()))
+    }
+}
