@@ -12,6 +12,7 @@ use crate::ops::cpu;
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
+use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
@@ -436,6 +437,68 @@ impl NnKernels for HostKernels {
             write(v).f32(),
             p,
         );
+        Ok(())
+    }
+
+    // ---- activations and pooling layers ----
+    fn activation_fn(&self, x: &Tensor, y: &Tensor, act: ActivationFn) -> Result<()> {
+        cpu::activation::activation_fn_forward(Inputs::lock(&[x]).f32(0), write(y).f32(), act);
+        Ok(())
+    }
+
+    fn activation_fn_backward(
+        &self,
+        dy: &Tensor,
+        t: &Tensor,
+        dz: &Tensor,
+        act: ActivationFn,
+        from_output: bool,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[dy, t]);
+        cpu::activation::activation_fn_backward(
+            r.f32(0),
+            r.f32(1),
+            write(dz).f32(),
+            act,
+            from_output,
+        );
+        Ok(())
+    }
+
+    fn avg_pool2d(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
+        cpu::pooling::avg_pool2d(Inputs::lock(&[x]).f32(0), write(y).f32(), s);
+        Ok(())
+    }
+
+    fn avg_pool2d_backward(&self, dy: &Tensor, dx: &Tensor, s: &Pool2dShape) -> Result<()> {
+        cpu::pooling::avg_pool2d_backward(Inputs::lock(&[dy]).f32(0), write(dx).f32(), s);
+        Ok(())
+    }
+
+    fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
+        let r = Inputs::lock(&[x]);
+        if max {
+            cpu::pooling::global_max_pool(r.f32(0), write(y).f32(), s);
+        } else {
+            cpu::pooling::global_avg_pool(r.f32(0), write(y).f32(), s);
+        }
+        Ok(())
+    }
+
+    fn global_avg_pool_backward(&self, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()> {
+        cpu::pooling::global_avg_pool_backward(Inputs::lock(&[dy]).f32(0), write(dx).f32(), s);
+        Ok(())
+    }
+
+    fn global_max_pool_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &PoolShape,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[x, dy]);
+        cpu::pooling::global_max_pool_backward(r.f32(0), r.f32(1), write(dx).f32(), s);
         Ok(())
     }
 }

@@ -6,6 +6,10 @@
 //! Everything is read-write because two tensors of one dispatch may be ranges of one arena
 //! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
 
+// ---- activations and pooling layers ----
+pub(crate) mod activation;
+pub(crate) mod pooling;
+// ----
 pub(crate) mod half;
 pub(crate) mod kernels;
 pub(crate) mod tune;
@@ -46,11 +50,16 @@ pub(crate) enum ShaderFamily {
     Optim,
     /// Casts between float32 and float16 (adapters with f16 only).
     Cast,
+    // ---- activations and pooling layers ----
+    /// The activations with their own kernel, forward and backward.
+    Activation,
+    /// Average pooling (any window, strides, padding) and the global poolings.
+    Pooling,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 10] = [
+    pub(crate) const ALL: [ShaderFamily; 12] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -61,6 +70,8 @@ impl ShaderFamily {
         ShaderFamily::Softmax,
         ShaderFamily::Optim,
         ShaderFamily::Cast,
+        ShaderFamily::Activation,
+        ShaderFamily::Pooling,
     ];
 
     /// The file under `shaders/`.
@@ -76,6 +87,8 @@ impl ShaderFamily {
             ShaderFamily::Softmax => "softmax.wgsl",
             ShaderFamily::Optim => "optim.wgsl",
             ShaderFamily::Cast => "cast.wgsl",
+            ShaderFamily::Activation => "activation.wgsl",
+            ShaderFamily::Pooling => "pooling.wgsl",
         }
     }
 
@@ -124,6 +137,8 @@ impl ShaderFamily {
             ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
             ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
             ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
+            ShaderFamily::Activation => include_str!("../../../shaders/activation.wgsl"),
+            ShaderFamily::Pooling => include_str!("../../../shaders/pooling.wgsl"),
         }
     }
 }
