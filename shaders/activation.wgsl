@@ -82,6 +82,14 @@ fn sigmoid(x: f32) -> f32 {
     return select(e * s, s, x >= 0.0);
 }
 
+// (σ(x), 1 - σ(x)), each to a few ulps: the complement is not formed by a subtraction, so
+// derivatives σ(1 - σ) stay accurate in both tails.
+fn sigmoid_pair(x: f32) -> vec2<f32> {
+    let e = exp(-abs(x));
+    let r = 1.0 / (1.0 + e);
+    return select(vec2<f32>(e * r, r), vec2<f32>(r, e * r), x >= 0.0);
+}
+
 // tanh(x) = sign(x) * -expm1(-2|x|) / (2 + expm1(-2|x|)): accurate near 0, exactly ±1 far out.
 fn tanh_stable(x: f32) -> f32 {
     let t = expm1(-2.0 * abs(x));
@@ -158,24 +166,27 @@ fn grad_x(x: f32) -> f32 {
     switch p.kind {
         case 1u: { return relu_grad_x(x); }
         case 2u: { return select(exp(x), 1.0, x > 0.0); }
-        case 3u: { return select(SELU_SCALE * SELU_ALPHA * exp(x), SELU_SCALE, x > 0.0); }
+        // SeluGrad's: scale at 0.
+        case 3u: { return select(SELU_SCALE * SELU_ALPHA * exp(x), SELU_SCALE, x >= 0.0); }
         case 4u: { return normal_cdf(x) + x * FRAC_1_SQRT_2PI * exp_neg_half_sq(x, 0.0); }
         case 5u: {
-            let s = sigmoid(2.0 * SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x));
+            let s = sigmoid_pair(2.0 * SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x));
             let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_COEFF * x * x);
-            return s + x * 2.0 * s * (1.0 - s) * du;
+            return s.x + x * 2.0 * s.x * s.y * du;
         }
         case 6u: {
-            let s = sigmoid(x);
-            return s * (1.0 - s);
+            let s = sigmoid_pair(x);
+            return s.x * s.y;
         }
+        // 1 - tanh² = 4 e / (1 + e)², e = e^(-2|x|): no cancellation in the tails.
         case 7u: {
-            let t = tanh_stable(x);
-            return (1.0 - t) * (1.0 + t);
+            let e = exp(-2.0 * abs(x));
+            let r = 1.0 / (1.0 + e);
+            return 4.0 * e * r * r;
         }
         case 8u: {
-            let s = sigmoid(x);
-            return s * (1.0 + x * (1.0 - s));
+            let s = sigmoid_pair(x);
+            return s.x * (1.0 + x * s.y);
         }
         case 9u: { return sigmoid(x); }
         default: { return 1.0; }
@@ -194,7 +205,7 @@ fn grad_y(y: f32) -> f32 {
             return select(0.0, p.slope, p.has_max == 0u);
         }
         case 2u: { return select(y + 1.0, 1.0, y > 0.0); }
-        case 3u: { return select(y + SELU_SCALE * SELU_ALPHA, SELU_SCALE, y > 0.0); }
+        case 3u: { return select(y + SELU_SCALE * SELU_ALPHA, SELU_SCALE, y >= 0.0); }
         case 6u: { return y * (1.0 - y); }
         case 7u: { return (1.0 - y) * (1.0 + y); }
         // σ(x) = 1 - e^-y.

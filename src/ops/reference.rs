@@ -694,8 +694,9 @@ pub fn act_fn_grad(x: f64, act: ActivationFn) -> f64 {
                 x.exp()
             }
         }
+        // SeluGrad's value at 0: the scale.
         ActivationFn::Selu => {
-            if x > 0.0 {
+            if x >= 0.0 {
                 SELU_SCALE
             } else {
                 SELU_SCALE * SELU_ALPHA * x.exp()
@@ -705,19 +706,16 @@ pub fn act_fn_grad(x: f64, act: ActivationFn) -> f64 {
             normal_cdf(x) + x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
         }
         ActivationFn::Gelu { approximate: true } => {
-            let s = sigmoid(2.0 * gelu_tanh_arg(x));
+            let u2 = 2.0 * gelu_tanh_arg(x);
             let du = 0.797_884_560_802_865_4 * (1.0 + 3.0 * 0.044715 * x * x);
-            s + x * 2.0 * s * (1.0 - s) * du
+            sigmoid(u2) + x * 2.0 * sigmoid(u2) * sigmoid(-u2) * du
         }
-        ActivationFn::Sigmoid => {
-            let s = sigmoid(x);
-            s * (1.0 - s)
+        ActivationFn::Sigmoid => sigmoid(x) * sigmoid(-x),
+        ActivationFn::Tanh => {
+            let e = (-2.0 * x.abs()).exp();
+            4.0 * e / ((1.0 + e) * (1.0 + e))
         }
-        ActivationFn::Tanh => 1.0 - x.tanh().powi(2),
-        ActivationFn::Swish => {
-            let s = sigmoid(x);
-            s * (1.0 + x * (1.0 - s))
-        }
+        ActivationFn::Swish => sigmoid(x) * (1.0 + x * sigmoid(-x)),
         ActivationFn::Softplus => sigmoid(x),
     }
 }

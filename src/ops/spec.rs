@@ -266,7 +266,8 @@ pub struct AdamParams {
 /// then this.
 ///
 /// The gradient follows TensorFlow's at the kinks (`ReluGrad`, `Relu6Grad`, `LeakyReluGrad`,
-/// `EluGrad`, `clip_by_value`'s): `relu'(0) = 0`, `relu6'(6) = 0`, `leaky_relu'(0) = slope`.
+/// `EluGrad`, `SeluGrad`, `clip_by_value`'s): `relu'(0) = 0`, `relu6'(6) = 0`,
+/// `leaky_relu'(0) = slope`, `elu'(0) = 1`, `selu'(0) = scale`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ActivationFn {
     /// The identity.

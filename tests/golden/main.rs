@@ -9,6 +9,10 @@
 mod common;
 
 mod layers;
+// ---- activations and pooling layers ----
+mod activations;
+mod pooling;
+// ----
 
 use anygpu::nn::{Activation, Layer};
 use anygpu::ops::spec::Padding;

@@ -25,6 +25,19 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
     }
 }
 
+/// `(σ(x), 1 - σ(x))`, the complement not formed by a subtraction, so that `σ(1 - σ)` stays
+/// accurate in both tails.
+#[inline]
+fn sigmoid_pair(x: f32) -> (f32, f32) {
+    let e = (-x.abs()).exp();
+    let r = 1.0 / (1.0 + e);
+    if x >= 0.0 {
+        (r, e * r)
+    } else {
+        (e * r, r)
+    }
+}
+
 /// `e^(-x²/2)·e^extra` without the rounding of `x²` in the exponent (`x = hi + lo`, `hi²`
 /// exact): the large exponent `-x²/2` of the normal tails would otherwise lose its last bits.
 #[inline]
@@ -137,8 +150,9 @@ pub(crate) fn grad_from_input(x: f32, act: ActivationFn) -> f32 {
                 x.exp()
             }
         }
+        // SeluGrad's: scale at 0.
         ActivationFn::Selu => {
-            if x > 0.0 {
+            if x >= 0.0 {
                 SCALE
             } else {
                 SCALE_ALPHA * x.exp()
@@ -148,21 +162,23 @@ pub(crate) fn grad_from_input(x: f32, act: ActivationFn) -> f32 {
             normal_cdf(x) + x * FRAC_1_SQRT_2PI * exp_neg_half_sq(x, 0.0)
         }
         ActivationFn::Gelu { approximate: true } => {
-            let s = sigmoid(2.0 * gelu_tanh_arg(x));
+            let (s, c) = sigmoid_pair(2.0 * gelu_tanh_arg(x));
             let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_COEFF * x * x);
-            s + x * 2.0 * s * (1.0 - s) * du
+            s + x * 2.0 * s * c * du
         }
         ActivationFn::Sigmoid => {
-            let s = sigmoid(x);
-            s * (1.0 - s)
+            let (s, c) = sigmoid_pair(x);
+            s * c
         }
+        // 1 - tanh² = 4e / (1 + e)², e = e^(-2|x|): no cancellation in the tails.
         ActivationFn::Tanh => {
-            let t = x.tanh();
-            (1.0 - t) * (1.0 + t)
+            let e = (-2.0 * x.abs()).exp();
+            let r = 1.0 / (1.0 + e);
+            4.0 * e * r * r
         }
         ActivationFn::Swish => {
-            let s = sigmoid(x);
-            s * (1.0 + x * (1.0 - s))
+            let (s, c) = sigmoid_pair(x);
+            s * (1.0 + x * c)
         }
         ActivationFn::Softplus => sigmoid(x),
     }
@@ -198,7 +214,7 @@ pub(crate) fn grad_from_output(y: f32, act: ActivationFn) -> f32 {
             }
         }
         ActivationFn::Selu => {
-            if y > 0.0 {
+            if y >= 0.0 {
                 SCALE
             } else {
                 y + SCALE_ALPHA
