@@ -14,9 +14,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use anygpu::data::Dataset;
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
-    Activation, ActivationLayer, Adam, AveragePooling2D, Conv2D, Dense,
-    GlobalAveragePooling2D, GlobalMaxPooling2D, Layer, Loss, Metric, ReLU, SeparableConv2D,
-    Sequential, Verbosity,
+    Activation, ActivationLayer, Adam, AveragePooling2D, Conv2D, Dense, GlobalAveragePooling2D,
+    GlobalMaxPooling2D, Layer, Loss, Metric, ReLU, SeparableConv2D, Sequential, Verbosity,
 };
 use anygpu::ops;
 use anygpu::ops::reference::{self as r, assert_close, random_vec, to_f64};
@@ -192,8 +191,16 @@ fn activation_fns_are_exact_at_the_kinks_as_tensorflow() {
     // TF: ReluGrad(0) = 0, Relu6Grad(6) = 0, LeakyReluGrad(0) = slope, clip_by_value passes its
     // bound (max_value=5 at 5: 1), threshold: 0 at the threshold.
     let cases: [(ActivationFn, [f32; 5], [f32; 5]); 5] = [
-        (ActivationFn::RELU, [-1.0, 0.0, 5.0, 6.0, 7.0], [0.0, 0.0, 1.0, 1.0, 1.0]),
-        (ActivationFn::RELU6, [-1.0, 0.0, 5.0, 6.0, 7.0], [0.0, 0.0, 1.0, 0.0, 0.0]),
+        (
+            ActivationFn::RELU,
+            [-1.0, 0.0, 5.0, 6.0, 7.0],
+            [0.0, 0.0, 1.0, 1.0, 1.0],
+        ),
+        (
+            ActivationFn::RELU6,
+            [-1.0, 0.0, 5.0, 6.0, 7.0],
+            [0.0, 0.0, 1.0, 0.0, 0.0],
+        ),
         (
             ActivationFn::leaky_relu(0.5),
             [-1.0, 0.0, 5.0, 6.0, 7.0],
@@ -354,14 +361,24 @@ fn f16_activation_and_pooling_kernels_match_the_oracle() {
         return;
     }
     let half = |v: &[f32]| -> Vec<f16> { v.iter().map(|&v| f16::from_f32(v)).collect() };
-    let quantized = |v: &[f32]| -> Vec<f32> { v.iter().map(|&v| f16::from_f32(v).to_f32()).collect() };
+    let quantized =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&v| f16::from_f32(v).to_f32()).collect() };
     let read = |t: &Tensor| -> Vec<f32> {
         assert_eq!(t.dtype(), DType::F16);
-        t.to_vec::<f16>().expect("readback").into_iter().map(f16::to_f32).collect()
+        t.to_vec::<f16>()
+            .expect("readback")
+            .into_iter()
+            .map(f16::to_f32)
+            .collect()
     };
     // Four float16 ulps at 1, relative to max(1, |expected|).
     let tol = 4.0 * 0.000_976_562_5;
-    let x = quantized(&random_vec(1000, 5).iter().map(|v| v * 6.0).collect::<Vec<_>>());
+    let x = quantized(
+        &random_vec(1000, 5)
+            .iter()
+            .map(|v| v * 6.0)
+            .collect::<Vec<_>>(),
+    );
     let dy = quantized(&random_vec(1000, 6));
     for dev in gpus {
         let xt = Tensor::from_slice_on(&half(&x), &[1000], dev).expect("upload");
@@ -386,7 +403,12 @@ fn f16_activation_and_pooling_kernels_match_the_oracle() {
         let px = quantized(&random_vec(s.input_len(), 8));
         let pxt = Tensor::from_slice_on(&half(&px), &[2, 7, 6, 4], dev).expect("upload");
         let y = ops::avg_pool2d(&pxt, s.pool, s.strides, s.padding).expect("avg_pool2d");
-        assert_close(&read(&y), &r::avg_pool2d(&to_f64(&px), &s), tol, "f16 avg_pool2d");
+        assert_close(
+            &read(&y),
+            &r::avg_pool2d(&to_f64(&px), &s),
+            tol,
+            "f16 avg_pool2d",
+        );
         let g = ops::global_pool2d(&pxt, true).expect("global max");
         assert_close(
             &read(&g),
@@ -425,7 +447,10 @@ fn oracle_gradients_match_finite_differences() {
         (5.0, 1.537_459_794_428_034_8e-12),
     ] {
         let got = r::erfc(z);
-        assert!((got - want).abs() < 1e-13 * want, "erfc({z}) = {got:e}, want {want:e}");
+        assert!(
+            (got - want).abs() < 1e-13 * want,
+            "erfc({z}) = {got:e}, want {want:e}"
+        );
     }
 }
 
@@ -433,15 +458,27 @@ fn oracle_gradients_match_finite_differences() {
 #[test]
 fn layers_are_summarized_and_checked_as_in_keras() {
     let layers: Vec<(Box<dyn Layer>, &str, &str)> = vec![
-        (Box::new(ActivationLayer::new(Activation::Elu)), "Activation", "activation"),
+        (
+            Box::new(ActivationLayer::new(Activation::Elu)),
+            "Activation",
+            "activation",
+        ),
         (Box::new(ReLU::new()), "ReLU", "re_lu"),
-        (Box::new(AveragePooling2D::new((2, 2))), "AveragePooling2D", "average_pooling2d"),
+        (
+            Box::new(AveragePooling2D::new((2, 2))),
+            "AveragePooling2D",
+            "average_pooling2d",
+        ),
         (
             Box::new(GlobalAveragePooling2D::new()),
             "GlobalAveragePooling2D",
             "global_average_pooling2d",
         ),
-        (Box::new(GlobalMaxPooling2D::new()), "GlobalMaxPooling2D", "global_max_pooling2d"),
+        (
+            Box::new(GlobalMaxPooling2D::new()),
+            "GlobalMaxPooling2D",
+            "global_max_pooling2d",
+        ),
     ];
     for (layer, class, base) in layers {
         assert_eq!((layer.class_name(), layer.base_name()), (class, base));
@@ -451,7 +488,9 @@ fn layers_are_summarized_and_checked_as_in_keras() {
         .max_value(-1.0)
         .compute_output_shape(&[3])
         .expect_err("negative max_value");
-    assert!(err.to_string().contains("max_value of a ReLU layer cannot be a negative value"));
+    assert!(err
+        .to_string()
+        .contains("max_value of a ReLU layer cannot be a negative value"));
     let err = "mish".parse::<Activation>().expect_err("unknown");
     assert!(err.to_string().contains("gelu"), "{err}");
     assert!(AveragePooling2D::new((3, 3))
@@ -480,7 +519,11 @@ fn new_layers_cnn(seed: u64) -> anygpu::Result<Sequential> {
             .activation(Activation::Swish),
     )?;
     m.add(anygpu::nn::MaxPool2D::new())?;
-    m.add(AveragePooling2D::new((2, 2)).strides((1, 1)).padding(Padding::Same))?;
+    m.add(
+        AveragePooling2D::new((2, 2))
+            .strides((1, 1))
+            .padding(Padding::Same),
+    )?;
     m.add(ActivationLayer::new(Activation::Tanh))?;
     m.add(GlobalAveragePooling2D::new())?;
     m.add(Dense::new(12).activation(Activation::Softplus))?;
@@ -525,7 +568,10 @@ fn models_with_the_new_layers_train_on_every_device() {
     let _g = serial();
     for dev in &env().devices {
         for (name, build) in [
-            ("cnn", new_layers_cnn as fn(u64) -> anygpu::Result<Sequential>),
+            (
+                "cnn",
+                new_layers_cnn as fn(u64) -> anygpu::Result<Sequential>,
+            ),
             ("global max", new_layers_mlp_with_global_max),
         ] {
             let mut model = {
@@ -571,4 +617,33 @@ fn new_layers_train_under_a_mirrored_strategy_like_one_device() {
         );
     }
     assert!(b[2] < b[0], "the mirrored loss did not fall: {b:?}");
+}
+
+/// Under `mixed_float16` the new layers compute in float16 on the adapters with float16 (the
+/// twins of activation.wgsl and pooling.wgsl) and in float32 elsewhere, and still train.
+#[test]
+fn new_layers_train_under_mixed_float16_on_every_device() {
+    use anygpu::mixed_precision::{self, Policy};
+    let _g = serial();
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = mixed_precision::set_global_policy("float32");
+        }
+    }
+    for dev in &env().devices {
+        let mut model = {
+            let _s = dev.scope();
+            mixed_precision::set_global_policy(Policy::MIXED_FLOAT16).expect("a known policy");
+            let _restore = Restore;
+            new_layers_cnn(2).expect("the model builds")
+        };
+        let losses = fit_losses(&mut model, 12);
+        let (first, last) = (losses[0], losses[losses.len() - 1]);
+        assert!(
+            losses.iter().all(|l| l.is_finite()) && last < 0.8 * first,
+            "mixed_float16 on {}: the loss went {losses:?}",
+            label(dev)
+        );
+    }
 }

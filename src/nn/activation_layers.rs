@@ -129,7 +129,10 @@ impl Layer for ActivationLayer {
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         // Softmax: the logits go on; the model's loss applies it (and its gradient).
-        forward_fn(x, self.activation.function().unwrap_or(ActivationFn::Linear))
+        forward_fn(
+            x,
+            self.activation.function().unwrap_or(ActivationFn::Linear),
+        )
     }
 
     fn backward(

@@ -160,7 +160,12 @@ pub(super) fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Te
     })
 }
 
-pub(super) fn replace(layer: &str, weights: &mut [Tensor], index: usize, value: Tensor) -> Result<()> {
+pub(super) fn replace(
+    layer: &str,
+    weights: &mut [Tensor],
+    index: usize,
+    value: Tensor,
+) -> Result<()> {
     let n = weights.len();
     let slot = weights.get_mut(index).ok_or_else(|| {
         Error::InvalidArgument(format!(
@@ -611,8 +616,7 @@ impl Layer for SeparableConv2D {
         let (dy, y, activation) = through_separate(dy, kept, self.activation)?;
         let act = activation.fused();
         if let [x, _] = saved_tensors {
-            let g =
-                ops::separable_conv2d_backward(x, depthwise, pointwise, &y, &dy, act, need_dx)?;
+            let g = ops::separable_conv2d_backward(x, depthwise, pointwise, &y, &dy, act, need_dx)?;
             return Ok((g.dx, vec![g.depthwise, g.pointwise, g.bias]));
         }
         let [x, _, d] = saved::<3>("SeparableConv2D", saved_tensors)?;

@@ -727,7 +727,10 @@ pub fn activation_fn(x: &[f64], act: ActivationFn) -> Vec<f64> {
 
 /// `dy * act'(x)` from the activation's input `x`.
 pub fn activation_fn_backward(dy: &[f64], x: &[f64], act: ActivationFn) -> Vec<f64> {
-    dy.iter().zip(x).map(|(&d, &v)| d * act_fn_grad(v, act)).collect()
+    dy.iter()
+        .zip(x)
+        .map(|(&d, &v)| d * act_fn_grad(v, act))
+        .collect()
 }
 
 /// The input rows and columns of output `(i, j)`'s window, clipped to the image: `(rows,
@@ -851,7 +854,6 @@ pub fn global_max_pool_backward(x: &[f64], dy: &[f64], n: usize, hw: usize, c: u
         })
         .collect()
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -254,8 +254,16 @@ pub(crate) fn activation_fn_backward(
     a: ActivationFn,
     from_output: bool,
 ) {
-    assert_eq!(dy.len(), t.len(), "activation_fn_backward: dy and t lengths differ");
-    assert_eq!(dy.len(), dz.len(), "activation_fn_backward: dy and dz lengths differ");
+    assert_eq!(
+        dy.len(),
+        t.len(),
+        "activation_fn_backward: dy and t lengths differ"
+    );
+    assert_eq!(
+        dy.len(),
+        dz.len(),
+        "activation_fn_backward: dy and dz lengths differ"
+    );
     let leaf = |dy: &[f32], t: &[f32], dz: &mut [f32]| {
         for ((dz, &d), &t) in dz.iter_mut().zip(dy).zip(t) {
             let g = if from_output {

@@ -52,7 +52,12 @@ impl ActParams {
 
 impl GpuKernels<'_> {
     /// `y = act(x)`.
-    pub(crate) fn activation_fn_impl(&self, x: &Tensor, y: &Tensor, act: ActivationFn) -> Result<()> {
+    pub(crate) fn activation_fn_impl(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        act: ActivationFn,
+    ) -> Result<()> {
         let p = ActParams::new(x.len(), act, false);
         self.launch(ACT_FWD, &p, &[x, y], grid_1d(x.len(), 256))
     }

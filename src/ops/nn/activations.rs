@@ -51,9 +51,9 @@ fn index(act: ActivationFn) -> usize {
         a if a == ActivationFn::RELU6 => 2,
         ActivationFn::Relu {
             max_value: None,
-            threshold,
+            threshold: 0.0,
             ..
-        } if threshold == 0.0 => 3,
+        } => 3,
         ActivationFn::Relu { .. } => 11,
         ActivationFn::Elu => 4,
         ActivationFn::Selu => 5,
