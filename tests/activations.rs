@@ -647,3 +647,56 @@ fn new_layers_train_under_mixed_float16_on_every_device() {
         );
     }
 }
+
+/// A first layer (no input gradient) takes another path (`FusedConv2DWeightGrad`, the fused
+/// dense and separable gradients): with a separate activation it must give the same weight
+/// gradients as the full backward pass.
+#[test]
+fn first_layer_weight_gradients_match_the_full_backward_pass() {
+    let _g = serial();
+    let gelu = Activation::Gelu { approximate: false };
+    for dev in &env().devices {
+        let layers: Vec<(Box<dyn Layer>, Vec<usize>)> = vec![
+            (
+                Box::new(Conv2D::new(5, 3).padding(Padding::Same).activation(gelu)),
+                vec![2, 6, 5, 3],
+            ),
+            (
+                Box::new(Conv2D::new(4, 3).activation(Activation::Elu)),
+                vec![2, 6, 5, 3],
+            ),
+            (
+                Box::new(
+                    SeparableConv2D::new(6, 3)
+                        .padding(Padding::Same)
+                        .activation(Activation::Swish),
+                ),
+                vec![2, 6, 5, 4],
+            ),
+            (
+                Box::new(Dense::new(7).activation(Activation::Tanh)),
+                vec![5, 9],
+            ),
+        ];
+        for (seed, (mut layer, shape)) in layers.into_iter().enumerate() {
+            let what = format!("{} on {}", layer.class_name(), label(dev));
+            layer.build(&shape[1..], seed as u64, dev).expect("build");
+            let len = shape.iter().product();
+            let x = put(dev, &random_vec(len, seed as u64 + 1), &shape);
+            let (y, saved) = layer.forward(&x).expect("forward");
+            let dy = put(dev, &random_vec(y.len(), seed as u64 + 2), y.shape());
+            let (_, full) = layer.backward(&saved, &dy, true).expect("backward");
+            let (dx, first) = layer.backward(&saved, &dy, false).expect("backward");
+            assert!(dx.is_none(), "{what}: dx was not asked for");
+            for (i, (a, b)) in full.iter().zip(&first).enumerate() {
+                let want: Vec<f64> = to_f64(&get(a, dev));
+                assert_close(
+                    &get(b, dev),
+                    &want,
+                    1e-5,
+                    &format!("{what}: weight gradient {i}"),
+                );
+            }
+        }
+    }
+}
