@@ -710,5 +710,5 @@ fn misuse_is_an_error_not_a_panic() {
             &[]
         )
         .is_err());
-    assert!("tanh".parse::<Activation>().is_err());
+    assert!("mish".parse::<Activation>().is_err());
 }

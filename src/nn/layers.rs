@@ -263,7 +263,42 @@ fn activation_and_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<
     ops::activation_bias_grad(dy, y, act.fused())
 }
 
-fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize)> {
+// ---- activations and pooling layers ----
+
+/// A product's output `z` through the layer's activation where that runs as its own op
+/// ([`Activation::separate`]): `(y, kept)`, `kept` being what the gradient reads (the output
+/// `y`, or `z` for the activations whose derivative needs the input). Fused activations pass
+/// `z` through as both.
+fn activate_separately(z: Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+    match act.separate() {
+        None => Ok((z.clone(), z)),
+        Some(f) => {
+            let y = ops::activation_fn(&z, f)?;
+            let kept = if f.grad_from_output() { y.clone() } else { z };
+            Ok((y, kept))
+        }
+    }
+}
+
+/// What a layer's fused backward kernels take, `(dy, y, act)`: as given for a fused
+/// activation; for a separate one `dz = dy · act'` (from what [`activate_separately`] kept),
+/// with `dz` standing in for `y` (a linear gradient does not read it) and a linear activation.
+fn through_separate(
+    dy: &Tensor,
+    kept: &Tensor,
+    act: Activation,
+) -> Result<(Tensor, Tensor, Activation)> {
+    match act.separate() {
+        None => Ok((dy.clone(), kept.clone(), act)),
+        Some(f) => {
+            let dz = ops::activation_fn_backward(dy, kept, f, f.grad_from_output())?;
+            Ok((dz.clone(), dz, Activation::Linear))
+        }
+    }
+}
+// ----
+
+pub(super) fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize)> {
     match *input {
         [h, w, c] if h > 0 && w > 0 && c > 0 => Ok((h, w, c)),
         _ => Err(bad_input(
@@ -433,8 +468,9 @@ impl Layer for Conv2D {
         let [kernel, bias] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
-        let y = ops::conv2d(x, kernel, Some(bias), self.padding, self.activation.fused())?;
-        Ok((y.clone(), vec![x.clone(), y]))
+        let z = ops::conv2d(x, kernel, Some(bias), self.padding, self.activation.fused())?;
+        let (y, kept) = activate_separately(z, self.activation)?;
+        Ok((y, vec![x.clone(), kept]))
     }
 
     fn backward(
@@ -447,15 +483,16 @@ impl Layer for Conv2D {
         let [kernel] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
-        let [x, y] = saved::<2>("Conv2D", saved_tensors)?;
+        let [x, kept] = saved::<2>("Conv2D", saved_tensors)?;
+        let (dy, y, activation) = through_separate(dy, &kept, self.activation)?;
         if !need_dx {
             // A first layer: one op, which on the CPU never writes `dz` to memory.
-            let act = self.activation.fused();
+            let act = activation.fused();
             let (dk, db) =
-                ops::conv2d_backward_weights(&x, &y, dy, kernel.shape(), self.padding, act)?;
+                ops::conv2d_backward_weights(&x, &y, &dy, kernel.shape(), self.padding, act)?;
             return Ok((None, vec![dk, db]));
         }
-        let (dz, db) = activation_and_bias_grad(dy, &y, self.activation)?;
+        let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
         let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), self.padding)?;
         let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), self.padding)?;
         Ok((Some(dx), vec![dk, db]))
@@ -624,13 +661,15 @@ impl Layer for SeparableConv2D {
             // Separate kernels, keeping the depthwise output `d` for the backward pass: each is
             // its own dispatch anyway, and recomputing `d` there would cost one more.
             let d = ops::depthwise_conv2d(x, depthwise)?;
-            let y = ops::pointwise_conv2d(&d, pointwise, Some(bias), act)?;
-            Ok((y.clone(), vec![x.clone(), y, d]))
+            let z = ops::pointwise_conv2d(&d, pointwise, Some(bias), act)?;
+            let (y, kept) = activate_separately(z, self.activation)?;
+            Ok((y, vec![x.clone(), kept, d]))
         } else {
             // One fused op whose backward pass recomputes `d` in cache (see
             // `ops::separable_conv2d`): one activation fewer kept per layer.
-            let y = ops::separable_conv2d(x, depthwise, pointwise, Some(bias), act)?;
-            Ok((y.clone(), vec![x.clone(), y]))
+            let z = ops::separable_conv2d(x, depthwise, pointwise, Some(bias), act)?;
+            let (y, kept) = activate_separately(z, self.activation)?;
+            Ok((y, vec![x.clone(), kept]))
         }
     }
 
@@ -644,14 +683,21 @@ impl Layer for SeparableConv2D {
         let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
-        let act = self.activation.fused();
-        if let [x, y] = saved_tensors {
-            let g = ops::separable_conv2d_backward(x, depthwise, pointwise, y, dy, act, need_dx)?;
+        let kept = saved_tensors.get(1).ok_or_else(|| {
+            Error::Model(format!(
+                "SeparableConv2D.backward: expected 2 or 3 saved tensors from forward, got {}",
+                saved_tensors.len()
+            ))
+        })?;
+        let (dy, y, activation) = through_separate(dy, kept, self.activation)?;
+        let act = activation.fused();
+        if let [x, _] = saved_tensors {
+            let g = ops::separable_conv2d_backward(x, depthwise, pointwise, &y, &dy, act, need_dx)?;
             return Ok((g.dx, vec![g.depthwise, g.pointwise, g.bias]));
         }
-        let [x, y, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
+        let [x, _, d] = saved::<3>("SeparableConv2D", saved_tensors)?;
         // (The GPU path: separate kernels, `d` kept from the forward pass.)
-        let (dz, db) = activation_and_bias_grad(dy, &y, self.activation)?;
+        let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
         self.backward_from_dz((&x, &d, &dz), (depthwise, pointwise), db, need_dx)
     }
 
@@ -664,6 +710,10 @@ impl Layer for SeparableConv2D {
         dpooled: &Tensor,
         need_dx: bool,
     ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        if self.activation.separate().is_some() {
+            // The activation's own gradient op sits between the pool's and this layer's.
+            return Ok(None);
+        }
         let w = backward_weights("SeparableConv2D", &self.weights, dpooled.dtype())?;
         let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
@@ -1048,8 +1098,9 @@ impl Layer for Dense {
         let [kernel, bias] = &w[..] else {
             return Err(not_built("Dense"));
         };
-        let y = ops::dense(x, kernel, Some(bias), self.activation.fused())?;
-        Ok((y.clone(), vec![x.clone(), y]))
+        let z = ops::dense(x, kernel, Some(bias), self.activation.fused())?;
+        let (y, kept) = activate_separately(z, self.activation)?;
+        Ok((y, vec![x.clone(), kept]))
     }
 
     fn backward(
@@ -1062,9 +1113,9 @@ impl Layer for Dense {
         let [kernel] = &w[..] else {
             return Err(not_built("Dense"));
         };
-        let [x, y] = saved::<2>("Dense", saved_tensors)?;
-        let (dx, dk, db) =
-            ops::dense_backward(&x, kernel, &y, dy, self.activation.fused(), need_dx)?;
+        let [x, kept] = saved::<2>("Dense", saved_tensors)?;
+        let (dy, y, activation) = through_separate(dy, &kept, self.activation)?;
+        let (dx, dk, db) = ops::dense_backward(&x, kernel, &y, &dy, activation.fused(), need_dx)?;
         Ok((dx, vec![dk, db]))
     }
 }

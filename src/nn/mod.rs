@@ -37,6 +37,10 @@
 //!   distributed) weights than in TensorFlow.
 
 mod activation;
+// ---- activations and pooling layers ----
+mod activation_layers;
+mod pooling;
+// ----
 pub(crate) mod atomic;
 mod callbacks;
 mod checkpoint;
@@ -62,6 +66,10 @@ mod verbosity;
 mod weights;
 
 pub use activation::Activation;
+// ---- activations and pooling layers ----
+pub use activation_layers::{ActivationLayer, ReLU};
+pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling2D};
+// ----
 pub use callbacks::{BatchLogs, Callback, CsvLogger, FitContext, ModelCheckpoint};
 pub use checkpoint::BackupAndRestore;
 pub use history::{Evaluation, History};

@@ -16,6 +16,7 @@ use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
 };
+use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::tensor::{DType, Tensor};
 
 /// The CPU device's kernels.
@@ -510,6 +511,68 @@ impl NnKernels for HostKernels {
         let n = dy.len();
         let r = Inputs::lock(&[dy, mask]);
         cpu::dropout::dropout_grad(&r.f32(0)[..n], &r.f32(1)[..n], &mut write(dx).f32()[..n]);
+        Ok(())
+    }
+
+    // ---- activations and pooling layers ----
+    fn activation_fn(&self, x: &Tensor, y: &Tensor, act: ActivationFn) -> Result<()> {
+        cpu::activation::activation_fn_forward(Inputs::lock(&[x]).f32(0), write(y).f32(), act);
+        Ok(())
+    }
+
+    fn activation_fn_backward(
+        &self,
+        dy: &Tensor,
+        t: &Tensor,
+        dz: &Tensor,
+        act: ActivationFn,
+        from_output: bool,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[dy, t]);
+        cpu::activation::activation_fn_backward(
+            r.f32(0),
+            r.f32(1),
+            write(dz).f32(),
+            act,
+            from_output,
+        );
+        Ok(())
+    }
+
+    fn avg_pool2d(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
+        cpu::pooling::avg_pool2d(Inputs::lock(&[x]).f32(0), write(y).f32(), s);
+        Ok(())
+    }
+
+    fn avg_pool2d_backward(&self, dy: &Tensor, dx: &Tensor, s: &Pool2dShape) -> Result<()> {
+        cpu::pooling::avg_pool2d_backward(Inputs::lock(&[dy]).f32(0), write(dx).f32(), s);
+        Ok(())
+    }
+
+    fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
+        let r = Inputs::lock(&[x]);
+        if max {
+            cpu::pooling::global_max_pool(r.f32(0), write(y).f32(), s);
+        } else {
+            cpu::pooling::global_avg_pool(r.f32(0), write(y).f32(), s);
+        }
+        Ok(())
+    }
+
+    fn global_avg_pool_backward(&self, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()> {
+        cpu::pooling::global_avg_pool_backward(Inputs::lock(&[dy]).f32(0), write(dx).f32(), s);
+        Ok(())
+    }
+
+    fn global_max_pool_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &PoolShape,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[x, dy]);
+        cpu::pooling::global_max_pool_backward(r.f32(0), r.f32(1), write(dx).f32(), s);
         Ok(())
     }
 }

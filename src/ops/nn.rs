@@ -6,6 +6,7 @@ use crate::ops::gpu::Kernel;
 use crate::ops::spec::{
     Activation, AdamParams, Conv2dShape, DepthwiseShape, Padding, PoolShape, SgdParams,
 };
+use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::shape;
@@ -149,6 +150,36 @@ pub(crate) trait NnKernels {
     ) -> Result<()>;
     /// `dx = dy * mask`.
     fn dropout_grad(&self, dy: &Tensor, mask: &Tensor, dx: &Tensor) -> Result<()>;
+
+    // ---- activations and pooling layers ----
+    /// `y = act(x)` for an activation with its own kernel.
+    fn activation_fn(&self, x: &Tensor, y: &Tensor, act: ActivationFn) -> Result<()>;
+    /// `dz = dy * act'(.)` from `t`, the activation's input, or its output when `from_output`
+    /// (only where [`ActivationFn::grad_from_output`] holds).
+    fn activation_fn_backward(
+        &self,
+        dy: &Tensor,
+        t: &Tensor,
+        dz: &Tensor,
+        act: ActivationFn,
+        from_output: bool,
+    ) -> Result<()>;
+    /// Average pooling over the windows of `s`.
+    fn avg_pool2d(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()>;
+    /// Its gradient w.r.t. the input.
+    fn avg_pool2d_backward(&self, dy: &Tensor, dx: &Tensor, s: &Pool2dShape) -> Result<()>;
+    /// `y[n, c]`: the mean (or, `max`, the maximum) over each image's pixels (`s.h`×`s.w`).
+    fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()>;
+    /// The global average's gradient: `dy[n, c] / (h w)` at every pixel.
+    fn global_avg_pool_backward(&self, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()>;
+    /// The global maximum's gradient: `dy` shared by the pixels equal to the maximum.
+    fn global_max_pool_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &PoolShape,
+    ) -> Result<()>;
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
@@ -241,6 +272,12 @@ pub(crate) struct DenseGrads<'a> {
     pub(crate) n: usize,
     pub(crate) act: Activation,
 }
+
+// ---- activations and pooling layers ----
+mod activations;
+mod pooling;
+pub use activations::*;
+pub use pooling::*;
 
 // ---------------------------------------------------------------------------------------------
 // Front-ends: check dtypes and shapes, place the op, allocate the output on its device (always

@@ -11,6 +11,7 @@ use crate::ops::spec::{
     Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams, SELU_ALPHA,
     SELU_SCALE,
 };
+use crate::ops::spec::{ActivationFn, Pool2dShape};
 
 /// Widens an f32 slice to f64.
 pub fn to_f64(x: &[f32]) -> Vec<f64> {
@@ -663,6 +664,285 @@ pub fn dropout(x: &[f64], m: &crate::ops::spec::DropoutMask) -> Vec<f64> {
         .map(|(i, &v)| {
             if m.keeps(i as u32) {
                 v * f64::from(m.scale)
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+// ---- activations and pooling layers ----
+
+/// `erfc(z)` in f64 to ~1e-15 relative: the Taylor series of `erf` below 2, the continued
+/// fraction `e^{-z²} / (√π (z + ½/(z + 1/(z + 3/2/(z + ...)))))` above.
+pub fn erfc(z: f64) -> f64 {
+    if z < 0.0 {
+        return 2.0 - erfc(-z);
+    }
+    if z < 2.0 {
+        // erf(z) = 2/√π Σ (-1)^k z^(2k+1) / (k! (2k+1)); terms stay below e^4.
+        let (mut term, mut sum, z2) = (z, z, z * z);
+        for k in 1..200 {
+            term *= -z2 / k as f64;
+            let add = term / (2 * k + 1) as f64;
+            sum += add;
+            if add.abs() < 1e-18 * sum.abs() {
+                break;
+            }
+        }
+        return 1.0 - 2.0 / std::f64::consts::PI.sqrt() * sum;
+    }
+    let mut f = z;
+    for k in (1..=120).rev() {
+        f = z + (k as f64 / 2.0) / f;
+    }
+    (-z * z).exp() / (std::f64::consts::PI.sqrt() * f)
+}
+
+/// The standard normal distribution function `Φ(x) = erfc(-x / √2) / 2`.
+pub fn normal_cdf(x: f64) -> f64 {
+    0.5 * erfc(-x / std::f64::consts::SQRT_2)
+}
+
+fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Keras' `gelu(approximate=True)` argument: `√(2/π) (x + 0.044715 x³)`.
+fn gelu_tanh_arg(x: f64) -> f64 {
+    0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)
+}
+
+/// `act(x)` for one value, by each activation's definition (see [`ActivationFn`]).
+pub fn act_fn(x: f64, act: ActivationFn) -> f64 {
+    match act {
+        ActivationFn::Linear => x,
+        ActivationFn::Relu {
+            negative_slope,
+            max_value,
+            threshold,
+        } => {
+            let t = f64::from(threshold);
+            let pos = if t != 0.0 {
+                if x > t {
+                    x
+                } else {
+                    0.0
+                }
+            } else {
+                x.max(0.0)
+            };
+            let pos = max_value.map_or(pos, |m| pos.min(f64::from(m)));
+            pos - f64::from(negative_slope) * (t - x).max(0.0)
+        }
+        ActivationFn::Elu => {
+            if x > 0.0 {
+                x
+            } else {
+                x.exp_m1()
+            }
+        }
+        ActivationFn::Selu => activate(x, Activation::Selu),
+        ActivationFn::Gelu { approximate: false } => x * normal_cdf(x),
+        // 0.5 x (1 + tanh(u)) = x σ(2u).
+        ActivationFn::Gelu { approximate: true } => x * sigmoid(2.0 * gelu_tanh_arg(x)),
+        ActivationFn::Sigmoid => sigmoid(x),
+        ActivationFn::Tanh => x.tanh(),
+        ActivationFn::Swish => x * sigmoid(x),
+        ActivationFn::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
+    }
+}
+
+/// `act'(x)`, TensorFlow's value at the kinks (see [`ActivationFn`]).
+pub fn act_fn_grad(x: f64, act: ActivationFn) -> f64 {
+    let step = |b: bool| if b { 1.0 } else { 0.0 };
+    match act {
+        ActivationFn::Linear => 1.0,
+        ActivationFn::Relu {
+            negative_slope,
+            max_value,
+            threshold,
+        } => {
+            let (ns, t) = (f64::from(negative_slope), f64::from(threshold));
+            if ns != 0.0 && max_value.is_none() && t == 0.0 {
+                // tf.nn.leaky_relu.
+                return if x > 0.0 { 1.0 } else { ns };
+            }
+            let pos = match max_value {
+                // tf.nn.relu6.
+                Some(m) if t == 0.0 && m == 6.0 => step(x > 0.0 && x < 6.0),
+                // tf.clip_by_value passes its bounds.
+                Some(m) => step(x > t && x <= f64::from(m)),
+                None => step(x > t),
+            };
+            pos + ns * step(x < t)
+        }
+        ActivationFn::Elu => {
+            if x > 0.0 {
+                1.0
+            } else {
+                x.exp()
+            }
+        }
+        // SeluGrad's value at 0: the scale.
+        ActivationFn::Selu => {
+            if x >= 0.0 {
+                SELU_SCALE
+            } else {
+                SELU_SCALE * SELU_ALPHA * x.exp()
+            }
+        }
+        ActivationFn::Gelu { approximate: false } => {
+            normal_cdf(x) + x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
+        }
+        ActivationFn::Gelu { approximate: true } => {
+            let u2 = 2.0 * gelu_tanh_arg(x);
+            let du = 0.797_884_560_802_865_4 * (1.0 + 3.0 * 0.044715 * x * x);
+            sigmoid(u2) + x * 2.0 * sigmoid(u2) * sigmoid(-u2) * du
+        }
+        ActivationFn::Sigmoid => sigmoid(x) * sigmoid(-x),
+        ActivationFn::Tanh => {
+            let e = (-2.0 * x.abs()).exp();
+            4.0 * e / ((1.0 + e) * (1.0 + e))
+        }
+        ActivationFn::Swish => sigmoid(x) * (1.0 + x * sigmoid(-x)),
+        ActivationFn::Softplus => sigmoid(x),
+    }
+}
+
+/// `act(x)` element-wise.
+pub fn activation_fn(x: &[f64], act: ActivationFn) -> Vec<f64> {
+    x.iter().map(|&v| act_fn(v, act)).collect()
+}
+
+/// `dy * act'(x)` from the activation's input `x`.
+pub fn activation_fn_backward(dy: &[f64], x: &[f64], act: ActivationFn) -> Vec<f64> {
+    dy.iter()
+        .zip(x)
+        .map(|(&d, &v)| d * act_fn_grad(v, act))
+        .collect()
+}
+
+/// The input rows and columns of output `(i, j)`'s window, clipped to the image: `(rows,
+/// cols)` as half-open ranges.
+pub fn pool2d_window(
+    s: &Pool2dShape,
+    i: usize,
+    j: usize,
+) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    let (pt, pl) = s.pad_top_left();
+    let range = |o: usize, stride: usize, k: usize, pad: usize, size: usize| {
+        let start = (o * stride) as isize - pad as isize;
+        let end = (start + k as isize).min(size as isize);
+        (start.max(0) as usize)..(end.max(0) as usize)
+    };
+    (
+        range(i, s.strides.0, s.pool.0, pt, s.h),
+        range(j, s.strides.1, s.pool.1, pl, s.w),
+    )
+}
+
+/// `tf.nn.avg_pool2d`: each output the mean of its window's elements inside the image
+/// ('same' windows that overhang divide by the count of real elements).
+pub fn avg_pool2d(x: &[f64], s: &Pool2dShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let mut y = vec![0.0; s.output_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                let (rows, cols) = pool2d_window(s, i, j);
+                let count = (rows.len() * cols.len()) as f64;
+                for c in 0..s.c {
+                    let mut sum = 0.0;
+                    for r in rows.clone() {
+                        for q in cols.clone() {
+                            sum += x[((n * s.h + r) * s.w + q) * s.c + c];
+                        }
+                    }
+                    y[((n * oh + i) * ow + j) * s.c + c] = sum / count;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Gradient of [`avg_pool2d`]: each `dy` spread evenly over its window's real elements.
+pub fn avg_pool2d_backward(dy: &[f64], s: &Pool2dShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let mut dx = vec![0.0; s.input_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                let (rows, cols) = pool2d_window(s, i, j);
+                let count = (rows.len() * cols.len()) as f64;
+                for c in 0..s.c {
+                    let g = dy[((n * oh + i) * ow + j) * s.c + c] / count;
+                    for r in rows.clone() {
+                        for q in cols.clone() {
+                            dx[((n * s.h + r) * s.w + q) * s.c + c] += g;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// `[n, c]` means over the `hw` pixels of `x` `[n, hw, c]`.
+pub fn global_avg_pool(x: &[f64], n: usize, hw: usize, c: usize) -> Vec<f64> {
+    let mut y = vec![0.0; n * c];
+    for b in 0..n {
+        for p in 0..hw {
+            for k in 0..c {
+                y[b * c + k] += x[(b * hw + p) * c + k] / hw as f64;
+            }
+        }
+    }
+    y
+}
+
+/// Gradient of [`global_avg_pool`]: `dy[b, k] / hw` at every pixel.
+pub fn global_avg_pool_backward(dy: &[f64], n: usize, hw: usize, c: usize) -> Vec<f64> {
+    (0..n * hw * c)
+        .map(|i| dy[(i / (hw * c)) * c + i % c] / hw as f64)
+        .collect()
+}
+
+/// `[n, c]` maxima over the `hw` pixels of `x` `[n, hw, c]`.
+pub fn global_max_pool(x: &[f64], n: usize, hw: usize, c: usize) -> Vec<f64> {
+    let mut y = vec![f64::NEG_INFINITY; n * c];
+    for b in 0..n {
+        for p in 0..hw {
+            for k in 0..c {
+                y[b * c + k] = y[b * c + k].max(x[(b * hw + p) * c + k]);
+            }
+        }
+    }
+    y
+}
+
+/// Gradient of [`global_max_pool`] as TensorFlow's `reduce_max`: `dy` shared equally by the
+/// pixels that equal the maximum.
+pub fn global_max_pool_backward(x: &[f64], dy: &[f64], n: usize, hw: usize, c: usize) -> Vec<f64> {
+    let y = global_max_pool(x, n, hw, c);
+    let mut ties = vec![0usize; n * c];
+    for (i, &v) in x.iter().enumerate() {
+        let o = (i / (hw * c)) * c + i % c;
+        ties[o] += usize::from(v == y[o]);
+    }
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let o = (i / (hw * c)) * c + i % c;
+            if v == y[o] {
+                dy[o] / ties[o] as f64
             } else {
                 0.0
             }

@@ -8,8 +8,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod activations;
 mod layers;
 mod normalization;
+mod pooling;
 
 use anygpu::nn::{Activation, Layer};
 use anygpu::ops::spec::Padding;

@@ -109,6 +109,9 @@ pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod separable;
 pub(crate) mod softmax;
+// ---- activations and pooling layers ----
+pub(crate) mod activation;
+pub(crate) mod pooling;
 
 pub(crate) use conv::{
     conv2d_backward_input, conv2d_backward_kernel, conv2d_backward_weights, conv2d_forward,

@@ -6,6 +6,10 @@
 //! Everything is read-write because two tensors of one dispatch may be ranges of one arena
 //! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
 
+// ---- activations and pooling layers ----
+pub(crate) mod activation;
+pub(crate) mod pooling;
+// ----
 pub(crate) mod half;
 pub(crate) mod kernels;
 pub(crate) mod tune;
@@ -50,11 +54,16 @@ pub(crate) enum ShaderFamily {
     Batchnorm,
     /// Dropout's counter-based mask.
     Dropout,
+    // ---- activations and pooling layers ----
+    /// The activations with their own kernel, forward and backward.
+    Activation,
+    /// Average pooling (any window, strides, padding) and the global poolings.
+    Pooling,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 12] = [
+    pub(crate) const ALL: [ShaderFamily; 14] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -67,6 +76,8 @@ impl ShaderFamily {
         ShaderFamily::Cast,
         ShaderFamily::Batchnorm,
         ShaderFamily::Dropout,
+        ShaderFamily::Activation,
+        ShaderFamily::Pooling,
     ];
 
     /// The file under `shaders/`.
@@ -84,6 +95,8 @@ impl ShaderFamily {
             ShaderFamily::Cast => "cast.wgsl",
             ShaderFamily::Batchnorm => "batchnorm.wgsl",
             ShaderFamily::Dropout => "dropout.wgsl",
+            ShaderFamily::Activation => "activation.wgsl",
+            ShaderFamily::Pooling => "pooling.wgsl",
         }
     }
 
@@ -149,6 +162,8 @@ impl ShaderFamily {
             ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
             ShaderFamily::Batchnorm => include_str!("../../../shaders/batchnorm.wgsl"),
             ShaderFamily::Dropout => include_str!("../../../shaders/dropout.wgsl"),
+            ShaderFamily::Activation => include_str!("../../../shaders/activation.wgsl"),
+            ShaderFamily::Pooling => include_str!("../../../shaders/pooling.wgsl"),
         }
     }
 }

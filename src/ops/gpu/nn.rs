@@ -34,6 +34,7 @@ use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
 use crate::ops::nn::{pointwise_shape, unfused_maxpool_activation_bias_grad};
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
+use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
@@ -1484,6 +1485,48 @@ impl NnKernels for GpuKernels<'_> {
             ..Default::default()
         };
         self.launch(ADAM, &params, &[w, g, m, v], grid_1d(n, 256))
+    }
+
+    // ---- activations and pooling layers ----
+    fn activation_fn(&self, x: &Tensor, y: &Tensor, act: ActivationFn) -> Result<()> {
+        self.activation_fn_impl(x, y, act)
+    }
+
+    fn activation_fn_backward(
+        &self,
+        dy: &Tensor,
+        t: &Tensor,
+        dz: &Tensor,
+        act: ActivationFn,
+        from_output: bool,
+    ) -> Result<()> {
+        self.activation_fn_backward_impl(dy, t, dz, act, from_output)
+    }
+
+    fn avg_pool2d(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
+        self.avg_pool2d_impl(x, y, s)
+    }
+
+    fn avg_pool2d_backward(&self, dy: &Tensor, dx: &Tensor, s: &Pool2dShape) -> Result<()> {
+        self.avg_pool2d_backward_impl(dy, dx, s)
+    }
+
+    fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
+        self.global_pool_impl(max, x, y, s)
+    }
+
+    fn global_avg_pool_backward(&self, dy: &Tensor, dx: &Tensor, s: &PoolShape) -> Result<()> {
+        self.global_avg_pool_backward_impl(dy, dx, s)
+    }
+
+    fn global_max_pool_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &PoolShape,
+    ) -> Result<()> {
+        self.global_max_pool_backward_impl(x, dy, dx, s)
     }
 }
 
