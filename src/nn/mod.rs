@@ -61,6 +61,7 @@ mod verbosity;
 mod weights;
 
 pub use activation::Activation;
+pub use atomic::write_atomically;
 pub use callbacks::{BatchLogs, Callback, CsvLogger, FitContext, ModelCheckpoint};
 pub use checkpoint::BackupAndRestore;
 pub use history::{Evaluation, History};
