@@ -166,10 +166,10 @@ impl Args {
                 .into(),
             "adam" => Adam::new(lr.unwrap_or(1e-3)).into(),
             other => {
-                return Err(
-                    format!("--optimizer {other}: expected sgd, momentum, nesterov or adam")
-                        .into(),
+                return Err(format!(
+                    "--optimizer {other}: expected sgd, momentum, nesterov or adam"
                 )
+                .into())
             }
         })
     }
@@ -218,7 +218,9 @@ mod tests {
     fn conflicting_flags_are_refused_before_anything_starts() {
         let args = |flags: &[&str]| Args::parse_from([&["fashion_mnist"], flags].concat());
         assert!(args(&[]).check().is_ok());
-        assert!(args(&["--strategy", "mirrored", "--split"]).check().is_err());
+        assert!(args(&["--strategy", "mirrored", "--split"])
+            .check()
+            .is_err());
         assert!(args(&["--strategy", "multi-worker", "--virtual", "1,1"])
             .check()
             .is_err());

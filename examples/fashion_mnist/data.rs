@@ -46,8 +46,6 @@ pub fn load(args: &Args, workers: Option<&Workers>) -> Result<Data, BoxError> {
             .batch(batch, false),
         test: Dataset::from_tensor_slices(x_test, &image, data.test().labels_i32())?
             .batch(batch, false),
-        steps_per_epoch: args
-            .steps_per_epoch
-            .unwrap_or((train.len() / batch).max(1)),
+        steps_per_epoch: args.steps_per_epoch.unwrap_or((train.len() / batch).max(1)),
     })
 }

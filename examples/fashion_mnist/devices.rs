@@ -96,7 +96,10 @@ pub fn set_memory_growth(args: &Args) -> Result<(), BoxError> {
     if !args.memory_growth {
         return Ok(());
     }
-    for (i, gpu) in config::get_visible_devices(DeviceKind::Gpu).iter().enumerate() {
+    for (i, gpu) in config::get_visible_devices(DeviceKind::Gpu)
+        .iter()
+        .enumerate()
+    {
         if !(i == 0 && args.r#virtual.is_some()) {
             config::set_memory_growth(gpu, true)?;
         }

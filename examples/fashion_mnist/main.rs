@@ -166,7 +166,10 @@ fn mirrored(args: &Args, optimizer: Optimizer) -> Result<Sequential, BoxError> {
     let sizes = strategy.replica_batch_sizes(args.batch_size);
     for (d, n) in strategy.devices().iter().zip(&sizes) {
         let adapter = devices::adapter(d);
-        println!("  replica {} on {adapter}: {n} examples per batch", d.name());
+        println!(
+            "  replica {} on {adapter}: {n} examples per batch",
+            d.name()
+        );
     }
     Ok(strategy.scope(|| build(args.seed, &[], optimizer))??)
 }

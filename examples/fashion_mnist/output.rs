@@ -80,7 +80,10 @@ impl Output {
             return;
         }
         if let (true, Some(backup)) = (self.resume, &self.backup) {
-            println!("resuming the run checkpointed in {}", checkpoint_dir(backup).display());
+            println!(
+                "resuming the run checkpointed in {}",
+                checkpoint_dir(backup).display()
+            );
         }
         println!(
             "TensorBoard logs in {0} (view: tensorboard --logdir {0})",
@@ -123,9 +126,12 @@ impl Output {
             ),
             Err(e) => eprintln!("warning: the finished epochs were not saved: {e}"),
         }
-        if let Some(backup) = &self.backup {
+        if let Some(backup) = self.backup.as_ref().filter(|b| b.has_checkpoint()) {
             let dir = checkpoint_dir(backup);
-            eprintln!("(continue with --resume --checkpoint-dir {})", dir.display());
+            eprintln!(
+                "(continue with --resume --checkpoint-dir {})",
+                dir.display()
+            );
         }
         error
     }
@@ -181,7 +187,10 @@ impl Output {
 
 /// Mean images per second over the epochs.
 pub fn mean_ips(history: &History) -> f64 {
-    history.images_per_second.iter().sum::<f64>() / history.epochs().max(1) as f64
+    match history.epochs() {
+        0 => 0.0,
+        n => history.images_per_second.iter().sum::<f64>() / n as f64,
+    }
 }
 
 #[derive(Serialize)]
@@ -255,7 +264,10 @@ impl HistoryJson {
             test_accuracy: test.and_then(|t| t.accuracy),
             images_per_second: mean_ips(history),
             devices: devices.iter().map(|d| d.name().to_string()).collect(),
-            adapters: devices.iter().map(|d| d.adapter_name().to_string()).collect(),
+            adapters: devices
+                .iter()
+                .map(|d| d.adapter_name().to_string())
+                .collect(),
             layer_devices: model
                 .layer_infos()
                 .into_iter()
@@ -365,7 +377,8 @@ fn prepare_checkpoint(dir: &Path, args: &Args) -> Result<BackupAndRestore, BoxEr
 /// The `--checkpoint-dir` a [`BackupAndRestore`] writes into.
 fn checkpoint_dir(backup: &BackupAndRestore) -> PathBuf {
     let file = backup.checkpoint_path();
-    file.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    file.parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
 /// `./runs/YYYYMMDD-HHMMSS` (UTC).
@@ -391,4 +404,110 @@ fn default_out_dir() -> PathBuf {
         rem % 3600 / 60,
         rem % 60
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(out: &Path, flags: &[&str]) -> Args {
+        let out = out.to_string_lossy().into_owned();
+        Args::parse_from([&["fashion_mnist", "--out", &out], flags].concat())
+    }
+
+    /// A fresh folder of this test's own; `out` inside it does not exist yet.
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("fashion-mnist-out-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The error every worker of a job returns when one of them failed a step.
+    fn agreed_error() -> anygpu::Error {
+        anygpu::Error::Distributed {
+            rank: 1,
+            workers: 2,
+            request: "training step".into(),
+            cause: "out of memory".into(),
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_non_empty_out_needs_overwrite_or_resume() {
+        let dir = scratch("non-empty");
+        std::fs::write(dir.join("model.safetensors"), b"an earlier run").unwrap();
+        let refused = Output::prepare(&args(&dir, &[]), true).err().unwrap();
+        assert!(refused.to_string().contains("--overwrite"), "{refused}");
+        assert!(Output::prepare(&args(&dir, &["--overwrite"]), true).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn workers_other_than_the_chief_create_and_write_nothing() {
+        let dir = scratch("worker");
+        let out_dir = dir.join("out");
+        let out = Output::prepare(&args(&out_dir, &[]), false).unwrap();
+        let model = Sequential::with_seed(0);
+        let error = out.fit_failed(&model, 10, agreed_error());
+        assert!(
+            matches!(error, anygpu::Error::Distributed { rank: 1, .. }),
+            "{error}"
+        );
+        let test = Evaluation {
+            loss: 0.5,
+            accuracy: Some(0.8),
+            examples: 10,
+        };
+        out.save(&model, &test, 10).unwrap();
+        assert!(
+            !out_dir.exists(),
+            "a worker other than the chief created --out"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failed_fit_leaves_the_finished_epochs_in_a_whole_history_json() {
+        let dir = scratch("partial");
+        let out = Output::prepare(&args(&dir, &[]), true).unwrap();
+        let model = Sequential::with_seed(0);
+        let error = out.fit_failed(&model, 10, agreed_error());
+        assert!(
+            matches!(error, anygpu::Error::Distributed { .. }),
+            "{error}"
+        );
+        // Only the history: no temporary file is left beside it.
+        assert_eq!(names(&dir), ["history.json"]);
+        let text = std::fs::read_to_string(dir.join("history.json")).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["steps_per_epoch"], 10);
+        assert!(json["test_loss"].is_null());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_history_that_cannot_be_written_does_not_replace_the_training_error() {
+        let dir = scratch("unwritable");
+        let out = Output::prepare(&args(&dir, &[]), true).unwrap();
+        // history.json cannot be written where a directory stands.
+        std::fs::create_dir(dir.join("history.json")).unwrap();
+        let error = out.fit_failed(&Sequential::with_seed(0), 10, agreed_error());
+        assert!(
+            matches!(error, anygpu::Error::Distributed { .. }),
+            "{error}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

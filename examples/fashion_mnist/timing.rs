@@ -65,14 +65,16 @@ pub fn time_steps(
     );
     if n > 0 {
         let reduce_before = multi_worker.map(workers::all_reduce_ms);
-        for d in &devices {
+        // Only GPUs keep memory stats (TF's rule: CPU:0 refuses the reset).
+        let gpus: Vec<&LogicalDevice> = devices
+            .iter()
+            .filter(|d| d.device_type() == DeviceKind::Gpu)
+            .collect();
+        for d in &gpus {
             config::reset_memory_stats(d.name())?;
         }
         let steps = (0..n).map(|_| step(model)).collect::<Result<Vec<_>, _>>()?;
-        for d in devices
-            .iter()
-            .filter(|d| d.device_type() == DeviceKind::Gpu)
-        {
+        for d in gpus {
             let peak = config::get_memory_info(d.name())?.peak;
             println!(
                 "peak memory of a train step on {}: {} ({} bytes)",
@@ -198,4 +200,3 @@ pub fn print_memory(gpus: &[LogicalDevice]) {
         }
     }
 }
-
