@@ -174,12 +174,12 @@ impl Args {
         })
     }
 
-    /// `--pipeline M --schedule S` as the library's [`Pipeline`].
-    pub fn pipeline(&self) -> Option<Pipeline> {
-        self.pipeline.map(|m| match self.schedule {
+    /// `--schedule` over `m` micro-batches, as the library's [`Pipeline`].
+    pub fn pipeline_schedule(&self, m: usize) -> Pipeline {
+        match self.schedule {
             PipelineSchedule::Gpipe => Pipeline::gpipe(m),
             PipelineSchedule::OneFOneB => Pipeline::one_f_one_b(m),
-        })
+        }
     }
 }
 

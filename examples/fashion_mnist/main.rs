@@ -9,11 +9,8 @@
 //! cargo run --release --example fashion_mnist -- --epochs 1 --steps-per-epoch 5   # CI
 //! ```
 //!
-//! README.md beside this file lists the flags, with the output of a run. This file reads like
-//! the guide; the files beside it hold the rest: the flags (`args.rs`), what they ask of
-//! `tf.config` (`devices.rs`), the data (`data.rs`), the output folder (`output.rs`, with
-//! Keras' BackupAndRestore, CSVLogger and TensorBoard callbacks), the learning curves
-//! (`plot.rs`), `--time-steps` and `--profile` (`timing.rs`), and MPI (`distributed.rs`).
+//! README.md beside this file lists the flags, the output of a run, and the files beside this
+//! one, which hold what the guide leaves out (flags, output folders, plotting, timing, MPI).
 
 mod args;
 mod data;
@@ -97,10 +94,8 @@ fn run(args: Args) -> Result<(), BoxError> {
         // What compile made of it (wrapped in loss scaling under mixed_float16).
         println!("optimizer: {}", model.optimizer().unwrap_or(&optimizer));
     }
-    if let Some(pipeline) = args.pipeline() {
-        model.set_pipeline(pipeline)?;
-        let m = args.pipeline.unwrap_or_default();
-        println!("pipeline: {:?}, {m} micro-batches per batch", args.schedule);
+    if let Some(micro_batches) = args.pipeline {
+        pipeline(&mut model, micro_batches, &args)?;
     }
     if args.log_placement {
         log_placement_of_one_step(&mut model, &data.train)?;
@@ -108,10 +103,7 @@ fn run(args: Args) -> Result<(), BoxError> {
 
     // --time-steps N, --profile DIR: a few timed steps instead of training.
     let Some(out) = out.as_mut() else {
-        let n = args.time_steps.unwrap_or(0);
-        let profile = args.profile.as_deref();
-        let batch = args.batch_size;
-        return timing::time_steps(&mut model, &data.train, n, batch, profile, workers.as_ref());
+        return timing::time_steps(&mut model, &data.train, &args, workers.as_ref());
     };
 
     // 4. Train, with Keras' callbacks: BackupAndRestore, CSVLogger, TensorBoard.
@@ -165,11 +157,8 @@ fn mirrored(args: &Args, optimizer: Optimizer) -> Result<Sequential, BoxError> {
     println!("Number of devices: {}", strategy.num_replicas_in_sync());
     let sizes = strategy.replica_batch_sizes(args.batch_size);
     for (d, n) in strategy.devices().iter().zip(&sizes) {
-        let adapter = devices::adapter(d);
-        println!(
-            "  replica {} on {adapter}: {n} examples per batch",
-            d.name()
-        );
+        let (name, adapter) = (d.name(), devices::adapter(d));
+        println!("  replica {name} on {adapter}: {n} examples per batch");
     }
     Ok(strategy.scope(|| build(args.seed, &[], optimizer))??)
 }
@@ -183,6 +172,15 @@ fn multi_worker(
     optimizer: Optimizer,
 ) -> Result<Sequential, BoxError> {
     Ok(workers.scope(|| build(args.seed, devices, optimizer))??)
+}
+
+/// `--pipeline M`: each batch flows through the `--split` model's stages (one thread per
+/// device) in `M` micro-batches, in `--schedule`'s order.
+fn pipeline(model: &mut Sequential, micro_batches: usize, args: &Args) -> Result<(), BoxError> {
+    model.set_pipeline(args.pipeline_schedule(micro_batches))?;
+    let schedule = args.schedule;
+    println!("pipeline: {schedule:?}, {micro_batches} micro-batches per batch");
+    Ok(())
 }
 
 /// `tf.debugging.set_log_device_placement(True)` for one forward/backward pass (no update),

@@ -2,13 +2,13 @@
 //! warm-up instead of `fit`; and the reports the end of a run prints (pipeline stages, the
 //! autotuner's picks, memory).
 
-use std::path::Path;
 use std::time::Instant;
 
 use anygpu::data::Dataset;
 use anygpu::nn::Sequential;
 use anygpu::{config, DeviceKind, LogicalDevice, StreamStats, Tensor};
 
+use crate::args::Args;
 use crate::devices::adapter;
 use crate::distributed::{self as workers, Workers};
 use crate::BoxError;
@@ -16,16 +16,16 @@ use crate::BoxError;
 /// Training steps the profiler records (`--profile`).
 const PROFILED_STEPS: usize = 5;
 
-/// Times `n` full training steps (forward, backward, update, synchronized) after 3 warm-up
-/// steps, and prints the median.
+/// Times `--time-steps` full training steps (forward, backward, update, synchronized) after
+/// 3 warm-up steps and prints the median; then `--profile` records a few more.
 pub fn time_steps(
     model: &mut Sequential,
     train: &Dataset,
-    n: usize,
-    batch: usize,
-    profile: Option<&Path>,
+    args: &Args,
     multi_worker: Option<&Workers>,
 ) -> Result<(), BoxError> {
+    let (n, batch) = (args.time_steps.unwrap_or(0), args.batch_size);
+    let profile = args.profile.as_deref();
     let devices = model.devices();
     // A mirrored model takes each batch from the host and splits it; elsewhere the batch goes
     // to the first layer's device and the labels to the last's.
