@@ -129,13 +129,33 @@ fn unwritten_for(entry: &fs::DirEntry, age: Duration) -> bool {
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, `fsync`ed, then
 /// renamed over `path` (and, on Unix, the directory `fsync`ed so the rename itself survives a
-/// crash). Stale temporary files of earlier, killed saves to `path` are removed first (see
-/// [`remove_stale_temps`]).
+/// crash). [`Sequential::save_weights`](crate::nn::Sequential::save_weights), the checkpoints
+/// and [`CsvLogger`](crate::nn::CsvLogger) save through it; a program's own result files
+/// (a run's summary, a chart) can too, so that a run killed or out of disk space never leaves
+/// a torn file: readers see the previous file or the new one.
+///
+/// Temporary files that earlier, killed saves to `path` left behind are removed first (those
+/// of processes that have ended, unwritten for an hour).
 ///
 /// `Ok` means `path` now holds `bytes`. On error the temporary file is removed and `path` is
 /// untouched. A failed `fsync` of the directory after the rename is not an error, since the file
 /// was replaced; it is logged as a warning, because the rename may not survive a power loss.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("anygpu-doc-atomic-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("history.json");
+/// anygpu::nn::write_atomically(&path, br#"{"loss": [0.5]}"#)?;
+/// anygpu::nn::write_atomically(&path, br#"{"loss": [0.5, 0.4]}"#)?;
+/// assert_eq!(std::fs::read(&path)?, br#"{"loss": [0.5, 0.4]}"#);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`Error::Io`] naming the file that could not be written or renamed (a missing directory,
+/// no permission, a full disk).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomically_with(path, bytes, sync_dir)
 }
 

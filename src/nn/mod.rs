@@ -66,10 +66,8 @@ mod verbosity;
 mod weights;
 
 pub use activation::Activation;
-// ---- activations and pooling layers ----
 pub use activation_layers::{ActivationLayer, ReLU};
-pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling2D};
-// ----
+pub use atomic::write_atomically;
 pub use callbacks::{BatchLogs, Callback, CsvLogger, FitContext, ModelCheckpoint};
 pub use checkpoint::BackupAndRestore;
 pub use history::{Evaluation, History};
@@ -79,6 +77,7 @@ pub use metrics::Metric;
 pub use normalization::{BatchNormalization, Dropout};
 pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
 pub use pipeline::{Pipeline, Schedule, StageStats};
+pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling2D};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;
 pub use summary::LayerInfo;
