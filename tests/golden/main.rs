@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod convolutions;
 mod layers;
 
 use anygpu::nn::{Activation, Layer};

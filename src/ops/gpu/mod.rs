@@ -46,11 +46,13 @@ pub(crate) enum ShaderFamily {
     Optim,
     /// Casts between float32 and float16 (adapters with f16 only).
     Cast,
+    /// Strided, dilated and grouped 2-D convolutions and their gradients.
+    Conv2dGeneral,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 10] = [
+    pub(crate) const ALL: [ShaderFamily; 11] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -61,6 +63,7 @@ impl ShaderFamily {
         ShaderFamily::Softmax,
         ShaderFamily::Optim,
         ShaderFamily::Cast,
+        ShaderFamily::Conv2dGeneral,
     ];
 
     /// The file under `shaders/`.
@@ -76,6 +79,7 @@ impl ShaderFamily {
             ShaderFamily::Softmax => "softmax.wgsl",
             ShaderFamily::Optim => "optim.wgsl",
             ShaderFamily::Cast => "cast.wgsl",
+            ShaderFamily::Conv2dGeneral => "conv2d_general.wgsl",
         }
     }
 
@@ -98,6 +102,7 @@ impl ShaderFamily {
             ShaderFamily::ReduceSubgroup => &["out4"],
             ShaderFamily::Conv2d | ShaderFamily::Depthwise => &["dk", "dk4"],
             ShaderFamily::Pool => &["sums4"],
+            ShaderFamily::Conv2dGeneral => &["dk"],
             _ => &[],
         }
     }
@@ -124,6 +129,7 @@ impl ShaderFamily {
             ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
             ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
             ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
+            ShaderFamily::Conv2dGeneral => include_str!("../../../shaders/conv2d_general.wgsl"),
         }
     }
 }
