@@ -685,6 +685,15 @@ pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
 /// # Errors
 /// Non-f32 tensors; shapes that do not fit together.
 pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
+    if kernel.shape().get(3).is_some_and(|&m| m != 1) {
+        return Err(mismatch(
+            DEPTHWISE.name,
+            x.shape(),
+            kernel.shape(),
+            ": the kernel must be [kh, kw, c, 1] (depth multiplier 1; depthwise_conv2d_with \
+             takes others)",
+        ));
+    }
     depthwise_conv2d_with(x, kernel, None, Padding::Same, Activation::Linear)
 }
 
