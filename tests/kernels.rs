@@ -224,6 +224,8 @@ fn check_conv2d(devices: &[LogicalDevice]) {
                 kh,
                 kw,
                 padding,
+                strides: [1, 1],
+                dilation: [1, 1],
             };
             let (oh, ow) = s.out_hw();
             let act = ACTS[t % 3];
@@ -337,7 +339,7 @@ fn check_depthwise(devices: &[LogicalDevice]) {
     for dev in devices {
         let _s = dev.scope();
         for (t, &(n, h, w, c, kh, kw)) in cases.iter().enumerate() {
-            let s = DepthwiseShape { n, h, w, c, kh, kw };
+            let s = DepthwiseShape::same(n, h, w, c, kh, kw);
             let seed = 300 + 10 * t as u64;
             let x = random_vec(s.input_len(), seed);
             let k = random_vec(s.kernel_len(), seed + 1);
@@ -384,14 +386,7 @@ fn fused_separable_conv2d_forward_and_gradients() {
     for dev in &env().devices {
         let _s = dev.scope();
         for (t, &(n, h, w, c, f, k)) in cases.iter().enumerate() {
-            let s = DepthwiseShape {
-                n,
-                h,
-                w,
-                c,
-                kh: k,
-                kw: k,
-            };
+            let s = DepthwiseShape::same(n, h, w, c, k, k);
             let act = ACTS[t % ACTS.len()];
             let seed = 350 + 10 * t as u64;
             let x = random_vec(s.input_len(), seed);
@@ -459,14 +454,7 @@ fn fused_separable_conv2d_max_pool_gradients() {
     for dev in &env().devices {
         let _s = dev.scope();
         for (t, &(n, h, w, c, f)) in cases.iter().enumerate() {
-            let s = DepthwiseShape {
-                n,
-                h,
-                w,
-                c,
-                kh: 3,
-                kw: 3,
-            };
+            let s = DepthwiseShape::same(n, h, w, c, 3, 3);
             let pool = PoolShape { n, h, w, c: f };
             let act = ACTS[t % ACTS.len()];
             let seed = 450 + 10 * t as u64;
@@ -670,6 +658,8 @@ fn separable_pointwise_and_dense() {
             kh: 1,
             kw: 1,
             padding: Padding::Valid,
+            strides: [1, 1],
+            dilation: [1, 1],
         };
         let x = random_vec(s.input_len(), 501);
         let k = random_vec(s.kernel_len(), 502);

@@ -346,7 +346,7 @@ proptest! {
     ) {
         let padding = if same { Padding::Same } else { Padding::Valid };
         let small = is_small(&[n, h, w, c_in, c_out, kh, kw]);
-        let s = Conv2dShape { n, h, w, c_in, c_out, kh, kw, padding };
+        let s = Conv2dShape { n, h, w, c_in, c_out, kh, kw, padding, strides: [1, 1], dilation: [1, 1] };
         let (oh, ow) = s.out_hw();
         let (x_shape, k_shape, y_shape) = ([n, h, w, c_in], [kh, kw, c_in, c_out], [n, oh, ow, c_out]);
         let Some(x) = tensor(&x_shape, seed) else { return Ok(()) };

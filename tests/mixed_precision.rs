@@ -169,6 +169,8 @@ fn check_convolutions(rt: &Runtime, test: &str) {
                 kh: k,
                 kw: k,
                 padding,
+                strides: [1, 1],
+                dilation: [1, 1],
             };
             let (oh, ow) = s.out_hw();
             let act = [Activation::Linear, Activation::Relu, Activation::Selu][t % 3];
@@ -255,14 +257,7 @@ fn check_depthwise_and_pooling(rt: &Runtime, test: &str) {
             .iter()
             .enumerate()
         {
-            let s = DepthwiseShape {
-                n,
-                h,
-                w,
-                c,
-                kh: 3,
-                kw: 3,
-            };
+            let s = DepthwiseShape::same(n, h, w, c, 3, 3);
             let seed = 24_000 + 10 * t as u64;
             let (x, xt) = half_input(&dev, &[n, h, w, c], seed);
             let (kv, kt) = half_input(&dev, &[3, 3, c, 1], seed + 1);

@@ -34,9 +34,19 @@ fn small_cnn(seed: u64, devices: [&LogicalDevice; 3]) -> anygpu::Result<Sequenti
             .activation(selu)
             .input_shape(&[8, 8, 1]),
     )?;
-    m.add_on(devices[0], SeparableConv2D::new(6, 3).activation(selu))?;
+    m.add_on(
+        devices[0],
+        SeparableConv2D::new(6, 3)
+            .padding(Padding::Same)
+            .activation(selu),
+    )?;
     m.add_on(devices[0], MaxPool2D::new())?;
-    m.add_on(devices[1], SeparableConv2D::new(8, 3).activation(selu))?;
+    m.add_on(
+        devices[1],
+        SeparableConv2D::new(8, 3)
+            .padding(Padding::Same)
+            .activation(selu),
+    )?;
     m.add_on(devices[1], MaxPool2D::new())?;
     m.add_on(devices[2], Flatten::new())?;
     m.add_on(devices[2], Dense::new(12).activation(selu))?;
@@ -238,7 +248,12 @@ fn backward_pass_matches_finite_differences_on_a_tiny_cnn() {
         )
         .unwrap();
     model
-        .add_on(&cpu, SeparableConv2D::new(4, 3).activation(selu))
+        .add_on(
+            &cpu,
+            SeparableConv2D::new(4, 3)
+                .padding(Padding::Same)
+                .activation(selu),
+        )
         .unwrap();
     model.add_on(&cpu, MaxPool2D::new()).unwrap();
     model.add_on(&cpu, Flatten::new()).unwrap();
@@ -317,13 +332,19 @@ fn a_pool_fused_into_the_separable_layer_before_it_gives_the_unfused_gradients()
         m.add_on(
             a,
             SeparableConv2D::new(6, 3)
+                .padding(Padding::Same)
                 .activation(selu)
                 .input_shape(&[9, 10, 3]),
         )
         .unwrap();
         m.add_on(pool_device, MaxPool2D::new()).unwrap();
-        m.add_on(a, SeparableConv2D::new(8, 3).activation(selu))
-            .unwrap();
+        m.add_on(
+            a,
+            SeparableConv2D::new(8, 3)
+                .padding(Padding::Same)
+                .activation(selu),
+        )
+        .unwrap();
         m.add_on(pool_device, MaxPool2D::new()).unwrap();
         m.add_on(a, Flatten::new()).unwrap();
         m.add_on(a, Dense::new(3).activation(Activation::Softmax))

@@ -10,9 +10,10 @@ use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
+use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::ops;
-use crate::ops::spec::Padding;
+use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
 use crate::tensor::{DType, Tensor};
 
 /// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
@@ -259,7 +260,11 @@ pub(crate) fn replace(
 
 /// `(dz, db)`: `dz = dy * act'(z)` from the layer's output `y` (`dy` itself for linear, and for
 /// softmax, whose derivative the fused loss already applied) and the bias gradient, in one op.
-fn activation_and_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+pub(super) fn activation_and_bias_grad(
+    dy: &Tensor,
+    y: &Tensor,
+    act: Activation,
+) -> Result<(Tensor, Tensor)> {
     ops::activation_bias_grad(dy, y, act.fused())
 }
 
@@ -269,7 +274,7 @@ fn activation_and_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<
 /// ([`Activation::separate`]): `(y, kept)`, `kept` being what the gradient reads (the output
 /// `y`, or `z` for the activations whose derivative needs the input). Fused activations pass
 /// `z` through as both.
-fn activate_separately(z: Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+pub(super) fn activate_separately(z: Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
     match act.separate() {
         None => Ok((z.clone(), z)),
         Some(f) => {
@@ -283,7 +288,7 @@ fn activate_separately(z: Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
 /// What a layer's fused backward kernels take, `(dy, y, act)`: as given for a fused
 /// activation; for a separate one `dz = dy · act'` (from what [`activate_separately`] kept),
 /// with `dz` standing in for `y` (a linear gradient does not read it) and a linear activation.
-fn through_separate(
+pub(super) fn through_separate(
     dy: &Tensor,
     kept: &Tensor,
     act: Activation,
@@ -321,11 +326,16 @@ pub(crate) fn weights_of<'a>(
 
 // ---------------------------------------------------------------------------------------------
 
-/// 2-D convolution, stride 1 (`keras.layers.Conv2D(filters, kernel_size, padding, activation,
-/// input_shape)`).
+/// 2-D convolution (`keras.layers.Conv2D(filters, kernel_size, strides, padding,
+/// dilation_rate, activation, use_bias, input_shape)`).
 ///
-/// Weights: `kernel` `[k, k, in, filters]` (glorot_uniform), `bias` `[filters]` (zeros).
-/// Parameter count `k*k*in*filters + filters`.
+/// Weights: `kernel` `[kh, kw, in, filters]` (glorot_uniform), `bias` `[filters]` (zeros; none
+/// with `use_bias(false)`). Parameter count `kh*kw*in*filters + filters`.
+///
+/// `kernel_size`, `strides` and `dilation_rate` take one integer or a `(height, width)` pair
+/// (see [`Size2`]). 'same' padding is TensorFlow's: `ceil(in / stride)` outputs, the zeros
+/// split with the odd one after (bottom/right). Stride-1 undilated convolutions run the tuned
+/// kernels; the others a general path (im2col + GEMM on the CPU, direct WGSL on GPUs).
 ///
 /// ```
 /// use anygpu::nn::{Activation, Conv2D, Layer};
@@ -336,20 +346,22 @@ pub(crate) fn weights_of<'a>(
 ///     .input_shape(&[28, 28, 1]);
 /// assert_eq!(conv.declared_input_shape(), Some(&[28, 28, 1][..]));
 /// assert_eq!(Conv2D::new(8, 3).compute_output_shape(&[28, 28, 1])?, [26, 26, 8]); // 'valid'
+/// let strided = Conv2D::new(8, (3, 5)).strides(2).padding(Padding::Same);
+/// assert_eq!(strided.compute_output_shape(&[7, 6, 1])?, [4, 3, 8]);
+/// assert!(Conv2D::new(8, 3).strides(2).dilation_rate(2).compute_output_shape(&[9, 9, 1]).is_err());
 /// # Ok::<(), anygpu::Error>(())
 /// ```
 ///
-/// Differences from Keras: square kernels only (`kernel_size` is one integer), strides and
-/// dilation 1, no `use_bias=False`.
+/// Differences from Keras: `groups=1` only; channels last only.
 #[derive(Debug, Clone)]
 pub struct Conv2D {
     filters: usize,
-    kernel_size: usize,
-    padding: Padding,
+    window: Window,
+    use_bias: bool,
     activation: Activation,
     input_shape: Option<Vec<usize>>,
     policy: Option<Policy>,
-    /// `[kernel, bias]` once built.
+    /// `[kernel, bias]` (`[kernel]` without a bias) once built.
     weights: Vec<Tensor>,
 }
 
@@ -361,13 +373,13 @@ impl Conv2D {
         self
     }
 
-    /// `filters` output channels, a `kernel_size`×`kernel_size` window, Keras' defaults:
-    /// `padding='valid'`, no activation.
-    pub fn new(filters: usize, kernel_size: usize) -> Conv2D {
+    /// `filters` output channels, a `kernel_size` window (`3` or `(3, 5)`), Keras' defaults:
+    /// `strides=1`, `padding='valid'`, `dilation_rate=1`, no activation, `use_bias=True`.
+    pub fn new(filters: usize, kernel_size: impl Into<Size2>) -> Conv2D {
         Conv2D {
             filters,
-            kernel_size,
-            padding: Padding::Valid,
+            window: Window::new(kernel_size.into().0, Padding::Valid),
+            use_bias: true,
             activation: Activation::Linear,
             input_shape: None,
             policy: None,
@@ -375,9 +387,33 @@ impl Conv2D {
         }
     }
 
+    /// `kernel_size=`: `3` or `(3, 5)` (height, width).
+    pub fn kernel_size(mut self, kernel_size: impl Into<Size2>) -> Conv2D {
+        self.window.kernel = kernel_size.into().0;
+        self
+    }
+
+    /// `strides=`: `2` or `(2, 1)`.
+    pub fn strides(mut self, strides: impl Into<Size2>) -> Conv2D {
+        self.window.options = self.window.options.strides(strides);
+        self
+    }
+
+    /// `dilation_rate=`: `2` or `(2, 1)`; Keras refuses it above 1 with strides above 1.
+    pub fn dilation_rate(mut self, dilation_rate: impl Into<Size2>) -> Conv2D {
+        self.window.options = self.window.options.dilation(dilation_rate);
+        self
+    }
+
     /// `padding='same'` or `'valid'`.
     pub fn padding(mut self, padding: Padding) -> Conv2D {
-        self.padding = padding;
+        self.window.options.padding = padding;
+        self
+    }
+
+    /// `use_bias=`.
+    pub fn use_bias(mut self, use_bias: bool) -> Conv2D {
+        self.use_bias = use_bias;
         self
     }
 
@@ -394,7 +430,8 @@ impl Conv2D {
     }
 
     fn kernel_shape(&self, c_in: usize) -> [usize; 4] {
-        [self.kernel_size, self.kernel_size, c_in, self.filters]
+        let [kh, kw] = self.window.kernel;
+        [kh, kw, c_in, self.filters]
     }
 }
 
@@ -425,33 +462,19 @@ impl Layer for Conv2D {
 
     fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
         positive("Conv2D", "filters", self.filters)?;
-        positive("Conv2D", "kernel_size", self.kernel_size)?;
         let (h, w, _) = image_shape("Conv2D", input_shape)?;
-        match self.padding {
-            Padding::Same => Ok(vec![h, w, self.filters]),
-            Padding::Valid => {
-                let k = self.kernel_size;
-                if h < k || w < k {
-                    return Err(bad_input(
-                        "Conv2D",
-                        input_shape,
-                        format!(
-                            ": a {k}x{k} kernel with padding='valid' needs at least {k}x{k} pixels"
-                        ),
-                    ));
-                }
-                Ok(vec![h - k + 1, w - k + 1, self.filters])
-            }
-        }
+        let [oh, ow] = self.window.output_hw("Conv2D", &[h, w])?;
+        Ok(vec![oh, ow, self.filters])
     }
 
     fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
         self.compute_output_shape(input_shape)?;
         let kshape = self.kernel_shape(input_shape[2]);
-        self.weights = vec![
-            glorot_uniform(&kshape, derive_seed(seed, 0), device)?,
-            zeros(&[self.filters], device)?,
-        ];
+        let mut weights = vec![glorot_uniform(&kshape, derive_seed(seed, 0), device)?];
+        if self.use_bias {
+            weights.push(zeros(&[self.filters], device)?);
+        }
+        self.weights = weights;
         Ok(())
     }
 
@@ -465,10 +488,13 @@ impl Layer for Conv2D {
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         let w = in_dtype("Conv2D", &self.weights, x.dtype())?;
-        let [kernel, bias] = &w[..] else {
-            return Err(not_built("Conv2D"));
+        let (kernel, bias) = match &w[..] {
+            [kernel, bias] => (kernel, Some(bias)),
+            [kernel] => (kernel, None),
+            _ => return Err(not_built("Conv2D")),
         };
-        let z = ops::conv2d(x, kernel, Some(bias), self.padding, self.activation.fused())?;
+        let opts = self.window.options;
+        let z = ops::conv2d(x, kernel, bias, opts, self.activation.fused())?;
         let (y, kept) = activate_separately(z, self.activation)?;
         Ok((y, vec![x.clone(), kept]))
     }
@@ -479,50 +505,71 @@ impl Layer for Conv2D {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let w = backward_weights("Conv2D", &self.weights, dy.dtype())?;
+        let w = if self.use_bias {
+            backward_weights("Conv2D", &self.weights, dy.dtype())?
+        } else {
+            in_dtype("Conv2D", &self.weights, dy.dtype())?
+        };
         let [kernel] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
         let [x, kept] = saved::<2>("Conv2D", saved_tensors)?;
         let (dy, y, activation) = through_separate(dy, &kept, self.activation)?;
+        let opts = self.window.options;
+        let with_bias = |dk: Tensor, db: Tensor| {
+            if self.use_bias {
+                vec![dk, db]
+            } else {
+                vec![dk]
+            }
+        };
         if !need_dx {
             // A first layer: one op, which on the CPU never writes `dz` to memory.
             let act = activation.fused();
-            let (dk, db) =
-                ops::conv2d_backward_weights(&x, &y, &dy, kernel.shape(), self.padding, act)?;
-            return Ok((None, vec![dk, db]));
+            let (dk, db) = ops::conv2d_backward_weights(&x, &y, &dy, kernel.shape(), opts, act)?;
+            return Ok((None, with_bias(dk, db)));
         }
         let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
-        let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), self.padding)?;
-        let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), self.padding)?;
-        Ok((Some(dx), vec![dk, db]))
+        let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), opts)?;
+        let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), opts)?;
+        Ok((Some(dx), with_bias(dk, db)))
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 
-/// Depthwise-separable 2-D convolution (`keras.layers.SeparableConv2D`): a depthwise `k`×`k`
-/// convolution without bias (depth multiplier 1), then a pointwise 1×1 convolution with bias
-/// and the activation.
+/// Depthwise-separable 2-D convolution (`keras.layers.SeparableConv2D(filters, kernel_size,
+/// strides, padding, dilation_rate, depth_multiplier, activation)`): a depthwise convolution
+/// without bias (`depth_multiplier` outputs per input channel), then a pointwise 1×1
+/// convolution with bias and the activation.
 ///
-/// Weights, in Keras' order: `depthwise_kernel` `[k, k, in, 1]`, `pointwise_kernel`
-/// `[1, 1, in, filters]` (both glorot_uniform, fans as Keras computes them), `bias`
-/// `[filters]`. Parameter count `k*k*in + in*filters + filters`, Keras' count.
+/// Weights, in Keras' order: `depthwise_kernel` `[kh, kw, in, depth_multiplier]`,
+/// `pointwise_kernel` `[1, 1, in * depth_multiplier, filters]` (both glorot_uniform, fans as
+/// Keras computes them), `bias` `[filters]`. Parameter count `kh*kw*in*m + in*m*filters +
+/// filters`, Keras' count.
 ///
 /// ```
 /// use anygpu::nn::{Layer, SeparableConv2D};
-/// let sep = SeparableConv2D::new(64, 3);
+/// use anygpu::ops::spec::Padding;
+/// let sep = SeparableConv2D::new(64, 3).padding(Padding::Same);
 /// assert_eq!(sep.compute_output_shape(&[14, 14, 32])?, [14, 14, 64]);
+/// // Keras' default padding is 'valid'.
+/// assert_eq!(SeparableConv2D::new(8, 3).compute_output_shape(&[7, 7, 4])?, [5, 5, 8]);
+/// let strided = SeparableConv2D::new(8, 3).strides(2).depth_multiplier(2);
+/// assert_eq!(strided.compute_output_shape(&[7, 6, 4])?, [3, 2, 8]);
 /// # Ok::<(), anygpu::Error>(())
 /// ```
 ///
-/// Differences from Keras: `padding='same'` only, and it is the default (Keras' default is
-/// `'valid'`); depth multiplier, strides and dilation 1; square kernels.
+/// The stride-1, multiplier-1 'same' layer (the tutorial's) runs fused kernels (on the CPU one
+/// op each way); other settings run the depthwise convolution's general path, then the 1×1
+/// convolution.
+///
+/// Differences from Keras: `use_bias=True` only; channels last only.
 #[derive(Debug, Clone)]
 pub struct SeparableConv2D {
     filters: usize,
-    kernel_size: usize,
-    padding: Padding,
+    window: Window,
+    depth_multiplier: usize,
     activation: Activation,
     input_shape: Option<Vec<usize>>,
     policy: Option<Policy>,
@@ -538,13 +585,14 @@ impl SeparableConv2D {
         self
     }
 
-    /// `filters` output channels, a `kernel_size`×`kernel_size` depthwise window,
-    /// `padding='same'`, no activation.
-    pub fn new(filters: usize, kernel_size: usize) -> SeparableConv2D {
+    /// `filters` output channels, a `kernel_size` depthwise window (`3` or `(3, 5)`), Keras'
+    /// defaults: `strides=1`, `padding='valid'`, `dilation_rate=1`, `depth_multiplier=1`, no
+    /// activation.
+    pub fn new(filters: usize, kernel_size: impl Into<Size2>) -> SeparableConv2D {
         SeparableConv2D {
             filters,
-            kernel_size,
-            padding: Padding::Same,
+            window: Window::new(kernel_size.into().0, Padding::Valid),
+            depth_multiplier: 1,
             activation: Activation::Linear,
             input_shape: None,
             policy: None,
@@ -552,9 +600,27 @@ impl SeparableConv2D {
         }
     }
 
-    /// `padding=`; only [`Padding::Same`] builds.
+    /// `padding='same'` or `'valid'` (the default).
     pub fn padding(mut self, padding: Padding) -> SeparableConv2D {
-        self.padding = padding;
+        self.window.options.padding = padding;
+        self
+    }
+
+    /// `strides=`: `2` or `(2, 1)`.
+    pub fn strides(mut self, strides: impl Into<Size2>) -> SeparableConv2D {
+        self.window.options = self.window.options.strides(strides);
+        self
+    }
+
+    /// `dilation_rate=`: `2` or `(2, 1)`.
+    pub fn dilation_rate(mut self, dilation_rate: impl Into<Size2>) -> SeparableConv2D {
+        self.window.options = self.window.options.dilation(dilation_rate);
+        self
+    }
+
+    /// `depth_multiplier=`: depthwise outputs per input channel.
+    pub fn depth_multiplier(mut self, depth_multiplier: usize) -> SeparableConv2D {
+        self.depth_multiplier = depth_multiplier;
         self
     }
 
@@ -570,7 +636,12 @@ impl SeparableConv2D {
         self
     }
 
-    /// The GPU path's gradients from `dz` (w.r.t. the pre-activation output) and the bias
+    /// Whether the fused stride-1 kernels serve this layer.
+    fn fused(&self) -> bool {
+        self.window.is_same_unit() && self.depth_multiplier == 1
+    }
+
+    /// The unfused path's gradients from `dz` (w.r.t. the pre-activation output) and the bias
     /// gradient: the pointwise kernel's and input's, then the depthwise kernel's and input's.
     /// `(depthwise, pointwise)` are the kernels in `dz`'s dtype.
     fn backward_from_dz(
@@ -580,11 +651,17 @@ impl SeparableConv2D {
         db: Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let opts = self.window.options;
         let dp = ops::conv2d_backward_kernel(d, dz, pointwise.shape(), Padding::Same)?;
         let dd = ops::conv2d_backward_input(dz, pointwise, d.shape(), Padding::Same)?;
-        let dk = ops::depthwise_conv2d_backward_kernel(x, &dd, depthwise.shape())?;
+        let dk = ops::depthwise_conv2d_backward_kernel_with(x, &dd, depthwise.shape(), opts)?;
         let dx = if need_dx {
-            Some(ops::depthwise_conv2d_backward_input(&dd, depthwise)?)
+            Some(ops::depthwise_conv2d_backward_input_with(
+                &dd,
+                depthwise,
+                x.shape(),
+                opts,
+            )?)
         } else {
             None
         };
@@ -619,22 +696,18 @@ impl Layer for SeparableConv2D {
 
     fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
         positive("SeparableConv2D", "filters", self.filters)?;
-        positive("SeparableConv2D", "kernel_size", self.kernel_size)?;
-        if self.padding != Padding::Same {
-            return Err(Error::InvalidArgument(
-                "SeparableConv2D: only padding='same' is supported".into(),
-            ));
-        }
+        positive("SeparableConv2D", "depth_multiplier", self.depth_multiplier)?;
         let (h, w, _) = image_shape("SeparableConv2D", input_shape)?;
-        Ok(vec![h, w, self.filters])
+        let [oh, ow] = self.window.output_hw("SeparableConv2D", &[h, w])?;
+        Ok(vec![oh, ow, self.filters])
     }
 
     fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()> {
         self.compute_output_shape(input_shape)?;
-        let (k, c) = (self.kernel_size, input_shape[2]);
+        let ([kh, kw], c, m) = (self.window.kernel, input_shape[2], self.depth_multiplier);
         self.weights = vec![
-            glorot_uniform(&[k, k, c, 1], derive_seed(seed, 0), device)?,
-            glorot_uniform(&[1, 1, c, self.filters], derive_seed(seed, 1), device)?,
+            glorot_uniform(&[kh, kw, c, m], derive_seed(seed, 0), device)?,
+            glorot_uniform(&[1, 1, c * m, self.filters], derive_seed(seed, 1), device)?,
             zeros(&[self.filters], device)?,
         ];
         Ok(())
@@ -657,10 +730,11 @@ impl Layer for SeparableConv2D {
             return Err(not_built("SeparableConv2D"));
         };
         let act = self.activation.fused();
-        if on_gpu(depthwise) {
+        if on_gpu(depthwise) || !self.fused() {
             // Separate kernels, keeping the depthwise output `d` for the backward pass: each is
             // its own dispatch anyway, and recomputing `d` there would cost one more.
-            let d = ops::depthwise_conv2d(x, depthwise)?;
+            let opts = self.window.options;
+            let d = ops::depthwise_conv2d_with(x, depthwise, None, opts, OpActivation::Linear)?;
             let z = ops::pointwise_conv2d(&d, pointwise, Some(bias), act)?;
             let (y, kept) = activate_separately(z, self.activation)?;
             Ok((y, vec![x.clone(), kept, d]))
@@ -672,7 +746,6 @@ impl Layer for SeparableConv2D {
             Ok((y, vec![x.clone(), kept]))
         }
     }
-
     fn backward(
         &self,
         saved_tensors: &[Tensor],
@@ -740,7 +813,7 @@ impl Layer for SeparableConv2D {
 
 /// The weights as a layer computes with them: in its input's dtype (Keras' autocast variables:
 /// float16 copies of the float32 variables under mixed precision; the same tensors otherwise).
-fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+pub(super) fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
     if weights.is_empty() {
         return Err(not_built(layer));
     }
@@ -749,7 +822,11 @@ fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>
 
 /// [`in_dtype`] for a backward pass: every weight but the last, the bias, which a backward pass
 /// does not read (one cast less per layer and step under mixed precision).
-fn backward_weights(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+pub(super) fn backward_weights(
+    layer: &str,
+    weights: &[Tensor],
+    dtype: DType,
+) -> Result<Vec<Tensor>> {
     let (_bias, kernels) = weights.split_last().ok_or_else(|| not_built(layer))?;
     in_dtype(layer, kernels, dtype)
 }

@@ -12,11 +12,11 @@ use crate::ops::cpu;
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
+use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
 };
-use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::tensor::{DType, Tensor};
 
 /// The CPU device's kernels.
@@ -353,6 +353,30 @@ impl NnKernels for HostKernels {
             db: db.f32(),
         };
         cpu::separable_backward(&grads, out, &g.s, g.filters);
+        Ok(())
+    }
+
+    // ---- general convolutions ----
+    fn depthwise_bias_act(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        s: &DepthwiseShape,
+        act: Activation,
+    ) -> Result<()> {
+        let r = Inputs::lock(&with_optional(&[x, kernel], bias));
+        let b = bias.map(|_| r.f32(2));
+        let mut out = write(y);
+        if s.is_same_unit() {
+            // The tuned stride-1 kernel, then the bias and activation in place.
+            cpu::depthwise_forward(r.f32(0), r.f32(1), out.f32(), s);
+            cpu::elementwise::bias_act_rows(out.f32(), b, s.c, act);
+        } else {
+            let g = crate::ops::spec::ConvGeometry::depthwise(s);
+            cpu::conv_general::forward(r.f32(0), r.f32(1), b, out.f32(), &g, act);
+        }
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::ops::gpu::Kernel;
 use crate::ops::spec::{
-    Activation, AdamParams, Conv2dShape, DepthwiseShape, Padding, PoolShape, SgdParams,
+    Activation, AdamParams, Conv2dShape, ConvOptions, DepthwiseShape, Padding, PoolShape, SgdParams,
 };
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::{run, with_kernels};
@@ -180,6 +180,19 @@ pub(crate) trait NnKernels {
         dx: &Tensor,
         s: &PoolShape,
     ) -> Result<()>;
+
+    // ---- general convolutions ----
+    /// `y = act(depthwise(x, kernel) + bias)` for any depthwise shape (Keras'
+    /// `DepthwiseConv2D`; see [`depthwise_conv2d_with`]).
+    fn depthwise_bias_act(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        s: &DepthwiseShape,
+        act: Activation,
+    ) -> Result<()>;
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
@@ -242,6 +255,8 @@ pub(crate) fn pointwise_shape(s: &DepthwiseShape, filters: usize) -> Conv2dShape
         kh: 1,
         kw: 1,
         padding: Padding::Same,
+        strides: [1, 1],
+        dilation: [1, 1],
     }
 }
 
@@ -367,9 +382,39 @@ fn rank4(op: &'static str, shape: &[usize], other: &[usize], what: &str) -> Resu
     })
 }
 
+/// Checks a convolution's strides and dilation as Keras does: none 0, and not both above 1.
+fn check_options(op: &'static str, o: &ConvOptions) -> Result<()> {
+    if o.strides.contains(&0) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: The argument `strides` cannot contains 0. Received strides={:?}",
+            o.strides
+        )));
+    }
+    if o.dilation.contains(&0) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: The argument `dilation_rate` cannot contain 0. Received dilation_rate={:?}",
+            o.dilation
+        )));
+    }
+    if o.strides.iter().any(|&v| v > 1) && o.dilation.iter().any(|&v| v > 1) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: `strides > 1` not supported in conjunction with `dilation_rate > 1`. \
+             Received: strides={:?} and dilation_rate={:?}",
+            o.strides, o.dilation
+        )));
+    }
+    Ok(())
+}
+
 /// A convolution's shape from its input `[n, h, w, c_in]` and kernel `[kh, kw, c_in, c_out]`
 /// shapes, checked.
-fn conv_shape(op: &'static str, x: &[usize], k: &[usize], padding: Padding) -> Result<Conv2dShape> {
+fn conv_shape(
+    op: &'static str,
+    x: &[usize],
+    k: &[usize],
+    options: ConvOptions,
+) -> Result<Conv2dShape> {
+    check_options(op, &options)?;
     let [n, h, w, c_in] = rank4(op, x, k, "the input (NHWC)")?;
     let [kh, kw, kc, c_out] = rank4(op, k, x, "the kernel (HWIO)")?;
     if kc != c_in {
@@ -394,26 +439,46 @@ fn conv_shape(op: &'static str, x: &[usize], k: &[usize], padding: Padding) -> R
         c_out,
         kh,
         kw,
-        padding,
+        padding: options.padding,
+        strides: options.strides,
+        dilation: options.dilation,
     })
 }
 
-/// A depthwise convolution's shape from `x` `[n, h, w, c]` and the kernel `[kh, kw, c, 1]`.
-fn depthwise_shape(op: &'static str, x: &[usize], k: &[usize]) -> Result<DepthwiseShape> {
+/// A depthwise convolution's shape from `x` `[n, h, w, c]` and the kernel
+/// `[kh, kw, c, multiplier]`.
+fn depthwise_shape(
+    op: &'static str,
+    x: &[usize],
+    k: &[usize],
+    options: ConvOptions,
+) -> Result<DepthwiseShape> {
+    check_options(op, &options)?;
     let [n, h, w, c] = rank4(op, x, k, "the input (NHWC)")?;
-    let [kh, kw, kc, mult] = rank4(op, k, x, "the kernel ([kh, kw, c, 1])")?;
-    if kc != c || mult != 1 {
+    let [kh, kw, kc, multiplier] = rank4(op, k, x, "the kernel ([kh, kw, c, multiplier])")?;
+    if kc != c || multiplier == 0 {
         return Err(mismatch(
             op,
             x,
             k,
-            format!(": the kernel must be [kh, kw, {c}, 1] (depth multiplier 1) for {c} channels"),
+            format!(": the kernel must be [kh, kw, {c}, multiplier >= 1] for {c} channels"),
         ));
     }
     if kh == 0 || kw == 0 {
         return Err(mismatch(op, x, k, ": the kernel must be at least 1x1"));
     }
-    Ok(DepthwiseShape { n, h, w, c, kh, kw })
+    Ok(DepthwiseShape {
+        n,
+        h,
+        w,
+        c,
+        kh,
+        kw,
+        multiplier,
+        padding: options.padding,
+        strides: options.strides,
+        dilation: options.dilation,
+    })
 }
 
 fn expect_f32(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
@@ -437,26 +502,42 @@ fn float_dtype(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
     Ok(expected)
 }
 
-/// 2-D convolution, stride 1, with bias and activation fused: `act(conv2d(x, kernel) + bias)`.
+/// 2-D convolution with bias and activation fused: `act(conv2d(x, kernel) + bias)`.
 ///
-/// Keras `Conv2D(filters, (kh, kw), padding=..., activation=...)`, i.e.
-/// `tf.nn.conv2d(x, kernel, strides=1, padding="SAME"|"VALID")` + `tf.nn.bias_add` + the
-/// activation. `x` is `[n, h, w, c_in]` (NHWC), `kernel` `[kh, kw, c_in, c_out]` (HWIO),
-/// `bias` `[c_out]`; the output is `[n, h, w, c_out]` ('same') or
-/// `[n, h - kh + 1, w - kw + 1, c_out]` ('valid'; empty when the kernel is larger than the input).
+/// Keras `Conv2D(filters, (kh, kw), strides=..., padding=..., dilation_rate=...,
+/// activation=...)`, i.e. `tf.nn.conv2d(x, kernel, strides, padding="SAME"|"VALID",
+/// dilations)` + `tf.nn.bias_add` + the activation. `x` is `[n, h, w, c_in]` (NHWC), `kernel`
+/// `[kh, kw, c_in, c_out]` (HWIO), `bias` `[c_out]`; `options` is a [`Padding`] (stride 1) or
+/// a [`ConvOptions`]; the output is `[n, oh, ow, c_out]` with [`crate::ops::spec::Axis`]'s sizes
+/// (`[n, h, w, c_out]` for 'same' at stride 1; empty when a 'valid' kernel is larger than the
+/// input).
+///
+/// ```
+/// use anygpu::ops::{self, spec::{Activation, ConvOptions, Padding}};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec((0..7).map(|v| v as f32).collect(), &[1, 1, 7, 1])?;
+/// let k = Tensor::from_vec(vec![1.0f32, 1.0, 1.0], &[1, 3, 1, 1])?;
+/// // 'same', stride 2: ceil(7 / 2) = 4 outputs, one zero on each side.
+/// let opts = ConvOptions::new(Padding::Same).strides(2);
+/// let y = ops::conv2d(&x, &k, None, opts, Activation::Linear)?;
+/// assert_eq!(y.to_vec::<f32>()?, [1.0, 6.0, 12.0, 11.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together (named in the message).
+/// Non-f32 tensors; shapes that do not fit together (named in the message); a stride or
+/// dilation of 0, or strides and dilation both above 1 (Keras' message).
 pub fn conv2d(
     x: &Tensor,
     kernel: &Tensor,
     bias: Option<&Tensor>,
-    padding: Padding,
+    options: impl Into<ConvOptions>,
     act: Activation,
 ) -> Result<Tensor> {
     let name = CONV2D.name;
     let dtype = float_dtype(name, &[x, kernel])?;
-    let s = conv_shape(name, x.shape(), kernel.shape(), padding)?;
+    let s = conv_shape(name, x.shape(), kernel.shape(), options.into())?;
     if let Some(b) = bias {
         b.expect_dtype("BiasAdd", dtype)?;
         if b.shape() != [s.c_out] {
@@ -484,7 +565,8 @@ pub fn conv2d(
 /// (`tf.raw_ops.Conv2DBackpropInput`), from `dz`, the gradient w.r.t. the convolution's
 /// pre-activation output `[n, oh, ow, c_out]` (apply [`activation_backward`] first).
 ///
-/// `input_shape` is the forward input's `[n, h, w, c_in]`; `kernel` `[kh, kw, c_in, c_out]`.
+/// `input_shape` is the forward input's `[n, h, w, c_in]`; `kernel` `[kh, kw, c_in, c_out]`;
+/// `options` the forward pass's.
 ///
 /// # Errors
 /// Non-f32 tensors; a `dz` whose shape is not the forward output's.
@@ -492,13 +574,13 @@ pub fn conv2d_backward_input(
     dz: &Tensor,
     kernel: &Tensor,
     input_shape: &[usize],
-    padding: Padding,
+    options: impl Into<ConvOptions>,
 ) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_INPUT.name;
     let dtype = float_dtype(name, &[dz, kernel])?;
     // A shape argument is checked like a tensor's before any arithmetic on its dimensions.
     shape::num_elements(input_shape, DType::F32)?;
-    let s = conv_shape(name, input_shape, kernel.shape(), padding)?;
+    let s = conv_shape(name, input_shape, kernel.shape(), options.into())?;
     let (oh, ow) = s.out_hw();
     let expected = [s.n, oh, ow, s.c_out];
     if dz.shape() != expected {
@@ -521,7 +603,7 @@ pub fn conv2d_backward_input(
 }
 
 /// Gradient of a 2-D convolution w.r.t. its kernel (`tf.raw_ops.Conv2DBackpropFilter`):
-/// `dk[a, b, c, o] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] · dz[n, i, j, o]`.
+/// `dk[a, b, c, o] = Σ_{n, i, j} x[n, i·sh + a·dh - pt, j·sw + b·dw - pl, c] · dz[n, i, j, o]`.
 ///
 /// `kernel_shape` is `[kh, kw, c_in, c_out]`; `dz` the gradient w.r.t. the pre-activation output.
 ///
@@ -531,12 +613,12 @@ pub fn conv2d_backward_kernel(
     x: &Tensor,
     dz: &Tensor,
     kernel_shape: &[usize],
-    padding: Padding,
+    options: impl Into<ConvOptions>,
 ) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_KERNEL.name;
     let dtype = float_dtype(name, &[x, dz])?;
     shape::num_elements(kernel_shape, DType::F32)?;
-    let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
+    let s = conv_shape(name, x.shape(), kernel_shape, options.into())?;
     let (oh, ow) = s.out_hw();
     let expected = [s.n, oh, ow, s.c_out];
     if dz.shape() != expected {
@@ -586,13 +668,13 @@ pub fn conv2d_backward_weights(
     y: &Tensor,
     dy: &Tensor,
     kernel_shape: &[usize],
-    padding: Padding,
+    options: impl Into<ConvOptions>,
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
     let name = CONV2D_BACKWARD_WEIGHTS.name;
     let dtype = float_dtype(name, &[x, y, dy])?;
     shape::num_elements(kernel_shape, DType::F32)?;
-    let s = conv_shape(name, x.shape(), kernel_shape, padding)?;
+    let s = conv_shape(name, x.shape(), kernel_shape, options.into())?;
     let (oh, ow) = s.out_hw();
     let expected = [s.n, oh, ow, s.c_out];
     for t in [y, dy] {
@@ -650,18 +732,80 @@ pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
 
 /// Depthwise 2-D convolution, 'same' padding, stride 1, depth multiplier 1, no bias: the first
 /// half of Keras' `SeparableConv2D` (`tf.nn.depthwise_conv2d(x, kernel, [1, 1, 1, 1], "SAME")`).
+/// [`depthwise_conv2d_with`] takes strides, dilation, padding and a depth multiplier.
 ///
 /// `x` `[n, h, w, c]`, `kernel` `[kh, kw, c, 1]`; the output has `x`'s shape.
 ///
 /// # Errors
 /// Non-f32 tensors; shapes that do not fit together.
 pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
+    if kernel.shape().get(3).is_some_and(|&m| m != 1) {
+        return Err(mismatch(
+            DEPTHWISE.name,
+            x.shape(),
+            kernel.shape(),
+            ": the kernel must be [kh, kw, c, 1] (depth multiplier 1; depthwise_conv2d_with \
+             takes others)",
+        ));
+    }
+    depthwise_conv2d_with(x, kernel, None, Padding::Same, Activation::Linear)
+}
+
+/// Depthwise 2-D convolution with bias and activation fused (Keras' `DepthwiseConv2D`:
+/// `tf.nn.depthwise_conv2d(x, kernel, strides, padding, dilations)` + `tf.nn.bias_add` + the
+/// activation): `x` `[n, h, w, c]`, `kernel` `[kh, kw, c, multiplier]`, `bias`
+/// `[c * multiplier]`, output `[n, oh, ow, c * multiplier]`, channel `c * multiplier + q` being
+/// input channel `c` correlated with `kernel[.., c, q]`; `options` as [`conv2d`]'s.
+///
+/// ```
+/// use anygpu::ops::{self, spec::{Activation, ConvOptions, Padding}};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, 10.0, 2.0, 20.0], &[1, 1, 2, 2])?;
+/// let k = Tensor::from_vec(vec![1.0f32, -1.0, 0.5, 2.0], &[1, 1, 2, 2])?; // multiplier 2
+/// let opts = ConvOptions::new(Padding::Valid).strides(2);
+/// let y = ops::depthwise_conv2d_with(&x, &k, None, opts, Activation::Linear)?;
+/// assert_eq!(y.shape(), [1, 1, 1, 4]);
+/// assert_eq!(y.to_vec::<f32>()?, [1.0, -1.0, 5.0, 20.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together; bad strides or dilation (as
+/// [`conv2d`]).
+pub fn depthwise_conv2d_with(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    options: impl Into<ConvOptions>,
+    act: Activation,
+) -> Result<Tensor> {
     let name = DEPTHWISE.name;
     let dtype = float_dtype(name, &[x, kernel])?;
-    let s = depthwise_shape(name, x.shape(), kernel.shape())?;
-    run(&DEPTHWISE, &[x, kernel], |device, moved| {
-        let y = Tensor::uninit(x.shape(), dtype, device)?;
-        with_kernels(device, |_, nk| nk.depthwise(&moved[0], &moved[1], &y, &s))?;
+    let s = depthwise_shape(name, x.shape(), kernel.shape(), options.into())?;
+    if let Some(b) = bias {
+        b.expect_dtype("BiasAdd", dtype)?;
+        if b.shape() != [s.c_out()] {
+            return Err(mismatch(
+                "BiasAdd",
+                kernel.shape(),
+                b.shape(),
+                format!(": the bias must have shape [{}]", s.c_out()),
+            ));
+        }
+    }
+    let (oh, ow) = s.out_hw();
+    let mut inputs = vec![x, kernel];
+    inputs.extend(bias);
+    run(&DEPTHWISE, &inputs, |device, moved| {
+        let y = Tensor::uninit(&[s.n, oh, ow, s.c_out()], dtype, device)?;
+        with_kernels(device, |_, nk| {
+            if moved.len() == 2 && act == Activation::Linear {
+                nk.depthwise(&moved[0], &moved[1], &y, &s)
+            } else {
+                nk.depthwise_bias_act(&moved[0], &moved[1], moved.get(2), &y, &s, act)
+            }
+        })?;
         Ok(y)
     })
 }
@@ -672,16 +816,48 @@ pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
 /// # Errors
 /// Non-f32 tensors; shapes that do not fit together.
 pub fn depthwise_conv2d_backward_input(dy: &Tensor, kernel: &Tensor) -> Result<Tensor> {
+    depthwise_conv2d_backward_input_with(dy, kernel, dy.shape(), Padding::Same)
+}
+
+/// Gradient of [`depthwise_conv2d_with`] w.r.t. its input
+/// (`tf.raw_ops.DepthwiseConv2dNativeBackpropInput`): `dy` `[n, oh, ow, c * multiplier]`,
+/// `input_shape` the forward input's `[n, h, w, c]`, `options` the forward pass's.
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn depthwise_conv2d_backward_input_with(
+    dy: &Tensor,
+    kernel: &Tensor,
+    input_shape: &[usize],
+    options: impl Into<ConvOptions>,
+) -> Result<Tensor> {
     let name = DEPTHWISE_BACKWARD_INPUT.name;
     let dtype = float_dtype(name, &[dy, kernel])?;
-    let s = depthwise_shape(name, dy.shape(), kernel.shape())?;
+    shape::num_elements(input_shape, DType::F32)?;
+    let s = depthwise_shape(name, input_shape, kernel.shape(), options.into())?;
+    check_depthwise_dy(name, &s, dy.shape())?;
     run(&DEPTHWISE_BACKWARD_INPUT, &[dy, kernel], |device, moved| {
-        let dx = Tensor::uninit(dy.shape(), dtype, device)?;
+        let dx = Tensor::uninit(input_shape, dtype, device)?;
         with_kernels(device, |_, nk| {
             nk.depthwise_backward_input(&moved[0], &moved[1], &dx, &s)
         })?;
         Ok(dx)
     })
+}
+
+/// `dy` must have the forward output's shape.
+fn check_depthwise_dy(name: &'static str, s: &DepthwiseShape, dy: &[usize]) -> Result<()> {
+    let (oh, ow) = s.out_hw();
+    let expected = [s.n, oh, ow, s.c_out()];
+    if dy != expected {
+        return Err(mismatch(
+            name,
+            dy,
+            &expected,
+            format!(": dy must have the forward output's shape {expected:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Gradient of [`depthwise_conv2d`] w.r.t. its kernel
@@ -694,18 +870,25 @@ pub fn depthwise_conv2d_backward_kernel(
     dy: &Tensor,
     kernel_shape: &[usize],
 ) -> Result<Tensor> {
+    depthwise_conv2d_backward_kernel_with(x, dy, kernel_shape, Padding::Same)
+}
+
+/// Gradient of [`depthwise_conv2d_with`] w.r.t. its kernel `[kh, kw, c, multiplier]`
+/// (`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`); `options` the forward pass's.
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn depthwise_conv2d_backward_kernel_with(
+    x: &Tensor,
+    dy: &Tensor,
+    kernel_shape: &[usize],
+    options: impl Into<ConvOptions>,
+) -> Result<Tensor> {
     let name = DEPTHWISE_BACKWARD_KERNEL.name;
     let dtype = float_dtype(name, &[x, dy])?;
     shape::num_elements(kernel_shape, DType::F32)?;
-    if x.shape() != dy.shape() {
-        return Err(mismatch(
-            name,
-            x.shape(),
-            dy.shape(),
-            ": dy must have the input's shape ('same' padding)",
-        ));
-    }
-    let s = depthwise_shape(name, x.shape(), kernel_shape)?;
+    let s = depthwise_shape(name, x.shape(), kernel_shape, options.into())?;
+    check_depthwise_dy(name, &s, dy.shape())?;
     run(&DEPTHWISE_BACKWARD_KERNEL, &[x, dy], |device, moved| {
         let dk = Tensor::uninit(kernel_shape, dtype, device)?;
         with_kernels(device, |_, nk| {
@@ -733,7 +916,7 @@ pub fn pointwise_conv2d(
 ) -> Result<Tensor> {
     let name = CONV2D.name;
     float_dtype(name, &[x, kernel])?;
-    let s = conv_shape(name, x.shape(), kernel.shape(), Padding::Valid)?;
+    let s = conv_shape(name, x.shape(), kernel.shape(), Padding::Valid.into())?;
     if s.kh != 1 || s.kw != 1 {
         return Err(mismatch(
             name,
@@ -1053,7 +1236,16 @@ fn separable_shape(
     depthwise: &Tensor,
     pointwise: &Tensor,
 ) -> Result<(DepthwiseShape, usize)> {
-    let s = depthwise_shape(op, x.shape(), depthwise.shape())?;
+    let s = depthwise_shape(op, x.shape(), depthwise.shape(), Padding::Same.into())?;
+    if s.multiplier != 1 {
+        return Err(mismatch(
+            op,
+            x.shape(),
+            depthwise.shape(),
+            ": the fused separable convolution takes depth multiplier 1 (run \
+             depthwise_conv2d_with and pointwise_conv2d for others)",
+        ));
+    }
     if s.c == 0 {
         return Err(mismatch(
             op,

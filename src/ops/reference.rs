@@ -8,8 +8,8 @@
 //! (indexing panics otherwise).
 
 use crate::ops::spec::{
-    Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams, SELU_ALPHA,
-    SELU_SCALE,
+    Activation, AdamParams, Conv2dShape, ConvGeometry, DepthwiseShape, PoolShape, SgdParams,
+    SELU_ALPHA, SELU_SCALE,
 };
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 
@@ -204,41 +204,30 @@ pub fn matmul_bias_act(
     bias_act(&matmul(a, b, m, k, n, false, false), bias, act)
 }
 
-/// Input index `o + a - pad` if it lies in `[0, len)`.
-fn tap(o: usize, a: usize, pad: usize, len: usize) -> Option<usize> {
-    (o + a).checked_sub(pad).filter(|&i| i < len)
-}
+// ---- convolutions (strided, dilated, grouped: Conv2D and depthwise alike) ----
 
-/// `y[n, i, j, o] = act(bias[o] + Σ_{a, b, c} x[n, i + a - pt, j + b - pl, c] *
-/// k[a, b, c, o])`, out-of-range `x` reading as zero (stride 1, `s.padding`).
-pub fn conv2d_forward(
-    x: &[f64],
-    kernel: &[f64],
-    bias: Option<&[f64]>,
-    s: &Conv2dShape,
-    act: Activation,
-) -> Vec<f64> {
-    let (oh, ow) = s.out_hw();
-    let (pt, pl) = s.pad_top_left();
-    let mut y = vec![0.0; s.output_len()];
-    for n in 0..s.n {
-        for i in 0..oh {
-            for j in 0..ow {
-                for o in 0..s.c_out {
+/// `y[n, i, j, o] = act(bias[o] + Σ_{a, b, c} x[n, i*sh + a*dh - pt, j*sw + b*dw - pl, g*cig + c]
+/// * k[a, b, c, o])` with `g = o / cog`, out-of-range `x` reading as zero.
+fn grouped_forward(x: &[f64], kernel: &[f64], bias: Option<&[f64]>, g: &ConvGeometry) -> Vec<f64> {
+    let mut y = vec![0.0; g.n * g.oh * g.ow * g.co];
+    for n in 0..g.n {
+        for i in 0..g.oh {
+            for j in 0..g.ow {
+                for o in 0..g.co {
                     let mut acc = bias.map_or(0.0, |b| b[o]);
-                    for a in 0..s.kh {
-                        for b in 0..s.kw {
-                            let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w))
-                            else {
+                    let c0 = o / g.cog * g.cig;
+                    for a in 0..g.kh {
+                        for b in 0..g.kw {
+                            let (Some(ii), Some(jj)) = (g.in_row(i, a), g.in_col(j, b)) else {
                                 continue;
                             };
-                            for c in 0..s.c_in {
-                                acc += x[((n * s.h + ii) * s.w + jj) * s.c_in + c]
-                                    * kernel[((a * s.kw + b) * s.c_in + c) * s.c_out + o];
+                            for c in 0..g.cig {
+                                acc += x[((n * g.h + ii) * g.w + jj) * g.ci + c0 + c]
+                                    * kernel[((a * g.kw + b) * g.cig + c) * g.co + o];
                             }
                         }
                     }
-                    y[((n * oh + i) * ow + j) * s.c_out + o] = activate(acc, act);
+                    y[((n * g.oh + i) * g.ow + j) * g.co + o] = acc;
                 }
             }
         }
@@ -246,26 +235,24 @@ pub fn conv2d_forward(
     y
 }
 
-/// `dx[n, i + a - pt, j + b - pl, c] += dz[n, i, j, o] * k[a, b, c, o]`: the gradient of
-/// `Σ dz * z` w.r.t. `x`, where `z` is the convolution's pre-activation output.
-pub fn conv2d_backward_input(dz: &[f64], kernel: &[f64], s: &Conv2dShape) -> Vec<f64> {
-    let (oh, ow) = s.out_hw();
-    let (pt, pl) = s.pad_top_left();
-    let mut dx = vec![0.0; s.input_len()];
-    for n in 0..s.n {
-        for i in 0..oh {
-            for j in 0..ow {
-                for o in 0..s.c_out {
-                    let g = dz[((n * oh + i) * ow + j) * s.c_out + o];
-                    for a in 0..s.kh {
-                        for b in 0..s.kw {
-                            let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w))
-                            else {
+/// Visits every (input index, kernel index, output index) triple of a grouped convolution.
+fn grouped_taps(g: &ConvGeometry, mut f: impl FnMut(usize, usize, usize)) {
+    for n in 0..g.n {
+        for i in 0..g.oh {
+            for j in 0..g.ow {
+                for o in 0..g.co {
+                    let c0 = o / g.cog * g.cig;
+                    for a in 0..g.kh {
+                        for b in 0..g.kw {
+                            let (Some(ii), Some(jj)) = (g.in_row(i, a), g.in_col(j, b)) else {
                                 continue;
                             };
-                            for c in 0..s.c_in {
-                                dx[((n * s.h + ii) * s.w + jj) * s.c_in + c] +=
-                                    g * kernel[((a * s.kw + b) * s.c_in + c) * s.c_out + o];
+                            for c in 0..g.cig {
+                                f(
+                                    ((n * g.h + ii) * g.w + jj) * g.ci + c0 + c,
+                                    ((a * g.kw + b) * g.cig + c) * g.co + o,
+                                    ((n * g.oh + i) * g.ow + j) * g.co + o,
+                                );
                             }
                         }
                     }
@@ -273,36 +260,42 @@ pub fn conv2d_backward_input(dz: &[f64], kernel: &[f64], s: &Conv2dShape) -> Vec
             }
         }
     }
+}
+
+fn grouped_backward_input(dz: &[f64], kernel: &[f64], g: &ConvGeometry) -> Vec<f64> {
+    let mut dx = vec![0.0; g.n * g.h * g.w * g.ci];
+    grouped_taps(g, |xi, ki, yi| dx[xi] += dz[yi] * kernel[ki]);
     dx
 }
 
-/// `dk[a, b, c, o] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] * dz[n, i, j, o]`.
-pub fn conv2d_backward_kernel(x: &[f64], dz: &[f64], s: &Conv2dShape) -> Vec<f64> {
-    let (oh, ow) = s.out_hw();
-    let (pt, pl) = s.pad_top_left();
-    let mut dk = vec![0.0; s.kernel_len()];
-    for n in 0..s.n {
-        for i in 0..oh {
-            for j in 0..ow {
-                for o in 0..s.c_out {
-                    let g = dz[((n * oh + i) * ow + j) * s.c_out + o];
-                    for a in 0..s.kh {
-                        for b in 0..s.kw {
-                            let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w))
-                            else {
-                                continue;
-                            };
-                            for c in 0..s.c_in {
-                                dk[((a * s.kw + b) * s.c_in + c) * s.c_out + o] +=
-                                    x[((n * s.h + ii) * s.w + jj) * s.c_in + c] * g;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+fn grouped_backward_kernel(x: &[f64], dz: &[f64], g: &ConvGeometry) -> Vec<f64> {
+    let mut dk = vec![0.0; g.kh * g.kw * g.cig * g.co];
+    grouped_taps(g, |xi, ki, yi| dk[ki] += x[xi] * dz[yi]);
     dk
+}
+
+/// `y[n, i, j, o] = act(bias[o] + Σ_{a, b, c} x[n, i*sh + a*dh - pt, j*sw + b*dw - pl, c] *
+/// k[a, b, c, o])`, out-of-range `x` reading as zero (`s.strides`, `s.dilation`, `s.padding`).
+pub fn conv2d_forward(
+    x: &[f64],
+    kernel: &[f64],
+    bias: Option<&[f64]>,
+    s: &Conv2dShape,
+    act: Activation,
+) -> Vec<f64> {
+    let z = grouped_forward(x, kernel, bias, &ConvGeometry::conv(s));
+    activation(&z, act)
+}
+
+/// `dx[n, i*sh + a*dh - pt, j*sw + b*dw - pl, c] += dz[n, i, j, o] * k[a, b, c, o]`: the
+/// gradient of `Σ dz * z` w.r.t. `x`, where `z` is the convolution's pre-activation output.
+pub fn conv2d_backward_input(dz: &[f64], kernel: &[f64], s: &Conv2dShape) -> Vec<f64> {
+    grouped_backward_input(dz, kernel, &ConvGeometry::conv(s))
+}
+
+/// `dk[a, b, c, o] = Σ_{n, i, j} x[n, i*sh + a*dh - pt, j*sw + b*dw - pl, c] * dz[n, i, j, o]`.
+pub fn conv2d_backward_kernel(x: &[f64], dz: &[f64], s: &Conv2dShape) -> Vec<f64> {
+    grouped_backward_kernel(x, dz, &ConvGeometry::conv(s))
 }
 
 /// Bias gradient of a layer whose pre-activation gradient is `dz` (`[rows, cols]`, channels
@@ -311,77 +304,19 @@ pub fn bias_grad(dz: &[f64], cols: usize) -> Vec<f64> {
     sum_rows(dz, dz.len() / cols.max(1), cols)
 }
 
-/// `y[n, i, j, c] = Σ_{a, b} x[n, i + a - pt, j + b - pl, c] * k[a, b, c, 0]` ('same').
+/// `y[n, i, j, c*m + q] = Σ_{a, b} x[n, i*sh + a*dh - pt, j*sw + b*dw - pl, c] * k[a, b, c, q]`.
 pub fn depthwise_forward(x: &[f64], kernel: &[f64], s: &DepthwiseShape) -> Vec<f64> {
-    let (pt, pl) = s.pad_top_left();
-    let mut y = vec![0.0; s.input_len()];
-    for n in 0..s.n {
-        for i in 0..s.h {
-            for j in 0..s.w {
-                for c in 0..s.c {
-                    let mut acc = 0.0;
-                    for a in 0..s.kh {
-                        for b in 0..s.kw {
-                            if let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w)) {
-                                acc += x[((n * s.h + ii) * s.w + jj) * s.c + c]
-                                    * kernel[(a * s.kw + b) * s.c + c];
-                            }
-                        }
-                    }
-                    y[((n * s.h + i) * s.w + j) * s.c + c] = acc;
-                }
-            }
-        }
-    }
-    y
+    grouped_forward(x, kernel, None, &ConvGeometry::depthwise(s))
 }
 
-/// `dx[n, i + a - pt, j + b - pl, c] += dy[n, i, j, c] * k[a, b, c, 0]`.
+/// `dx[n, i*sh + a*dh - pt, j*sw + b*dw - pl, c] += dy[n, i, j, c*m + q] * k[a, b, c, q]`.
 pub fn depthwise_backward_input(dy: &[f64], kernel: &[f64], s: &DepthwiseShape) -> Vec<f64> {
-    let (pt, pl) = s.pad_top_left();
-    let mut dx = vec![0.0; s.input_len()];
-    for n in 0..s.n {
-        for i in 0..s.h {
-            for j in 0..s.w {
-                for c in 0..s.c {
-                    let g = dy[((n * s.h + i) * s.w + j) * s.c + c];
-                    for a in 0..s.kh {
-                        for b in 0..s.kw {
-                            if let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w)) {
-                                dx[((n * s.h + ii) * s.w + jj) * s.c + c] +=
-                                    g * kernel[(a * s.kw + b) * s.c + c];
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    dx
+    grouped_backward_input(dy, kernel, &ConvGeometry::depthwise(s))
 }
 
-/// `dk[a, b, c, 0] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] * dy[n, i, j, c]`.
+/// `dk[a, b, c, q] = Σ_{n, i, j} x[n, i*sh + a*dh - pt, j*sw + b*dw - pl, c] * dy[n, i, j, c*m + q]`.
 pub fn depthwise_backward_kernel(x: &[f64], dy: &[f64], s: &DepthwiseShape) -> Vec<f64> {
-    let (pt, pl) = s.pad_top_left();
-    let mut dk = vec![0.0; s.kernel_len()];
-    for n in 0..s.n {
-        for i in 0..s.h {
-            for j in 0..s.w {
-                for c in 0..s.c {
-                    let g = dy[((n * s.h + i) * s.w + j) * s.c + c];
-                    for a in 0..s.kh {
-                        for b in 0..s.kw {
-                            if let (Some(ii), Some(jj)) = (tap(i, a, pt, s.h), tap(j, b, pl, s.w)) {
-                                dk[(a * s.kw + b) * s.c + c] +=
-                                    x[((n * s.h + ii) * s.w + jj) * s.c + c] * g;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    dk
+    grouped_backward_kernel(x, dy, &ConvGeometry::depthwise(s))
 }
 
 /// The input positions of the 2×2 window of output `(n, i, j, c)`, in window order
@@ -1112,6 +1047,30 @@ mod tests {
                 kh,
                 kw,
                 padding,
+                strides: [1, 1],
+                dilation: [1, 1],
+            });
+        }
+        // Strides, dilation, rectangular kernels, TF's asymmetric 'same' padding.
+        for (h, w, kh, kw, strides, dilation, padding) in [
+            (7, 6, 3, 3, [2, 2], [1, 1], Padding::Same),
+            (7, 6, 4, 4, [2, 2], [1, 1], Padding::Same),
+            (7, 6, 3, 5, [2, 1], [1, 1], Padding::Valid),
+            (7, 7, 3, 3, [1, 1], [2, 2], Padding::Same),
+            (6, 7, 3, 2, [1, 1], [2, 3], Padding::Valid),
+            (8, 5, 2, 3, [3, 2], [1, 1], Padding::Same),
+        ] {
+            v.push(Conv2dShape {
+                n: 2,
+                h,
+                w,
+                c_in: 2,
+                c_out: 3,
+                kh,
+                kw,
+                padding,
+                strides,
+                dilation,
             });
         }
         v
@@ -1166,24 +1125,40 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let s = DepthwiseShape { n, h, w, c, kh, kw };
-            let seed = 200 + 10 * t as u64;
-            let x = rand(s.input_len(), seed);
-            let k = rand(s.kernel_len(), seed + 1);
-            let dy = rand(s.input_len(), seed + 2);
-            let loss = |x: &[f64], k: &[f64]| dot(&dy, &depthwise_forward(x, k, &s));
-            check_grad(
-                &x,
-                &depthwise_backward_input(&dy, &k, &s),
-                &format!("depthwise dx {s:?}"),
-                |v| loss(v, &k),
-            );
-            check_grad(
-                &k,
-                &depthwise_backward_kernel(&x, &dy, &s),
-                &format!("depthwise dk {s:?}"),
-                |v| loss(&x, v),
-            );
+            let same = DepthwiseShape::same(n, h, w, c, kh, kw);
+            // Each shape also strided with a multiplier, and dilated with 'valid' padding.
+            for s in [
+                same,
+                DepthwiseShape {
+                    multiplier: 2,
+                    strides: [2, 2],
+                    ..same
+                },
+                DepthwiseShape {
+                    multiplier: 3,
+                    padding: Padding::Valid,
+                    dilation: [2, 1],
+                    ..same
+                },
+            ] {
+                let seed = 200 + 10 * t as u64;
+                let x = rand(s.input_len(), seed);
+                let k = rand(s.kernel_len(), seed + 1);
+                let dy = rand(s.output_len(), seed + 2);
+                let loss = |x: &[f64], k: &[f64]| dot(&dy, &depthwise_forward(x, k, &s));
+                check_grad(
+                    &x,
+                    &depthwise_backward_input(&dy, &k, &s),
+                    &format!("depthwise dx {s:?}"),
+                    |v| loss(v, &k),
+                );
+                check_grad(
+                    &k,
+                    &depthwise_backward_kernel(&x, &dy, &s),
+                    &format!("depthwise dk {s:?}"),
+                    |v| loss(&x, v),
+                );
+            }
         }
     }
 

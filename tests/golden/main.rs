@@ -9,6 +9,7 @@
 mod common;
 
 mod activations;
+mod convolutions;
 mod layers;
 mod normalization;
 mod pooling;

@@ -20,13 +20,13 @@
 
 use rayon::prelude::*;
 
-use crate::ops::spec::{Activation, Conv2dShape};
+use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry};
 use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, small_k_bias_act, SmallK, Strided, SMALL_K};
 use super::reduce::sum_rows_leaf;
-use super::{ordered_reduce, with_scratch};
+use super::{conv_general, ordered_reduce, with_scratch};
 
 /// Patch-matrix bytes a task aims for (fits in L2 next to the kernel and the output block).
 const COL_BYTES: usize = 192 * 1024;
@@ -402,6 +402,9 @@ pub(crate) fn conv2d_forward(
             "conv2d_forward: bias must have c_out elements"
         );
     }
+    if !s.is_unit_stride() {
+        return conv_general::forward(x, kernel, bias, y, &ConvGeometry::conv(s), act);
+    }
     correlate(x, kernel, bias, y, &Geometry::forward(s), act);
 }
 
@@ -413,6 +416,9 @@ pub(crate) fn conv2d_forward(
 /// `dz` is correlated with the flipped kernel through the forward machinery.
 pub(crate) fn conv2d_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dShape) {
     check(s, dx.len(), kernel.len(), dz.len(), "conv2d_backward_input");
+    if !s.is_unit_stride() {
+        return conv_general::backward_input(dz, kernel, dx, &ConvGeometry::conv(s));
+    }
     if kernel.is_empty() || dz.is_empty() {
         // Nothing flows back; and an empty kernel's `kh * kw` may be astronomically large.
         dx.fill(0.0);
@@ -497,6 +503,9 @@ fn col2im_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dS
 /// the batch (`dz` is the gradient w.r.t. the pre-activation output).
 pub(crate) fn conv2d_backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], s: &Conv2dShape) {
     check(s, x.len(), dk.len(), dz.len(), "conv2d_backward_kernel");
+    if !s.is_unit_stride() {
+        return conv_general::backward_kernel(x, dz, dk, &ConvGeometry::conv(s));
+    }
     weight_grads(x, OutputGrad::Dz(dz), dk, None, s);
 }
 
@@ -518,6 +527,13 @@ pub(crate) fn conv2d_backward_weights(
     check(s, x.len(), dk.len(), dy.len(), what);
     assert_eq!(y.len(), dy.len(), "{what}: y and dy lengths differ");
     assert_eq!(db.len(), s.c_out, "{what}: db must have c_out elements");
+    if !s.is_unit_stride() {
+        // dz written out whole: the general path is not the tuned first layer.
+        let mut dz = vec![0.0f32; dy.len()];
+        super::activation_backward(dy, y, &mut dz, act);
+        super::sum_rows(&dz, dz.len() / s.c_out.max(1), s.c_out, db);
+        return conv_general::backward_kernel(x, &dz, dk, &ConvGeometry::conv(s));
+    }
     weight_grads(x, OutputGrad::Activated { dy, y, act }, dk, Some(db), s);
 }
 
@@ -651,6 +667,8 @@ pub(super) mod tests {
                 kh,
                 kw,
                 padding,
+                strides: [1, 1],
+                dilation: [1, 1],
             });
         }
         v
@@ -725,6 +743,8 @@ pub(super) mod tests {
             kh: 3,
             kw: 3,
             padding: Padding::Valid,
+            strides: [1, 1],
+            dilation: [1, 1],
         };
         assert_eq!(s.output_len(), 0);
         let (x, k) = (random_vec(s.input_len(), 1), random_vec(s.kernel_len(), 2));

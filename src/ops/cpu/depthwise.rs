@@ -6,10 +6,10 @@
 
 use rayon::prelude::*;
 
-use crate::ops::spec::DepthwiseShape;
+use crate::ops::spec::{Activation, ConvGeometry, DepthwiseShape};
 use crate::shape::product;
 
-use super::{madd, ordered_reduce, prefetch, with_scratch, Vector, V16, V8};
+use super::{conv_general, madd, ordered_reduce, prefetch, with_scratch, Vector, V16, V8};
 
 /// Geometry of one depthwise correlation: input and output are both `[h, w, c]` per image,
 /// `out[i, j] = Σ_{a,b} in[i + a - pt, j + b - pl] * k[a, b]` (out-of-range inputs are zero).
@@ -543,6 +543,30 @@ pub(super) fn flipped(kernel: &[f32], g: Geometry) -> (Vec<f32>, Geometry) {
     (flipped, geometry)
 }
 
+/// Panics unless the slices match a general (strided, multiplier, 'valid') shape.
+fn check_general(s: &DepthwiseShape, x: usize, k: usize, y: usize, what: &str) {
+    assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
+    let input = product(&[s.n, s.h, s.w, s.c]);
+    assert_eq!(
+        input,
+        Some(x),
+        "{what}: input length does not match the shape"
+    );
+    let kernel = product(&[s.kh, s.kw, s.c, s.multiplier]);
+    assert_eq!(
+        kernel,
+        Some(k),
+        "{what}: kernel length does not match the shape"
+    );
+    let (oh, ow) = s.out_hw();
+    let output = product(&[s.n, oh, ow, s.c, s.multiplier]);
+    assert_eq!(
+        output,
+        Some(y),
+        "{what}: output length does not match the shape"
+    );
+}
+
 /// Checks slice lengths against the shape and returns the forward geometry.
 pub(super) fn geometry(s: &DepthwiseShape, x: usize, k: usize, y: usize, what: &str) -> Geometry {
     assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
@@ -578,6 +602,11 @@ pub(super) fn geometry(s: &DepthwiseShape, x: usize, k: usize, y: usize, what: &
 
 /// `y[n, i, j, c] = Σ_{a,b} x[n, i + a - pt, j + b - pl, c] * kernel[a, b, c, 0]` ('same').
 pub(crate) fn depthwise_forward(x: &[f32], kernel: &[f32], y: &mut [f32], s: &DepthwiseShape) {
+    if !s.is_same_unit() {
+        check_general(s, x.len(), kernel.len(), y.len(), "depthwise_forward");
+        let g = ConvGeometry::depthwise(s);
+        return conv_general::forward(x, kernel, None, y, &g, Activation::Linear);
+    }
     let g = geometry(s, x.len(), kernel.len(), y.len(), "depthwise_forward");
     correlate(x, kernel, y, g);
 }
@@ -589,6 +618,16 @@ pub(crate) fn depthwise_backward_input(
     dx: &mut [f32],
     s: &DepthwiseShape,
 ) {
+    if !s.is_same_unit() {
+        check_general(
+            s,
+            dx.len(),
+            kernel.len(),
+            dy.len(),
+            "depthwise_backward_input",
+        );
+        return conv_general::backward_input(dy, kernel, dx, &ConvGeometry::depthwise(s));
+    }
     let g = geometry(
         s,
         dy.len(),
@@ -603,6 +642,10 @@ pub(crate) fn depthwise_backward_input(
 /// Gradient w.r.t. the kernel: `dk[a, b, c] = Σ_{n,i,j} x[n, i + a - pt, j + b - pl, c] *
 /// dy[n, i, j, c]`, per image in f32 and across images in f64.
 pub(crate) fn depthwise_backward_kernel(x: &[f32], dy: &[f32], dk: &mut [f32], s: &DepthwiseShape) {
+    if !s.is_same_unit() {
+        check_general(s, x.len(), dk.len(), dy.len(), "depthwise_backward_kernel");
+        return conv_general::backward_kernel(x, dy, dk, &ConvGeometry::depthwise(s));
+    }
     let g = geometry(s, x.len(), dk.len(), dy.len(), "depthwise_backward_kernel");
     let row = s.w * s.c;
     let image = s.h * row;
@@ -665,7 +708,7 @@ pub(super) mod tests {
         .into_iter()
         .enumerate()
         {
-            let s = DepthwiseShape { n, h, w, c, kh, kw };
+            let s = DepthwiseShape::same(n, h, w, c, kh, kw);
             let x = random_vec(s.input_len(), 700 + t as u64);
             let k = random_vec(s.kernel_len(), 710 + t as u64);
             let dy = random_vec(s.input_len(), 720 + t as u64);

@@ -100,6 +100,7 @@ macro_rules! multiversion {
 
 pub(crate) mod batchnorm;
 pub(crate) mod conv;
+pub(crate) mod conv_general;
 pub(crate) mod depthwise;
 pub(crate) mod dropout;
 pub(crate) mod elementwise;
@@ -416,6 +417,8 @@ mod ordered_tests {
             kh: 3,
             kw: 3,
             padding: Padding::Same,
+            strides: [1, 1],
+            dilation: [1, 1],
         };
         let (x, dz) = (
             random_vec(64 * 28 * 28, 1),
@@ -429,14 +432,7 @@ mod ordered_tests {
             }),
             "conv2d_backward_kernel",
         );
-        let d = DepthwiseShape {
-            n: 16,
-            h: 28,
-            w: 28,
-            c: 32,
-            kh: 3,
-            kw: 3,
-        };
+        let d = DepthwiseShape::same(16, 28, 28, 32, 3, 3);
         let (x, dy) = (random_vec(d.input_len(), 3), random_vec(d.input_len(), 4));
         all_equal(
             &bits_per_pool(|| {

@@ -336,14 +336,7 @@ pub(super) mod tests {
         .enumerate()
         {
             for act in [Activation::Selu, Activation::Linear] {
-                let s = DepthwiseShape {
-                    n,
-                    h,
-                    w,
-                    c,
-                    kh: k,
-                    kw: k,
-                };
+                let s = DepthwiseShape::same(n, h, w, c, k, k);
                 let seed = 900 + 10 * t as u64;
                 let x = random_vec(s.input_len(), seed);
                 let dk = random_vec(s.kernel_len(), seed + 1);

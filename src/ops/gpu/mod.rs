@@ -59,11 +59,13 @@ pub(crate) enum ShaderFamily {
     Activation,
     /// Average pooling (any window, strides, padding) and the global poolings.
     Pooling,
+    /// Strided, dilated and grouped 2-D convolutions and their gradients.
+    Conv2dGeneral,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 14] = [
+    pub(crate) const ALL: [ShaderFamily; 15] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -78,6 +80,7 @@ impl ShaderFamily {
         ShaderFamily::Dropout,
         ShaderFamily::Activation,
         ShaderFamily::Pooling,
+        ShaderFamily::Conv2dGeneral,
     ];
 
     /// The file under `shaders/`.
@@ -97,6 +100,7 @@ impl ShaderFamily {
             ShaderFamily::Dropout => "dropout.wgsl",
             ShaderFamily::Activation => "activation.wgsl",
             ShaderFamily::Pooling => "pooling.wgsl",
+            ShaderFamily::Conv2dGeneral => "conv2d_general.wgsl",
         }
     }
 
@@ -134,6 +138,7 @@ impl ShaderFamily {
                 "dgamma",
                 "dbeta",
             ],
+            ShaderFamily::Conv2dGeneral => &["dk"],
             _ => &[],
         }
     }
@@ -164,6 +169,7 @@ impl ShaderFamily {
             ShaderFamily::Dropout => include_str!("../../../shaders/dropout.wgsl"),
             ShaderFamily::Activation => include_str!("../../../shaders/activation.wgsl"),
             ShaderFamily::Pooling => include_str!("../../../shaders/pooling.wgsl"),
+            ShaderFamily::Conv2dGeneral => include_str!("../../../shaders/conv2d_general.wgsl"),
         }
     }
 }

@@ -41,6 +41,12 @@ use crate::ops::{
 };
 use crate::tensor::{DType, Tensor};
 
+// ---- general (strided, dilated, grouped) convolutions ----
+#[path = "conv_general.rs"]
+mod conv_general;
+use crate::ops::spec::ConvGeometry;
+use conv_general::{CONV_GENERAL_DK, CONV_GENERAL_DX, CONV_GENERAL_FWD};
+
 const fn conv(entry: &'static str) -> Kernel {
     Kernel::new(ShaderFamily::Conv2d, entry)
 }
@@ -89,6 +95,7 @@ pub(crate) const ADAM: Kernel = opt("adam");
 
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[
+    CONV_GENERAL_FWD,
     CONV2D_S,
     CONV2D_V4,
     CONV2D_C1_UBO8,
@@ -103,6 +110,7 @@ pub(crate) const CONV2D: &[Kernel] = &[
 /// (1×1 kernels with 64+ input channels on software adapters: the product on the flipped
 /// kernel.)
 pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
+    CONV_GENERAL_DX,
     CONV2D_FLIP,
     CONV2D_S,
     CONV2D_V4,
@@ -116,6 +124,7 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
 ];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
+    CONV_GENERAL_DK,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK9_V4,
@@ -131,6 +140,7 @@ pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
     gk::ACT_GRAD_SUM_ROWS_V4,
+    CONV_GENERAL_DK,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK9_V4,
@@ -173,8 +183,11 @@ pub(crate) const DENSE_BACKWARD: &[Kernel] = &[
     gk::SPLITK_REDUCE,
     gk::SPLITK_REDUCE_V4,
 ];
-/// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation).
+/// Kernels of `DepthwiseConv2dNative` (and of its input gradient, the same correlation, or
+/// `conv_general_dx` for the general shapes).
 pub(crate) const DEPTHWISE: &[Kernel] = &[
+    CONV_GENERAL_FWD,
+    CONV_GENERAL_DX,
     DEPTHWISE_S,
     DEPTHWISE_V4,
     DEPTHWISE3X3_V4,
@@ -182,6 +195,7 @@ pub(crate) const DEPTHWISE: &[Kernel] = &[
 ];
 /// Kernels of `DepthwiseConv2dNativeBackpropFilter`.
 pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
+    CONV_GENERAL_DK,
     DEPTHWISE_DK_S,
     DEPTHWISE_DK_V4,
     DEPTHWISE3X3_DK_V4,
@@ -981,6 +995,10 @@ impl NnKernels for GpuKernels<'_> {
         if s.output_len() == 0 {
             return Ok(());
         }
+        if !s.is_unit_stride() {
+            let g = ConvGeometry::conv(s);
+            return self.conv_general_forward(x, kernel, bias, y, &g, act);
+        }
         if s.kh == 1 && s.kw == 1 && pointwise_as_product(s) {
             // A 1×1 convolution is the product [n·h·w, c_in] · [c_in, c_out].
             let dims = MatmulDims {
@@ -1015,6 +1033,9 @@ impl NnKernels for GpuKernels<'_> {
     ) -> Result<()> {
         if s.input_len() == 0 {
             return Ok(());
+        }
+        if !s.is_unit_stride() {
+            return self.conv_general_backward_input(dz, kernel, dx, &ConvGeometry::conv(s));
         }
         if dz.is_empty() || kernel.is_empty() {
             // No output pixels or no output channels: nothing flows back.
@@ -1090,6 +1111,9 @@ impl NnKernels for GpuKernels<'_> {
         if dk.is_empty() {
             return Ok(());
         }
+        if !s.is_unit_stride() {
+            return self.conv_general_backward_kernel(x, dz, dk, &ConvGeometry::conv(s));
+        }
         let (oh, ow) = s.out_hw();
         let pixels = s.n * oh * ow;
         if pixels == 0 {
@@ -1110,6 +1134,10 @@ impl NnKernels for GpuKernels<'_> {
     }
 
     fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()> {
+        if !s.is_same_unit() {
+            let g = ConvGeometry::depthwise(s);
+            return self.conv_general_forward(x, kernel, None, y, &g, Activation::Linear);
+        }
         self.depthwise_launch(x, kernel, y, s, false)
     }
 
@@ -1120,6 +1148,10 @@ impl NnKernels for GpuKernels<'_> {
         dx: &Tensor,
         s: &DepthwiseShape,
     ) -> Result<()> {
+        if !s.is_same_unit() {
+            let g = ConvGeometry::depthwise(s);
+            return self.conv_general_backward_input(dy, kernel, dx, &g);
+        }
         self.depthwise_launch(dy, kernel, dx, s, true)
     }
 
@@ -1132,6 +1164,10 @@ impl NnKernels for GpuKernels<'_> {
     ) -> Result<()> {
         if dk.is_empty() {
             return Ok(());
+        }
+        if !s.is_same_unit() {
+            let g = ConvGeometry::depthwise(s);
+            return self.conv_general_backward_kernel(x, dy, dk, &g);
         }
         let pixels = s.n * s.h * s.w;
         if pixels == 0 {
@@ -1322,6 +1358,20 @@ impl NnKernels for GpuKernels<'_> {
 
     fn dropout_grad(&self, dy: &Tensor, mask: &Tensor, dx: &Tensor) -> Result<()> {
         self.dropout_grad_impl(dy, mask, dx)
+    }
+
+    // ---- general convolutions ----
+    fn depthwise_bias_act(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        s: &DepthwiseShape,
+        act: Activation,
+    ) -> Result<()> {
+        let g = ConvGeometry::depthwise(s);
+        self.conv_general_forward(x, kernel, bias, y, &g, act)
     }
 
     fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {

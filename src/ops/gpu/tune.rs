@@ -678,10 +678,7 @@ fn load(path: &std::path::Path, build: &str) -> std::io::Result<Vec<(String, Str
 /// # Errors
 /// An error saying what is not our format.
 #[doc(hidden)]
-pub fn parse_cache(
-    bytes: &[u8],
-    build: &str,
-) -> std::io::Result<Vec<(String, String, String)>> {
+pub fn parse_cache(bytes: &[u8], build: &str) -> std::io::Result<Vec<(String, String, String)>> {
     let text = std::str::from_utf8(bytes).map_err(|_| std::io::Error::other("not UTF-8"))?;
     let mut lines = text.lines();
     if lines.next() != Some(HEADER) {

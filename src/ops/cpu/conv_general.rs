@@ -1,0 +1,336 @@
+//! Convolutions the stride-1 kernels of `conv.rs` and `depthwise.rs` do not serve: strides,
+//! dilation, TensorFlow's asymmetric 'same' padding, and depthwise convolutions with a depth
+//! multiplier or 'valid' padding (see [`ConvGeometry`]: a depthwise convolution is a grouped one
+//! with one input channel per group).
+//!
+//! A full convolution (one group) goes through an im2col per image into the gemm crate: the
+//! patches `[oh*ow, kh*kw*c_in]` times the kernel `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ`
+//! scattered back (col2im) for the input gradient, `patchesᵀ · dz` summed over the images for
+//! the kernel's. Grouped convolutions (depthwise) have a few taps per output: direct loops.
+//! Images run in parallel; the kernel gradients are summed per image in a fixed order
+//! ([`ordered_reduce`]), so a run gives the same bits every time.
+
+use rayon::prelude::*;
+
+use super::elementwise::bias_act_rows;
+use super::gemm::{gemm_strided, Strided};
+use super::{ordered_reduce, with_scratch};
+use crate::ops::spec::{Activation, ConvGeometry};
+
+/// The patches of image `x` (`[h, w, ci]`) for group 0 of a one-group convolution:
+/// `col[(i * ow + j) * taps + (a * kw + b) * ci + c]`, zero where a tap falls in the padding.
+fn im2col(x: &[f32], g: &ConvGeometry, col: &mut [f32]) {
+    let taps = g.taps();
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            let row = &mut col[(i * g.ow + j) * taps..][..taps];
+            for a in 0..g.kh {
+                for b in 0..g.kw {
+                    let dst = &mut row[(a * g.kw + b) * g.ci..][..g.ci];
+                    match (g.in_row(i, a), g.in_col(j, b)) {
+                        (Some(r), Some(c)) => {
+                            dst.copy_from_slice(&x[(r * g.w + c) * g.ci..][..g.ci]);
+                        }
+                        _ => dst.fill(0.0),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: adds each patch entry back into its input pixel (`dx` zeroed
+/// first by the caller).
+fn col2im(col: &[f32], g: &ConvGeometry, dx: &mut [f32]) {
+    let taps = g.taps();
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            let row = &col[(i * g.ow + j) * taps..][..taps];
+            for a in 0..g.kh {
+                let Some(r) = g.in_row(i, a) else { continue };
+                for b in 0..g.kw {
+                    let Some(c) = g.in_col(j, b) else { continue };
+                    let src = &row[(a * g.kw + b) * g.ci..][..g.ci];
+                    let dst = &mut dx[(r * g.w + c) * g.ci..][..g.ci];
+                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                }
+            }
+        }
+    }
+}
+
+fn image_lens(g: &ConvGeometry) -> (usize, usize) {
+    (g.h * g.w * g.ci, g.oh * g.ow * g.co)
+}
+
+/// `y = act(conv(x, kernel) + bias)` for the general geometry `g`.
+pub(crate) fn forward(
+    x: &[f32],
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    g: &ConvGeometry,
+    act: Activation,
+) {
+    let (image_in, image_out) = image_lens(g);
+    if y.is_empty() {
+        return;
+    }
+    if image_in == 0 || kernel.is_empty() {
+        y.fill(0.0);
+        y.par_chunks_mut(image_out.max(1))
+            .for_each(|y| bias_act_rows(y, bias, g.co, act));
+        return;
+    }
+    let (pixels, taps) = (g.oh * g.ow, g.taps());
+    y.par_chunks_mut(image_out)
+        .zip(x.par_chunks(image_in))
+        .for_each(|(y, x)| {
+            if g.cig == g.ci {
+                with_scratch(pixels * taps, |col| {
+                    im2col(x, g, col);
+                    let (lhs, rhs) = (
+                        Strided::row_major(col, taps),
+                        Strided::row_major(kernel, g.co),
+                    );
+                    gemm_strided(y, pixels, g.co, taps, lhs, rhs, false, false);
+                });
+            } else {
+                grouped_image_forward(x, kernel, y, g);
+            }
+            bias_act_rows(y, bias, g.co, act);
+        });
+}
+
+/// One image of a grouped convolution, direct loops.
+fn grouped_image_forward(x: &[f32], kernel: &[f32], y: &mut [f32], g: &ConvGeometry) {
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            let out = &mut y[(i * g.ow + j) * g.co..][..g.co];
+            out.fill(0.0);
+            for a in 0..g.kh {
+                let Some(r) = g.in_row(i, a) else { continue };
+                for b in 0..g.kw {
+                    let Some(c) = g.in_col(j, b) else { continue };
+                    let px = &x[(r * g.w + c) * g.ci..][..g.ci];
+                    let k = &kernel[(a * g.kw + b) * g.cig * g.co..][..g.cig * g.co];
+                    for (o, acc) in out.iter_mut().enumerate() {
+                        let c0 = o / g.cog * g.cig;
+                        for q in 0..g.cig {
+                            *acc += px[c0 + q] * k[q * g.co + o];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The input gradient `dx` from `dz` (w.r.t. the pre-activation output).
+pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &ConvGeometry) {
+    let (image_in, image_out) = image_lens(g);
+    dx.fill(0.0);
+    if image_in == 0 || image_out == 0 || kernel.is_empty() {
+        return;
+    }
+    let (pixels, taps) = (g.oh * g.ow, g.taps());
+    dx.par_chunks_mut(image_in)
+        .zip(dz.par_chunks(image_out))
+        .for_each(|(dx, dz)| {
+            if g.cig == g.ci {
+                with_scratch(pixels * taps, |col| {
+                    // col = dz · kernelᵀ: [pixels, co] · [co, taps].
+                    let (lhs, rhs) = (
+                        Strided::row_major(dz, g.co),
+                        Strided::transposed(kernel, g.co),
+                    );
+                    gemm_strided(col, pixels, taps, g.co, lhs, rhs, false, false);
+                    col2im(col, g, dx);
+                });
+            } else {
+                grouped_image_backward_input(dz, kernel, dx, g);
+            }
+        });
+}
+
+fn grouped_image_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &ConvGeometry) {
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            let d = &dz[(i * g.ow + j) * g.co..][..g.co];
+            for a in 0..g.kh {
+                let Some(r) = g.in_row(i, a) else { continue };
+                for b in 0..g.kw {
+                    let Some(c) = g.in_col(j, b) else { continue };
+                    let px = &mut dx[(r * g.w + c) * g.ci..][..g.ci];
+                    let k = &kernel[(a * g.kw + b) * g.cig * g.co..][..g.cig * g.co];
+                    for (o, &dv) in d.iter().enumerate() {
+                        let c0 = o / g.cog * g.cig;
+                        for q in 0..g.cig {
+                            px[c0 + q] += dv * k[q * g.co + o];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The kernel gradient `dk` `[kh, kw, cig, co]` from `x` and `dz`, summed over the images.
+pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {
+    let (image_in, image_out) = image_lens(g);
+    if dk.is_empty() {
+        return;
+    }
+    if image_in == 0 || image_out == 0 {
+        dk.fill(0.0);
+        return;
+    }
+    let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());
+    let total = ordered_reduce(
+        g.n,
+        || vec![0.0f32; len],
+        |mut acc, n| {
+            let x = &x[n * image_in..][..image_in];
+            let dz = &dz[n * image_out..][..image_out];
+            if g.cig == g.ci {
+                with_scratch(pixels * taps, |col| {
+                    im2col(x, g, col);
+                    let (lhs, rhs) = (Strided::transposed(col, taps), Strided::row_major(dz, g.co));
+                    gemm_strided(&mut acc, taps, g.co, pixels, lhs, rhs, true, false);
+                });
+            } else {
+                grouped_image_backward_kernel(x, dz, &mut acc, g);
+            }
+            acc
+        },
+        |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        },
+    );
+    match total {
+        Some(t) => dk.copy_from_slice(&t),
+        None => dk.fill(0.0),
+    }
+}
+
+fn grouped_image_backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            let d = &dz[(i * g.ow + j) * g.co..][..g.co];
+            for a in 0..g.kh {
+                let Some(r) = g.in_row(i, a) else { continue };
+                for b in 0..g.kw {
+                    let Some(c) = g.in_col(j, b) else { continue };
+                    let px = &x[(r * g.w + c) * g.ci..][..g.ci];
+                    let k = &mut dk[(a * g.kw + b) * g.cig * g.co..][..g.cig * g.co];
+                    for (o, &dv) in d.iter().enumerate() {
+                        let c0 = o / g.cog * g.cig;
+                        for q in 0..g.cig {
+                            k[q * g.co + o] += px[c0 + q] * dv;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
+    use crate::ops::spec::{Conv2dShape, DepthwiseShape, Padding};
+
+    fn conv_cases() -> Vec<Conv2dShape> {
+        let mut v = Vec::new();
+        for (h, w, kh, kw, strides, dilation, padding) in [
+            (7, 6, 3, 3, [2, 2], [1, 1], Padding::Same),
+            (7, 6, 4, 4, [2, 2], [1, 1], Padding::Same),
+            (7, 6, 3, 5, [2, 1], [1, 1], Padding::Valid),
+            (9, 8, 3, 3, [1, 1], [2, 2], Padding::Same),
+            (2, 3, 3, 3, [2, 2], [1, 1], Padding::Valid),
+        ] {
+            v.push(Conv2dShape {
+                n: 3,
+                h,
+                w,
+                c_in: 3,
+                c_out: 5,
+                kh,
+                kw,
+                padding,
+                strides,
+                dilation,
+            });
+        }
+        v
+    }
+
+    #[test]
+    fn general_conv_matches_the_oracle() {
+        for (t, s) in conv_cases().into_iter().enumerate() {
+            let g = ConvGeometry::conv(&s);
+            let seed = 40 + 10 * t as u64;
+            let x = random_vec(s.input_len(), seed);
+            let k = random_vec(s.kernel_len(), seed + 1);
+            let b = random_vec(s.c_out, seed + 2);
+            let dz = random_vec(s.output_len(), seed + 3);
+            let mut y = vec![f32::NAN; s.output_len()];
+            forward(&x, &k, Some(&b), &mut y, &g, Activation::Selu);
+            let want = r::conv2d_forward(
+                &to_f64(&x),
+                &to_f64(&k),
+                Some(&to_f64(&b)),
+                &s,
+                Activation::Selu,
+            );
+            assert_close(&y, &want, 1e-5, &format!("forward {s:?}"));
+            let mut dx = vec![f32::NAN; s.input_len()];
+            backward_input(&dz, &k, &mut dx, &g);
+            let want = r::conv2d_backward_input(&to_f64(&dz), &to_f64(&k), &s);
+            assert_close(&dx, &want, 1e-5, &format!("dx {s:?}"));
+            let mut dk = vec![f32::NAN; s.kernel_len()];
+            backward_kernel(&x, &dz, &mut dk, &g);
+            let want = r::conv2d_backward_kernel(&to_f64(&x), &to_f64(&dz), &s);
+            assert_close(&dk, &want, 1e-5, &format!("dk {s:?}"));
+        }
+    }
+
+    #[test]
+    fn general_depthwise_matches_the_oracle() {
+        for (t, s) in conv_cases().into_iter().enumerate() {
+            for multiplier in [1, 2] {
+                let d = DepthwiseShape {
+                    n: s.n,
+                    h: s.h,
+                    w: s.w,
+                    c: 3,
+                    kh: s.kh,
+                    kw: s.kw,
+                    multiplier,
+                    padding: s.padding,
+                    strides: s.strides,
+                    dilation: s.dilation,
+                };
+                let g = ConvGeometry::depthwise(&d);
+                let seed = 80 + 10 * t as u64;
+                let x = random_vec(d.input_len(), seed);
+                let k = random_vec(d.kernel_len(), seed + 1);
+                let dy = random_vec(d.output_len(), seed + 2);
+                let mut y = vec![f32::NAN; d.output_len()];
+                forward(&x, &k, None, &mut y, &g, Activation::Linear);
+                let want = r::depthwise_forward(&to_f64(&x), &to_f64(&k), &d);
+                assert_close(&y, &want, 1e-5, &format!("forward {d:?}"));
+                let mut dx = vec![f32::NAN; d.input_len()];
+                backward_input(&dy, &k, &mut dx, &g);
+                let want = r::depthwise_backward_input(&to_f64(&dy), &to_f64(&k), &d);
+                assert_close(&dx, &want, 1e-5, &format!("dx {d:?}"));
+                let mut dk = vec![f32::NAN; d.kernel_len()];
+                backward_kernel(&x, &dy, &mut dk, &g);
+                let want = r::depthwise_backward_kernel(&to_f64(&x), &to_f64(&dy), &d);
+                assert_close(&dk, &want, 1e-5, &format!("dk {d:?}"));
+            }
+        }
+    }
+}
