@@ -53,6 +53,7 @@ mod multi_worker;
 mod optimizer;
 mod pass;
 mod pipeline;
+mod schedules;
 mod sequential;
 mod step_output;
 mod summary;
@@ -68,6 +69,9 @@ pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
 pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
+// ---- optimizers, schedules, callbacks (Keras 3 additions) ----
+pub use optimizer::{AdamW, BaseOptions, RmsProp};
+pub use schedules::{CosineDecay, ExponentialDecay, LearningRateSchedule, PiecewiseConstantDecay};
 pub use pipeline::{Pipeline, Schedule, StageStats};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;

@@ -583,6 +583,49 @@ impl Sequential {
         self.compiled.as_ref().and_then(|c| c.optimizer.loss_scale)
     }
 
+    /// The learning rate the next training step uses (Keras' `optimizer.learning_rate`): a
+    /// schedule's value at [`iterations`](Sequential::iterations), or the constant rate (as
+    /// compiled, or as [`set_learning_rate`](Sequential::set_learning_rate) left it); `None`
+    /// before `compile`.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, ExponentialDecay, Loss, Sequential, Sgd};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).input_shape(&[3]))?;
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1), &[])?;
+    /// model.set_learning_rate(0.05)?;
+    /// assert_eq!(model.learning_rate(), Some(0.05));
+    /// let schedule = ExponentialDecay::new(0.1, 10, 0.5);
+    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default().learning_rate_schedule(schedule), &[])?;
+    /// assert_eq!(model.learning_rate(), Some(0.1));
+    /// assert!(model.set_learning_rate(0.05).is_err()); // a schedule's rate is not settable
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn learning_rate(&self) -> Option<f32> {
+        self.compiled.as_ref().map(|c| c.optimizer.learning_rate())
+    }
+
+    /// Sets the constant learning rate (`model.optimizer.learning_rate = lr`), on every
+    /// replica: what `ReduceLROnPlateau` and `LearningRateScheduler` do.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] when the optimizer has a
+    /// schedule (Keras' `TypeError`) or for a rate that is not a finite number >= 0.
+    pub fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+        let compiled = self.compiled.as_mut().ok_or_else(|| {
+            Error::Model("set_learning_rate: the model is not compiled".into())
+        })?;
+        compiled.optimizer.set_learning_rate(lr)?;
+        if let Some(m) = self.mirrors.as_mut() {
+            for r in m.replicas.iter_mut() {
+                if let Some(opt) = r.optimizer.as_mut() {
+                    opt.set_learning_rate(lr)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Training steps run since `compile` (Keras' `optimizer.iterations`; steps that loss
     /// scaling skipped are not counted).
     pub fn iterations(&self) -> u64 {
@@ -921,6 +964,8 @@ impl Sequential {
             compiled.optimizer.finish_step(false);
             return Ok(());
         };
+        // Clipped after unscaling and after the pipeline's per-layer sums, as Keras clips.
+        let grads = compiled.optimizer.clipped(&grads)?;
         let layer_weights: Vec<Vec<&Tensor>> = self
             .entries
             .iter()

@@ -9,6 +9,7 @@ use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::Result;
 use crate::ops::cpu;
+use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
@@ -436,6 +437,50 @@ impl NnKernels for HostKernels {
             write(v).f32(),
             p,
         );
+        Ok(())
+    }
+
+    // ---- RMSprop, weight decay, gradient clipping ----
+
+    fn rmsprop(
+        &self,
+        w: &Tensor,
+        g: &Tensor,
+        v: &Tensor,
+        average: Option<&Tensor>,
+        momentum: Option<&Tensor>,
+        p: &RmspropParams,
+    ) -> Result<()> {
+        let mut average = average.map(write);
+        let mut momentum = momentum.map(write);
+        cpu::rmsprop(
+            write(w).f32(),
+            Inputs::lock(&[g]).f32(0),
+            write(v).f32(),
+            average.as_mut().map(|a| a.f32()),
+            momentum.as_mut().map(|m| m.f32()),
+            p,
+        );
+        Ok(())
+    }
+
+    fn weight_decay(&self, w: &Tensor, wd: f32, lr: f32) -> Result<()> {
+        cpu::weight_decay(write(w).f32(), wd, lr);
+        Ok(())
+    }
+
+    fn clip(
+        &self,
+        g: &Tensor,
+        sum_squares: Option<&Tensor>,
+        out: &Tensor,
+        mode: ClipMode,
+    ) -> Result<()> {
+        let ss = match sum_squares {
+            Some(t) => Inputs::lock(&[t]).f32(0).first().copied().unwrap_or(0.0),
+            None => 0.0,
+        };
+        cpu::clip(Inputs::lock(&[g]).f32(0), write(out).f32(), mode, ss);
         Ok(())
     }
 }
