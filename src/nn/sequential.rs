@@ -592,11 +592,12 @@ impl Sequential {
     /// use anygpu::nn::{Dense, ExponentialDecay, Loss, Sequential, Sgd};
     /// let mut model = Sequential::new();
     /// model.add(Dense::new(2).input_shape(&[3]))?;
-    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1), &[])?;
+    /// let loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
+    /// model.compile(loss, Sgd::new(0.1), &[])?;
     /// model.set_learning_rate(0.05)?;
     /// assert_eq!(model.learning_rate(), Some(0.05));
     /// let schedule = ExponentialDecay::new(0.1, 10, 0.5);
-    /// model.compile(Loss::sparse_categorical_crossentropy(), Sgd::default().learning_rate_schedule(schedule), &[])?;
+    /// model.compile(loss, Sgd::default().learning_rate_schedule(schedule), &[])?;
     /// assert_eq!(model.learning_rate(), Some(0.1));
     /// assert!(model.set_learning_rate(0.05).is_err()); // a schedule's rate is not settable
     /// # Ok::<(), anygpu::Error>(())
@@ -853,7 +854,7 @@ impl Sequential {
             None => self.serial_gradients(x, y, (accuracy, factor))?,
         };
         if update {
-            self.apply_gradients(&grads)?;
+            self.apply_layer_gradients(&grads)?;
         }
         let out = StepOutput::new(vec![part], n);
         Ok((out, grads.into_iter().flatten().collect()))
@@ -955,7 +956,7 @@ impl Sequential {
     /// allocation of an update), then every weight is updated in place and the step counted.
     /// Under loss scaling the gradients are checked and unscaled first; a step whose gradients
     /// are not all finite updates nothing and only moves the scale.
-    fn apply_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
+    fn apply_layer_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
         let compiled = self
             .compiled
             .as_mut()
@@ -980,6 +981,54 @@ impl Sequential {
         }
         compiled.optimizer.finish_step(true);
         Ok(())
+    }
+
+    /// One optimizer step with the given gradients, one per weight in
+    /// [`weights`](Sequential::weights) order (Keras' `model.optimizer.apply_gradients(zip(grads,
+    /// model.trainable_variables))`): loss-scale unscaling and its check (the gradients are taken
+    /// as scaled, as Keras' `LossScaleOptimizer.apply_gradients` takes them), clipping, weight
+    /// decay, the update, `iterations`.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Loss, Sequential, Sgd};
+    /// use anygpu::Tensor;
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(1).input_shape(&[1]))?;
+    /// model.compile(Loss::SparseCategoricalCrossentropy { from_logits: true }, Sgd::new(0.5), &[])?;
+    /// model.set_weights(&[vec![1.0], vec![0.0]])?;
+    /// model.apply_gradients(&[Tensor::from_slice(&[2.0f32], &[1, 1])?, Tensor::from_slice(&[-2.0f32], &[1])?])?;
+    /// assert_eq!(model.get_weights()?, vec![vec![0.0], vec![1.0]]);
+    /// assert_eq!(model.iterations(), 1);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile` or under a [`MirroredStrategy`] (whose replicas update
+    /// from their summed gradients in `fit`); [`Error::InvalidArgument`] for a count of
+    /// gradients other than the weights'; shape and device errors.
+    pub fn apply_gradients(&mut self, grads: &[Tensor]) -> Result<()> {
+        if self.mirrors.is_some() {
+            return Err(Error::Model(
+                "apply_gradients: the model is mirrored by a MirroredStrategy; its replicas \
+                 update in fit and train_step"
+                    .into(),
+            ));
+        }
+        let counts: Vec<usize> = self.entries.iter().map(|e| e.layer.weights().len()).collect();
+        let total: usize = counts.iter().sum();
+        if grads.len() != total {
+            return Err(Error::InvalidArgument(format!(
+                "apply_gradients: {} gradients for {total} weights",
+                grads.len()
+            )));
+        }
+        let mut rest = grads.iter().cloned();
+        let per_layer: Vec<Vec<Tensor>> = counts
+            .iter()
+            .map(|&n| rest.by_ref().take(n).collect())
+            .collect();
+        self.apply_layer_gradients(&per_layer)
     }
 
     /// A data-parallel step over the strategy's replicas.
@@ -1071,7 +1120,7 @@ impl Sequential {
             let loss = (compiled.accuracy, compiled.optimizer.loss_factor());
             self.check_host_batch("fit", batch)?;
             let out = self.pipelined(p, Examples::Host(HostBatch::from(batch)), loss)?;
-            self.apply_gradients(&out.grads)?;
+            self.apply_layer_gradients(&out.grads)?;
             return Ok(StepOutput::new(vec![out.part], batch.y.len()));
         }
         let (x, y) = self.batch_tensors("fit", batch)?;

@@ -9,6 +9,7 @@
 mod common;
 
 mod layers;
+mod optimizers;
 
 use anygpu::nn::{Activation, Layer};
 use anygpu::ops::spec::Padding;
