@@ -48,6 +48,7 @@ mod layers;
 mod loss;
 mod metrics;
 mod mirrored;
+mod monitor;
 #[cfg(feature = "mpi")]
 mod multi_worker;
 mod optimizer;
@@ -71,6 +72,7 @@ pub use metrics::Metric;
 pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
 // ---- optimizers, schedules, callbacks (Keras 3 additions) ----
 pub use optimizer::{AdamW, BaseOptions, RmsProp};
+pub use monitor::{EarlyStopping, LearningRateScheduler, MonitorMode, ReduceLROnPlateau};
 pub use schedules::{CosineDecay, ExponentialDecay, LearningRateSchedule, PiecewiseConstantDecay};
 pub use pipeline::{Pipeline, Schedule, StageStats};
 pub use sequential::Sequential;

@@ -84,6 +84,8 @@ pub struct Sequential {
     pipeline: Option<Pipeline>,
     /// What each stage did in the last pipelined step.
     pipeline_stats: Vec<StageStats>,
+    /// Keras' `model.stop_training`: set by a callback, `fit` stops after the epoch.
+    pub(super) stop_training: bool,
 }
 
 impl fmt::Debug for Sequential {
@@ -142,6 +144,7 @@ impl Sequential {
             history: History::default(),
             pipeline: None,
             pipeline_stats: Vec::new(),
+            stop_training: false,
         }
     }
 
@@ -625,6 +628,17 @@ impl Sequential {
             }
         }
         Ok(())
+    }
+
+    /// Keras' `model.stop_training`: whether a callback asked `fit` to stop (it stops once
+    /// the current epoch is done; `fit` clears it when it starts).
+    pub fn stop_training(&self) -> bool {
+        self.stop_training
+    }
+
+    /// Sets `model.stop_training` (what [`EarlyStopping`](crate::nn::EarlyStopping) does).
+    pub fn set_stop_training(&mut self, stop: bool) {
+        self.stop_training = stop;
     }
 
     /// Training steps run since `compile` (Keras' `optimizer.iterations`; steps that loss
