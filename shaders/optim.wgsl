@@ -19,8 +19,8 @@
 //   weight_decay  w -= w * wd * lr (Keras' decoupled decay, before an update).  binding w
 //   clip_norm     w = g * clip / max(norm, clip), norm = sqrt(m[0]) (m[0] when m[0] <= 0):
 //                 tf.clip_by_norm into a new tensor w; with mode 1, w = g * (clip *
-//                 min(1 / norm, inverse_clip) + (norm - norm)), norm = sqrt(m[0]): the
-//                 global norm's scale.                                  bindings w, g, m
+//                 min(1 / norm, inverse_clip)), norm = sqrt(m[0]), NaN when m[0] is not
+//                 finite: the global norm's scale.                      bindings w, g, m
 //   clip_value    w = min(max(g, -clip), clip).                         bindings w, g
 // Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v, 5 s: storage read_write array<f32>.
 // Tensors go to the used bindings in ascending order.
@@ -162,8 +162,14 @@ fn clip_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if (i >= p.n) { return; }
     let sum_squares = m[0];
     if (p.mode == 1u) {
+        // Keras' `+ (norm - norm)` makes the scale NaN for a norm that is not finite; shader
+        // compilers may fold that to 0, so the exponent bits decide.
+        if ((bitcast<u32>(sum_squares) & 0x7f800000u) == 0x7f800000u) {
+            w[i] = bitcast<f32>(0x7fc00000u);
+            return;
+        }
         let norm = sqrt(sum_squares);
-        let scale = p.clip * min(1.0 / norm, p.inverse_clip) + (norm - norm);
+        let scale = p.clip * min(1.0 / norm, p.inverse_clip);
         w[i] = g[i] * scale;
     } else {
         var norm = sum_squares;

@@ -261,7 +261,16 @@ multiversion! {
     /// `out = clamp(g * mul / div)`.
     fn clip_leaf(g: &[f32], out: &mut [f32], c: ClipStep) {
         for (o, &g) in out.iter_mut().zip(g) {
-            *o = (g * c.mul / c.div).max(c.lo).min(c.hi);
+            // Comparisons, not f32::max/min, so that a NaN stays NaN (a global norm that is
+            // not finite makes every gradient NaN, as in Keras).
+            let x = g * c.mul / c.div;
+            *o = if x < c.lo {
+                c.lo
+            } else if x > c.hi {
+                c.hi
+            } else {
+                x
+            };
         }
     }
 }
