@@ -531,7 +531,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         let mut model = nn::tutorial_cnn(args.seed, if mirrored { &[] } else { &devices })?;
         model.compile(
             Loss::sparse_categorical_crossentropy(),
-            optimizer,
+            optimizer.clone(),
             &[Metric::Accuracy],
         )?;
         Ok(model)
@@ -555,7 +555,7 @@ fn run(args: Args) -> Result<(), BoxError> {
         },
     };
     // What compile made of it (wrapped in loss scaling under mixed_float16).
-    let optimizer = model.optimizer().copied().unwrap_or(optimizer);
+    let optimizer = model.optimizer().cloned().unwrap_or(optimizer);
     let devices = model.devices();
     if chief {
         model.print_summary();

@@ -72,7 +72,12 @@ fn rmsprop_decay_and_clipping_kernels_match_the_oracle_on_every_device() {
                     epsilon: 1e-7,
                     centered,
                 };
-                let (wt, vt, at, mt) = (put(&dev, &w), put(&dev, &v0), put(&dev, &a0), put(&dev, &m0));
+                let (wt, vt, at, mt) = (
+                    put(&dev, &w),
+                    put(&dev, &v0),
+                    put(&dev, &a0),
+                    put(&dev, &m0),
+                );
                 ops::rmsprop_update(
                     &wt,
                     &gt,
@@ -104,7 +109,12 @@ fn rmsprop_decay_and_clipping_kernels_match_the_oracle_on_every_device() {
 
             let wt = put(&dev, &w);
             ops::weight_decay_update(&wt, 0.004, 0.01).expect("weight decay");
-            assert_close(&get(&wt), &r::weight_decay(&w64, 0.004, 0.01), 1e-7, &format!("decay {what}"));
+            assert_close(
+                &get(&wt),
+                &r::weight_decay(&w64, 0.004, 0.01),
+                1e-7,
+                &format!("decay {what}"),
+            );
 
             let sum_squares: f64 = g64.iter().map(|g| g * g).sum();
             let st = Tensor::from_slice_on(&[sum_squares as f32], &[1], &dev).expect("upload");
@@ -120,12 +130,20 @@ fn rmsprop_decay_and_clipping_kernels_match_the_oracle_on_every_device() {
                 let out = ops::clip_gradient(&gt, Some(ss), mode)
                     .unwrap_or_else(|e| panic!("{mode:?} {what}: {e}"));
                 assert_eq!(out.device(), dev.full_name(), "{mode:?} {what}: placement");
-                assert_close(&get(&out), &r::clip(&g64, mode, ss64), 1e-6, &format!("{mode:?} {what}"));
+                assert_close(
+                    &get(&out),
+                    &r::clip(&g64, mode, ss64),
+                    1e-6,
+                    &format!("{mode:?} {what}"),
+                );
             }
             // A global norm that is not finite gives NaN everywhere, as Keras' clip_by_global_norm.
             let inf = Tensor::from_slice_on(&[f32::INFINITY], &[1], &dev).expect("upload");
             let out = ops::clip_gradient(&gt, Some(&inf), ClipMode::GlobalNorm(1.0)).expect("clip");
-            assert!(get(&out).iter().all(|v| v.is_nan()), "{what}: infinite global norm");
+            assert!(
+                get(&out).iter().all(|v| v.is_nan()),
+                "{what}: infinite global norm"
+            );
         }
     }
 }
@@ -135,15 +153,32 @@ fn clip_values_and_sums_are_checked() {
     let rt = common::builder().build().expect("rt");
     let cpu = rt.cpu().expect("CPU:0");
     let g = put(&cpu, &[1.0, 2.0]);
-    assert!(ops::clip_gradient(&g, None, ClipMode::Norm(1.0)).is_err(), "a norm needs its sum");
-    assert!(ops::clip_gradient(&g, None, ClipMode::Value(0.0)).is_err(), "clip 0");
-    assert!(ops::clip_gradient(&g, Some(&g), ClipMode::Norm(1.0)).is_err(), "two-element sum");
+    assert!(
+        ops::clip_gradient(&g, None, ClipMode::Norm(1.0)).is_err(),
+        "a norm needs its sum"
+    );
+    assert!(
+        ops::clip_gradient(&g, None, ClipMode::Value(0.0)).is_err(),
+        "clip 0"
+    );
+    assert!(
+        ops::clip_gradient(&g, Some(&g), ClipMode::Norm(1.0)).is_err(),
+        "two-element sum"
+    );
     let err = Sgd::new(0.1).clipnorm(1.0).clipvalue(1.0);
     let mut m = small_cnn(1).expect("model");
     let e = m
-        .compile(anygpu::nn::Loss::sparse_categorical_crossentropy(), err, &[])
+        .compile(
+            anygpu::nn::Loss::sparse_categorical_crossentropy(),
+            err,
+            &[],
+        )
         .expect_err("two clips");
-    assert!(e.to_string().contains("Only one of `clipnorm`, `clipvalue` and `global_clipnorm`"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("Only one of `clipnorm`, `clipvalue` and `global_clipnorm`"),
+        "{e}"
+    );
 }
 
 /// Four steps of `optimizer` on one device, then mirrored over `replicas`: the same weights.
@@ -155,8 +190,12 @@ fn mirrored_clips_like_one_device(replicas: &[LogicalDevice], optimizer: Optimiz
         .map(|s| {
             let rows = s * batch..(s + 1) * batch;
             (
-                Tensor::from_slice_on(&x[rows.start * 64..rows.end * 64], &[batch, 8, 8, 1], single)
-                    .expect("a batch"),
+                Tensor::from_slice_on(
+                    &x[rows.start * 64..rows.end * 64],
+                    &[batch, 8, 8, 1],
+                    single,
+                )
+                .expect("a batch"),
                 Tensor::from_slice_on(&y[rows], &[batch], single).expect("labels"),
             )
         })
@@ -177,7 +216,12 @@ fn mirrored_clips_like_one_device(replicas: &[LogicalDevice], optimizer: Optimiz
     for replica in 0..replicas.len() {
         let got = model.replica_weights(replica).expect("replica weights");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            common::assert_close(&format!("{optimizer} replica {replica} weight {i}"), g, w, 2e-4);
+            common::assert_close(
+                &format!("{optimizer} replica {replica} weight {i}"),
+                g,
+                w,
+                2e-4,
+            );
         }
     }
 }
@@ -186,7 +230,12 @@ fn mirrored_clips_like_one_device(replicas: &[LogicalDevice], optimizer: Optimiz
 fn mirrored_replicas_clip_the_summed_gradients_alike() {
     let clipped: [Optimizer; 3] = [
         Sgd::new(0.2).momentum(0.5).global_clipnorm(0.05).into(),
-        RmsProp::new(0.01).centered(true).momentum(0.5).clipnorm(0.02).weight_decay(0.1).into(),
+        RmsProp::new(0.01)
+            .centered(true)
+            .momentum(0.5)
+            .clipnorm(0.02)
+            .weight_decay(0.1)
+            .into(),
         anygpu::nn::AdamW::new(0.01).clipvalue(0.01).into(),
     ];
     let rt = common::builder().virtual_cpus(2).build().expect("2 CPUs");
@@ -196,7 +245,11 @@ fn mirrored_replicas_clip_the_summed_gradients_alike() {
     }
     if common::gpus_at_least(1, "mirrored clipping on a GPU").is_some() {
         let all = rt.list_logical_devices(KindFilter::All).expect("devices");
-        let gpu = all.iter().find(|d| d.device_type() == anygpu::DeviceKind::Gpu).expect("a GPU").clone();
+        let gpu = all
+            .iter()
+            .find(|d| d.device_type() == anygpu::DeviceKind::Gpu)
+            .expect("a GPU")
+            .clone();
         for opt in &clipped {
             mirrored_clips_like_one_device(&[gpu.clone(), cpus[0].clone()], opt.clone());
         }
@@ -225,7 +278,10 @@ fn a_schedule_counts_only_the_steps_loss_scaling_applied() {
     m.train_on_batch(&finite, &y).expect("a step");
     assert_eq!(m.iterations(), 1);
     assert_eq!(m.learning_rate(), Some(0.05));
-    assert!(m.set_learning_rate(0.1).is_err(), "a schedule's rate is not settable");
+    assert!(
+        m.set_learning_rate(0.1).is_err(),
+        "a schedule's rate is not settable"
+    );
 }
 
 /// Records the weights and the validation loss after every epoch.
@@ -264,14 +320,26 @@ fn early_stopping_restores_the_best_epochs_weights_in_fit() {
         .expect("a dataset")
         .batch(8, false);
     let mut rec = Recorder::default();
-    let mut stop = EarlyStopping::new("val_loss").patience(1).restore_best_weights(true);
+    let mut stop = EarlyStopping::new("val_loss")
+        .patience(1)
+        .restore_best_weights(true);
     let history = m
-        .fit_with_callbacks(&train, 30, None, Some(&val), &mut [&mut rec as &mut dyn Callback, &mut stop])
+        .fit_with_callbacks(
+            &train,
+            30,
+            None,
+            Some(&val),
+            &mut [&mut rec as &mut dyn Callback, &mut stop],
+        )
         .expect("fit");
     let (best_epoch, best) = stop.best();
     let losses = &history.val_loss;
     let min = losses.iter().copied().fold(f64::INFINITY, f64::min);
-    assert_eq!(best, Some(min), "the best value is the lowest val_loss of {losses:?}");
+    assert_eq!(
+        best,
+        Some(min),
+        "the best value is the lowest val_loss of {losses:?}"
+    );
     assert_eq!(losses[best_epoch], min);
     assert!(history.epochs() < 30, "stopped early: {losses:?}");
     assert_eq!(stop.stopped_epoch(), history.epochs() - 1);

@@ -236,14 +236,21 @@ impl FitContext<'_> {
     pub fn epoch_log(&self, key: &str) -> (Option<f64>, Vec<&'static str>) {
         let history = self.model.history();
         let epochs = history.epochs();
-        let keys: Vec<&'static str> = ["loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"]
-            .into_iter()
-            .filter(|k| history.get(k).is_some_and(|s| epochs > 0 && s.len() == epochs))
-            .collect();
-        let value = keys
-            .contains(&key)
-            .then(|| history.last(key))
-            .flatten();
+        let keys: Vec<&'static str> = [
+            "loss",
+            "accuracy",
+            "val_loss",
+            "val_accuracy",
+            "learning_rate",
+        ]
+        .into_iter()
+        .filter(|k| {
+            history
+                .get(k)
+                .is_some_and(|s| epochs > 0 && s.len() == epochs)
+        })
+        .collect();
+        let value = keys.contains(&key).then(|| history.last(key)).flatten();
         (value, keys)
     }
 }

@@ -616,7 +616,10 @@ fn prepare_update(
         let opt = replicas[0].optimizer()?;
         grads
             .into_iter()
-            .map(|dest| opt.clipped(&[dest]).map(|mut c| c.pop().unwrap_or_default()))
+            .map(|dest| {
+                opt.clipped(&[dest])
+                    .map(|mut c| c.pop().unwrap_or_default())
+            })
             .collect::<Result<Vec<_>>>()?
     };
     for r in replicas.iter_mut() {

@@ -71,10 +71,10 @@ pub use loss::Loss;
 pub use metrics::Metric;
 pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
 // ---- optimizers, schedules, callbacks (Keras 3 additions) ----
-pub use optimizer::{AdamW, BaseOptions, RmsProp};
 pub use monitor::{EarlyStopping, LearningRateScheduler, MonitorMode, ReduceLROnPlateau};
-pub use schedules::{CosineDecay, ExponentialDecay, LearningRateSchedule, PiecewiseConstantDecay};
+pub use optimizer::{AdamW, BaseOptions, RmsProp};
 pub use pipeline::{Pipeline, Schedule, StageStats};
+pub use schedules::{CosineDecay, ExponentialDecay, LearningRateSchedule, PiecewiseConstantDecay};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;
 pub use summary::LayerInfo;

@@ -424,9 +424,10 @@ impl Callback for ReduceLROnPlateau {
                 keys.join(",")
             );
         }
-        let lr = fit.model().learning_rate().ok_or_else(|| {
-            Error::Model("ReduceLROnPlateau: the model is not compiled".into())
-        })?;
+        let lr = fit
+            .model()
+            .learning_rate()
+            .ok_or_else(|| Error::Model("ReduceLROnPlateau: the model is not compiled".into()))?;
         if let Some(new) = self.epoch_end(current, lr)? {
             fit.model_mut().set_learning_rate(new)?;
         }
@@ -514,7 +515,10 @@ mod tests {
         assert_eq!(early(&mut e, &s(&[1.0, 0.9, 0.95, 0.8])), (Some(2), 1));
         // patience 2: two epochs in a row without improvement.
         let mut e = EarlyStopping::new("val_loss").patience(2);
-        assert_eq!(early(&mut e, &s(&[1.0, 1.1, 0.9, 0.95, 0.92, 0.5])), (Some(4), 2));
+        assert_eq!(
+            early(&mut e, &s(&[1.0, 1.1, 0.9, 0.95, 0.92, 0.5])),
+            (Some(4), 2)
+        );
         // min_delta: 1.0 -> 0.96 is not an improvement by more than 0.05.
         let mut e = EarlyStopping::new("loss").min_delta(0.05).patience(1);
         assert_eq!(early(&mut e, &s(&[1.0, 0.96, 0.9, 0.8])), (Some(1), 0));
@@ -571,13 +575,22 @@ mod tests {
         assert_eq!(plateau(&mut r, &[1.0, 0.99995], 0.1), [0.1, 0.05]);
         // cooldown 2: the epoch after a reduction counts for nothing, the next one waits
         // again (Keras decrements the counter before it checks it).
-        let mut r = ReduceLROnPlateau::new("loss").patience(1).factor(0.5).cooldown(2);
+        let mut r = ReduceLROnPlateau::new("loss")
+            .patience(1)
+            .factor(0.5)
+            .cooldown(2);
         assert_eq!(
             plateau(&mut r, &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 0.1),
             [0.1, 0.05, 0.05, 0.025, 0.025, 0.0125]
         );
         // min_lr: the floor, and no reduction at it.
-        let mut r = ReduceLROnPlateau::new("loss").patience(1).factor(0.1).min_lr(0.005);
-        assert_eq!(plateau(&mut r, &[1.0, 1.0, 1.0, 1.0], 0.1), [0.1, 0.01, 0.005, 0.005]);
+        let mut r = ReduceLROnPlateau::new("loss")
+            .patience(1)
+            .factor(0.1)
+            .min_lr(0.005);
+        assert_eq!(
+            plateau(&mut r, &[1.0, 1.0, 1.0, 1.0], 0.1),
+            [0.1, 0.01, 0.005, 0.005]
+        );
     }
 }

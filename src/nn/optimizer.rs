@@ -115,7 +115,10 @@ macro_rules! base_options {
         impl $t {
             /// `learning_rate=schedule`: the rate at each step is the schedule's value at
             /// `optimizer.iterations`.
-            pub fn learning_rate_schedule(mut self, schedule: impl Into<LearningRateSchedule>) -> $t {
+            pub fn learning_rate_schedule(
+                mut self,
+                schedule: impl Into<LearningRateSchedule>,
+            ) -> $t {
                 self.options.schedule = Some(schedule.into());
                 self
             }
@@ -594,12 +597,10 @@ impl Optimizer {
             Optimizer::Adam(a) if !unit(a.beta_1) => bad("beta_1", a.beta_1),
             Optimizer::Adam(a) if !unit(a.beta_2) => bad("beta_2", a.beta_2),
             Optimizer::Adam(a) => epsilon(a.epsilon),
-            Optimizer::AdamW(a) if a.options.weight_decay.is_none() => {
-                Err(Error::InvalidArgument(
-                    "AdamW: Argument `weight_decay` must be a float. Received: weight_decay=None"
-                        .into(),
-                ))
-            }
+            Optimizer::AdamW(a) if a.options.weight_decay.is_none() => Err(Error::InvalidArgument(
+                "AdamW: Argument `weight_decay` must be a float. Received: weight_decay=None"
+                    .into(),
+            )),
             Optimizer::AdamW(a) => Optimizer::Adam(a.adam()).validate(),
             Optimizer::RmsProp(r) if !unit(r.rho) => bad("rho", r.rho),
             Optimizer::RmsProp(r) if !unit(r.momentum) => bad("momentum", r.momentum),

@@ -616,9 +616,10 @@ impl Sequential {
     /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] when the optimizer has a
     /// schedule (Keras' `TypeError`) or for a rate that is not a finite number >= 0.
     pub fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
-        let compiled = self.compiled.as_mut().ok_or_else(|| {
-            Error::Model("set_learning_rate: the model is not compiled".into())
-        })?;
+        let compiled = self
+            .compiled
+            .as_mut()
+            .ok_or_else(|| Error::Model("set_learning_rate: the model is not compiled".into()))?;
         compiled.optimizer.set_learning_rate(lr)?;
         if let Some(m) = self.mirrors.as_mut() {
             for r in m.replicas.iter_mut() {
@@ -1029,7 +1030,11 @@ impl Sequential {
                     .into(),
             ));
         }
-        let counts: Vec<usize> = self.entries.iter().map(|e| e.layer.weights().len()).collect();
+        let counts: Vec<usize> = self
+            .entries
+            .iter()
+            .map(|e| e.layer.weights().len())
+            .collect();
         let total: usize = counts.iter().sum();
         if grads.len() != total {
             return Err(Error::InvalidArgument(format!(

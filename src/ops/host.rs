@@ -9,10 +9,10 @@ use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::Result;
 use crate::ops::cpu;
-use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
+use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,

@@ -652,7 +652,12 @@ pub fn clip(g: &[f64], mode: ClipMode, sum_squares: f64) -> Vec<f64> {
         ClipMode::GlobalNorm(c) => {
             let c = f64::from(c);
             let norm = sum_squares.sqrt();
-            let scale = c * (1.0 / norm).min(1.0 / c) + (norm - norm);
+            // Keras adds `norm - norm`: NaN for a norm that is not finite.
+            let scale = if norm.is_finite() {
+                c * (1.0 / norm).min(1.0 / c)
+            } else {
+                f64::NAN
+            };
             g.iter().map(|&g| g * scale).collect()
         }
         ClipMode::Value(c) => {

@@ -11,7 +11,7 @@ use anygpu::nn::{
 use anygpu::LogicalDevice;
 
 use crate::common::golden::{Case, Golden};
-use crate::{devices, read, upload, runtime};
+use crate::{devices, read, runtime, upload};
 
 fn opt_f32(case: &Case<'_>, key: &str) -> Option<f32> {
     case.config()[key].as_f64().map(|v| v as f32)
@@ -32,8 +32,14 @@ fn options(case: &Case<'_>) -> BaseOptions {
             let list = |key: &str| case.config()[key].as_array().expect("a list").clone();
             Some(
                 PiecewiseConstantDecay::new(
-                    list("boundaries").iter().map(|v| v.as_u64().expect("a step")).collect(),
-                    list("values").iter().map(|v| v.as_f64().expect("a rate")).collect(),
+                    list("boundaries")
+                        .iter()
+                        .map(|v| v.as_u64().expect("a step"))
+                        .collect(),
+                    list("values")
+                        .iter()
+                        .map(|v| v.as_f64().expect("a rate"))
+                        .collect(),
                 )
                 .into(),
             )
@@ -55,7 +61,8 @@ fn optimizer(case: &Case<'_>) -> Optimizer {
     let options = options(case);
     match case.str("optimizer") {
         "sgd" => {
-            let mut o = Sgd::new(lr.unwrap_or(0.01)).momentum(opt_f32(case, "momentum").unwrap_or(0.0));
+            let mut o =
+                Sgd::new(lr.unwrap_or(0.01)).momentum(opt_f32(case, "momentum").unwrap_or(0.0));
             o.options = options;
             o.into()
         }
@@ -92,7 +99,11 @@ fn check_case(case: &Case<'_>, dev: &LogicalDevice) {
         .add_on(dev, Dense::new(4).input_shape(&[3]))
         .expect("a Dense layer");
     model
-        .compile(Loss::SparseCategoricalCrossentropy { from_logits: true }, optimizer(case), &[])
+        .compile(
+            Loss::SparseCategoricalCrossentropy { from_logits: true },
+            optimizer(case),
+            &[],
+        )
         .unwrap_or_else(|e| panic!("{}: compile: {e}", case.name));
     let w: Vec<Vec<f32>> = ["w0", "w1"].iter().map(|k| case.input(k).1).collect();
     model.set_weights(&w).expect("set_weights");
@@ -115,7 +126,13 @@ fn check_case(case: &Case<'_>, dev: &LogicalDevice) {
         let (_, t) = slots
             .iter()
             .find(|(n, _)| n.ends_with(&format!("/{weight}/{slot}")))
-            .unwrap_or_else(|| panic!("{}: no slot {weight}/{slot} in {:?}", case.name, slots.iter().map(|(n, _)| n).collect::<Vec<_>>()));
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: no slot {weight}/{slot} in {:?}",
+                    case.name,
+                    slots.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                )
+            });
         case.check(&name, key, t.shape(), &read(t));
     }
 }
@@ -146,8 +163,14 @@ fn golden_schedules() {
             "piecewise" => {
                 let list = |key: &str| case.config()[key].as_array().expect("a list").clone();
                 PiecewiseConstantDecay::new(
-                    list("boundaries").iter().map(|v| v.as_u64().expect("a step")).collect(),
-                    list("values").iter().map(|v| v.as_f64().expect("a rate")).collect(),
+                    list("boundaries")
+                        .iter()
+                        .map(|v| v.as_u64().expect("a step"))
+                        .collect(),
+                    list("values")
+                        .iter()
+                        .map(|v| v.as_f64().expect("a rate"))
+                        .collect(),
                 )
                 .into()
             }

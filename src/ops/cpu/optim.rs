@@ -182,8 +182,14 @@ pub(crate) fn rmsprop(
     assert_eq!(w.len(), v.len(), "rmsprop: w and v lengths differ");
     let a = average.unwrap_or_default();
     let m = momentum.unwrap_or_default();
-    assert!(a.is_empty() || a.len() == w.len(), "rmsprop: average length");
-    assert!(m.is_empty() || m.len() == w.len(), "rmsprop: momentum length");
+    assert!(
+        a.is_empty() || a.len() == w.len(),
+        "rmsprop: average length"
+    );
+    assert!(
+        m.is_empty() || m.len() == w.len(),
+        "rmsprop: momentum length"
+    );
     rmsprop_leaf(w, g, v, a, m, RmspropStep::new(p));
 }
 
@@ -244,7 +250,12 @@ impl ClipStep {
                 let norm = sum_squares.sqrt();
                 let inverse_c = (1.0 / f64::from(c)) as f32;
                 ClipStep {
-                    mul: c * (1.0 / norm).min(inverse_c) + (norm - norm),
+                    // Keras adds `norm - norm`: NaN for a norm that is not finite.
+                    mul: if norm.is_finite() {
+                        c * (1.0 / norm).min(inverse_c)
+                    } else {
+                        f32::NAN
+                    },
                     ..open
                 }
             }
@@ -355,7 +366,8 @@ pub(super) mod tests {
                     epsilon: 1e-7,
                     centered,
                 };
-                let (mut w1, mut s1, mut a1, mut m1) = (w.clone(), s0.clone(), a0.clone(), v0.clone());
+                let (mut w1, mut s1, mut a1, mut m1) =
+                    (w.clone(), s0.clone(), a0.clone(), v0.clone());
                 rmsprop(
                     &mut w1,
                     &g,
@@ -385,7 +397,12 @@ pub(super) mod tests {
 
             let mut w1 = w.clone();
             weight_decay(&mut w1, 0.004, 0.01);
-            assert_close(&w1, &r::weight_decay(&w64, 0.004, 0.01), 1e-7, "weight decay");
+            assert_close(
+                &w1,
+                &r::weight_decay(&w64, 0.004, 0.01),
+                1e-7,
+                "weight decay",
+            );
 
             let sum_squares: f64 = g64.iter().map(|g| g * g).sum();
             for mode in [
