@@ -8,10 +8,27 @@
 //   adam          m += (g - m) * one_minus_b1; v += (g² - v) * one_minus_b2;
 //                 w -= alpha * m / (sqrt(v) + eps), where the host computes
 //                 alpha = lr * sqrt(1 - b2^t) / (1 - b1^t) in f64.        bindings w, g, m, v
-// Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v: storage read_write array<f32>.
+//   rmsprop       v = rho * v + one_minus_rho * g²; w -= lr * g / sqrt(v + eps).   bindings w, g, v
+//   rmsprop_momentum  as rmsprop, then s = momentum * s + lr * g / sqrt(v + eps);
+//                 w -= s.                                               bindings w, g, v, s
+//   rmsprop_centered  as rmsprop, with m = rho * m + one_minus_rho * g and the
+//                 denominator sqrt(v - m² + eps).                       bindings w, g, m, v
+//   rmsprop_centered_momentum  the centered step's slots and s (the momentum), w untouched:
+//                 the first pass of a centered step with momentum.      bindings g, m, v, s
+//   momentum_apply  w -= s: its second pass.                            bindings w, s
+//   weight_decay  w -= w * wd * lr (Keras' decoupled decay, before an update).  binding w
+//   clip_norm     w = g * clip / max(norm, clip), norm = sqrt(m[0]) (m[0] when m[0] <= 0):
+//                 tf.clip_by_norm into a new tensor w; with mode 1, w = g * (clip *
+//                 min(1 / norm, inverse_clip)), norm = sqrt(m[0]), NaN when m[0] is not
+//                 finite: the global norm's scale.                      bindings w, g, m
+//   clip_value    w = min(max(g, -clip), clip).                         bindings w, g
+// Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v, 5 s: storage read_write array<f32>.
 // Tensors go to the used bindings in ascending order.
-// Params: n, lr, momentum, nesterov (0/1), alpha, one_minus_b1, one_minus_b2, eps.
-// Limits: four storage buffers (GL-compatible).
+// Params: n, lr, momentum, nesterov (0/1), alpha, one_minus_b1, one_minus_b2, eps, rho,
+// one_minus_rho (1 - rho from Keras' f64), wd, clip, inverse_clip (1 / clip from f64), mode
+// (clip_norm: 0 per tensor, 1 global), two pads.
+// Limits: four storage buffers per entry point (GL-compatible): hence the two passes of a
+// centered RMSprop step with momentum, which has five tensors.
 
 struct Params {
     n: u32,
@@ -22,6 +39,14 @@ struct Params {
     one_minus_b1: f32,
     one_minus_b2: f32,
     eps: f32,
+    rho: f32,
+    one_minus_rho: f32,
+    wd: f32,
+    clip: f32,
+    inverse_clip: f32,
+    mode: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,6 +54,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> g: array<f32>;
 @group(0) @binding(3) var<storage, read_write> m: array<f32>;
 @group(0) @binding(4) var<storage, read_write> v: array<f32>;
+@group(0) @binding(5) var<storage, read_write> s: array<f32>;
 
 fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 256u;
@@ -65,4 +91,98 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     m[i] = nm;
     v[i] = nv;
     w[i] -= p.alpha * nm / (sqrt(nv) + p.eps);
+}
+
+// ---- RMSprop, weight decay, gradient clipping ----
+
+@compute @workgroup_size(256)
+fn rmsprop(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let gi = g[i];
+    let nv = p.rho * v[i] + p.one_minus_rho * (gi * gi);
+    v[i] = nv;
+    w[i] -= p.lr * gi / sqrt(nv + p.eps);
+}
+
+@compute @workgroup_size(256)
+fn rmsprop_momentum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let gi = g[i];
+    let nv = p.rho * v[i] + p.one_minus_rho * (gi * gi);
+    v[i] = nv;
+    let ns = p.momentum * s[i] + p.lr * gi / sqrt(nv + p.eps);
+    s[i] = ns;
+    w[i] -= ns;
+}
+
+@compute @workgroup_size(256)
+fn rmsprop_centered(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let gi = g[i];
+    let nv = p.rho * v[i] + p.one_minus_rho * (gi * gi);
+    v[i] = nv;
+    let nm = p.rho * m[i] + p.one_minus_rho * gi;
+    m[i] = nm;
+    w[i] -= p.lr * gi / sqrt(nv - nm * nm + p.eps);
+}
+
+@compute @workgroup_size(256)
+fn rmsprop_centered_momentum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let gi = g[i];
+    let nv = p.rho * v[i] + p.one_minus_rho * (gi * gi);
+    v[i] = nv;
+    let nm = p.rho * m[i] + p.one_minus_rho * gi;
+    m[i] = nm;
+    s[i] = p.momentum * s[i] + p.lr * gi / sqrt(nv - nm * nm + p.eps);
+}
+
+@compute @workgroup_size(256)
+fn momentum_apply(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    w[i] -= s[i];
+}
+
+@compute @workgroup_size(256)
+fn weight_decay(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let wi = w[i];
+    w[i] = wi - wi * p.wd * p.lr;
+}
+
+@compute @workgroup_size(256)
+fn clip_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let sum_squares = m[0];
+    if (p.mode == 1u) {
+        // Keras' `+ (norm - norm)` makes the scale NaN for a norm that is not finite; shader
+        // compilers may fold that to 0, so the exponent bits decide.
+        if ((bitcast<u32>(sum_squares) & 0x7f800000u) == 0x7f800000u) {
+            w[i] = bitcast<f32>(0x7fc00000u);
+            return;
+        }
+        let norm = sqrt(sum_squares);
+        let scale = p.clip * min(1.0 / norm, p.inverse_clip);
+        w[i] = g[i] * scale;
+    } else {
+        var norm = sum_squares;
+        if (sum_squares > 0.0) {
+            norm = sqrt(sum_squares);
+        }
+        w[i] = g[i] * p.clip / max(norm, p.clip);
+    }
+}
+
+@compute @workgroup_size(256)
+fn clip_value(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    w[i] = min(max(g[i], -p.clip), p.clip);
 }

@@ -39,7 +39,7 @@ fn mirrored_trains_like_one_device(
         .collect();
 
     let mut reference = single
-        .scope_run(|| compiled(small_cnn(3)?, optimizer))
+        .scope_run(|| compiled(small_cnn(3)?, optimizer.clone()))
         .expect("the single-device model builds");
     let reference_losses: Vec<f32> = batches
         .iter()

@@ -81,7 +81,7 @@ fn trains_like_one_process(
     let data = batches(cpu, batch, steps);
     let mut reference = {
         let _on = cpu.scope();
-        compiled_cnn(5, optimizer).expect("the one-process model builds")
+        compiled_cnn(5, optimizer.clone()).expect("the one-process model builds")
     };
     let want_losses: Vec<f32> = data
         .iter()

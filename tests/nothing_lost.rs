@@ -83,7 +83,7 @@ fn optimizers() -> [Optimizer; 2] {
 
 fn failed_backward_changes_nothing(lower: &LogicalDevice, upper: &LogicalDevice) {
     for optimizer in optimizers() {
-        let (mut m, fail) = model(lower, upper, optimizer);
+        let (mut m, fail) = model(lower, upper, optimizer.clone());
         let (x, y) = batch(lower, 6);
         m.train_step(&x, &y).unwrap();
         let before = state(&m);
@@ -105,7 +105,7 @@ fn failed_backward_changes_nothing(lower: &LogicalDevice, upper: &LogicalDevice)
 
         // And the model still trains as if the failed step never happened.
         fail.store(false, Ordering::SeqCst);
-        let (mut twin, _) = model(lower, upper, optimizer);
+        let (mut twin, _) = model(lower, upper, optimizer.clone());
         twin.train_step(&x, &y).unwrap();
         twin.train_step(&x, &y).unwrap();
         m.train_step(&x, &y).unwrap();
@@ -132,7 +132,7 @@ fn an_empty_batch_moves_no_weight_momentum_or_adam_state() {
     let rt = cpu_runtime(1);
     let cpu = rt.cpu().unwrap();
     for optimizer in optimizers() {
-        let (mut m, _) = model(&cpu, &cpu, optimizer);
+        let (mut m, _) = model(&cpu, &cpu, optimizer.clone());
         let (x, y) = batch(&cpu, 4);
         m.train_step(&x, &y).unwrap();
         let before = state(&m);

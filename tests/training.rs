@@ -501,7 +501,7 @@ fn one_device_vs_split(rt: &Runtime, kind: &str) {
     for m in [&mut single, &mut split] {
         m.compile(
             Loss::sparse_categorical_crossentropy(),
-            optimizer,
+            optimizer.clone(),
             &[Metric::Accuracy],
         )
         .unwrap();

@@ -84,10 +84,10 @@ fn run(args: Args) -> Result<(), BoxError> {
 
     // 3. The model, compiled: built inside the strategy's scope when there is one.
     let mut model = match &workers {
-        Some(workers) => multi_worker(workers, &args, &layer_devices, optimizer)?,
-        None if args.strategy == Some(Strategy::Mirrored) => mirrored(&args, optimizer)?,
+        Some(workers) => multi_worker(workers, &args, &layer_devices, optimizer.clone())?,
+        None if args.strategy == Some(Strategy::Mirrored) => mirrored(&args, optimizer.clone())?,
         // One device, or the three blocks on three devices (--split).
-        None => build(args.seed, &layer_devices, optimizer)?,
+        None => build(args.seed, &layer_devices, optimizer.clone())?,
     };
     if chief {
         model.print_summary();

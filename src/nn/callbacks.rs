@@ -43,6 +43,16 @@ pub trait Callback {
         Ok(())
     }
 
+    /// Before every epoch (Keras' `on_epoch_begin`); [`FitContext::epoch`] is the 0-based
+    /// index of the epoch about to run.
+    ///
+    /// # Errors
+    /// Ends `fit` before the epoch.
+    fn on_epoch_begin(&mut self, fit: &mut FitContext<'_>) -> Result<()> {
+        let _ = fit;
+        Ok(())
+    }
+
     /// After every epoch, once its entries (validation included) are in the history.
     ///
     /// # Errors
@@ -196,6 +206,52 @@ impl FitContext<'_> {
     /// The `epochs` given to `fit`.
     pub fn epochs(&self) -> usize {
         self.epochs
+    }
+
+    /// The model, to change: its weights ([`Sequential::set_weights`]), its learning rate
+    /// ([`Sequential::set_learning_rate`]), `stop_training`.
+    pub fn model_mut(&mut self) -> &mut Sequential {
+        self.model
+    }
+
+    /// Asks `fit` to stop once this epoch is done (Keras' `self.model.stop_training = True`).
+    pub fn stop_training(&mut self) {
+        self.model.set_stop_training(true);
+    }
+
+    /// Logs the learning rate of the epoch just finished (`logs["learning_rate"]`), once per
+    /// epoch whoever asks: [`History::learning_rate`].
+    pub fn log_learning_rate(&mut self) {
+        let Some(lr) = self.model.learning_rate() else {
+            return;
+        };
+        let history = &mut self.model.history;
+        if history.learning_rate.len() < history.epochs() {
+            history.learning_rate.push(f64::from(lr));
+        }
+    }
+
+    /// The value of `key` in the last epoch's logs (`loss`, `accuracy`, `val_loss`,
+    /// `val_accuracy`, `learning_rate`), and the keys those logs have.
+    pub fn epoch_log(&self, key: &str) -> (Option<f64>, Vec<&'static str>) {
+        let history = self.model.history();
+        let epochs = history.epochs();
+        let keys: Vec<&'static str> = [
+            "loss",
+            "accuracy",
+            "val_loss",
+            "val_accuracy",
+            "learning_rate",
+        ]
+        .into_iter()
+        .filter(|k| {
+            history
+                .get(k)
+                .is_some_and(|s| epochs > 0 && s.len() == epochs)
+        })
+        .collect();
+        let value = keys.contains(&key).then(|| history.last(key)).flatten();
+        (value, keys)
     }
 }
 

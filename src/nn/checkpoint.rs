@@ -174,7 +174,7 @@ impl Callback for BackupAndRestore {
 }
 
 /// The history's series, by tensor name.
-fn history_series(h: &History) -> [(&'static str, Vec<f64>); 7] {
+fn history_series(h: &History) -> [(&'static str, Vec<f64>); 8] {
     [
         ("history/loss", h.loss.clone()),
         ("history/accuracy", h.accuracy.clone()),
@@ -183,6 +183,7 @@ fn history_series(h: &History) -> [(&'static str, Vec<f64>); 7] {
         ("history/epoch_seconds", h.epoch_seconds.clone()),
         ("history/images_per_second", h.images_per_second.clone()),
         ("history/steps", h.steps.iter().map(|&s| s as f64).collect()),
+        ("history/learning_rate", h.learning_rate.clone()),
     ]
 }
 
@@ -214,6 +215,17 @@ fn save(
         ("model".to_string(), model.name().to_string()),
         ("optimizer".to_string(), optimizer_description(model)),
         ("iterations".to_string(), model.iterations().to_string()),
+        // The constant rate as callbacks left it (empty under a schedule, whose rate follows
+        // from the iterations).
+        (
+            "learning_rate".to_string(),
+            model
+                .optimizer()
+                .filter(|o| o.options().schedule.is_none())
+                .and_then(|_| model.learning_rate())
+                .map(|lr| lr.to_string())
+                .unwrap_or_default(),
+        ),
         // Keras' dynamic_scale and step_counter (empty without loss scaling).
         (
             "loss_scale".to_string(),
@@ -413,6 +425,8 @@ pub(crate) fn restore(
             .into_iter()
             .map(|s| s as usize)
             .collect();
+        // Written only by versions that log the learning rate.
+        history.learning_rate = series("history/learning_rate").unwrap_or_default();
     }
     if history.epochs() != epochs_done {
         return Err(err(format!(
@@ -420,7 +434,19 @@ pub(crate) fn restore(
             history.epochs()
         )));
     }
+    let learning_rate = match text("learning_rate") {
+        "" => None,
+        lr => Some(
+            lr.parse::<f32>()
+                .ok()
+                .filter(|lr| lr.is_finite() && *lr >= 0.0)
+                .ok_or_else(|| err(format!("metadata 'learning_rate' is not a rate: '{lr}'")))?,
+        ),
+    };
     model.restore_training_state(&weights, &slots, (iterations, loss_scale))?;
+    if let Some(lr) = learning_rate {
+        model.set_learning_rate(lr)?;
+    }
     model.history = history;
     Ok((epochs_done, position))
 }

@@ -110,6 +110,7 @@ impl Sequential {
             }
         };
         self.history = History::default();
+        self.stop_training = false;
         // On a worker of a multi-worker job, every result only this worker may see (a
         // chief-only callback's file, a failed restore, validation) goes through a vote, so that
         // all workers stop together with the same error instead of some waiting in their next
@@ -145,6 +146,11 @@ impl Sequential {
                 // One whole pass per epoch.
                 train = None;
             }
+            run.epochs_done = epoch;
+            for cb in callbacks.iter_mut() {
+                let done = cb.on_epoch_begin(&mut run);
+                shared(workers, "fit: a callback's on_epoch_begin", done)?;
+            }
             run.model.fit_epoch(
                 dataset,
                 &mut train,
@@ -165,6 +171,9 @@ impl Sequential {
             for cb in callbacks.iter_mut() {
                 let done = cb.on_epoch_end(&mut run);
                 shared(workers, "fit: a callback's on_epoch_end", done)?;
+            }
+            if run.model.stop_training {
+                break;
             }
         }
         for cb in callbacks.iter_mut() {

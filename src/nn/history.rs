@@ -28,6 +28,10 @@ pub struct History {
     pub images_per_second: Vec<f64>,
     /// Training steps run in each epoch.
     pub steps: Vec<usize>,
+    /// The learning rate of each epoch, when a callback logs it as Keras'
+    /// `ReduceLROnPlateau` and `LearningRateScheduler` do (`logs["learning_rate"]`); empty
+    /// otherwise.
+    pub learning_rate: Vec<f64>,
 }
 
 impl History {
@@ -36,13 +40,15 @@ impl History {
         self.loss.len()
     }
 
-    /// The series by Keras' key: `loss`, `accuracy`, `val_loss`, `val_accuracy`.
+    /// The series by Keras' key: `loss`, `accuracy`, `val_loss`, `val_accuracy`,
+    /// `learning_rate`.
     pub fn get(&self, key: &str) -> Option<&[f64]> {
         match key {
             "loss" => Some(&self.loss),
             "accuracy" => Some(&self.accuracy),
             "val_loss" => Some(&self.val_loss),
             "val_accuracy" => Some(&self.val_accuracy),
+            "learning_rate" => Some(&self.learning_rate),
             _ => None,
         }
     }

@@ -208,7 +208,7 @@ impl Mirrors {
     /// A fresh optimizer state on every replica.
     pub(crate) fn compile(&mut self, config: &Optimizer, layers: usize) {
         for r in &mut self.replicas {
-            r.optimizer = Some(OptimizerState::new(*config, layers));
+            r.optimizer = Some(OptimizerState::new(config.clone(), layers));
         }
     }
 }
@@ -673,6 +673,17 @@ fn prepare_update(
     // all replicas: one replica's overflow skips the step everywhere.
     let Some(grads) = replicas[0].optimizer()?.unscaled(&grads)? else {
         return Ok((Vec::new(), Vec::new(), Vec::new(), false, means));
+    };
+    // Each destination clips its own copy of the summed gradients: every replica clips alike.
+    let grads = {
+        let opt = replicas[0].optimizer()?;
+        grads
+            .into_iter()
+            .map(|dest| {
+                opt.clipped(&[dest])
+                    .map(|mut c| c.pop().unwrap_or_default())
+            })
+            .collect::<Result<Vec<_>>>()?
     };
     for r in replicas.iter_mut() {
         let layers = r.layers.clone();

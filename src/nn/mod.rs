@@ -37,10 +37,7 @@
 //!   distributed) weights than in TensorFlow.
 
 mod activation;
-// ---- activations and pooling layers ----
 mod activation_layers;
-mod pooling;
-// ----
 pub(crate) mod atomic;
 mod callbacks;
 mod checkpoint;
@@ -54,12 +51,15 @@ mod layers;
 mod loss;
 mod metrics;
 mod mirrored;
+mod monitor;
 #[cfg(feature = "mpi")]
 mod multi_worker;
 mod normalization;
 mod optimizer;
 mod pass;
 mod pipeline;
+mod pooling;
+mod schedules;
 mod sequential;
 mod step_output;
 mod summary;
@@ -77,10 +77,12 @@ pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
+pub use monitor::{EarlyStopping, LearningRateScheduler, MonitorMode, ReduceLROnPlateau};
 pub use normalization::{BatchNormalization, Dropout};
-pub use optimizer::{Adam, LossScaleOptimizer, Optimizer, Sgd};
+pub use optimizer::{Adam, AdamW, BaseOptions, LossScaleOptimizer, Optimizer, RmsProp, Sgd};
 pub use pipeline::{Pipeline, Schedule, StageStats};
 pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling2D};
+pub use schedules::{CosineDecay, ExponentialDecay, LearningRateSchedule, PiecewiseConstantDecay};
 pub use sequential::Sequential;
 pub use step_output::StepOutput;
 pub use summary::LayerInfo;

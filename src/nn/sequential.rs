@@ -84,6 +84,8 @@ pub struct Sequential {
     pipeline: Option<Pipeline>,
     /// What each stage did in the last pipelined step.
     pipeline_stats: Vec<StageStats>,
+    /// Keras' `model.stop_training`: set by a callback, `fit` stops after the epoch.
+    pub(super) stop_training: bool,
 }
 
 impl fmt::Debug for Sequential {
@@ -142,6 +144,7 @@ impl Sequential {
             history: History::default(),
             pipeline: None,
             pipeline_stats: Vec::new(),
+            stop_training: false,
         }
     }
 
@@ -587,6 +590,62 @@ impl Sequential {
         self.compiled.as_ref().and_then(|c| c.optimizer.loss_scale)
     }
 
+    /// The learning rate the next training step uses (Keras' `optimizer.learning_rate`): a
+    /// schedule's value at [`iterations`](Sequential::iterations), or the constant rate (as
+    /// compiled, or as [`set_learning_rate`](Sequential::set_learning_rate) left it); `None`
+    /// before `compile`.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, ExponentialDecay, Loss, Sequential, Sgd};
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(2).input_shape(&[3]))?;
+    /// let loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
+    /// model.compile(loss, Sgd::new(0.1), &[])?;
+    /// model.set_learning_rate(0.05)?;
+    /// assert_eq!(model.learning_rate(), Some(0.05));
+    /// let schedule = ExponentialDecay::new(0.1, 10, 0.5);
+    /// model.compile(loss, Sgd::default().learning_rate_schedule(schedule), &[])?;
+    /// assert_eq!(model.learning_rate(), Some(0.1));
+    /// assert!(model.set_learning_rate(0.05).is_err()); // a schedule's rate is not settable
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn learning_rate(&self) -> Option<f32> {
+        self.compiled.as_ref().map(|c| c.optimizer.learning_rate())
+    }
+
+    /// Sets the constant learning rate (`model.optimizer.learning_rate = lr`), on every
+    /// replica: what `ReduceLROnPlateau` and `LearningRateScheduler` do.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; [`Error::InvalidArgument`] when the optimizer has a
+    /// schedule (Keras' `TypeError`) or for a rate that is not a finite number >= 0.
+    pub fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+        let compiled = self
+            .compiled
+            .as_mut()
+            .ok_or_else(|| Error::Model("set_learning_rate: the model is not compiled".into()))?;
+        compiled.optimizer.set_learning_rate(lr)?;
+        if let Some(m) = self.mirrors.as_mut() {
+            for r in m.replicas.iter_mut() {
+                if let Some(opt) = r.optimizer.as_mut() {
+                    opt.set_learning_rate(lr)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keras' `model.stop_training`: whether a callback asked `fit` to stop (it stops once
+    /// the current epoch is done; `fit` clears it when it starts).
+    pub fn stop_training(&self) -> bool {
+        self.stop_training
+    }
+
+    /// Sets `model.stop_training` (what [`EarlyStopping`](crate::nn::EarlyStopping) does).
+    pub fn set_stop_training(&mut self, stop: bool) {
+        self.stop_training = stop;
+    }
+
     /// Training steps run since `compile` (Keras' `optimizer.iterations`; steps that loss
     /// scaling skipped are not counted).
     pub fn iterations(&self) -> u64 {
@@ -820,7 +879,7 @@ impl Sequential {
             None => self.serial_gradients(x, y, (accuracy, factor))?,
         };
         if update {
-            self.apply_gradients(&grads)?;
+            self.apply_layer_gradients(&grads)?;
         }
         let out = StepOutput::new(vec![part], n);
         Ok((out, grads.into_iter().flatten().collect()))
@@ -922,7 +981,7 @@ impl Sequential {
     /// allocation of an update), then every weight is updated in place and the step counted.
     /// Under loss scaling the gradients are checked and unscaled first; a step whose gradients
     /// are not all finite updates nothing and only moves the scale.
-    fn apply_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
+    fn apply_layer_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
         let compiled = self
             .compiled
             .as_mut()
@@ -931,6 +990,8 @@ impl Sequential {
             compiled.optimizer.finish_step(false);
             return Ok(());
         };
+        // Clipped after unscaling and after the pipeline's per-layer sums, as Keras clips.
+        let grads = compiled.optimizer.clipped(&grads)?;
         let layer_weights: Vec<Vec<&Tensor>> = self
             .entries
             .iter()
@@ -945,6 +1006,58 @@ impl Sequential {
         }
         compiled.optimizer.finish_step(true);
         Ok(())
+    }
+
+    /// One optimizer step with the given gradients, one per weight in
+    /// [`weights`](Sequential::weights) order (Keras' `model.optimizer.apply_gradients(zip(grads,
+    /// model.trainable_variables))`): loss-scale unscaling and its check (the gradients are taken
+    /// as scaled, as Keras' `LossScaleOptimizer.apply_gradients` takes them), clipping, weight
+    /// decay, the update, `iterations`.
+    ///
+    /// ```
+    /// use anygpu::nn::{Dense, Loss, Sequential, Sgd};
+    /// use anygpu::Tensor;
+    /// let _cpu = anygpu::with_device("/cpu:0")?;
+    /// let mut model = Sequential::new();
+    /// model.add(Dense::new(1).input_shape(&[1]))?;
+    /// model.compile(Loss::SparseCategoricalCrossentropy { from_logits: true }, Sgd::new(0.5), &[])?;
+    /// model.set_weights(&[vec![1.0], vec![0.0]])?;
+    /// model.apply_gradients(&[Tensor::from_slice(&[2.0f32], &[1, 1])?, Tensor::from_slice(&[-2.0f32], &[1])?])?;
+    /// assert_eq!(model.get_weights()?, vec![vec![0.0], vec![1.0]]);
+    /// assert_eq!(model.iterations(), 1);
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile` or under a [`MirroredStrategy`] (whose replicas update
+    /// from their summed gradients in `fit`); [`Error::InvalidArgument`] for a count of
+    /// gradients other than the weights'; shape and device errors.
+    pub fn apply_gradients(&mut self, grads: &[Tensor]) -> Result<()> {
+        if self.mirrors.is_some() {
+            return Err(Error::Model(
+                "apply_gradients: the model is mirrored by a MirroredStrategy; its replicas \
+                 update in fit and train_step"
+                    .into(),
+            ));
+        }
+        let counts: Vec<usize> = self
+            .entries
+            .iter()
+            .map(|e| e.layer.weights().len())
+            .collect();
+        let total: usize = counts.iter().sum();
+        if grads.len() != total {
+            return Err(Error::InvalidArgument(format!(
+                "apply_gradients: {} gradients for {total} weights",
+                grads.len()
+            )));
+        }
+        let mut rest = grads.iter().cloned();
+        let per_layer: Vec<Vec<Tensor>> = counts
+            .iter()
+            .map(|&n| rest.by_ref().take(n).collect())
+            .collect();
+        self.apply_layer_gradients(&per_layer)
     }
 
     /// A data-parallel step over the strategy's replicas.
@@ -1036,7 +1149,7 @@ impl Sequential {
             let loss = (compiled.accuracy, compiled.optimizer.loss_factor());
             self.check_host_batch("fit", batch)?;
             let out = self.pipelined(p, Examples::Host(HostBatch::from(batch)), loss)?;
-            self.apply_gradients(&out.grads)?;
+            self.apply_layer_gradients(&out.grads)?;
             return Ok(StepOutput::new(vec![out.part], batch.y.len()));
         }
         let (x, y) = self.batch_tensors("fit", batch)?;

@@ -160,10 +160,8 @@ impl Callback for TensorBoard {
         let step = i64::try_from(index).unwrap_or(i64::MAX);
         let h = fit.history();
         let at = |series: &[f64]| series.get(index).copied();
-        let learning_rate = fit
-            .model()
-            .optimizer()
-            .map(|o| f64::from(o.learning_rate()));
+        // The rate the next step uses (a schedule's, or as a callback set it), as Keras logs.
+        let learning_rate = fit.model().learning_rate().map(f64::from);
         let mut train = scalars(
             step,
             &[

@@ -13,6 +13,7 @@ use crate::ops::spec::{
     Activation, AdamParams, BinaryOp, Conv2dShape, DepthwiseShape, PoolShape, SgdParams,
 };
 use crate::ops::spec::{ActivationFn, Pool2dShape};
+use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
@@ -597,6 +598,50 @@ impl NnKernels for HostKernels {
     ) -> Result<()> {
         let r = Inputs::lock(&[x, dy]);
         cpu::pooling::global_max_pool_backward(r.f32(0), r.f32(1), write(dx).f32(), s);
+        Ok(())
+    }
+
+    // ---- RMSprop, weight decay, gradient clipping ----
+
+    fn rmsprop(
+        &self,
+        w: &Tensor,
+        g: &Tensor,
+        v: &Tensor,
+        average: Option<&Tensor>,
+        momentum: Option<&Tensor>,
+        p: &RmspropParams,
+    ) -> Result<()> {
+        let mut average = average.map(write);
+        let mut momentum = momentum.map(write);
+        cpu::rmsprop(
+            write(w).f32(),
+            Inputs::lock(&[g]).f32(0),
+            write(v).f32(),
+            average.as_mut().map(|a| a.f32()),
+            momentum.as_mut().map(|m| m.f32()),
+            p,
+        );
+        Ok(())
+    }
+
+    fn weight_decay(&self, w: &Tensor, wd: f32, lr: f32) -> Result<()> {
+        cpu::weight_decay(write(w).f32(), wd, lr);
+        Ok(())
+    }
+
+    fn clip(
+        &self,
+        g: &Tensor,
+        sum_squares: Option<&Tensor>,
+        out: &Tensor,
+        mode: ClipMode,
+    ) -> Result<()> {
+        let ss = match sum_squares {
+            Some(t) => Inputs::lock(&[t]).f32(0).first().copied().unwrap_or(0.0),
+            None => 0.0,
+        };
+        cpu::clip(Inputs::lock(&[g]).f32(0), write(out).f32(), mode, ss);
         Ok(())
     }
 }

@@ -7,6 +7,7 @@ use crate::ops::spec::{
     Activation, AdamParams, Conv2dShape, ConvOptions, DepthwiseShape, Padding, PoolShape, SgdParams,
 };
 use crate::ops::spec::{ActivationFn, Pool2dShape};
+use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::shape;
@@ -193,6 +194,29 @@ pub(crate) trait NnKernels {
         s: &DepthwiseShape,
         act: Activation,
     ) -> Result<()>;
+
+    // ---- optimizers: RMSprop, weight decay, gradient clipping ----
+    /// Keras' RMSprop update with velocity `v` and the optional average gradient
+    /// (`centered`) and momentum slots.
+    fn rmsprop(
+        &self,
+        w: &Tensor,
+        g: &Tensor,
+        v: &Tensor,
+        average: Option<&Tensor>,
+        momentum: Option<&Tensor>,
+        p: &RmspropParams,
+    ) -> Result<()>;
+    /// `w -= w * wd * lr`.
+    fn weight_decay(&self, w: &Tensor, wd: f32, lr: f32) -> Result<()>;
+    /// `out` = `g` clipped by `mode`; norms come from `sum_squares[0]` (see [`clip_gradient`]).
+    fn clip(
+        &self,
+        g: &Tensor,
+        sum_squares: Option<&Tensor>,
+        out: &Tensor,
+        mode: ClipMode,
+    ) -> Result<()>;
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
@@ -350,6 +374,12 @@ const ACCURACY_COUNT: OpInfo = op("AccuracyCount", gn::ACCURACY_COUNT);
 const SGD_UPDATE: OpInfo = op("ResourceApplyGradientDescent", gn::SGD_UPDATE);
 const MOMENTUM_UPDATE: OpInfo = op("ResourceApplyKerasMomentum", gn::MOMENTUM_UPDATE);
 const ADAM_UPDATE: OpInfo = op("ResourceApplyAdam", gn::ADAM_UPDATE);
+// ---- optimizers: RMSprop, weight decay, gradient clipping ----
+const RMSPROP_UPDATE: OpInfo = op("ResourceApplyRMSProp", gn::RMSPROP_UPDATE);
+const CENTERED_RMSPROP_UPDATE: OpInfo = op("ResourceApplyCenteredRMSProp", gn::RMSPROP_UPDATE);
+const WEIGHT_DECAY: OpInfo = op("AssignSubVariableOp", gn::WEIGHT_DECAY_UPDATE);
+const CLIP_BY_NORM: OpInfo = op("ClipByNorm", gn::CLIP);
+const CLIP_BY_VALUE: OpInfo = op("ClipByValue", gn::CLIP);
 
 /// The op's placement-log entry for `act` (forward or gradient).
 fn act_info(act: Activation, grad: bool) -> &'static OpInfo {
@@ -1732,4 +1762,107 @@ pub fn adam_update(w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParam
         )));
     }
     update_in_place(&ADAM_UPDATE, w, g, &[m, v], |nk, g| nk.adam(w, g, m, v, p))
+}
+
+// ---- optimizers: RMSprop, weight decay, gradient clipping ----
+
+/// One Keras 3 RMSprop step on `w`, in place, on `w`'s device
+/// (`tf.raw_ops.ResourceApplyRMSProp`, or `ResourceApplyCenteredRMSProp` with an `average`
+/// slot): `v = ρ v + (1 - ρ) g²`; centered `a = ρ a + (1 - ρ) g` and `d = v - a² + ε`, else
+/// `d = v + ε`; `Δ = lr g / √d`; with a `momentum` slot `m = μ m + Δ; w -= m`, else `w -= Δ`.
+///
+/// # Errors
+/// Wrong dtypes or shapes; `centered` without an average slot (or the reverse), a momentum
+/// without its slot; slots on another device; tensors sharing memory.
+pub fn rmsprop_update(
+    w: &Tensor,
+    g: &Tensor,
+    v: &Tensor,
+    average: Option<&Tensor>,
+    momentum: Option<&Tensor>,
+    p: &RmspropParams,
+) -> Result<()> {
+    let info = if p.centered {
+        &CENTERED_RMSPROP_UPDATE
+    } else {
+        &RMSPROP_UPDATE
+    };
+    if p.centered != average.is_some() || (p.momentum != 0.0) != momentum.is_some() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: centered={} and momentum={} need {} average-gradient and {} momentum slot",
+            info.name,
+            p.centered,
+            p.momentum,
+            if p.centered { "an" } else { "no" },
+            if p.momentum != 0.0 { "a" } else { "no" },
+        )));
+    }
+    let slots: Vec<&Tensor> = std::iter::once(v).chain(average).chain(momentum).collect();
+    update_in_place(info, w, g, &slots, |nk, g| {
+        nk.rmsprop(w, g, v, average, momentum, p)
+    })
+}
+
+/// Keras' decoupled weight decay on `w`, in place, on `w`'s device: `w -= w * wd * lr`
+/// (`optimizer._apply_weight_decay`, run before the update with the step's learning rate).
+///
+/// # Errors
+/// A `w` that is not float32; device errors.
+pub fn weight_decay_update(w: &Tensor, wd: f32, lr: f32) -> Result<()> {
+    let name = WEIGHT_DECAY.name;
+    expect_f32(name, &[w])?;
+    let home = w.device_handle();
+    let _scope = home.scope();
+    run(&WEIGHT_DECAY, &[w], |device, _| {
+        if !device.same_device(home) {
+            return Err(Error::Unsupported {
+                op: name,
+                device: home.full_name().to_string(),
+                missing: format!("the update was placed on {} instead", device.name()),
+            });
+        }
+        with_kernels(device, |_, nk| nk.weight_decay(w, wd, lr))
+    })
+}
+
+/// `g` clipped as Keras 3's optimizers clip it, in a new tensor on `g`'s device:
+/// [`ClipMode::Norm`] (`tf.clip_by_norm`, the norm of `g` itself) and
+/// [`ClipMode::GlobalNorm`] (the scale of `clip_by_global_norm`) take their norm from
+/// `sum_squares`, a one-element tensor holding the sum of squares (`g`'s own, or every
+/// gradient's), read on the device: no host wait. [`ClipMode::Value`] ignores it.
+///
+/// # Errors
+/// A norm mode without `sum_squares`, or one that is not one element; a clip value that is not
+/// a finite number > 0; dtypes other than float32.
+pub fn clip_gradient(g: &Tensor, sum_squares: Option<&Tensor>, mode: ClipMode) -> Result<Tensor> {
+    let (info, c) = match mode {
+        ClipMode::Norm(c) | ClipMode::GlobalNorm(c) => (&CLIP_BY_NORM, c),
+        ClipMode::Value(c) => (&CLIP_BY_VALUE, c),
+    };
+    if !(c.is_finite() && c > 0.0) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the clip value must be a finite number > 0, got {c}",
+            info.name
+        )));
+    }
+    let ss = match (mode, sum_squares) {
+        (ClipMode::Value(_), _) => None,
+        (_, Some(t)) if t.len() == 1 => Some(t),
+        (_, other) => {
+            return Err(Error::InvalidArgument(format!(
+                "{}: needs the sum of squares as one element, got {}",
+                info.name,
+                other.map_or("none".to_string(), |t| format!("shape {:?}", t.shape()))
+            )))
+        }
+    };
+    let mut inputs = vec![g];
+    inputs.extend(ss);
+    expect_f32(info.name, &inputs)?;
+    let _scope = g.device_handle().scope();
+    run(info, &inputs, |device, moved| {
+        let out = Tensor::uninit(g.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.clip(&moved[0], moved.get(1), &out, mode))?;
+        Ok(out)
+    })
 }

@@ -12,6 +12,7 @@ mod activations;
 mod convolutions;
 mod layers;
 mod normalization;
+mod optimizers;
 mod pooling;
 
 use anygpu::nn::{Activation, Layer};

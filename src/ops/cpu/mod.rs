@@ -122,7 +122,7 @@ pub(crate) use depthwise::{
 };
 pub(crate) use elementwise::{activation_backward, activation_forward, add_n, binary, scale};
 pub(crate) use gemm::{dense_backward, matmul, matmul_bias_act};
-pub(crate) use optim::{adam, sgd, sgd_momentum};
+pub(crate) use optim::{adam, clip, rmsprop, sgd, sgd_momentum, weight_decay};
 pub(crate) use pool::{maxpool_backward, maxpool_forward};
 pub(crate) use reduce::{argmax_rows, sum_all, sum_rows};
 pub(crate) use separable::{

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::ops::spec::{AdamParams, SgdParams};
+use crate::ops::spec::{AdamParams, ClipMode, RmspropParams, SgdParams};
 
 use super::{PAR_CHUNK, PAR_MIN_ELEMS};
 
@@ -117,6 +117,188 @@ pub(crate) fn adam(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], p: &A
     }
 }
 
+// ---- RMSprop, weight decay, gradient clipping ----
+
+/// Constants of one RMSprop step.
+#[derive(Clone, Copy)]
+pub(crate) struct RmspropStep {
+    lr: f32,
+    rho: f32,
+    /// `1 - rho`, from Keras' Python floats (f64), rounded once.
+    one_minus_rho: f32,
+    momentum: f32,
+    eps: f32,
+}
+
+impl RmspropStep {
+    pub(crate) fn new(p: &RmspropParams) -> RmspropStep {
+        RmspropStep {
+            lr: p.lr,
+            rho: p.rho,
+            one_minus_rho: (1.0 - f64::from(p.rho)) as f32,
+            momentum: p.momentum,
+            eps: p.epsilon,
+        }
+    }
+}
+
+multiversion! {
+    /// Keras 3's RMSprop in Keras' operation order; `a` (average gradient) and `m` (momentum)
+    /// are empty when the step has none.
+    fn rmsprop_leaf(w: &mut [f32], g: &[f32], v: &mut [f32], a: &mut [f32], m: &mut [f32], c: RmspropStep) {
+        for i in 0..w.len() {
+            let gi = g[i];
+            let nv = c.rho * v[i] + c.one_minus_rho * (gi * gi);
+            v[i] = nv;
+            let denominator = if a.is_empty() {
+                nv + c.eps
+            } else {
+                let na = c.rho * a[i] + c.one_minus_rho * gi;
+                a[i] = na;
+                nv - na * na + c.eps
+            };
+            let increment = c.lr * gi / denominator.sqrt();
+            if m.is_empty() {
+                w[i] -= increment;
+            } else {
+                let nm = c.momentum * m[i] + increment;
+                m[i] = nm;
+                w[i] -= nm;
+            }
+        }
+    }
+}
+
+/// Keras 3's RMSprop step; `average` with `centered`, `momentum` with a momentum != 0.
+pub(crate) fn rmsprop(
+    w: &mut [f32],
+    g: &[f32],
+    v: &mut [f32],
+    average: Option<&mut [f32]>,
+    momentum: Option<&mut [f32]>,
+    p: &RmspropParams,
+) {
+    assert_eq!(w.len(), g.len(), "rmsprop: w and g lengths differ");
+    assert_eq!(w.len(), v.len(), "rmsprop: w and v lengths differ");
+    let a = average.unwrap_or_default();
+    let m = momentum.unwrap_or_default();
+    assert!(
+        a.is_empty() || a.len() == w.len(),
+        "rmsprop: average length"
+    );
+    assert!(
+        m.is_empty() || m.len() == w.len(),
+        "rmsprop: momentum length"
+    );
+    rmsprop_leaf(w, g, v, a, m, RmspropStep::new(p));
+}
+
+multiversion! {
+    /// `w -= w * wd * lr`.
+    fn decay_leaf(w: &mut [f32], wd: f32, lr: f32) {
+        for w in w.iter_mut() {
+            *w -= *w * wd * lr;
+        }
+    }
+}
+
+/// Keras' decoupled weight decay: `w = w - w * wd * lr`.
+pub(crate) fn weight_decay(w: &mut [f32], wd: f32, lr: f32) {
+    if w.len() < PAR_MIN_ELEMS {
+        decay_leaf(w, wd, lr);
+    } else {
+        w.par_chunks_mut(PAR_CHUNK)
+            .for_each(|w| decay_leaf(w, wd, lr));
+    }
+}
+
+/// The factor and bounds one clip applies: `out = min(max(g * mul / div, lo), hi)`.
+#[derive(Clone, Copy)]
+pub(crate) struct ClipStep {
+    pub(crate) mul: f32,
+    pub(crate) div: f32,
+    pub(crate) lo: f32,
+    pub(crate) hi: f32,
+}
+
+impl ClipStep {
+    /// The step of `mode` for a sum of squares `sum_squares` (the gradient's own for
+    /// [`ClipMode::Norm`], every gradient's for [`ClipMode::GlobalNorm`]), in float32 in
+    /// Keras' order: `g * c / max(norm, c)` (a norm of 0 stays 0), or
+    /// `g * (c * min(1 / norm, 1 / c) + (norm - norm))`, or the bounds `±c`.
+    pub(crate) fn new(mode: ClipMode, sum_squares: f32) -> ClipStep {
+        let open = ClipStep {
+            mul: 1.0,
+            div: 1.0,
+            lo: f32::NEG_INFINITY,
+            hi: f32::INFINITY,
+        };
+        match mode {
+            ClipMode::Norm(c) => {
+                let norm = if sum_squares > 0.0 {
+                    sum_squares.sqrt()
+                } else {
+                    sum_squares
+                };
+                ClipStep {
+                    mul: c,
+                    div: norm.max(c),
+                    ..open
+                }
+            }
+            ClipMode::GlobalNorm(c) => {
+                let norm = sum_squares.sqrt();
+                let inverse_c = (1.0 / f64::from(c)) as f32;
+                ClipStep {
+                    // Keras adds `norm - norm`: NaN for a norm that is not finite.
+                    mul: if norm.is_finite() {
+                        c * (1.0 / norm).min(inverse_c)
+                    } else {
+                        f32::NAN
+                    },
+                    ..open
+                }
+            }
+            ClipMode::Value(c) => ClipStep {
+                lo: -c,
+                hi: c,
+                ..open
+            },
+        }
+    }
+}
+
+multiversion! {
+    /// `out = clamp(g * mul / div)`.
+    fn clip_leaf(g: &[f32], out: &mut [f32], c: ClipStep) {
+        for (o, &g) in out.iter_mut().zip(g) {
+            // Comparisons, not f32::max/min, so that a NaN stays NaN (a global norm that is
+            // not finite makes every gradient NaN, as in Keras).
+            let x = g * c.mul / c.div;
+            *o = if x < c.lo {
+                c.lo
+            } else if x > c.hi {
+                c.hi
+            } else {
+                x
+            };
+        }
+    }
+}
+
+/// A clipped copy of `g` (see [`ClipStep::new`]).
+pub(crate) fn clip(g: &[f32], out: &mut [f32], mode: ClipMode, sum_squares: f32) {
+    assert_eq!(g.len(), out.len(), "clip: g and out lengths differ");
+    let c = ClipStep::new(mode, sum_squares);
+    if g.len() < PAR_MIN_ELEMS {
+        clip_leaf(g, out, c);
+    } else {
+        g.par_chunks(PAR_CHUNK)
+            .zip(out.par_chunks_mut(PAR_CHUNK))
+            .for_each(|(g, o)| clip_leaf(g, o, c));
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -168,6 +350,71 @@ pub(super) mod tests {
                 assert_close(&w1, &ew, 1e-6, "adam w");
                 assert_close(&m1, &em, 1e-6, "adam m");
                 assert_close(&s1, &es, 1e-6, "adam v");
+            }
+
+            // A reachable centered state: the average gradient's square below the velocity.
+            let a0: Vec<f32> = random_vec(len, 6)
+                .iter()
+                .zip(&s0)
+                .map(|(r, s)| r * s.sqrt())
+                .collect();
+            for (centered, momentum) in [(false, 0.0), (false, 0.9), (true, 0.0), (true, 0.5)] {
+                let p = RmspropParams {
+                    lr: 0.001,
+                    rho: 0.9,
+                    momentum,
+                    epsilon: 1e-7,
+                    centered,
+                };
+                let (mut w1, mut s1, mut a1, mut m1) =
+                    (w.clone(), s0.clone(), a0.clone(), v0.clone());
+                rmsprop(
+                    &mut w1,
+                    &g,
+                    &mut s1,
+                    centered.then_some(&mut a1[..]),
+                    (momentum != 0.0).then_some(&mut m1[..]),
+                    &p,
+                );
+                let (a64, m64) = (to_f64(&a0), to_f64(&v0));
+                let (ew, es, ea, em) = r::rmsprop(
+                    &w64,
+                    &g64,
+                    &to_f64(&s0),
+                    centered.then_some(&a64[..]),
+                    (momentum != 0.0).then_some(&m64[..]),
+                    &p,
+                );
+                assert_close(&w1, &ew, 1e-5, "rmsprop w");
+                assert_close(&s1, &es, 1e-6, "rmsprop v");
+                if let Some(ea) = ea {
+                    assert_close(&a1, &ea, 1e-6, "rmsprop average");
+                }
+                if let Some(em) = em {
+                    assert_close(&m1, &em, 1e-5, "rmsprop momentum");
+                }
+            }
+
+            let mut w1 = w.clone();
+            weight_decay(&mut w1, 0.004, 0.01);
+            assert_close(
+                &w1,
+                &r::weight_decay(&w64, 0.004, 0.01),
+                1e-7,
+                "weight decay",
+            );
+
+            let sum_squares: f64 = g64.iter().map(|g| g * g).sum();
+            for mode in [
+                ClipMode::Norm(0.5),
+                ClipMode::Norm(1e6),
+                ClipMode::GlobalNorm(0.5),
+                ClipMode::GlobalNorm(2.0 * sum_squares.sqrt() as f32),
+                ClipMode::Value(0.25),
+            ] {
+                let mut out = vec![f32::NAN; len];
+                clip(&g, &mut out, mode, sum_squares as f32);
+                assert_close(&out, &r::clip(&g64, mode, sum_squares), 1e-6, "clip");
             }
         }
     }

@@ -35,6 +35,7 @@ use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_D
 use crate::ops::nn::{pointwise_shape, unfused_maxpool_activation_bias_grad};
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
 use crate::ops::spec::{ActivationFn, Pool2dShape};
+use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
     ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
     SeparableForward,
@@ -92,6 +93,15 @@ pub(crate) const ACCURACY: Kernel = sm("accuracy");
 pub(crate) const SGD: Kernel = opt("sgd");
 pub(crate) const SGD_MOMENTUM: Kernel = opt("sgd_momentum");
 pub(crate) const ADAM: Kernel = opt("adam");
+// ---- RMSprop, weight decay, gradient clipping ----
+pub(crate) const RMSPROP: Kernel = opt("rmsprop");
+pub(crate) const RMSPROP_MOMENTUM: Kernel = opt("rmsprop_momentum");
+pub(crate) const RMSPROP_CENTERED: Kernel = opt("rmsprop_centered");
+pub(crate) const RMSPROP_CENTERED_MOMENTUM: Kernel = opt("rmsprop_centered_momentum");
+pub(crate) const MOMENTUM_APPLY: Kernel = opt("momentum_apply");
+pub(crate) const WEIGHT_DECAY: Kernel = opt("weight_decay");
+pub(crate) const CLIP_NORM: Kernel = opt("clip_norm");
+pub(crate) const CLIP_VALUE: Kernel = opt("clip_value");
 
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[
@@ -295,6 +305,18 @@ pub(crate) const SGD_UPDATE: &[Kernel] = &[SGD];
 pub(crate) const MOMENTUM_UPDATE: &[Kernel] = &[SGD_MOMENTUM];
 /// Kernels of `ResourceApplyAdam`.
 pub(crate) const ADAM_UPDATE: &[Kernel] = &[ADAM];
+/// Kernels of `ResourceApplyRMSProp` / `ResourceApplyCenteredRMSProp`.
+pub(crate) const RMSPROP_UPDATE: &[Kernel] = &[
+    RMSPROP,
+    RMSPROP_MOMENTUM,
+    RMSPROP_CENTERED,
+    RMSPROP_CENTERED_MOMENTUM,
+    MOMENTUM_APPLY,
+];
+/// Kernels of the decoupled weight decay.
+pub(crate) const WEIGHT_DECAY_UPDATE: &[Kernel] = &[WEIGHT_DECAY];
+/// Kernels of `ClipByNorm` / `ClipByValue`.
+pub(crate) const CLIP: &[Kernel] = &[CLIP_NORM, CLIP_VALUE];
 
 /// Invocations a partial-sum pass aims for on a GPU: enough to fill it, few enough that the
 /// partials stay small.
@@ -434,6 +456,14 @@ struct OptimParams {
     one_minus_b1: f32,
     one_minus_b2: f32,
     eps: f32,
+    rho: f32,
+    one_minus_rho: f32,
+    wd: f32,
+    clip: f32,
+    inverse_clip: f32,
+    mode: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 /// The most positions one invocation of a partial-sum kernel loops over: Mesa's software
@@ -1577,6 +1607,89 @@ impl NnKernels for GpuKernels<'_> {
         s: &PoolShape,
     ) -> Result<()> {
         self.global_max_pool_backward_impl(x, dy, dx, s)
+    }
+
+    // ---- RMSprop, weight decay, gradient clipping ----
+
+    fn rmsprop(
+        &self,
+        w: &Tensor,
+        g: &Tensor,
+        v: &Tensor,
+        average: Option<&Tensor>,
+        momentum: Option<&Tensor>,
+        p: &RmspropParams,
+    ) -> Result<()> {
+        let n = w.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let params = OptimParams {
+            n: u(n),
+            lr: p.lr,
+            momentum: p.momentum,
+            eps: p.epsilon,
+            rho: p.rho,
+            one_minus_rho: (1.0 - f64::from(p.rho)) as f32,
+            ..Default::default()
+        };
+        let grid = grid_1d(n, 256);
+        match (average, momentum) {
+            (None, None) => self.launch(RMSPROP, &params, &[w, g, v], grid),
+            (None, Some(s)) => self.launch(RMSPROP_MOMENTUM, &params, &[w, g, v, s], grid),
+            (Some(a), None) => self.launch(RMSPROP_CENTERED, &params, &[w, g, a, v], grid),
+            (Some(a), Some(s)) => {
+                self.launch(RMSPROP_CENTERED_MOMENTUM, &params, &[g, a, v, s], grid)?;
+                self.launch(MOMENTUM_APPLY, &params, &[w, s], grid)
+            }
+        }
+    }
+
+    fn weight_decay(&self, w: &Tensor, wd: f32, lr: f32) -> Result<()> {
+        let n = w.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let params = OptimParams {
+            n: u(n),
+            lr,
+            wd,
+            ..Default::default()
+        };
+        self.launch(WEIGHT_DECAY, &params, &[w], grid_1d(n, 256))
+    }
+
+    fn clip(
+        &self,
+        g: &Tensor,
+        sum_squares: Option<&Tensor>,
+        out: &Tensor,
+        mode: ClipMode,
+    ) -> Result<()> {
+        let n = g.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let (clip, global) = match mode {
+            ClipMode::Norm(c) => (c, false),
+            ClipMode::GlobalNorm(c) => (c, true),
+            ClipMode::Value(c) => (c, false),
+        };
+        let params = OptimParams {
+            n: u(n),
+            clip,
+            inverse_clip: (1.0 / f64::from(clip)) as f32,
+            mode: u32::from(global),
+            ..Default::default()
+        };
+        let grid = grid_1d(n, 256);
+        match (mode, sum_squares) {
+            (ClipMode::Value(_), _) => self.launch(CLIP_VALUE, &params, &[out, g], grid),
+            (_, Some(ss)) => self.launch(CLIP_NORM, &params, &[out, g, ss], grid),
+            (_, None) => Err(crate::error::Error::InvalidArgument(
+                "ClipByNorm: no sum of squares to take the norm of".into(),
+            )),
+        }
     }
 }
 
