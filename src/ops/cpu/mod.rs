@@ -102,6 +102,7 @@ pub(crate) mod conv;
 pub(crate) mod depthwise;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
+pub(crate) mod loss;
 pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;

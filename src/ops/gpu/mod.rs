@@ -8,6 +8,7 @@
 
 pub(crate) mod half;
 pub(crate) mod kernels;
+pub(crate) mod loss;
 pub(crate) mod tune;
 
 use std::borrow::Cow;
@@ -42,6 +43,8 @@ pub(crate) enum ShaderFamily {
     Pool,
     /// Softmax, fused softmax cross-entropy, accuracy.
     Softmax,
+    /// Losses on float targets, metrics beyond accuracy, sigmoid (`loss.wgsl`).
+    Loss,
     /// SGD, momentum, Adam updates in place.
     Optim,
     /// Casts between float32 and float16 (adapters with f16 only).
@@ -50,7 +53,7 @@ pub(crate) enum ShaderFamily {
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 10] = [
+    pub(crate) const ALL: [ShaderFamily; 11] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -61,6 +64,7 @@ impl ShaderFamily {
         ShaderFamily::Softmax,
         ShaderFamily::Optim,
         ShaderFamily::Cast,
+        ShaderFamily::Loss,
     ];
 
     /// The file under `shaders/`.
@@ -76,6 +80,7 @@ impl ShaderFamily {
             ShaderFamily::Softmax => "softmax.wgsl",
             ShaderFamily::Optim => "optim.wgsl",
             ShaderFamily::Cast => "cast.wgsl",
+            ShaderFamily::Loss => "loss.wgsl",
         }
     }
 
@@ -84,7 +89,7 @@ impl ShaderFamily {
     pub(crate) fn has_half_twin(self) -> bool {
         !matches!(
             self,
-            ShaderFamily::Optim | ShaderFamily::Softmax | ShaderFamily::Cast
+            ShaderFamily::Optim | ShaderFamily::Softmax | ShaderFamily::Cast | ShaderFamily::Loss
         )
     }
 
@@ -124,6 +129,7 @@ impl ShaderFamily {
             ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
             ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
             ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
+            ShaderFamily::Loss => include_str!("../../../shaders/loss.wgsl"),
         }
     }
 }
