@@ -33,26 +33,40 @@ pub enum Activation {
     Selu,
     /// `"softmax"` over the last axis; last layer only.
     Softmax,
+    /// `"sigmoid"`: `1 / (1 + e^{-x})`; last layer only here, where a binary cross-entropy
+    /// folds it in as the softmax is (see [`crate::nn::Loss`]).
+    Sigmoid,
 }
 
 impl Activation {
-    /// Keras' name: `linear`, `relu`, `selu`, `softmax`.
+    /// Keras' name: `linear`, `relu`, `selu`, `softmax`, `sigmoid`.
     pub fn name(self) -> &'static str {
         match self {
             Activation::Linear => "linear",
             Activation::Relu => "relu",
             Activation::Selu => "selu",
             Activation::Softmax => "softmax",
+            Activation::Sigmoid => "sigmoid",
         }
     }
 
-    /// The activation the kernels fuse: softmax layers compute their logits (linear).
+    /// The activation the kernels fuse: softmax and sigmoid layers compute their logits
+    /// (linear).
     pub(crate) fn fused(self) -> OpActivation {
         match self {
-            Activation::Linear | Activation::Softmax => OpActivation::Linear,
+            Activation::Linear | Activation::Softmax | Activation::Sigmoid => {
+                OpActivation::Linear
+            }
             Activation::Relu => OpActivation::Relu,
             Activation::Selu => OpActivation::Selu,
         }
+    }
+}
+
+impl Activation {
+    /// Whether this is a last-layer-only activation that the loss folds in (softmax, sigmoid).
+    pub(crate) fn is_folded(self) -> bool {
+        matches!(self, Activation::Softmax | Activation::Sigmoid)
     }
 }
 
@@ -65,7 +79,8 @@ impl fmt::Display for Activation {
 impl FromStr for Activation {
     type Err = Error;
 
-    /// Parses Keras' names (`"linear"`, `"relu"`, `"selu"`, `"softmax"`; case-insensitive).
+    /// Parses Keras' names (`"linear"`, `"relu"`, `"selu"`, `"softmax"`, `"sigmoid"`;
+    /// case-insensitive).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the supported activations.
@@ -75,8 +90,10 @@ impl FromStr for Activation {
             "relu" => Ok(Activation::Relu),
             "selu" => Ok(Activation::Selu),
             "softmax" => Ok(Activation::Softmax),
+            "sigmoid" => Ok(Activation::Sigmoid),
             other => Err(Error::InvalidArgument(format!(
-                "Unknown activation function: '{other}'; supported: linear, relu, selu, softmax"
+                "Unknown activation function: '{other}'; supported: linear, relu, selu, \
+                 softmax, sigmoid"
             ))),
         }
     }

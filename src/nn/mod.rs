@@ -50,6 +50,7 @@ mod metrics;
 mod mirrored;
 #[cfg(feature = "mpi")]
 mod multi_worker;
+mod objective;
 mod optimizer;
 mod pass;
 mod pipeline;
