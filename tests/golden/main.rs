@@ -9,6 +9,7 @@
 mod common;
 
 mod layers;
+mod losses;
 
 use anygpu::nn::{Activation, Layer};
 use anygpu::ops::spec::Padding;
