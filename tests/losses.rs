@@ -92,7 +92,12 @@ fn loss_kernels_match_the_oracle_on_every_device() {
                     let (loss, dz) = ol::dense_loss(&zt, &yt, p).expect("dense_loss");
                     let (want_loss, want_dz) = r::dense_loss(&to_f64(&z), &to_f64(&y), &p);
                     let what = format!("{kind:?} {act:?} {rows}x{cols} ls {ls} on {dev}");
-                    assert_close(&loss.to_vec::<f32>().expect("loss"), &want_loss, 1e-4, &what);
+                    assert_close(
+                        &loss.to_vec::<f32>().expect("loss"),
+                        &want_loss,
+                        1e-4,
+                        &what,
+                    );
                     assert_close(&dz.to_vec::<f32>().expect("dz"), &want_dz, 1e-4, &what);
                 }
             }
@@ -149,10 +154,22 @@ fn metric_kernels_match_the_oracle_on_every_device() {
 fn top_k_follows_in_top_k_ties_on_every_device() {
     let rt = runtime();
     let z = [
-        0.3f32, 0.3, 0.3, 0.1, // three-way tie for first
-        0.1, 0.2, 0.3, 0.4, // distinct
-        f32::NAN, 0.2, 0.3, 0.4, // a NaN in the row
-        0.1, 0.2, 0.3, 0.4, // label out of range
+        0.3f32,
+        0.3,
+        0.3,
+        0.1, // three-way tie for first
+        0.1,
+        0.2,
+        0.3,
+        0.4, // distinct
+        f32::NAN,
+        0.2,
+        0.3,
+        0.4, // a NaN in the row
+        0.1,
+        0.2,
+        0.3,
+        0.4, // label out of range
     ];
     let labels = [2i32, 1, 3, 4];
     for dev in devices(&rt, "top_k_follows_in_top_k_ties_on_every_device") {
@@ -160,9 +177,14 @@ fn top_k_follows_in_top_k_ties_on_every_device() {
         let zt = Tensor::from_slice_on(&z, &[4, 4], &dev).expect("z");
         let lt = Tensor::from_slice_on(&labels, &[4], &dev).expect("labels");
         let top = |k| {
-            ol::metric_rows(&zt, &lt, MetricKind::SparseTopK(k), OutputActivation::Identity)
-                .and_then(|t| t.to_vec::<f32>())
-                .expect("top k")
+            ol::metric_rows(
+                &zt,
+                &lt,
+                MetricKind::SparseTopK(k),
+                OutputActivation::Identity,
+            )
+            .and_then(|t| t.to_vec::<f32>())
+            .expect("top k")
         };
         assert_eq!(top(1), [1.0, 0.0, 0.0, 0.0], "k = 1 on {dev}");
         assert_eq!(top(3), [1.0, 1.0, 0.0, 0.0], "k = 3 on {dev}");
@@ -174,11 +196,16 @@ fn top_k_follows_in_top_k_ties_on_every_device() {
 fn sigmoid_matches_the_oracle_on_every_device() {
     let rt = runtime();
     let x: Vec<f32> = values(300, 5).iter().map(|v| 30.0 * v).collect();
-    let want: Vec<f64> = x.iter().map(|&v| 1.0 / (1.0 + (-f64::from(v)).exp())).collect();
+    let want: Vec<f64> = x
+        .iter()
+        .map(|&v| 1.0 / (1.0 + (-f64::from(v)).exp()))
+        .collect();
     for dev in devices(&rt, "sigmoid_matches_the_oracle_on_every_device") {
         let _on = dev.scope();
         let t = Tensor::from_slice_on(&x, &[300], &dev).expect("x");
-        let y = ol::sigmoid(&t).and_then(|y| y.to_vec::<f32>()).expect("sigmoid");
+        let y = ol::sigmoid(&t)
+            .and_then(|y| y.to_vec::<f32>())
+            .expect("sigmoid");
         assert_close(&y, &want, 1e-6, &format!("sigmoid on {dev}"));
     }
 }
@@ -194,7 +221,10 @@ fn problem(n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
         let f = &x[i * 4..i * 4 + 4];
         let class = usize::from(f[0] > 0.0) + usize::from(f[1] > 0.3);
         onehot.extend((0..3).map(|c| f32::from(u8::from(c == class))));
-        binary.extend([f32::from(u8::from(f[0] > 0.0)), f32::from(u8::from(f[2] > f[3]))]);
+        binary.extend([
+            f32::from(u8::from(f[0] > 0.0)),
+            f32::from(u8::from(f[2] > f[3])),
+        ]);
         regression.extend([0.5 * f[0] - f[1], f[2] * 0.8 + 0.1]);
     }
     (x, onehot, binary, regression)
@@ -203,8 +233,12 @@ fn problem(n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
 /// A model for `loss`: two dense layers, the last with `units` and `last`.
 fn model(units: usize, last: Activation) -> Sequential {
     let mut m = Sequential::with_seed(5);
-    m.add(Dense::new(16).activation(Activation::Relu).input_shape(&[4]))
-        .expect("dense");
+    m.add(
+        Dense::new(16)
+            .activation(Activation::Relu)
+            .input_shape(&[4]),
+    )
+    .expect("dense");
     m.add(Dense::new(units).activation(last)).expect("dense");
     m.set_verbose(Verbosity::Silent);
     m
@@ -333,7 +367,11 @@ fn history_reports_metrics_under_keras_names() {
     m.compile(
         s.loss,
         Sgd::new(0.1),
-        &[Metric::Accuracy, Metric::CategoricalAccuracy, Metric::MeanSquaredError],
+        &[
+            Metric::Accuracy,
+            Metric::CategoricalAccuracy,
+            Metric::MeanSquaredError,
+        ],
     )
     .expect("compile");
     assert_eq!(
@@ -366,7 +404,10 @@ fn targets_of_the_wrong_kind_are_refused_with_the_loss_that_fits() {
         .expect("compile");
     let x = Tensor::from_vec(values(8, 1), &[2, 4]).expect("x");
     let labels = Tensor::from_vec(vec![0i32, 2], &[2]).expect("labels");
-    let err = m.train_step(&x, &labels).expect_err("int labels").to_string();
+    let err = m
+        .train_step(&x, &labels)
+        .expect_err("int labels")
+        .to_string();
     assert!(err.contains("sparse_categorical_crossentropy"), "{err}");
     assert!(err.contains("one-hot"), "{err}");
     let wrong = Tensor::from_vec(vec![0.0f32; 4], &[2, 2]).expect("y");
@@ -377,7 +418,10 @@ fn targets_of_the_wrong_kind_are_refused_with_the_loss_that_fits() {
         .compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[])
         .expect("compile");
     let onehot = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0], &[2, 3]).expect("y");
-    let err = sparse.train_step(&x, &onehot).expect_err("float").to_string();
+    let err = sparse
+        .train_step(&x, &onehot)
+        .expect_err("float")
+        .to_string();
     assert!(err.contains("categorical_crossentropy"), "{err}");
 
     // Metrics need the loss's kind of targets; from_logits needs a last layer without sigmoid.
@@ -402,8 +446,12 @@ fn targets_of_the_wrong_kind_are_refused_with_the_loss_that_fits() {
         .to_string();
     assert!(err.contains("from_logits=false"), "{err}");
     // A [n] target against one sigmoid unit is Keras' squeeze.
-    b.compile(Loss::binary_crossentropy(), Sgd::default(), &[Metric::Accuracy])
-        .expect("compile");
+    b.compile(
+        Loss::binary_crossentropy(),
+        Sgd::default(),
+        &[Metric::Accuracy],
+    )
+    .expect("compile");
     let y = Tensor::from_vec(vec![1.0f32, 0.0], &[2]).expect("y");
     assert!(b.train_on_batch(&x, &y).expect("step").is_finite());
 }
@@ -435,7 +483,9 @@ fn mirrored_fit_with_mean_squared_error() {
     plain
         .compile(s.loss, Sgd::new(0.2), &[Metric::MeanSquaredError])
         .expect("compile");
-    plain.set_weights(&m.get_weights().expect("w")).expect("set");
+    plain
+        .set_weights(&m.get_weights().expect("w"))
+        .expect("set");
     let batch = data.iter().next().expect("batch");
     let x = Tensor::from_vec(batch.x.clone(), &batch.x_shape).expect("x");
     let y = Tensor::from_vec(batch.y_values.clone(), &[16, 2]).expect("y");
@@ -454,7 +504,9 @@ fn pipelined_fit_with_binary_crossentropy() {
         let mut m = Sequential::with_seed(5);
         m.add_on(
             &cpus[0],
-            Dense::new(16).activation(Activation::Relu).input_shape(&[4]),
+            Dense::new(16)
+                .activation(Activation::Relu)
+                .input_shape(&[4]),
         )?;
         m.add_on(&cpus[1], Dense::new(2).activation(Activation::Sigmoid))?;
         m.compile(s.loss, Sgd::new(0.2), &s.metrics)?;

@@ -231,9 +231,7 @@ impl Dataset {
             shape
                 .iter()
                 .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!("shape {shape:?} overflows usize"))
-                })
+                .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} overflows usize")))
         };
         let example_len = count(example_shape)?;
         let target_len = count(target_shape)?;
@@ -417,9 +415,7 @@ impl Dataset {
 
     /// The shape of one example's float target; `None` when the targets are integer labels.
     pub fn target_shape(&self) -> Option<&[usize]> {
-        self.source
-            .float
-            .then_some(&self.source.target_shape[..])
+        self.source.float.then_some(&self.source.target_shape[..])
     }
 
     /// What decides the batches of a pass: the examples' count and shape and the pipeline's
@@ -617,7 +613,11 @@ impl Producer {
             false => idx.iter().map(|&i| src.y[i]).collect(),
         };
         let values = |idx: &[usize]| {
-            let mut y = Vec::with_capacity(if src.y_values.is_empty() { 0 } else { idx.len() * tl });
+            let mut y = Vec::with_capacity(if src.y_values.is_empty() {
+                0
+            } else {
+                idx.len() * tl
+            });
             if !src.y_values.is_empty() {
                 for &i in idx {
                     y.extend_from_slice(&src.y_values[i * tl..(i + 1) * tl]);

@@ -54,9 +54,7 @@ impl Activation {
     /// (linear).
     pub(crate) fn fused(self) -> OpActivation {
         match self {
-            Activation::Linear | Activation::Softmax | Activation::Sigmoid => {
-                OpActivation::Linear
-            }
+            Activation::Linear | Activation::Softmax | Activation::Sigmoid => OpActivation::Linear,
             Activation::Relu => OpActivation::Relu,
             Activation::Selu => OpActivation::Selu,
         }

@@ -272,10 +272,7 @@ impl Sequential {
             if self.progress() == Verbosity::OneLinePerEpoch {
                 println!("Epoch {}/{epochs}", epoch + 1);
             }
-            println!(
-                "{}",
-                epoch_line(steps, elapsed, &last_read, val.as_ref())
-            );
+            println!("{}", epoch_line(steps, elapsed, &last_read, val.as_ref()));
         }
         Ok(())
     }
@@ -342,8 +339,7 @@ impl Sequential {
                         loss_sum: terms.loss_sum,
                         metrics: terms.metrics,
                     };
-                    StepOutput::new(vec![part], batch.batch_size())
-                        .named(objective.metric_names())
+                    StepOutput::new(vec![part], batch.batch_size()).named(objective.metric_names())
                 }
             };
             acc.push(out)?;
@@ -413,12 +409,7 @@ fn progress_message(read: &Means, examples: usize, elapsed: Duration) -> String 
 }
 
 /// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: ... - val_loss: ...`
-fn epoch_line(
-    steps: usize,
-    elapsed: Duration,
-    train: &Means,
-    val: Option<&Evaluation>,
-) -> String {
+fn epoch_line(steps: usize, elapsed: Duration, train: &Means, val: Option<&Evaluation>) -> String {
     let secs = elapsed.as_secs_f64();
     let mut line = format!(
         "{steps}/{steps} - {:.0}s - {:.0}ms/step{}",
@@ -427,7 +418,8 @@ fn epoch_line(
         fmt_metrics("", train)
     );
     if let Some(v) = val {
-        let mut metrics: Vec<(&'static str, f64)> = v.accuracy.map(|a| ("accuracy", a)).into_iter().collect();
+        let mut metrics: Vec<(&'static str, f64)> =
+            v.accuracy.map(|a| ("accuracy", a)).into_iter().collect();
         // The names come from the objective's static names; look them up to keep them 'static.
         for (name, &value) in &v.metrics {
             if let Some(n) = train.1.iter().map(|(n, _)| *n).find(|n| n == name) {

@@ -64,8 +64,7 @@ impl Objective {
                     }
                     if k == 0 {
                         return Err(Error::InvalidArgument(
-                            "sparse_top_k_categorical_accuracy: k must be at least 1, got 0"
-                                .into(),
+                            "sparse_top_k_categorical_accuracy: k must be at least 1, got 0".into(),
                         ));
                     }
                     MetricImpl::Rows(MetricKind::SparseTopK(k))
@@ -164,7 +163,11 @@ fn targets_mismatch(m: Metric, loss: Loss, needs: &str) -> Error {
 
 fn float_metric(m: Metric, loss: Loss, kind: MetricKind) -> Result<MetricImpl> {
     if loss.takes_labels() {
-        return Err(targets_mismatch(m, loss, "float targets shaped like the output"));
+        return Err(targets_mismatch(
+            m,
+            loss,
+            "float targets shaped like the output",
+        ));
     }
     Ok(MetricImpl::Rows(kind))
 }
@@ -204,7 +207,12 @@ pub(crate) struct LossTerms {
 /// The loss and metrics of `z` (the last layer's output, float32, on the current device)
 /// against `y` (on the same device). `factor` multiplies the gradient (the loss scale times
 /// this part's share of the batch).
-pub(crate) fn loss_terms(obj: &Objective, z: &Tensor, y: &Tensor, factor: f32) -> Result<LossTerms> {
+pub(crate) fn loss_terms(
+    obj: &Objective,
+    z: &Tensor,
+    y: &Tensor,
+    factor: f32,
+) -> Result<LossTerms> {
     let n = z.shape().first().copied().unwrap_or(0);
     let (loss_sum, dlogits) = match obj.loss {
         Loss::SparseCategoricalCrossentropy { .. } => {

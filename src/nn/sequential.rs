@@ -13,8 +13,8 @@ use crate::nn::init::derive_seed;
 use crate::nn::layers::{count_params, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
-use crate::nn::objective::Objective;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
+use crate::nn::objective::Objective;
 use crate::nn::optimizer::{self, LossScale, LossScaleOptimizer, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::pipeline::{self, Examples, Pipeline, PipelineGradients, StageStats};
@@ -1044,8 +1044,9 @@ impl Sequential {
             let examples = Examples::Host(HostBatch::from(batch));
             let out = self.pipelined(p, examples, (&objective, factor))?;
             self.apply_gradients(&out.grads)?;
-            return Ok(StepOutput::new(vec![out.part], batch.batch_size())
-                .named(objective.metric_names()));
+            return Ok(
+                StepOutput::new(vec![out.part], batch.batch_size()).named(objective.metric_names())
+            );
         }
         let (x, y) = self.batch_tensors("fit", batch)?;
         self.train_step(&x, &y)

@@ -735,7 +735,11 @@ pub fn metric_rows(
                     hits as f64 / cols as f64
                 }
                 M::MeanSquared => {
-                    o.iter().zip(yr()).map(|(o, y)| (o - y) * (o - y)).sum::<f64>() / cols as f64
+                    o.iter()
+                        .zip(yr())
+                        .map(|(o, y)| (o - y) * (o - y))
+                        .sum::<f64>()
+                        / cols as f64
                 }
             }
         })

@@ -52,12 +52,14 @@ fn golden_losses_and_their_gradients() {
             };
             let (per_row, dz) = ol::dense_loss(&z, &y, p).expect("dense_loss");
             let mean = read(&per_row).iter().map(|&v| f64::from(v)).sum::<f64>() / rows as f64;
-            case.check(&name, "loss", &[], &[mean as f32]);
+            case.check(&name, "loss", &[1], &[mean as f32]);
             case.check(&name, "dz", dz.shape(), &read(&dz));
         }
     }
 }
 
+/// (TF's scalars are stored as `[1]` by the generator.)
+///
 /// Dense + loss through `Sequential::loss_and_gradients`: the softmax or sigmoid of the layer
 /// folded into the loss as Keras 3 does.
 #[test]
@@ -95,7 +97,7 @@ fn golden_dense_layer_under_each_loss() {
             let x = upload(&case, "x", &dev);
             let y = upload(&case, "y", &dev);
             let (value, grads) = model.loss_and_gradients(&x, &y).expect("gradients");
-            case.check(&name, "loss", &[], &[value]);
+            case.check(&name, "loss", &[1], &[value]);
             case.check(&name, "dkernel", grads[0].shape(), &read(&grads[0]));
             case.check(&name, "dbias", grads[1].shape(), &read(&grads[1]));
         }
@@ -125,11 +127,11 @@ fn golden_metrics() {
                 "mean_squared_error" => (MetricKind::MeanSquared, upload(&case, "y", &dev)),
                 other => panic!("{}: metric {other}", case.name),
             };
-            let rows = ol::metric_rows(&p, &y, metric, OutputActivation::Identity)
-                .expect("metric_rows");
+            let rows =
+                ol::metric_rows(&p, &y, metric, OutputActivation::Identity).expect("metric_rows");
             let values = read(&rows);
             let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / values.len() as f64;
-            case.check(&name, "value", &[], &[mean as f32]);
+            case.check(&name, "value", &[1], &[mean as f32]);
         }
     }
 }
