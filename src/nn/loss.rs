@@ -111,7 +111,7 @@ impl Loss {
     }
 
     /// `from_logits`, for the cross-entropies.
-    pub(crate) fn from_logits(&self) -> Option<bool> {
+    pub(crate) fn logits_flag(&self) -> Option<bool> {
         match *self {
             Loss::SparseCategoricalCrossentropy { from_logits }
             | Loss::CategoricalCrossentropy { from_logits, .. }

@@ -175,7 +175,7 @@ fn float_metric(m: Metric, loss: Loss, kind: MetricKind) -> Result<MetricImpl> {
 /// `from_logits` against the last layer's activation.
 fn check_last_layer(loss: Loss, layer: &str, act: Activation) -> Result<()> {
     let name = loss.name();
-    match (loss, loss.from_logits()) {
+    match (loss, loss.logits_flag()) {
         (Loss::SparseCategoricalCrossentropy { from_logits: false }, _)
             if act != Activation::Softmax =>
         {

@@ -619,9 +619,9 @@ pub fn dense_loss(z: &[f64], y: &[f64], p: &crate::ops::loss::LossParams) -> (Ve
                         }
                     })
                     .collect();
-                for j in 0..cols {
+                for (j, dj) in d.iter_mut().enumerate() {
                     // dq_c/dz_j = ([c == j] - q_c) / total.
-                    d[j] = (0..cols)
+                    *dj = (0..cols)
                         .map(|c| g[c] * (f64::from(u8::from(c == j)) - q[c]) / total)
                         .sum();
                 }
