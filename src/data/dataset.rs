@@ -435,8 +435,12 @@ impl Dataset {
                 } => format!("batch({size}, {drop_remainder})"),
             })
             .collect();
+        let targets = match self.target_shape() {
+            Some(shape) => format!(" with float targets of shape {shape:?}"),
+            None => String::new(),
+        };
         format!(
-            "{} examples of shape {:?}, {}",
+            "{} examples of shape {:?}{targets}, {}",
             self.num_examples(),
             self.example_shape(),
             stages.join("."),
