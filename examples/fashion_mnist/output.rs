@@ -469,6 +469,7 @@ mod tests {
             loss: 0.5,
             accuracy: Some(0.8),
             examples: 10,
+            metrics: Default::default(),
         };
         out.save(&model, &test, 10).unwrap();
         assert!(

@@ -66,14 +66,27 @@ pub struct Batch {
     pub x: Vec<f32>,
     /// `[batch_size, ...example_shape]`; just `example_shape` for an unbatched element.
     pub x_shape: Vec<usize>,
-    /// One label per example.
+    /// One integer label per example; empty when the dataset has float targets.
     pub y: Vec<i32>,
+    /// The examples' float targets, row-major (`target_shape` values per example), from
+    /// [`Dataset::from_tensor_slices_with_targets`]; empty when the dataset has integer labels.
+    pub y_values: Vec<f32>,
+    /// The shape of one example's float target (`[]` with integer labels).
+    pub target_shape: Vec<usize>,
 }
 
 impl Batch {
-    /// The number of examples in the batch (`y.len()`).
+    /// The number of examples in the batch.
     pub fn batch_size(&self) -> usize {
-        self.y.len()
+        match self.y_values.is_empty() {
+            true => self.y.len(),
+            false => self.y_values.len() / self.target_shape.iter().product::<usize>().max(1),
+        }
+    }
+
+    /// Whether the targets are float values (else integer labels).
+    pub fn has_float_targets(&self) -> bool {
+        !self.y_values.is_empty()
     }
 }
 
@@ -81,7 +94,16 @@ impl Batch {
 #[derive(Debug)]
 struct Source {
     x: Vec<f32>,
+    /// Integer labels (empty with float targets).
     y: Vec<i32>,
+    /// Float targets, `target_len` per example (empty with labels).
+    y_values: Vec<f32>,
+    target_shape: Vec<usize>,
+    target_len: usize,
+    /// Number of examples.
+    n: usize,
+    /// Whether the targets are float values.
+    float: bool,
     example_shape: Vec<usize>,
     example_len: usize,
 }
@@ -163,17 +185,92 @@ impl Dataset {
                 expected.map_or_else(|| "more than usize::MAX".to_string(), |e| e.to_string())
             )));
         }
-        Ok(Dataset {
-            source: Arc::new(Source {
-                x,
-                y,
-                example_shape: example_shape.to_vec(),
-                example_len,
-            }),
+        let n = y.len();
+        Ok(Dataset::from_source(Source {
+            x,
+            y,
+            y_values: Vec::new(),
+            target_shape: Vec::new(),
+            target_len: 1,
+            n,
+            float: false,
+            example_shape: example_shape.to_vec(),
+            example_len,
+        }))
+    }
+
+    /// Slices features `x` and float32 targets `y` into examples, like
+    /// `tf.data.Dataset.from_tensor_slices((x, y))` with float targets: what the losses other
+    /// than the sparse cross-entropy take (one-hot `[classes]`, `[units]`, or `[]` for one
+    /// value per example).
+    ///
+    /// `y` holds one target of shape `target_shape` per example, row-major.
+    ///
+    /// ```
+    /// use anygpu::data::Dataset;
+    /// // 3 examples of 2 features, one-hot targets over 4 classes.
+    /// let y = vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0];
+    /// let ds = Dataset::from_tensor_slices_with_targets(vec![0.5; 6], &[2], y, &[4])?.batch(2, false);
+    /// let first = ds.iter().next().expect("a batch");
+    /// assert_eq!(first.batch_size(), 2);
+    /// assert_eq!(first.y_values.len(), 8);
+    /// assert!(Dataset::from_tensor_slices_with_targets(vec![0.5; 6], &[2], vec![1.0; 5], &[4]).is_err());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `x` and `y` do not hold the same number of examples, or
+    /// a target shape with no elements.
+    pub fn from_tensor_slices_with_targets(
+        x: Vec<f32>,
+        example_shape: &[usize],
+        y: Vec<f32>,
+        target_shape: &[usize],
+    ) -> Result<Dataset> {
+        let count = |shape: &[usize]| {
+            shape
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} overflows usize")))
+        };
+        let example_len = count(example_shape)?;
+        let target_len = count(target_shape)?;
+        if target_len == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "from_tensor_slices_with_targets: targets of shape {target_shape:?} have no \
+                 elements"
+            )));
+        }
+        let n = y.len() / target_len;
+        if n * target_len != y.len() || n.checked_mul(example_len) != Some(x.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "from_tensor_slices_with_targets: {} feature values of example shape \
+                 {example_shape:?} and {} target values of shape {target_shape:?} are not the \
+                 same number of examples: all tensors must have the same first dimension",
+                x.len(),
+                y.len()
+            )));
+        }
+        Ok(Dataset::from_source(Source {
+            x,
+            y: Vec::new(),
+            y_values: y,
+            target_shape: target_shape.to_vec(),
+            target_len,
+            n,
+            float: true,
+            example_shape: example_shape.to_vec(),
+            example_len,
+        }))
+    }
+
+    fn from_source(source: Source) -> Dataset {
+        Dataset {
+            source: Arc::new(source),
             stages: Vec::new(),
             prefetch: None,
             passes: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Randomly shuffles the elements with a buffer of `buffer_size`, like TF's
@@ -277,7 +374,7 @@ impl Dataset {
     /// The number of elements (batches, or examples when unbatched) in one pass, or `None`
     /// when the pipeline repeats forever; TF's `cardinality()`.
     pub fn len(&self) -> Option<usize> {
-        let mut n = Some(self.source.y.len());
+        let mut n = Some(self.source.n);
         for stage in &self.stages {
             n = match (*stage, n) {
                 (_, None) => None,
@@ -313,7 +410,12 @@ impl Dataset {
 
     /// The number of examples sliced by [`from_tensor_slices`](Dataset::from_tensor_slices).
     pub fn num_examples(&self) -> usize {
-        self.source.y.len()
+        self.source.n
+    }
+
+    /// The shape of one example's float target; `None` when the targets are integer labels.
+    pub fn target_shape(&self) -> Option<&[usize]> {
+        self.source.float.then_some(&self.source.target_shape[..])
     }
 
     /// What decides the batches of a pass: the examples' count and shape and the pipeline's
@@ -333,8 +435,12 @@ impl Dataset {
                 } => format!("batch({size}, {drop_remainder})"),
             })
             .collect();
+        let targets = match self.target_shape() {
+            Some(shape) => format!(" with float targets of shape {shape:?}"),
+            None => String::new(),
+        };
         format!(
-            "{} examples of shape {:?}, {}",
+            "{} examples of shape {:?}{targets}, {}",
             self.num_examples(),
             self.example_shape(),
             stages.join("."),
@@ -366,7 +472,7 @@ type ElemIter = Box<dyn Iterator<Item = Elem> + Send>;
 /// Builds the iterator of the first `upto` stages; `ctx` identifies the pass and repetition.
 fn build(source: &Arc<Source>, stages: &Arc<[Stage]>, upto: usize, ctx: u64) -> ElemIter {
     let Some(last) = upto.checked_sub(1) else {
-        return Box::new((0..source.y.len()).map(Elem::One));
+        return Box::new((0..source.n).map(Elem::One));
     };
     let inner = || build(source, stages, last, ctx);
     match stages[last] {
@@ -505,11 +611,31 @@ impl Producer {
             }
             x
         };
+        let tl = src.target_len;
+        let labels = |idx: &[usize]| match src.y.is_empty() {
+            true => Vec::new(),
+            false => idx.iter().map(|&i| src.y[i]).collect(),
+        };
+        let values = |idx: &[usize]| {
+            let mut y = Vec::with_capacity(if src.y_values.is_empty() {
+                0
+            } else {
+                idx.len() * tl
+            });
+            if !src.y_values.is_empty() {
+                for &i in idx {
+                    y.extend_from_slice(&src.y_values[i * tl..(i + 1) * tl]);
+                }
+            }
+            y
+        };
         Some(match self.elems.next()? {
             Elem::One(i) => Batch {
                 x: rows(&[i]),
                 x_shape: src.example_shape.clone(),
-                y: vec![src.y[i]],
+                y: labels(&[i]),
+                y_values: values(&[i]),
+                target_shape: src.target_shape.clone(),
             },
             Elem::Many(idx) => {
                 let mut x_shape = Vec::with_capacity(1 + src.example_shape.len());
@@ -518,7 +644,9 @@ impl Producer {
                 Batch {
                     x: rows(&idx),
                     x_shape,
-                    y: idx.iter().map(|&i| src.y[i]).collect(),
+                    y: labels(&idx),
+                    y_values: values(&idx),
+                    target_shape: src.target_shape.clone(),
                 }
             }
         })

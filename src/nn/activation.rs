@@ -130,6 +130,15 @@ impl Activation {
     }
 }
 
+impl Activation {
+    /// Whether this is a last-layer-only activation that the loss folds in: softmax. (A
+    /// sigmoid is an activation like any other: its layer outputs probabilities, which the
+    /// binary cross-entropy takes as Keras' probability form does.)
+    pub(crate) fn is_folded(self) -> bool {
+        matches!(self, Activation::Softmax)
+    }
+}
+
 impl fmt::Display for Activation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

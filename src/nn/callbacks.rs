@@ -324,15 +324,17 @@ impl CsvLogger {
 
     /// The CSV text of `history`.
     pub fn format(history: &History) -> String {
-        let columns: Vec<(&str, &[f64])> = [
+        let mut columns: Vec<(&str, &[f64])> = [
             ("accuracy", &history.accuracy[..]),
             ("loss", &history.loss[..]),
             ("val_accuracy", &history.val_accuracy[..]),
             ("val_loss", &history.val_loss[..]),
         ]
         .into_iter()
+        .chain(history.metrics.iter().map(|(k, v)| (k.as_str(), &v[..])))
         .filter(|(_, values)| !values.is_empty())
         .collect();
+        columns.sort_by(|a, b| a.0.cmp(b.0));
         let mut out = String::from("epoch");
         for (name, _) in &columns {
             let _ = write!(out, ",{name}");

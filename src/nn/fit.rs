@@ -14,7 +14,7 @@ use crate::nn::history::{Evaluation, History};
 use crate::nn::mirrored;
 use crate::nn::pass;
 use crate::nn::sequential::Sequential;
-use crate::nn::step_output::{Accumulator, StepOutput, StepPart};
+use crate::nn::step_output::{Accumulator, Means, StepOutput, StepPart};
 use crate::nn::verbosity::Verbosity;
 
 impl Sequential {
@@ -87,7 +87,7 @@ impl Sequential {
             self.build(dataset.example_shape())?;
         }
         self.require_built("fit")?;
-        let accuracy = self.compiled("fit")?.accuracy;
+        self.compiled("fit")?;
         let steps = match (steps_per_epoch, dataset.len()) {
             (Some(0), _) => {
                 return Err(Error::InvalidArgument(
@@ -156,7 +156,7 @@ impl Sequential {
                 &mut train,
                 (epoch, epochs, steps),
                 validation,
-                (accuracy, &mut *callbacks, workers),
+                (&mut *callbacks, workers),
             )?;
             run.epochs_done = epoch + 1;
             run.position = Some(Position {
@@ -193,12 +193,12 @@ impl Sequential {
         train: &mut Option<(BatchIter, u64, u64)>,
         (epoch, epochs, steps): (usize, usize, usize),
         validation: Option<&Dataset>,
-        (accuracy, callbacks, workers): (bool, &mut [&mut dyn Callback], Option<&dyn Workers>),
+        (callbacks, workers): (&mut [&mut dyn Callback], Option<&dyn Workers>),
     ) -> Result<()> {
         let bar = self.epoch_bar(epoch, epochs, steps);
         let start = Instant::now();
         let mut acc = Accumulator::default();
-        let mut last_read = (f64::NAN, None);
+        let mut last_read: Means = (f64::NAN, Vec::new());
         let steps_before: u64 = self.history.steps.iter().map(|&s| s as u64).sum();
         let wants = |cb: &dyn Callback, global: u64| {
             cb.train_batch_interval()
@@ -226,7 +226,7 @@ impl Sequential {
                 crate::smi::record_step(global, start.elapsed().as_secs_f64() / done as f64);
                 if let Some(bar) = &bar {
                     bar.set_position(done as u64);
-                    bar.set_message(progress_message(last_read, acc.examples, start.elapsed()));
+                    bar.set_message(progress_message(&last_read, acc.examples, start.elapsed()));
                 }
             }
             if batch_hook {
@@ -234,7 +234,7 @@ impl Sequential {
                     step: global,
                     batch: step,
                     loss: last_read.0,
-                    accuracy: last_read.1.filter(|_| accuracy),
+                    accuracy: metric(&last_read, "accuracy"),
                 };
                 let mut run = FitContext {
                     model: self,
@@ -260,11 +260,10 @@ impl Sequential {
             Some(v) => Some(shared(workers, "fit: validation", self.evaluate(v, None))?),
             None => None,
         };
-        let (loss, acc_value) = last_read;
         let history = &mut self.history;
-        history.loss.push(loss);
-        if let (true, Some(a)) = (accuracy, acc_value) {
-            history.accuracy.push(a);
+        history.loss.push(last_read.0);
+        for &(name, value) in &last_read.1 {
+            history.push_metric("", name, value);
         }
         history.steps.push(steps);
         let secs = elapsed.as_secs_f64();
@@ -277,15 +276,15 @@ impl Sequential {
             if let Some(a) = v.accuracy {
                 history.val_accuracy.push(a);
             }
+            for (name, &value) in &v.metrics {
+                history.push_metric("val_", name, value);
+            }
         }
         if self.progress() != Verbosity::Silent {
             if self.progress() == Verbosity::OneLinePerEpoch {
                 println!("Epoch {}/{epochs}", epoch + 1);
             }
-            println!(
-                "{}",
-                epoch_line(steps, elapsed, (loss, acc_value), val.as_ref())
-            );
+            println!("{}", epoch_line(steps, elapsed, &last_read, val.as_ref()));
         }
         Ok(())
     }
@@ -326,7 +325,7 @@ impl Sequential {
     /// infinite (without `steps`) dataset.
     pub fn evaluate(&self, dataset: &Dataset, steps: Option<usize>) -> Result<Evaluation> {
         self.require_built("evaluate")?;
-        let accuracy = self.compiled("evaluate")?.accuracy;
+        let objective = self.objective("evaluate")?;
         if steps.is_none() && dataset.len().is_none() {
             return Err(Error::InvalidArgument(
                 "evaluate: when providing an infinite dataset, you must specify the number of \
@@ -340,19 +339,19 @@ impl Sequential {
             self.check_host_batch("evaluate", &batch)?;
             let out = match self.strategy() {
                 Some(strategy) => {
-                    mirrored::evaluate_batch(strategy, &replicas, (&batch).into(), accuracy)?
+                    mirrored::evaluate_batch(strategy, &replicas, (&batch).into(), &objective)?
                 }
                 None => {
                     let (x, y) = self.batch_tensors("evaluate", &batch)?;
                     let stages = self.stages();
                     let (logits, _) = pass::forward(&stages, &x, false)?;
                     let last = stages[stages.len() - 1].device;
-                    let terms = pass::loss_terms(last, &logits, &y, accuracy, 1.0)?;
+                    let terms = pass::loss_terms(last, &logits, &y, &objective, 1.0)?;
                     let part = StepPart {
                         loss_sum: terms.loss_sum,
-                        correct: terms.correct,
+                        metrics: terms.metrics,
                     };
-                    StepOutput::new(vec![part], batch.batch_size())
+                    StepOutput::new(vec![part], batch.batch_size()).named(objective.metric_names())
                 }
             };
             acc.push(out)?;
@@ -366,11 +365,16 @@ impl Sequential {
                 "evaluate: the dataset is empty".into(),
             ));
         }
-        let (loss, accuracy) = acc.read()?;
+        let (loss, metrics) = acc.read()?;
         Ok(Evaluation {
             loss,
-            accuracy,
+            accuracy: metric(&(loss, metrics.clone()), "accuracy"),
             examples: acc.examples,
+            metrics: metrics
+                .into_iter()
+                .filter(|(n, _)| *n != "accuracy")
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
         })
     }
 }
@@ -393,28 +397,31 @@ fn next_batch(dataset: &Dataset, train: &mut Option<(BatchIter, u64, u64)>) -> R
     Ok(b)
 }
 
-fn fmt_metrics(prefix: &str, (loss, acc): (f64, Option<f64>)) -> String {
+/// The value of metric `name` in `read`.
+fn metric(read: &Means, name: &str) -> Option<f64> {
+    read.1.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+}
+
+/// ` - accuracy: 0.8622 - loss: 0.3800`: the loss and the metrics in Keras' (sorted) order.
+fn fmt_metrics(prefix: &str, (loss, metrics): &Means) -> String {
+    let mut all: Vec<(&str, f64)> = metrics.iter().map(|&(n, v)| (n, v)).collect();
+    all.push(("loss", *loss));
+    all.sort_by(|a, b| a.0.cmp(b.0));
     let mut s = String::new();
-    if let Some(a) = acc {
-        let _ = write!(s, " - {prefix}accuracy: {a:.4}");
+    for (name, value) in all {
+        let _ = write!(s, " - {prefix}{name}: {value:.4}");
     }
-    let _ = write!(s, " - {prefix}loss: {loss:.4}");
     s
 }
 
-fn progress_message(read: (f64, Option<f64>), examples: usize, elapsed: Duration) -> String {
+fn progress_message(read: &Means, examples: usize, elapsed: Duration) -> String {
     let ips = examples as f64 / elapsed.as_secs_f64().max(1e-9);
     let metrics = fmt_metrics("", read);
     format!("{} - {ips:.0} images/s", metrics.trim_start_matches(" - "))
 }
 
 /// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: ... - val_loss: ...`
-fn epoch_line(
-    steps: usize,
-    elapsed: Duration,
-    train: (f64, Option<f64>),
-    val: Option<&Evaluation>,
-) -> String {
+fn epoch_line(steps: usize, elapsed: Duration, train: &Means, val: Option<&Evaluation>) -> String {
     let secs = elapsed.as_secs_f64();
     let mut line = format!(
         "{steps}/{steps} - {:.0}s - {:.0}ms/step{}",
@@ -423,7 +430,15 @@ fn epoch_line(
         fmt_metrics("", train)
     );
     if let Some(v) = val {
-        line.push_str(&fmt_metrics("val_", (v.loss, v.accuracy)));
+        let mut metrics: Vec<(&'static str, f64)> =
+            v.accuracy.map(|a| ("accuracy", a)).into_iter().collect();
+        // The names come from the objective's static names; look them up to keep them 'static.
+        for (name, &value) in &v.metrics {
+            if let Some(n) = train.1.iter().map(|(n, _)| *n).find(|n| n == name) {
+                metrics.push((n, value));
+            }
+        }
+        line.push_str(&fmt_metrics("val_", &(v.loss, metrics)));
     }
     line
 }
@@ -462,7 +477,7 @@ mod tests {
         let line = epoch_line(
             429,
             Duration::from_millis(12_012),
-            (0.38, Some(0.8622)),
+            &(0.38, vec![("accuracy", 0.8622)]),
             None,
         );
         assert_eq!(

@@ -1,10 +1,13 @@
 //! What [`crate::nn::Sequential::fit`] returns: Keras' `History`.
 
+use std::collections::BTreeMap;
+
 /// Per-epoch logs of a [`crate::nn::Sequential::fit`] run (Keras' `History.history`).
 ///
 /// Every vector has one entry per epoch; `accuracy` and `val_accuracy` are empty when the model
 /// was compiled without the `accuracy` metric, and the `val_*` ones when `fit` had no
-/// validation data.
+/// validation data. Every other metric is in `metrics` under Keras' key
+/// (`sparse_top_k_categorical_accuracy`, `val_sparse_top_k_categorical_accuracy`, ...).
 ///
 /// ```
 /// use anygpu::nn::History;
@@ -32,6 +35,8 @@ pub struct History {
     /// `ReduceLROnPlateau` and `LearningRateScheduler` do (`logs["learning_rate"]`); empty
     /// otherwise.
     pub learning_rate: Vec<f64>,
+    /// The metrics other than `accuracy`, by Keras' key (`val_` first for validation).
+    pub metrics: BTreeMap<String, Vec<f64>>,
 }
 
 impl History {
@@ -41,7 +46,7 @@ impl History {
     }
 
     /// The series by Keras' key: `loss`, `accuracy`, `val_loss`, `val_accuracy`,
-    /// `learning_rate`.
+    /// `learning_rate`, or another metric's (`binary_accuracy`, `val_mean_squared_error`, ...).
     pub fn get(&self, key: &str) -> Option<&[f64]> {
         match key {
             "loss" => Some(&self.loss),
@@ -49,7 +54,20 @@ impl History {
             "val_loss" => Some(&self.val_loss),
             "val_accuracy" => Some(&self.val_accuracy),
             "learning_rate" => Some(&self.learning_rate),
-            _ => None,
+            other => self.metrics.get(other).map(Vec::as_slice),
+        }
+    }
+
+    /// Appends one epoch's value of `metric` (`accuracy` to its own series).
+    pub(crate) fn push_metric(&mut self, prefix: &str, metric: &str, value: f64) {
+        match (prefix, metric) {
+            ("", "accuracy") => self.accuracy.push(value),
+            ("val_", "accuracy") => self.val_accuracy.push(value),
+            _ => self
+                .metrics
+                .entry(format!("{prefix}{metric}"))
+                .or_default()
+                .push(value),
         }
     }
 
@@ -59,14 +77,14 @@ impl History {
     }
 }
 
-/// The result of [`crate::nn::Sequential::evaluate`]: Keras' `[loss, accuracy]`.
+/// The result of [`crate::nn::Sequential::evaluate`]: Keras' `[loss, accuracy, ...]`.
 ///
 /// ```
 /// use anygpu::nn::Evaluation;
-/// let e = Evaluation { loss: 0.3, accuracy: Some(0.9), examples: 10_000 };
+/// let e = Evaluation { loss: 0.3, accuracy: Some(0.9), examples: 10_000, metrics: Default::default() };
 /// assert_eq!(e.accuracy, Some(0.9));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Evaluation {
     /// Mean loss over every example.
     pub loss: f64,
@@ -74,4 +92,6 @@ pub struct Evaluation {
     pub accuracy: Option<f64>,
     /// Number of examples evaluated.
     pub examples: usize,
+    /// The metrics other than `accuracy`, by Keras' name.
+    pub metrics: BTreeMap<String, f64>,
 }

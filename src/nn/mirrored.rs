@@ -38,6 +38,7 @@ use crate::distribute::{as_replica_job, worker_rows, MirroredStrategy, Workers};
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::layers::{set_variable, variables, Layer};
+use crate::nn::objective::Objective;
 use crate::nn::optimizer::{Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::step_output::{HostPart, StepOutput, StepPart};
@@ -218,7 +219,11 @@ impl Mirrors {
 pub(crate) struct HostBatch<'a> {
     pub(crate) x: &'a [f32],
     pub(crate) x_shape: &'a [usize],
+    /// Integer labels (empty with float targets).
     pub(crate) y: &'a [i32],
+    /// Float targets, `target_shape` per example (empty with labels).
+    pub(crate) y_values: &'a [f32],
+    pub(crate) target_shape: &'a [usize],
 }
 
 impl<'a> From<&'a Batch> for HostBatch<'a> {
@@ -227,6 +232,8 @@ impl<'a> From<&'a Batch> for HostBatch<'a> {
             x: &b.x,
             x_shape: &b.x_shape,
             y: &b.y,
+            y_values: &b.y_values,
+            target_shape: &b.target_shape,
         }
     }
 }
@@ -247,7 +254,7 @@ impl HostBatch<'_> {
         let Some(workers) = strategy.workers() else {
             return self.shards(strategy);
         };
-        let (mut first, rows) = worker_rows(self.y.len(), workers.replicas(), workers.rank());
+        let (mut first, rows) = worker_rows(self.rows(), workers.replicas(), workers.rank());
         rows.into_iter()
             .map(|rows| {
                 let s = Shard { first, rows };
@@ -260,7 +267,7 @@ impl HostBatch<'_> {
     fn shards(&self, strategy: &MirroredStrategy) -> Vec<Shard> {
         let mut first = 0;
         strategy
-            .replica_batch_sizes(self.y.len())
+            .replica_batch_sizes(self.rows())
             .into_iter()
             .map(|rows| {
                 let s = Shard { first, rows };
@@ -270,7 +277,12 @@ impl HostBatch<'_> {
             .collect()
     }
 
-    /// The shard's examples and labels on `device`.
+    /// Examples in the batch.
+    pub(crate) fn rows(&self) -> usize {
+        self.x_shape.first().copied().unwrap_or(0)
+    }
+
+    /// The shard's examples and targets on `device`.
     fn upload(&self, shard: Shard, device: &LogicalDevice) -> Result<(Tensor, Tensor)> {
         let rows = shard.first..shard.first + shard.rows;
         Ok((
@@ -291,9 +303,20 @@ impl HostBatch<'_> {
         )
     }
 
-    /// Labels `rows` on `device`.
+    /// The targets of examples `rows` on `device`: int32 labels `[rows]`, or float32 targets
+    /// `[rows, ...target_shape]`.
     pub(crate) fn labels(&self, rows: Range<usize>, device: &LogicalDevice) -> Result<Tensor> {
-        Tensor::from_slice_on(&self.y[rows.clone()], &[rows.len()], device)
+        if self.y_values.is_empty() {
+            return Tensor::from_slice_on(&self.y[rows.clone()], &[rows.len()], device);
+        }
+        let per: usize = self.target_shape.iter().product();
+        let mut shape = vec![rows.len()];
+        shape.extend_from_slice(self.target_shape);
+        Tensor::from_slice_on(
+            &self.y_values[rows.start * per..rows.end * per],
+            &shape,
+            device,
+        )
     }
 }
 
@@ -390,20 +413,20 @@ struct ReplicaGrads {
 
 /// Forward, loss and backward of one replica's shard. The loss gradient is scaled by
 /// `rows / global`, so that the replicas' gradients add up to that of the global batch's mean
-/// loss, and by the loss scale `(accuracy, factor).1`.
+/// loss, and by the loss scale `(objective, factor).1`.
 fn replica_gradients(
     replica: &ReplicaView<'_>,
     batch: HostBatch<'_>,
     shard: Shard,
-    (accuracy, factor): (bool, f32),
+    (objective, factor): (&Objective, f32),
     (packs, total_replicas): (&[Range<usize>], usize),
 ) -> Result<ReplicaGrads> {
     let device = replica.device;
     let stages = replica.stages();
     let (x, y) = batch.upload(shard, device)?;
     let (logits, saved) = pass::forward(&stages, &x, true)?;
-    let share = shard.rows as f32 / batch.y.len() as f32;
-    let terms = pass::loss_terms(device, &logits, &y, accuracy, factor * share)?;
+    let share = shard.rows as f32 / batch.rows() as f32;
+    let terms = pass::loss_terms(device, &logits, &y, objective, factor * share)?;
     drop(logits);
     let dlogits = terms.dlogits;
     let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
@@ -416,7 +439,7 @@ fn replica_gradients(
     Ok(ReplicaGrads {
         part: StepPart {
             loss_sum: terms.loss_sum,
-            correct: terms.correct,
+            metrics: terms.metrics,
         },
         packed: pack(&all, packs, device)?,
     })
@@ -456,7 +479,7 @@ pub(crate) fn train_step(
     strategy: &MirroredStrategy,
     replicas: &mut [ReplicaView<'_>],
     batch: HostBatch<'_>,
-    accuracy: bool,
+    objective: &Objective,
 ) -> Result<StepOutput> {
     let workers = strategy.workers();
     let shards = batch.worker_shards(strategy);
@@ -491,7 +514,7 @@ pub(crate) fn train_step(
         .optimizer
         .as_deref()
         .map_or(1.0, OptimizerState::loss_factor);
-    let loss = (accuracy, factor);
+    let loss = (objective, factor);
     let gradients = replica_packs(
         replicas,
         batch,
@@ -546,7 +569,7 @@ pub(crate) fn train_step(
     // failed after it would skip an update the others run.
     let mut global = None;
     if let Some(w) = workers {
-        let mut sums = [0.0f64; 2];
+        let mut sums = vec![0.0f64; 1 + objective.metrics.len()];
         let read = prepared
             .as_ref()
             .map_or(Ok(()), |_| host_sums(&parts, &mut sums));
@@ -554,7 +577,7 @@ pub(crate) fn train_step(
         w.agree("training step (update)", local, &mut sums)?;
         global = Some(HostPart {
             loss_sum: sums[0],
-            correct: accuracy.then_some(sums[1]),
+            metrics: sums[1..].to_vec(),
         });
     }
     let (grads, carriers, state_packs, applies, means) = prepared?;
@@ -583,10 +606,11 @@ pub(crate) fn train_step(
         ));
     }
     updated?;
-    Ok(match global {
-        Some(sums) => StepOutput::from_host(sums, batch.y.len()),
-        None => StepOutput::new(parts, batch.y.len()),
-    })
+    let out = match global {
+        Some(sums) => StepOutput::from_host(sums, batch.rows()),
+        None => StepOutput::new(parts, batch.rows()),
+    };
+    Ok(out.named(objective.metric_names()))
 }
 
 /// Phase 1 of a step: each replica's loss terms, and its packed gradients (`[pack][replica]`);
@@ -595,7 +619,7 @@ fn replica_packs(
     replicas: &[ReplicaView<'_>],
     batch: HostBatch<'_>,
     shards: &[Shard],
-    loss: (bool, f32),
+    loss: (&Objective, f32),
     (grad_packs, lens, trainable, total_replicas): (&[Range<usize>], &[usize], usize, usize),
 ) -> Result<(Vec<StepPart>, Vec<Vec<Tensor>>)> {
     let jobs: Vec<Job<'_, Option<ReplicaGrads>>> = replicas
@@ -771,12 +795,12 @@ fn update(
     Ok(())
 }
 
-/// Adds this worker's loss sum and correct count into `sums` (read from the devices).
-fn host_sums(parts: &[StepPart], sums: &mut [f64; 2]) -> Result<()> {
+/// Adds this worker's loss sum and metric sums into `sums` (read from the devices).
+fn host_sums(parts: &[StepPart], sums: &mut [f64]) -> Result<()> {
     for p in parts {
         sums[0] += f64::from(scalar(&p.loss_sum)?);
-        if let Some(c) = &p.correct {
-            sums[1] += f64::from(scalar(c)?);
+        for (s, m) in sums[1..].iter_mut().zip(&p.metrics) {
+            *s += f64::from(scalar(m)?);
         }
     }
     Ok(())
@@ -791,7 +815,7 @@ pub(crate) fn evaluate_batch(
     strategy: &MirroredStrategy,
     replicas: &[ReplicaView<'_>],
     batch: HostBatch<'_>,
-    accuracy: bool,
+    objective: &Objective,
 ) -> Result<StepOutput> {
     let jobs: Vec<Job<'_, Option<StepPart>>> = replicas
         .iter()
@@ -803,17 +827,17 @@ pub(crate) fn evaluate_batch(
                 }
                 let (x, y) = batch.upload(shard, r.device)?;
                 let (logits, _) = pass::forward(&r.stages(), &x, false)?;
-                let terms = pass::loss_terms(r.device, &logits, &y, accuracy, 1.0)?;
+                let terms = pass::loss_terms(r.device, &logits, &y, objective, 1.0)?;
                 Ok(Some(StepPart {
                     loss_sum: terms.loss_sum,
-                    correct: terms.correct,
+                    metrics: terms.metrics,
                 }))
             });
             (r.device.name(), job as Box<dyn FnOnce() -> _ + Send>)
         })
         .collect();
     let parts = on_every_replica(jobs)?.into_iter().flatten().collect();
-    Ok(StepOutput::new(parts, batch.y.len()))
+    Ok(StepOutput::new(parts, batch.rows()).named(objective.metric_names()))
 }
 
 /// The model's last-layer output for a batch, each replica taking its shard, gathered in
@@ -831,6 +855,8 @@ pub(crate) fn predict(
         x,
         x_shape,
         y: &labels,
+        y_values: &[],
+        target_shape: &[],
     };
     let shards = batch.shards(strategy);
     let jobs: Vec<Job<'_, Option<Tensor>>> = replicas

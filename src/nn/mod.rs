@@ -55,6 +55,7 @@ mod monitor;
 #[cfg(feature = "mpi")]
 mod multi_worker;
 mod normalization;
+mod objective;
 mod optimizer;
 mod pass;
 mod pipeline;

@@ -4,7 +4,7 @@
 use crate::device::LogicalDevice;
 use crate::error::Result;
 use crate::nn::layers::Layer;
-use crate::ops;
+use crate::nn::objective::Objective;
 use crate::tensor::{DType, Tensor};
 
 /// A layer, the device it runs on, and the dtype it computes in there (its policy's, or
@@ -54,44 +54,20 @@ pub(crate) fn forward(
     Ok((h, saved))
 }
 
-/// The loss of a batch, on the device of the last layer.
-pub(crate) struct LossTerms {
-    /// Sum of the per-example losses, a scalar.
-    pub(crate) loss_sum: Tensor,
-    /// Gradient of the batch's MEAN loss w.r.t. the logits.
-    pub(crate) dlogits: Tensor,
-    /// Correct predictions (`[1]`), when accuracy is tracked.
-    pub(crate) correct: Option<Tensor>,
-}
+pub(crate) use crate::nn::objective::LossTerms;
 
-/// Softmax cross-entropy of `logits` against `y` (moved to `device` first), in float32 as Keras
-/// advises under mixed precision (float16 logits are cast first). `factor` multiplies the
-/// logits' gradient: the loss scale times this part's share of the batch (1 for none).
+/// The loss and metrics of `logits` (the last layer's output) against `y` (moved to `device`
+/// first), in float32 as Keras advises under mixed precision (float16 outputs are cast first).
+/// `factor` multiplies the output's gradient: the loss scale times this part's share of the
+/// batch (1 for none).
 pub(crate) fn loss_terms(
     device: &LogicalDevice,
     logits: &Tensor,
     y: &Tensor,
-    accuracy: bool,
+    objective: &Objective,
     factor: f32,
 ) -> Result<LossTerms> {
-    let _scope = device.scope();
-    let labels = y.to_device(device)?;
-    let logits = &arrive(logits, DType::F32, device)?;
-    let (per_example, mut dlogits) = ops::sparse_softmax_cross_entropy(logits, &labels)?;
-    if factor != 1.0 {
-        dlogits = dlogits.scale(factor)?;
-    }
-    let loss_sum = per_example.reduce_sum(None)?;
-    let correct = if accuracy {
-        Some(ops::accuracy_count(logits, &labels)?)
-    } else {
-        None
-    };
-    Ok(LossTerms {
-        loss_sum,
-        dlogits,
-        correct,
-    })
+    crate::nn::objective::loss_terms_on(device, objective, logits, y, factor)
 }
 
 /// Back from `dlogits` through the stages, handing each layer's weight gradients to

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::nn::mirrored::HostBatch;
+use crate::nn::objective::Objective;
 use crate::nn::pass::{self, Stage};
 use crate::nn::step_output::StepPart;
 use crate::placement::PipelineTag;
@@ -213,7 +214,7 @@ pub(crate) enum Examples<'a> {
 impl Examples<'_> {
     fn rows(&self) -> usize {
         match self {
-            Examples::Host(b) => b.y.len(),
+            Examples::Host(b) => b.rows(),
             Examples::Device { y, .. } => y.shape().first().copied().unwrap_or(0),
         }
     }
@@ -241,7 +242,7 @@ impl Examples<'_> {
 pub(crate) struct PipelineGradients {
     /// Every layer's gradients summed over the micro-batches, on the layer's device.
     pub(crate) grads: Vec<Vec<Tensor>>,
-    /// The batch's loss sum and correct count, on the last stage's device.
+    /// The batch's loss sum and metric sums, on the last stage's device.
     pub(crate) part: StepPart,
     /// What each stage did.
     pub(crate) stats: Vec<StageStats>,
@@ -277,7 +278,7 @@ impl From<Error> for Stop {
 struct Shared<'a> {
     examples: Examples<'a>,
     rows: Vec<Range<usize>>,
-    accuracy: bool,
+    objective: &'a Objective,
     /// The factor of the batch's loss gradient (the loss scale).
     factor: f32,
 }
@@ -331,10 +332,12 @@ fn add_parts(a: StepPart, b: StepPart, device: &LogicalDevice) -> Result<StepPar
     let _on = device.scope();
     Ok(StepPart {
         loss_sum: a.loss_sum.add(&b.loss_sum)?,
-        correct: match (a.correct, b.correct) {
-            (Some(a), Some(b)) => Some(a.add(&b)?),
-            (a, b) => a.or(b),
-        },
+        metrics: a
+            .metrics
+            .iter()
+            .zip(&b.metrics)
+            .map(|(a, b)| a.add(b))
+            .collect::<Result<_>>()?,
     })
 }
 
@@ -384,7 +387,7 @@ fn run_stage(job: StageJob<'_, '_>, shared: &Shared<'_>) -> Result<StageDone, St
                             device,
                             &out,
                             &y,
-                            shared.accuracy,
+                            shared.objective,
                             shared.factor * share,
                         )?;
                         drop(out);
@@ -392,7 +395,7 @@ fn run_stage(job: StageJob<'_, '_>, shared: &Shared<'_>) -> Result<StageDone, St
                         dlogits.insert(i, d);
                         let this = StepPart {
                             loss_sum: terms.loss_sum,
-                            correct: terms.correct,
+                            metrics: terms.metrics,
                         };
                         part = Some(match part.take() {
                             None => this,
@@ -451,7 +454,7 @@ pub(crate) fn gradients(
     pipeline: Pipeline,
     layers: &[Stage<'_>],
     examples: Examples<'_>,
-    (accuracy, factor): (bool, f32),
+    (objective, factor): (&Objective, f32),
 ) -> Result<PipelineGradients> {
     pipeline.validate()?;
     let ranges = stage_ranges(layers);
@@ -459,7 +462,7 @@ pub(crate) fn gradients(
     let shared = Shared {
         examples,
         rows: micro_batch_rows(examples.rows(), pipeline.micro_batches),
-        accuracy,
+        objective,
         factor,
     };
     let micro = shared.rows.len();

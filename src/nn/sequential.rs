@@ -14,6 +14,7 @@ use crate::nn::layers::{count_params, variables, Layer};
 use crate::nn::loss::Loss;
 use crate::nn::metrics::Metric;
 use crate::nn::mirrored::{self, HostBatch, Mirrors, ReplicaView};
+use crate::nn::objective::Objective;
 use crate::nn::optimizer::{self, LossScale, LossScaleOptimizer, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::pipeline::{self, Examples, Pipeline, PipelineGradients, StageStats};
@@ -36,7 +37,9 @@ pub(super) struct Entry {
 pub(super) struct Compiled {
     loss: Loss,
     pub(super) optimizer: OptimizerState,
-    pub(super) accuracy: bool,
+    /// The metrics as given to `compile` (resolved against the model by
+    /// [`Sequential::objective`]).
+    metrics: Vec<Metric>,
 }
 
 /// A linear stack of layers (`keras.Sequential`), each running on the device it was added on.
@@ -344,9 +347,10 @@ impl Sequential {
             }
         }
         if let Some(last) = self.entries.last() {
-            if last.layer.activation() == Activation::Softmax {
+            let act = last.layer.activation();
+            if act.is_folded() {
                 return Err(Error::InvalidArgument(format!(
-                    "cannot add {} after '{}': a softmax activation is supported on the last \
+                    "cannot add {} after '{}': a {act} activation is supported on the last \
                      layer only",
                     layer.class_name(),
                     last.name
@@ -553,14 +557,15 @@ impl Sequential {
                 )));
             }
         }
-        self.check_loss(loss)?;
+        loss.validate()?;
+        self.resolve_objective(loss, metrics)?;
         if let Some(m) = self.mirrors.as_mut() {
             m.compile(&optimizer, self.entries.len());
         }
         self.compiled = Some(Compiled {
             loss,
             optimizer: OptimizerState::new(optimizer, self.entries.len()),
-            accuracy: metrics.contains(&Metric::Accuracy),
+            metrics: metrics.to_vec(),
         });
         Ok(())
     }
@@ -760,33 +765,18 @@ impl Sequential {
         Ok(())
     }
 
-    fn check_loss(&self, loss: Loss) -> Result<()> {
+    /// `loss` and `metrics` resolved against the last layer (`Ok(None)` without layers).
+    fn resolve_objective(&self, loss: Loss, metrics: &[Metric]) -> Result<Option<Objective>> {
         let Some(last) = self.entries.last() else {
-            return Ok(());
+            return Ok(None);
         };
         let act = last.layer.activation();
-        match loss {
-            Loss::SparseCategoricalCrossentropy { from_logits: false }
-                if act != Activation::Softmax =>
-            {
-                Err(Error::InvalidArgument(format!(
-                    "sparse_categorical_crossentropy with from_logits=false needs a final \
-                     softmax, but the last layer '{}' has activation '{act}'; add \
-                     activation=softmax or use from_logits=true",
-                    last.name
-                )))
-            }
-            Loss::SparseCategoricalCrossentropy { from_logits: true }
-                if act == Activation::Softmax =>
-            {
-                Err(Error::InvalidArgument(format!(
-                    "sparse_categorical_crossentropy with from_logits=true expects logits, but \
-                     the last layer '{}' applies softmax; use from_logits=false",
-                    last.name
-                )))
-            }
-            _ => Ok(()),
-        }
+        Objective::resolve(
+            loss,
+            metrics,
+            (&last.name, act, last.output_shape.as_deref()),
+        )
+        .map(Some)
     }
 
     pub(super) fn compiled(&self, what: &str) -> Result<&Compiled> {
@@ -796,8 +786,31 @@ impl Sequential {
                  `model.compile(loss, optimizer, metrics)`"
             ))
         })?;
-        self.check_loss(compiled.loss)?;
+        self.resolve_objective(compiled.loss, &compiled.metrics)?;
         Ok(compiled)
+    }
+
+    /// The compiled loss and metrics, resolved against the model as it is now.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile` or without layers; a loss that does not fit the last
+    /// layer.
+    pub(super) fn objective(&self, what: &str) -> Result<Objective> {
+        let compiled = self.compiled(what)?;
+        self.resolve_objective(compiled.loss, &compiled.metrics)?
+            .ok_or_else(|| Error::Model(format!("{what}: the model has no layers")))
+    }
+
+    /// The compiled loss (`model.loss`), if any.
+    pub fn loss(&self) -> Option<Loss> {
+        self.compiled.as_ref().map(|c| c.loss)
+    }
+
+    /// The compiled metrics' names as the history reports them, in `compile` order.
+    pub fn metrics_names(&self) -> Vec<&'static str> {
+        self.objective("metrics_names")
+            .map(|o| o.metric_names())
+            .unwrap_or_default()
     }
 
     pub(super) fn check_batch(
@@ -826,15 +839,12 @@ impl Sequential {
         x.expect_dtype(what, DType::F32)?;
         let n = shape[0];
         if let Some(y) = y {
-            y.expect_dtype("labels", DType::I32)?;
-            if y.shape() != [n] {
-                return Err(Error::ShapeMismatch {
-                    op: "Sequential",
-                    lhs: shape.to_vec(),
-                    rhs: y.shape().to_vec(),
-                    hint: format!(": {what} expects {n} integer labels of shape [{n}]"),
-                });
-            }
+            self.objective(what)?.check_targets(
+                what,
+                (y.shape(), y.dtype()),
+                n,
+                self.output_shape().unwrap_or(&[]),
+            )?;
         }
         Ok(n)
     }
@@ -862,7 +872,7 @@ impl Sequential {
         let what = if update { "fit" } else { "loss_and_gradients" };
         self.require_built(what)?;
         let compiled = self.compiled(what)?;
-        let accuracy = compiled.accuracy;
+        let objective = self.objective(what)?;
         // Gradients handed to the caller are the loss's own, unscaled.
         let factor = if update {
             compiled.optimizer.loss_factor()
@@ -873,31 +883,31 @@ impl Sequential {
         // An empty batch has no micro-batches to pipeline; the serial pass answers for it.
         let (part, grads) = match self.pipeline.filter(|_| n > 0) {
             Some(p) => {
-                let out = self.pipelined(p, Examples::Device { x, y }, (accuracy, factor))?;
+                let out = self.pipelined(p, Examples::Device { x, y }, (&objective, factor))?;
                 (out.part, out.grads)
             }
-            None => self.serial_gradients(x, y, (accuracy, factor))?,
+            None => self.serial_gradients(x, y, (&objective, factor))?,
         };
         if update {
             self.apply_layer_gradients(&grads)?;
         }
-        let out = StepOutput::new(vec![part], n);
+        let out = StepOutput::new(vec![part], n).named(objective.metric_names());
         Ok((out, grads.into_iter().flatten().collect()))
     }
 
     /// Forward, loss and backward of the whole batch, layer after layer.
-    /// `(accuracy, factor)`: whether to count correct predictions, and the factor of the loss
-    /// gradient (the loss scale).
+    /// `(objective, factor)`: the loss and metrics, and the factor of the loss gradient (the
+    /// loss scale).
     fn serial_gradients(
         &self,
         x: &Tensor,
         y: &Tensor,
-        (accuracy, factor): (bool, f32),
+        (objective, factor): (&Objective, f32),
     ) -> Result<(StepPart, Vec<Vec<Tensor>>)> {
         let stages = self.stages();
         let last = stages[stages.len() - 1].device;
         let (logits, saved) = pass::forward(&stages, x, true)?;
-        let terms = pass::loss_terms(last, &logits, y, accuracy, factor)?;
+        let terms = pass::loss_terms(last, &logits, y, objective, factor)?;
         drop(logits);
         let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
         pass::backward(&stages, saved, terms.dlogits, |i, g| {
@@ -906,7 +916,7 @@ impl Sequential {
         })?;
         let part = StepPart {
             loss_sum: terms.loss_sum,
-            correct: terms.correct,
+            metrics: terms.metrics,
         };
         Ok((part, grads))
     }
@@ -916,7 +926,7 @@ impl Sequential {
         &mut self,
         p: Pipeline,
         examples: Examples<'_>,
-        loss: (bool, f32),
+        loss: (&Objective, f32),
     ) -> Result<PipelineGradients> {
         let out = pipeline::gradients(p, &self.stages(), examples, loss)?;
         self.pipeline_stats.clone_from(&out.stats);
@@ -1064,12 +1074,12 @@ impl Sequential {
     fn mirrored_step(&mut self, batch: HostBatch<'_>) -> Result<StepOutput> {
         let what = "fit";
         self.require_built(what)?;
-        let accuracy = self.compiled(what)?.accuracy;
+        let objective = self.objective(what)?;
         let Some(strategy) = self.strategy().cloned() else {
             return Err(Error::Model("fit: the model has no strategy".into()));
         };
         let mut views = self.replica_views();
-        mirrored::train_step(&strategy, &mut views, batch, accuracy)
+        mirrored::train_step(&strategy, &mut views, batch, &objective)
     }
 
     /// One training step on a batch: forward, loss, backward, optimizer update. Returns the
@@ -1117,11 +1127,17 @@ impl Sequential {
         }
         self.require_built("fit")?;
         self.check_batch("fit", x, Some(y))?;
-        let (xs, ys) = (x.to_vec::<f32>()?, y.to_vec::<i32>()?);
+        let xs = x.to_vec::<f32>()?;
+        let (labels, values) = match y.dtype() {
+            DType::I32 => (y.to_vec::<i32>()?, Vec::new()),
+            _ => (Vec::new(), y.to_vec::<f32>()?),
+        };
         self.mirrored_step(HostBatch {
             x: &xs,
             x_shape: x.shape(),
-            y: &ys,
+            y: &labels,
+            y_values: &values,
+            target_shape: &y.shape()[1..],
         })
     }
 
@@ -1142,15 +1158,18 @@ impl Sequential {
             self.check_host_batch("fit", batch)?;
             return self.mirrored_step(HostBatch::from(batch));
         }
-        if let (Some(p), false) = (self.pipeline, batch.y.is_empty()) {
+        if let (Some(p), false) = (self.pipeline, batch.batch_size() == 0) {
             // Each micro-batch goes from the host straight to its stage's device.
             self.require_built("fit")?;
-            let compiled = self.compiled("fit")?;
-            let loss = (compiled.accuracy, compiled.optimizer.loss_factor());
+            let factor = self.compiled("fit")?.optimizer.loss_factor();
+            let objective = self.objective("fit")?;
             self.check_host_batch("fit", batch)?;
-            let out = self.pipelined(p, Examples::Host(HostBatch::from(batch)), loss)?;
+            let examples = Examples::Host(HostBatch::from(batch));
+            let out = self.pipelined(p, examples, (&objective, factor))?;
             self.apply_layer_gradients(&out.grads)?;
-            return Ok(StepOutput::new(vec![out.part], batch.y.len()));
+            return Ok(
+                StepOutput::new(vec![out.part], batch.batch_size()).named(objective.metric_names())
+            );
         }
         let (x, y) = self.batch_tensors("fit", batch)?;
         self.train_step(&x, &y)
@@ -1166,19 +1185,32 @@ impl Sequential {
                  of shape {input:?}; call .batch(batch_size) on it"
             )));
         }
-        if shape[1..] != *input || batch.y.len() != shape[0] {
+        if shape[1..] != *input || batch.batch_size() != shape[0] {
             return Err(Error::ShapeMismatch {
                 op: "Sequential",
                 lhs: shape.clone(),
                 rhs: input.to_vec(),
                 hint: format!(
-                    ": {what} expects batches of shape [batch, {input:?}] with one label per \
-                     example, got {} labels",
-                    batch.y.len()
+                    ": {what} expects batches of shape [batch, {input:?}] with one target per \
+                     example, got {}",
+                    batch.batch_size()
                 ),
             });
         }
-        Ok(())
+        let (target_shape, dtype) = match batch.has_float_targets() {
+            true => {
+                let mut t = vec![shape[0]];
+                t.extend_from_slice(&batch.target_shape);
+                (t, DType::F32)
+            }
+            false => (vec![shape[0]], DType::I32),
+        };
+        self.objective(what)?.check_targets(
+            what,
+            (&target_shape, dtype),
+            shape[0],
+            self.output_shape().unwrap_or(&[]),
+        )
     }
 
     /// [`train_step`](Sequential::train_step), then reads the batch's mean loss (Keras'
@@ -1242,7 +1274,7 @@ impl Sequential {
         let first = &self.entries[0].device;
         let last = &self.entries[self.entries.len() - 1].device;
         let x = Tensor::from_slice_on(&batch.x, &batch.x_shape, first)?;
-        let y = Tensor::from_slice_on(&batch.y, &[batch.y.len()], last)?;
+        let y = HostBatch::from(batch).labels(0..batch.batch_size(), last)?;
         Ok((x, y))
     }
 
@@ -1279,11 +1311,10 @@ impl Sequential {
             None => pass::forward(&self.stages(), x, false)?.0,
         };
         let last = &self.entries[self.entries.len() - 1];
-        if last.layer.activation() == Activation::Softmax {
-            let _scope = out.device_handle().scope();
-            ops::softmax(&out)
-        } else {
-            Ok(out)
+        let _scope = out.device_handle().scope();
+        match last.layer.activation() {
+            Activation::Softmax => ops::softmax(&out),
+            _ => Ok(out),
         }
     }
 

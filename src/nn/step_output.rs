@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// What one training step leaves on the device(s): the sum of the batch's per-example losses
-/// and its number of correct predictions — one part per replica under a
+/// and of each metric — one part per replica under a
 /// [`MirroredStrategy`](crate::distribute::MirroredStrategy). Nothing is read back until asked.
 #[derive(Clone, Debug)]
 pub struct StepOutput {
@@ -13,24 +13,29 @@ pub struct StepOutput {
     /// Sums already on the host (a multi-worker step's, summed over the workers in its vote).
     host: Option<HostPart>,
     batch_size: usize,
+    /// The metrics' names (Keras'), in the order of each part's sums.
+    names: Vec<&'static str>,
 }
 
 /// Loss terms already read to the host: a multi-worker step builds its output from the sums
 /// its last vote returned, since allocating device tensors after that vote could fail on one
 /// worker alone.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct HostPart {
     pub(crate) loss_sum: f64,
-    pub(crate) correct: Option<f64>,
+    /// Each metric's sum, in the step's order.
+    pub(crate) metrics: Vec<f64>,
 }
 
 impl HostPart {
-    fn add(&mut self, other: HostPart) {
+    fn add(&mut self, other: &HostPart) {
         self.loss_sum += other.loss_sum;
-        self.correct = match (self.correct, other.correct) {
-            (Some(a), Some(b)) => Some(a + b),
-            (a, b) => a.or(b),
-        };
+        if self.metrics.len() < other.metrics.len() {
+            self.metrics.resize(other.metrics.len(), 0.0);
+        }
+        for (a, b) in self.metrics.iter_mut().zip(&other.metrics) {
+            *a += b;
+        }
     }
 }
 
@@ -39,8 +44,8 @@ impl HostPart {
 pub(crate) struct StepPart {
     /// Sum of the per-example losses, a scalar `f32` tensor.
     pub(crate) loss_sum: Tensor,
-    /// Correct predictions (`f32`, shape `[1]`) when the model tracks accuracy.
-    pub(crate) correct: Option<Tensor>,
+    /// Each metric's sum over the examples (`f32`, one element), in the model's metric order.
+    pub(crate) metrics: Vec<Tensor>,
 }
 
 impl StepOutput {
@@ -49,6 +54,7 @@ impl StepOutput {
             parts,
             host: None,
             batch_size,
+            names: Vec::new(),
         }
     }
 
@@ -58,7 +64,14 @@ impl StepOutput {
             parts: Vec::new(),
             host: Some(sums),
             batch_size,
+            names: Vec::new(),
         }
+    }
+
+    /// Names the metrics of the parts' sums.
+    pub(crate) fn named(mut self, names: Vec<&'static str>) -> StepOutput {
+        self.names = names;
+        self
     }
 
     /// Examples in the batch.
@@ -74,24 +87,54 @@ impl StepOutput {
         if self.batch_size == 0 {
             return Ok(f32::NAN);
         }
-        let mut sum = self.host.map_or(0.0, |h| h.loss_sum as f32);
+        let mut sum = self.host.as_ref().map_or(0.0, |h| h.loss_sum as f32);
         for p in &self.parts {
             sum += read_scalar(&p.loss_sum)?;
         }
         Ok(sum / self.batch_size.max(1) as f32)
     }
 
-    /// Reads the fraction of correct predictions, when the model tracks accuracy (waits for
-    /// the step).
+    /// Reads every metric's mean over the batch, with its Keras name, in `compile` order
+    /// (waits for the step).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn metrics(&self) -> Result<Vec<(&'static str, f32)>> {
+        let mut sums: Vec<f32> = self
+            .host
+            .as_ref()
+            .map(|h| h.metrics.iter().map(|&v| v as f32).collect())
+            .unwrap_or_default();
+        for p in &self.parts {
+            if sums.len() < p.metrics.len() {
+                sums.resize(p.metrics.len(), 0.0);
+            }
+            for (s, t) in sums.iter_mut().zip(&p.metrics) {
+                *s += read_scalar(t)?;
+            }
+        }
+        let n = self.batch_size.max(1) as f32;
+        Ok(self
+            .names
+            .iter()
+            .zip(sums)
+            .map(|(&name, s)| (name, s / n))
+            .collect())
+    }
+
+    /// Reads the `accuracy` metric, when the model tracks it (waits for the step).
     ///
     /// # Errors
     /// A device error.
     pub fn accuracy(&self) -> Result<Option<f32>> {
-        let mut sum = self.host.and_then(|h| h.correct).map(|c| c as f32);
-        for c in self.parts.iter().filter_map(|p| p.correct.as_ref()) {
-            *sum.get_or_insert(0.0) += read_scalar(c)?;
+        if !self.names.contains(&"accuracy") {
+            return Ok(None);
         }
-        Ok(sum.map(|s| s / self.batch_size.max(1) as f32))
+        Ok(self
+            .metrics()?
+            .into_iter()
+            .find(|(n, _)| *n == "accuracy")
+            .map(|(_, v)| v))
     }
 }
 
@@ -104,11 +147,18 @@ fn read_scalar(t: &Tensor) -> Result<f32> {
 pub(crate) struct Accumulator {
     parts: Vec<StepPart>,
     host: Option<HostPart>,
+    names: Vec<&'static str>,
     pub(crate) examples: usize,
 }
 
+/// What a loop reads: the mean loss and each metric's mean, by name.
+pub(crate) type Means = (f64, Vec<(&'static str, f64)>);
+
 impl Accumulator {
     pub(crate) fn push(&mut self, step: StepOutput) -> Result<()> {
+        if self.names.is_empty() {
+            self.names = step.names;
+        }
         for part in step.parts {
             let device = part.loss_sum.device_handle();
             match self
@@ -122,30 +172,35 @@ impl Accumulator {
                     // default device (a GPU, when there is a hardware one).
                     let _on_part = crate::placement::with_device(device)?;
                     acc.loss_sum = acc.loss_sum.add(&part.loss_sum)?;
-                    acc.correct = match (acc.correct.take(), part.correct) {
-                        (Some(a), Some(c)) => Some(a.add(&c)?),
-                        (a, c) => a.or(c),
-                    };
+                    for (a, m) in acc.metrics.iter_mut().zip(&part.metrics) {
+                        *a = a.add(m)?;
+                    }
                 }
             }
         }
         if let Some(h) = step.host {
-            self.host.get_or_insert_with(HostPart::default).add(h);
+            self.host.get_or_insert_with(HostPart::default).add(&h);
         }
         self.examples += step.batch_size;
         Ok(())
     }
 
-    /// Reads `(mean loss, accuracy)`; waits for the steps so far.
-    pub(crate) fn read(&self) -> Result<(f64, Option<f64>)> {
+    /// Reads `(mean loss, metrics)`; waits for the steps so far.
+    pub(crate) fn read(&self) -> Result<Means> {
         if self.parts.is_empty() && self.host.is_none() {
-            return Ok((f64::NAN, None));
+            return Ok((f64::NAN, Vec::new()));
         }
         let total = StepOutput {
             parts: self.parts.clone(),
-            host: self.host,
+            host: self.host.clone(),
             batch_size: self.examples,
+            names: self.names.clone(),
         };
-        Ok((total.loss()? as f64, total.accuracy()?.map(f64::from)))
+        let metrics = total
+            .metrics()?
+            .into_iter()
+            .map(|(n, v)| (n, f64::from(v)))
+            .collect();
+        Ok((total.loss()? as f64, metrics))
     }
 }

@@ -170,13 +170,21 @@ impl Callback for TensorBoard {
                 ("epoch_learning_rate", learning_rate),
             ],
         );
-        let validation = scalars(
+        let mut validation = scalars(
             step,
             &[
                 ("epoch_loss", at(&h.val_loss)),
                 ("epoch_accuracy", at(&h.val_accuracy)),
             ],
         );
+        // The other metrics, `epoch_<name>` in each run (Keras' tags).
+        for (key, series) in &h.metrics {
+            let (run, name) = match key.strip_prefix("val_") {
+                Some(name) => (&mut validation, name),
+                None => (&mut train, key.as_str()),
+            };
+            run.extend(scalars(step, &[(&format!("epoch_{name}"), at(series))]));
+        }
         if self.histogram_freq > 0 && index.is_multiple_of(self.histogram_freq) {
             let now = event_file::wall_time();
             for (name, weight) in fit.model().named_weights() {

@@ -381,6 +381,44 @@ impl NnKernels for HostKernels {
         Ok(())
     }
 
+    // ---- losses on float targets, metrics ----
+    fn dense_loss(
+        &self,
+        z: &Tensor,
+        targets: &Tensor,
+        loss: &Tensor,
+        dz: &Tensor,
+        p: &crate::ops::loss::LossParams,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[z, targets]);
+        cpu::loss::dense_loss(r.f32(0), r.f32(1), write(loss).f32(), write(dz).f32(), p);
+        Ok(())
+    }
+
+    fn metric_rows(
+        &self,
+        z: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        rows_cols: (usize, usize),
+        kind: crate::ops::loss::MetricKind,
+        act: crate::ops::loss::OutputActivation,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[z, targets]);
+        let targets = match targets.dtype() {
+            DType::I32 => (None, Some(r.i32(1))),
+            _ => (Some(r.f32(1)), None),
+        };
+        cpu::loss::metric_rows(r.f32(0), targets, write(out).f32(), rows_cols, kind, act);
+        Ok(())
+    }
+
+    fn sigmoid(&self, x: &Tensor, y: &Tensor) -> Result<()> {
+        let n = x.len();
+        cpu::loss::sigmoid(&Inputs::lock(&[x]).f32(0)[..n], &mut write(y).f32()[..n]);
+        Ok(())
+    }
+
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
         let r = Inputs::lock(&[g.x, g.w, g.y, g.dy]);
         let (mut dw, mut db) = (write(g.dw), write(g.db));

@@ -10,6 +10,7 @@ pub(crate) mod basic;
 pub(crate) mod cpu;
 pub(crate) mod gpu;
 pub(crate) mod host;
+pub mod loss;
 pub(crate) mod nn;
 pub(crate) mod norm;
 #[doc(hidden)]

@@ -217,6 +217,30 @@ pub(crate) trait NnKernels {
         out: &Tensor,
         mode: ClipMode,
     ) -> Result<()>;
+
+    // ---- losses on float targets, metrics (ops/loss.rs) ----
+    /// Per-row loss (times `p.row_scale`) and its gradient w.r.t. `z` (times `p.grad_scale`),
+    /// see [`crate::ops::loss::dense_loss`].
+    fn dense_loss(
+        &self,
+        z: &Tensor,
+        targets: &Tensor,
+        loss: &Tensor,
+        dz: &Tensor,
+        p: &crate::ops::loss::LossParams,
+    ) -> Result<()>;
+    /// Each row's metric value, see [`crate::ops::loss::metric_rows`].
+    fn metric_rows(
+        &self,
+        z: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        rows_cols: (usize, usize),
+        kind: crate::ops::loss::MetricKind,
+        act: crate::ops::loss::OutputActivation,
+    ) -> Result<()>;
+    /// `y = sigmoid(x)` element-wise.
+    fn sigmoid(&self, x: &Tensor, y: &Tensor) -> Result<()>;
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a

@@ -11,6 +11,7 @@ mod common;
 mod activations;
 mod convolutions;
 mod layers;
+mod losses;
 mod normalization;
 mod optimizers;
 mod pooling;

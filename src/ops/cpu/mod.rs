@@ -105,6 +105,7 @@ pub(crate) mod depthwise;
 pub(crate) mod dropout;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
+pub(crate) mod loss;
 pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;

@@ -12,6 +12,7 @@ pub(crate) mod pooling;
 // ----
 pub(crate) mod half;
 pub(crate) mod kernels;
+pub(crate) mod loss;
 pub(crate) mod tune;
 
 use std::borrow::Cow;
@@ -46,6 +47,8 @@ pub(crate) enum ShaderFamily {
     Pool,
     /// Softmax, fused softmax cross-entropy, accuracy.
     Softmax,
+    /// Losses on float targets, metrics beyond accuracy, sigmoid (`loss.wgsl`).
+    Loss,
     /// SGD, momentum, Adam updates in place.
     Optim,
     /// Casts between float32 and float16 (adapters with f16 only).
@@ -65,7 +68,7 @@ pub(crate) enum ShaderFamily {
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 15] = [
+    pub(crate) const ALL: [ShaderFamily; 16] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -81,6 +84,7 @@ impl ShaderFamily {
         ShaderFamily::Activation,
         ShaderFamily::Pooling,
         ShaderFamily::Conv2dGeneral,
+        ShaderFamily::Loss,
     ];
 
     /// The file under `shaders/`.
@@ -101,6 +105,7 @@ impl ShaderFamily {
             ShaderFamily::Activation => "activation.wgsl",
             ShaderFamily::Pooling => "pooling.wgsl",
             ShaderFamily::Conv2dGeneral => "conv2d_general.wgsl",
+            ShaderFamily::Loss => "loss.wgsl",
         }
     }
 
@@ -109,7 +114,7 @@ impl ShaderFamily {
     pub(crate) fn has_half_twin(self) -> bool {
         !matches!(
             self,
-            ShaderFamily::Optim | ShaderFamily::Softmax | ShaderFamily::Cast
+            ShaderFamily::Optim | ShaderFamily::Softmax | ShaderFamily::Cast | ShaderFamily::Loss
         )
     }
 
@@ -170,6 +175,7 @@ impl ShaderFamily {
             ShaderFamily::Activation => include_str!("../../../shaders/activation.wgsl"),
             ShaderFamily::Pooling => include_str!("../../../shaders/pooling.wgsl"),
             ShaderFamily::Conv2dGeneral => include_str!("../../../shaders/conv2d_general.wgsl"),
+            ShaderFamily::Loss => include_str!("../../../shaders/loss.wgsl"),
         }
     }
 }

@@ -1518,6 +1518,34 @@ impl NnKernels for GpuKernels<'_> {
         self.launch(ACCURACY, &p, &[logits, labels, out], [1, 1, 1])
     }
 
+    // ---- losses on float targets, metrics (gpu/loss.rs) ----
+    fn dense_loss(
+        &self,
+        z: &Tensor,
+        targets: &Tensor,
+        loss: &Tensor,
+        dz: &Tensor,
+        p: &crate::ops::loss::LossParams,
+    ) -> Result<()> {
+        super::loss::dense_loss(self, (z, targets), (loss, dz), p)
+    }
+
+    fn metric_rows(
+        &self,
+        z: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+        rows_cols: (usize, usize),
+        kind: crate::ops::loss::MetricKind,
+        act: crate::ops::loss::OutputActivation,
+    ) -> Result<()> {
+        super::loss::metric_rows(self, (z, targets, out), rows_cols, kind, act)
+    }
+
+    fn sigmoid(&self, x: &Tensor, y: &Tensor) -> Result<()> {
+        super::loss::sigmoid(self, x, y)
+    }
+
     fn sgd(&self, w: &Tensor, g: &Tensor, p: &SgdParams) -> Result<()> {
         let n = w.len();
         if n == 0 {

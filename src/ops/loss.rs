@@ -1,0 +1,222 @@
+//! Keras' losses on float targets (categorical and binary cross-entropy, mean squared and mean
+//! absolute error) and the metrics beyond sparse accuracy, on every device: one row of the
+//! model's output per invocation, the per-row loss and the gradient w.r.t. the layer's
+//! pre-activation output in one pass.
+//!
+//! The last layer's `softmax` or `sigmoid` is folded in as Keras 3 on TensorFlow does it: its
+//! output keeps the logits (`_keras_logits`), and `categorical_crossentropy` /
+//! `binary_crossentropy` then run on those logits (`tf.nn.softmax_cross_entropy_with_logits`,
+//! `tf.nn.sigmoid_cross_entropy_with_logits`) whichever of the two activations produced them.
+//! The regression losses and the metrics see the activated output.
+
+use crate::error::{Error, Result};
+use crate::ops::gpu::loss as gl;
+use crate::ops::{run, with_kernels};
+use crate::placement::OpInfo;
+use crate::tensor::{DType, Tensor};
+
+/// What a loss kernel computes per row (see [`dense_loss`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum LossKind {
+    /// `Σ_c −y_c log softmax(z)_c`; gradient `softmax(z) − y` (TensorFlow's, exact for targets
+    /// that sum to 1).
+    CategoricalLogits = 0,
+    /// Keras on probabilities: `p / Σ p`, clipped to `[1e-7, 1 − 1e-7]`, `−Σ y log p`.
+    CategoricalProbs = 1,
+    /// Mean over the row of `max(z, 0) − z y + log1p(exp(−|z|))`.
+    BinaryLogits = 2,
+    /// Mean over the row of `−(y log p + (1 − y) log(1 − p))`, `p` clipped to
+    /// `[1e-7, 1 − 1e-7]`.
+    BinaryProbs = 3,
+    /// Mean over the row of `(o − y)²`.
+    MeanSquared = 4,
+    /// Mean over the row of `|o − y|` (gradient `sign(o − y)`, 0 at 0 as TensorFlow's).
+    MeanAbsolute = 5,
+}
+
+/// The activation between the kernel's input `z` and the model's output `o`: what the
+/// regression losses and the metrics apply before they compare with the targets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum OutputActivation {
+    /// `o = z`.
+    #[default]
+    Identity = 0,
+    /// `o = softmax(z)` over the row.
+    Softmax = 1,
+    /// `o = sigmoid(z)`.
+    Sigmoid = 2,
+}
+
+/// The options of a loss kernel over `[rows, cols]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossParams {
+    /// Rows of the output (examples, times the positions of an output of rank > 2).
+    pub rows: usize,
+    /// The last axis.
+    pub cols: usize,
+    /// The loss.
+    pub kind: LossKind,
+    /// The activation the regression losses apply to `z` first (ignored by the
+    /// cross-entropies, which read logits or probabilities by their kind).
+    pub act: OutputActivation,
+    /// Keras' `label_smoothing` (cross-entropies only): `y (1 − ls) + ls / cols` for the
+    /// categorical, `y (1 − ls) + ls / 2` for the binary one.
+    pub label_smoothing: f32,
+    /// Multiplies each row's loss as written (`examples / rows`: the per-example mean over
+    /// positions).
+    pub row_scale: f32,
+    /// Multiplies the gradient of the row's loss (`1 / rows` for the batch mean, times the
+    /// loss scale).
+    pub grad_scale: f32,
+}
+
+/// What a metric kernel counts per row (see [`metric_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MetricKind {
+    /// 1 when the integer label is among the `k` largest outputs, TensorFlow's `in_top_k`: ties
+    /// at the boundary count as in, a label out of range or a non-finite output in the row
+    /// counts 0.
+    SparseTopK(usize),
+    /// 1 when the row's first arg max equals the targets' first arg max.
+    Categorical,
+    /// Mean over the row of `[o > threshold] == y`.
+    Binary(f32),
+    /// Mean over the row of `(o − y)²`.
+    MeanSquared,
+}
+
+/// The op names of the placement log.
+const DENSE_LOSS: OpInfo = OpInfo {
+    name: "DenseLoss",
+    gpu: Some(gl::DENSE_LOSS),
+};
+const METRIC_ROWS: OpInfo = OpInfo {
+    name: "MetricRows",
+    gpu: Some(gl::METRIC_ROWS),
+};
+const SIGMOID: OpInfo = OpInfo {
+    name: "Sigmoid",
+    gpu: Some(gl::SIGMOID),
+};
+
+fn mismatch(op: &'static str, lhs: &[usize], rhs: &[usize], hint: String) -> Error {
+    Error::ShapeMismatch {
+        op,
+        lhs: lhs.to_vec(),
+        rhs: rhs.to_vec(),
+        hint,
+    }
+}
+
+/// `[rows, cols]` of an output whose last axis is the one a loss reduces, checked against
+/// targets of the same element count (Keras squeezes or expands `[n]` against `[n, 1]`).
+fn rows_cols(op: &'static str, z: &Tensor, targets: &Tensor) -> Result<(usize, usize)> {
+    z.expect_dtype(op, DType::F32)?;
+    targets.expect_dtype(op, DType::F32)?;
+    let Some(&cols) = z.shape().last() else {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: the output must have at least one axis, got a scalar"
+        )));
+    };
+    let same = z.shape() == targets.shape()
+        || (z.shape().len() == targets.shape().len() + 1
+            && cols == 1
+            && z.shape()[..targets.shape().len()] == *targets.shape());
+    if !same {
+        return Err(mismatch(
+            op,
+            z.shape(),
+            targets.shape(),
+            ": targets must have the shape of the model's output".into(),
+        ));
+    }
+    Ok((z.len().checked_div(cols).unwrap_or(0), cols))
+}
+
+/// The loss of each row of `z` against float `targets` and the gradient of the scaled sum
+/// w.r.t. `z` (see [`LossKind`] and [`LossParams`]; `rows`/`cols` are taken from `z`).
+/// Returns `(loss [rows], dz like z)`, in float32.
+///
+/// # Errors
+/// Non-f32 tensors; targets of another shape than `z` (`[n]` against `[n, 1]` is accepted).
+pub fn dense_loss(z: &Tensor, targets: &Tensor, p: LossParams) -> Result<(Tensor, Tensor)> {
+    let name = DENSE_LOSS.name;
+    let (rows, cols) = rows_cols(name, z, targets)?;
+    let p = LossParams { rows, cols, ..p };
+    if cols == 0 {
+        let _scope = z.device_handle().scope();
+        return Ok((Tensor::zeros(&[rows])?, Tensor::zeros(z.shape())?));
+    }
+    run(&DENSE_LOSS, &[z, targets], |device, moved| {
+        let loss = Tensor::uninit(&[rows], DType::F32, device)?;
+        let dz = Tensor::uninit(z.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.dense_loss(&moved[0], &moved[1], &loss, &dz, &p)
+        })?;
+        Ok((loss, dz))
+    })
+}
+
+/// Each row's metric value (`[rows]` f32): `o = act(z)` compared with `targets` (f32 like `z`,
+/// or `[rows]` i32 labels for [`MetricKind::SparseTopK`]).
+///
+/// # Errors
+/// Wrong dtypes or shapes; `k = 0`.
+pub fn metric_rows(
+    z: &Tensor,
+    targets: &Tensor,
+    kind: MetricKind,
+    act: OutputActivation,
+) -> Result<Tensor> {
+    let name = METRIC_ROWS.name;
+    let (rows, cols) = match kind {
+        MetricKind::SparseTopK(k) => {
+            z.expect_dtype(name, DType::F32)?;
+            targets.expect_dtype(name, DType::I32)?;
+            if k == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: sparse_top_k_categorical_accuracy needs k >= 1, got 0"
+                )));
+            }
+            let cols = z.shape().last().copied().unwrap_or(0);
+            let rows = z.len().checked_div(cols).unwrap_or(0);
+            if targets.len() != rows {
+                return Err(mismatch(
+                    name,
+                    z.shape(),
+                    targets.shape(),
+                    format!(": one integer label per row ({rows}) expected"),
+                ));
+            }
+            (rows, cols)
+        }
+        _ => rows_cols(name, z, targets)?,
+    };
+    if cols == 0 {
+        let _scope = z.device_handle().scope();
+        return Tensor::zeros(&[rows]);
+    }
+    run(&METRIC_ROWS, &[z, targets], |device, moved| {
+        let out = Tensor::uninit(&[rows], DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.metric_rows(&moved[0], &moved[1], &out, (rows, cols), kind, act)
+        })?;
+        Ok(out)
+    })
+}
+
+/// `sigmoid(x)` element-wise (`tf.math.sigmoid`): what `predict` applies to a last layer
+/// whose sigmoid the loss folds in.
+///
+/// # Errors
+/// A non-f32 tensor.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    x.expect_dtype(SIGMOID.name, DType::F32)?;
+    run(&SIGMOID, &[x], |device, moved| {
+        let y = Tensor::uninit(x.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.sigmoid(&moved[0], &y))?;
+        Ok(y)
+    })
+}
