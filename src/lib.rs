@@ -128,3 +128,7 @@ struct DistributedExamples;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/mixed_precision.md")]
 struct MixedPrecisionExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/models.md")]
+struct ModelsExamples;
