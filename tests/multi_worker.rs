@@ -7,7 +7,7 @@
 //! `CrossDeviceOps` under the MPI level, workers with different local replica counts in sync,
 //! `TF_CONFIG` that disagrees with MPI, loss scaling that skips a step on every worker, and
 //! workers out of step (different steps per epoch, models of different shapes, a panic on a
-//! kernel thread) failing alike instead of hanging.
+//! kernel thread, a malformed batch on one worker) failing alike instead of hanging.
 //!
 //! A binary of its own (`harness = false`): every worker must run the same collectives in the
 //! same order, so the cases run one after another on the main thread, in the order below.
@@ -685,6 +685,37 @@ fn a_panic_on_a_kernel_thread_fails_the_step_everywhere() {
     assert!(strategy.weights_in_sync(&model).expect("checksums"));
 }
 
+/// A worker whose own batch is malformed (another example shape) fails `train_on_batch` on
+/// every worker alike: its input error joins the step's vote instead of returning before it,
+/// which left the others waiting in the step's collectives.
+fn a_local_input_error_in_train_on_batch_fails_every_worker() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let last = strategy.num_workers() - 1;
+    let mut model = strategy
+        .scope(|| compiled_cnn(8, Sgd::new(0.05).into()))
+        .expect("scope")
+        .expect("a model");
+    let (x, y) = common::synthetic(8, 2);
+    let shape: &[usize] = if strategy.worker_index() == last {
+        &[8, 4, 16, 1]
+    } else {
+        &[8, 8, 8, 1]
+    };
+    let x = Tensor::from_slice_on(&x, shape, &cpu).expect("x");
+    let y = Tensor::from_slice_on(&y, &[8], &cpu).expect("y");
+    let before = model.get_weights().expect("weights");
+    match model.train_on_batch(&x, &y) {
+        Err(Error::Distributed { rank, .. }) => assert_eq!(rank, last),
+        other => panic!("expected Error::Distributed, got {other:?}"),
+    }
+    assert_eq!(
+        model.get_weights().expect("weights"),
+        before,
+        "an update ran"
+    );
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
 /// `TF_CONFIG` describing another job fails on every worker, naming the worker and why.
 fn tf_config_that_disagrees_with_mpi_is_an_error() {
     let (_rt, cpu, probe) = cpu_worker();
@@ -820,7 +851,7 @@ fn main() {
         panic_on(k);
         return;
     }
-    let cases: [(&str, fn()); 15] = [
+    let cases: [(&str, fn()); 16] = [
         (
             "one_replica_per_worker_trains_like_one_process",
             one_replica_per_worker_trains_like_one_process,
@@ -872,6 +903,10 @@ fn main() {
         (
             "a_panic_on_a_kernel_thread_fails_the_step_everywhere",
             a_panic_on_a_kernel_thread_fails_the_step_everywhere,
+        ),
+        (
+            "a_local_input_error_in_train_on_batch_fails_every_worker",
+            a_local_input_error_in_train_on_batch_fails_every_worker,
         ),
         (
             "tf_config_that_disagrees_with_mpi_is_an_error",

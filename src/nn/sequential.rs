@@ -1073,13 +1073,23 @@ impl Sequential {
     /// A data-parallel step over the strategy's replicas.
     fn mirrored_step(&mut self, batch: HostBatch<'_>) -> Result<StepOutput> {
         let what = "fit";
-        self.require_built(what)?;
-        let objective = self.objective(what)?;
+        let objective =
+            self.joined(self.require_built(what).and_then(|()| self.objective(what)))?;
         let Some(strategy) = self.strategy().cloned() else {
             return Err(Error::Model("fit: the model has no strategy".into()));
         };
         let mut views = self.replica_views();
         mirrored::train_step(&strategy, &mut views, batch, &objective)
+    }
+
+    /// `local`, the result of what a step checks before its first vote, made every worker's
+    /// under a multi-worker strategy: an error joins the step's vote (so the other workers'
+    /// steps fail with it instead of waiting for this one), and comes back agreed.
+    fn joined<T>(&self, local: Result<T>) -> Result<T> {
+        match (local, self.strategy().and_then(MirroredStrategy::workers)) {
+            (Err(e), Some(w)) => Err(mirrored::vote_failed_step(w, &e)),
+            (local, _) => local,
+        }
     }
 
     /// One training step on a batch: forward, loss, backward, optimizer update. Returns the
@@ -1125,13 +1135,17 @@ impl Sequential {
         if self.mirrors.is_none() {
             return Ok(self.step(x, y, true)?.0);
         }
-        self.require_built("fit")?;
-        self.check_batch("fit", x, Some(y))?;
-        let xs = x.to_vec::<f32>()?;
-        let (labels, values) = match y.dtype() {
-            DType::I32 => (y.to_vec::<i32>()?, Vec::new()),
-            _ => (Vec::new(), y.to_vec::<f32>()?),
-        };
+        let host = self
+            .require_built("fit")
+            .and_then(|()| self.check_batch("fit", x, Some(y)))
+            .and_then(|_| {
+                let xs = x.to_vec::<f32>()?;
+                Ok(match y.dtype() {
+                    DType::I32 => (xs, y.to_vec::<i32>()?, Vec::new()),
+                    _ => (xs, Vec::new(), y.to_vec::<f32>()?),
+                })
+            });
+        let (xs, labels, values) = self.joined(host)?;
         self.mirrored_step(HostBatch {
             x: &xs,
             x_shape: x.shape(),
@@ -1155,7 +1169,7 @@ impl Sequential {
     /// its examples straight from the host batch.
     pub(super) fn train_batch(&mut self, batch: &Batch) -> Result<StepOutput> {
         if self.mirrors.is_some() {
-            self.check_host_batch("fit", batch)?;
+            self.joined(self.check_host_batch("fit", batch))?;
             return self.mirrored_step(HostBatch::from(batch));
         }
         if let (Some(p), false) = (self.pipeline, batch.batch_size() == 0) {
