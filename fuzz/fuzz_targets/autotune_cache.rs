@@ -2,11 +2,13 @@
 //! any bytes give this build's entries or an error, never a panic, and every entry has a
 //! non-empty op, class and candidate.
 //!
-//! Run with `cargo +nightly fuzz run autotune_cache` from the repository root.
+//! Run from the repository root with
+//! `cargo +nightly fuzz run autotune_cache fuzz/corpus/autotune_cache fuzz/seeds/autotune_cache`
+//! (the seeds are committed; the corpus it grows is not).
 
 #![no_main]
 
-use anygpu::ops::gpu::tune::parse_cache;
+use anygpu::ops::parse_autotune_cache as parse_cache;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

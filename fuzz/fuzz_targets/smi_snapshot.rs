@@ -2,7 +2,9 @@
 //! user, read by the tool): any text parses or is an error, never a panic; what parses
 //! re-encodes to a text that parses to the same text again.
 //!
-//! Run with `cargo +nightly fuzz run smi_snapshot` from the repository root.
+//! Run from the repository root with
+//! `cargo +nightly fuzz run smi_snapshot fuzz/corpus/smi_snapshot fuzz/seeds/smi_snapshot`
+//! (the seeds are committed; the corpus it grows is not).
 
 #![no_main]
 

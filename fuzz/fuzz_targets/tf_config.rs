@@ -1,7 +1,9 @@
 //! Fuzzes the `TF_CONFIG` check of `MultiWorkerMirroredStrategy`: any text is accepted or an
 //! error, never a panic, for any rank and size.
 //!
-//! Run with `cargo +nightly fuzz run tf_config` from the repository root.
+//! Run from the repository root with
+//! `cargo +nightly fuzz run tf_config fuzz/corpus/tf_config fuzz/seeds/tf_config`
+//! (the seeds are committed; the corpus it grows is not).
 
 #![no_main]
 

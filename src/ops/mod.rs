@@ -9,6 +9,9 @@
 pub(crate) mod basic;
 pub(crate) mod cpu;
 pub(crate) mod gpu;
+/// The autotune cache parser, public for the fuzz targets only.
+#[doc(hidden)]
+pub use gpu::tune::parse_cache as parse_autotune_cache;
 pub(crate) mod host;
 pub mod loss;
 pub(crate) mod nn;
