@@ -266,13 +266,8 @@ impl Runtime {
         env: HashMap<String, Option<String>>,
         injected_failures: HashMap<usize, String>,
     ) -> Runtime {
-        let software_as_gpus = software_adapters_as_gpus(
-            match env.get(SOFTWARE_AS_GPUS) {
-                Some(value) => value.clone(),
-                None => std::env::var(SOFTWARE_AS_GPUS).ok(),
-            }
-            .as_deref(),
-        );
+        let software_as_gpus =
+            software_adapters_as_gpus(env_lookup(&env, SOFTWARE_AS_GPUS).as_deref());
         Runtime {
             shared: Arc::new(RuntimeShared {
                 env,
@@ -1080,6 +1075,14 @@ impl Runtime {
     }
 }
 
+/// `key` from a runtime's overrides (`None` there = unset), else from the process environment.
+fn env_lookup(overrides: &HashMap<String, Option<String>>, key: &str) -> Option<String> {
+    match overrides.get(key) {
+        Some(value) => value.clone(),
+        None => std::env::var(key).ok(),
+    }
+}
+
 /// The switch that makes software adapters count as GPUs for placement.
 const SOFTWARE_AS_GPUS: &str = "ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS";
 
@@ -1098,10 +1101,7 @@ fn software_adapters_as_gpus(value: Option<&str>) -> bool {
 
 impl RuntimeShared {
     pub(crate) fn env_var(&self, key: &str) -> Option<String> {
-        match self.env.get(key) {
-            Some(value) => value.clone(),
-            None => std::env::var(key).ok(),
-        }
+        env_lookup(&self.env, key)
     }
 
     pub(crate) fn soft_placement(&self) -> bool {
