@@ -38,12 +38,6 @@ fn runtime() -> Runtime {
         .expect("the runtime initializes")
 }
 
-/// CPU:0 and every GPU; a missing GPU fails under `ANYGPU_REQUIRE_ADAPTER=1`.
-fn devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
-    common::gpus_at_least(1, test);
-    rt.list_logical_devices(KindFilter::All).expect("devices")
-}
-
 fn put(dev: &LogicalDevice, data: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_slice_on(data, shape, dev).expect("upload")
 }
@@ -129,7 +123,7 @@ fn options(s: &Conv2dShape) -> ConvOptions {
 fn strided_and_dilated_conv2d_match_the_oracle_on_every_device() {
     let _g = serial();
     let rt = runtime();
-    for dev in devices(
+    for dev in common::all_devices(
         &rt,
         "strided_and_dilated_conv2d_match_the_oracle_on_every_device",
     ) {
@@ -217,7 +211,7 @@ fn depthwise_cases() -> Vec<DepthwiseShape> {
 fn general_depthwise_matches_the_oracle_on_every_device() {
     let _g = serial();
     let rt = runtime();
-    for dev in devices(&rt, "general_depthwise_matches_the_oracle_on_every_device") {
+    for dev in common::all_devices(&rt, "general_depthwise_matches_the_oracle_on_every_device") {
         let _s = dev.scope();
         for (t, s) in depthwise_cases().into_iter().enumerate() {
             let (oh, ow) = s.out_hw();
@@ -468,7 +462,7 @@ fn a_strided_model_trains_on_every_device_and_under_mixed_float16() {
     let rt = runtime();
     let test = "a_strided_model_trains_on_every_device_and_under_mixed_float16";
     let mut runs = Vec::new();
-    for dev in devices(&rt, test) {
+    for dev in common::all_devices(&rt, test) {
         runs.push((dev.clone(), Policy::FLOAT32));
         if dev.has_f16() {
             runs.push((dev, Policy::MIXED_FLOAT16));

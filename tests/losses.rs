@@ -9,7 +9,7 @@ use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{Activation, Dense, Loss, Metric, Pipeline, Sequential, Sgd, Verbosity};
 use anygpu::ops::loss::{self as ol, LossKind, LossParams, MetricKind, OutputActivation};
 use anygpu::ops::reference::{self as r, assert_close, to_f64};
-use anygpu::{KindFilter, LogicalDevice, Runtime, Tensor};
+use anygpu::{Runtime, Tensor};
 
 use common::values;
 
@@ -18,12 +18,6 @@ fn runtime() -> Runtime {
         .memory_growth(true)
         .build()
         .expect("the runtime initializes")
-}
-
-/// CPU:0 and every GPU (a missing GPU fails under `ANYGPU_REQUIRE_ADAPTER=1`).
-fn devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
-    common::gpus_at_least(1, test);
-    rt.list_logical_devices(KindFilter::All).expect("devices")
 }
 
 const KINDS: [LossKind; 6] = [
@@ -72,7 +66,7 @@ fn inputs(kind: LossKind, rows: usize, cols: usize, seed: u64) -> (Vec<f32>, Vec
 #[test]
 fn loss_kernels_match_the_oracle_on_every_device() {
     let rt = runtime();
-    for dev in devices(&rt, "loss_kernels_match_the_oracle_on_every_device") {
+    for dev in common::all_devices(&rt, "loss_kernels_match_the_oracle_on_every_device") {
         let _on = dev.scope();
         for (i, kind) in KINDS.into_iter().enumerate() {
             for act in ACTS {
@@ -114,7 +108,7 @@ fn metric_kernels_match_the_oracle_on_every_device() {
         .map(|i| f32::from(u8::from(i % cols == (i / cols * 5) % cols)))
         .collect();
     let labels: Vec<i32> = (0..rows as i32).map(|i| (i * 5) % cols as i32).collect();
-    for dev in devices(&rt, "metric_kernels_match_the_oracle_on_every_device") {
+    for dev in common::all_devices(&rt, "metric_kernels_match_the_oracle_on_every_device") {
         let _on = dev.scope();
         let zt = Tensor::from_slice_on(&z, &[rows, cols], &dev).expect("z");
         let yt = Tensor::from_slice_on(&onehot, &[rows, cols], &dev).expect("y");
@@ -172,7 +166,7 @@ fn top_k_follows_in_top_k_ties_on_every_device() {
         0.4, // label out of range
     ];
     let labels = [2i32, 1, 3, 4];
-    for dev in devices(&rt, "top_k_follows_in_top_k_ties_on_every_device") {
+    for dev in common::all_devices(&rt, "top_k_follows_in_top_k_ties_on_every_device") {
         let _on = dev.scope();
         let zt = Tensor::from_slice_on(&z, &[4, 4], &dev).expect("z");
         let lt = Tensor::from_slice_on(&labels, &[4], &dev).expect("labels");
@@ -200,7 +194,7 @@ fn sigmoid_matches_the_oracle_on_every_device() {
         .iter()
         .map(|&v| 1.0 / (1.0 + (-f64::from(v)).exp()))
         .collect();
-    for dev in devices(&rt, "sigmoid_matches_the_oracle_on_every_device") {
+    for dev in common::all_devices(&rt, "sigmoid_matches_the_oracle_on_every_device") {
         let _on = dev.scope();
         let t = Tensor::from_slice_on(&x, &[300], &dev).expect("x");
         let y = ol::sigmoid(&t)
@@ -316,7 +310,7 @@ fn dataset(s: &Setup, n: usize) -> Dataset {
 #[test]
 fn every_loss_trains_on_cpu_and_every_gpu() {
     let rt = runtime();
-    for dev in devices(&rt, "every_loss_trains_on_cpu_and_every_gpu") {
+    for dev in common::all_devices(&rt, "every_loss_trains_on_cpu_and_every_gpu") {
         let _on = dev.scope();
         for s in setups() {
             let units = [3, 2, 2][s.targets];

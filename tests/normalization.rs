@@ -16,19 +16,13 @@ use anygpu::nn::{
 use anygpu::ops::reference::{self as oracle, assert_close, to_f64};
 use anygpu::ops::spec::{DropoutMask, Padding};
 use anygpu::ops::{self, BatchNormVariables};
-use anygpu::{DType, DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
+use anygpu::{DType, DeviceKind, LogicalDevice, Runtime, Tensor};
 
 fn runtime() -> Runtime {
     common::builder()
         .memory_growth(true)
         .build()
         .expect("the runtime initializes")
-}
-
-/// CPU:0 and every GPU; a missing GPU fails under `ANYGPU_REQUIRE_ADAPTER=1`.
-fn devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
-    common::gpus_at_least(1, test);
-    rt.list_logical_devices(KindFilter::All).expect("devices")
 }
 
 /// `f` inside `dev`'s device scope.
@@ -62,7 +56,7 @@ fn batch_norm_kernels_match_the_oracle_on_every_device() {
     // and an odd channel count.
     let shapes: [&[usize]; 3] = [&[37, 5], &[4, 20, 20, 8], &[3, 7, 5, 3]];
     let (momentum, epsilon) = (0.9f32, 1e-3f32);
-    for dev in devices(&rt, "batch_norm_kernels_match_the_oracle_on_every_device") {
+    for dev in common::all_devices(&rt, "batch_norm_kernels_match_the_oracle_on_every_device") {
         for shape in shapes {
             let c = shape[shape.len() - 1];
             let rows = shape.iter().product::<usize>() / c;
@@ -149,7 +143,7 @@ fn batch_norm_in_float16_computes_its_statistics_in_float32() {
     let c = 8;
     let x = activations(&shape, 11);
     let mut tested = 0;
-    for dev in devices(
+    for dev in common::all_devices(
         &rt,
         "batch_norm_in_float16_computes_its_statistics_in_float32",
     ) {
@@ -205,7 +199,7 @@ fn dropout_draws_one_mask_on_every_device_and_scales_what_it_keeps() {
     let want = oracle::dropout(&to_f64(&x), &mask);
     let want_dx = oracle::dropout(&to_f64(&dy), &mask);
     let mut first: Option<Vec<f32>> = None;
-    for dev in devices(&rt, "dropout_draws_one_mask_on_every_device") {
+    for dev in common::all_devices(&rt, "dropout_draws_one_mask_on_every_device") {
         let (y, m) = ops::dropout(&on(&dev, &x, &[n]), &mask).expect("dropout");
         let y = read(&y);
         // Exactly the oracle's: x * scale in f32 where kept, 0 elsewhere.
@@ -330,7 +324,7 @@ fn falls(what: &str, losses: &[f32]) {
 #[test]
 fn a_conv_bn_dropout_model_trains_on_every_device() {
     let rt = runtime();
-    for dev in devices(&rt, "a_conv_bn_dropout_model_trains_on_every_device") {
+    for dev in common::all_devices(&rt, "a_conv_bn_dropout_model_trains_on_every_device") {
         let mut model = scoped(&dev, || {
             compiled(conv_bn_dropout_model(1)?, Sgd::new(0.1).into())
         })
@@ -362,7 +356,7 @@ fn save_and_load_weights_keep_the_moving_statistics() {
     let rt = runtime();
     let dir = std::env::temp_dir().join(format!("anygpu-bn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temp dir");
-    for dev in devices(&rt, "save_and_load_weights_keep_the_moving_statistics") {
+    for dev in common::all_devices(&rt, "save_and_load_weights_keep_the_moving_statistics") {
         let path = dir.join(format!(
             "{}.safetensors",
             dev.name().replace([':', '/'], "_")
@@ -497,7 +491,7 @@ fn a_mixed_float16_model_with_batch_norm_and_dropout_trains_on_float16_gpus() {
     use anygpu::mixed_precision::Policy;
     let rt = runtime();
     let mut tested = 0;
-    for dev in devices(
+    for dev in common::all_devices(
         &rt,
         "a_mixed_float16_model_with_batch_norm_and_dropout_trains",
     ) {

@@ -126,6 +126,13 @@ pub fn gpus_at_least(min: usize, test: &str) -> Option<usize> {
     None
 }
 
+/// CPU:0 and every GPU of `rt`; a missing GPU fails `test` under `ANYGPU_REQUIRE_ADAPTER=1`.
+pub fn all_devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
+    gpus_at_least(1, test);
+    rt.list_logical_devices(anygpu::KindFilter::All)
+        .expect("devices")
+}
+
 /// Deterministic values in [-1, 1).
 pub fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -18,7 +18,7 @@ mod pooling;
 
 use anygpu::nn::{Activation, Layer};
 use anygpu::ops::spec::Padding;
-use anygpu::{KindFilter, LogicalDevice, Runtime, Tensor};
+use anygpu::{LogicalDevice, Runtime, Tensor};
 use common::golden::Case;
 
 pub fn runtime() -> Runtime {
@@ -28,11 +28,7 @@ pub fn runtime() -> Runtime {
         .expect("the runtime initializes")
 }
 
-/// CPU:0 and every GPU; a missing GPU fails under `ANYGPU_REQUIRE_ADAPTER=1`.
-pub fn devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
-    common::gpus_at_least(1, test);
-    rt.list_logical_devices(KindFilter::All).expect("devices")
-}
+pub use common::all_devices as devices;
 
 pub fn upload(case: &Case<'_>, key: &str, dev: &LogicalDevice) -> Tensor {
     let (shape, values) = case.input(key);
