@@ -1,6 +1,6 @@
-// Average pooling with any window, strides and padding (Keras' AveragePooling2D), and the
-// global poolings (GlobalAveragePooling2D, GlobalMaxPooling2D), NHWC, with their gradients.
-// (The tutorial's 2×2 max-pool has its own tuned family, pool.wgsl.)
+// Average and max pooling with any window, strides and padding (Keras' AveragePooling2D and
+// MaxPooling2D), and the global poolings (GlobalAveragePooling2D, GlobalMaxPooling2D), NHWC,
+// with their gradients. (The tutorial's 2×2 max-pool has its own tuned family, pool.wgsl.)
 //
 //   avgpool         y[n, i, j, c] = mean of x over the window's rows i*sh - pt .. + ph and
 //                   columns j*sw - pl .. + pw that lie inside the image ('same' windows that
@@ -9,6 +9,12 @@
 //   avgpool_bwd     dx[n, r, q, c] = Σ over the windows (i, j) that contain (r, q) of
 //                   dy[n, i, j, c] / count(i, j): one invocation per input element gathers
 //                   (no atomics).  items = n*h*w*c.  bindings dy, dx.
+//   maxpool         y[n, i, j, c] = maximum of x over the same clipped window ('same' padding
+//                   never wins).  items = n*oh*ow*c.  bindings x, y.
+//   maxpool_bwd     dx[n, r, q, c] = Σ over the windows (i, j) whose first maximum in
+//                   row-major order is (r, q) of dy[n, i, j, c] (TensorFlow's MaxPoolGrad);
+//                   one invocation per input element recomputes those windows' maxima
+//                   (no atomics).  items = n*h*w*c.  bindings x, dy, dx.
 //   global_avg      y[n, c] = mean of x[n, :, :, c] (f32 sum in a register).
 //                   items = n*c.                      bindings x, y.
 //   global_avg_bwd  dx[n, r, q, c] = dy[n, c] / (h*w).  items = n*h*w*c.  bindings dy, dx.
@@ -66,6 +72,19 @@ fn window(i: u32, j: u32) -> vec4<u32> {
     return vec4<u32>(r0, r1, q0, q1);
 }
 
+// The outputs whose windows contain input (r, q): rows [i0, i1), columns [j0, j1). Window i
+// covers rows i*sh - pt .. i*sh - pt + ph, so i runs over [ceil((r + pt + 1 - ph) / sh),
+// (r + pt) / sh], clipped to the output.
+fn windows_containing(r: u32, q: u32) -> vec4<u32> {
+    let rp = i32(r + p.pt);
+    let qp = i32(q + p.pl);
+    let i0 = u32(max(rp - i32(p.ph) + i32(p.sh), 0)) / p.sh;
+    let j0 = u32(max(qp - i32(p.pw) + i32(p.sw), 0)) / p.sw;
+    let i1 = min(u32(rp) / p.sh + 1u, p.oh);
+    let j1 = min(u32(qp) / p.sw + 1u, p.ow);
+    return vec4<u32>(i0, i1, j0, j1);
+}
+
 @compute @workgroup_size(256)
 fn avgpool(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = flat(gid, nwg);
@@ -93,20 +112,64 @@ fn avgpool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let q = (t / p.c) % p.w;
     let r = (t / (p.c * p.w)) % p.h;
     let n = t / (p.c * p.w * p.h);
-    // Windows i with i*sh - pt <= r < i*sh - pt + ph: i in [ceil((r + pt + 1 - ph) / sh),
-    // (r + pt) / sh], clipped to the output.
-    let rp = i32(r + p.pt);
-    let qp = i32(q + p.pl);
-    let i0 = u32(max(rp - i32(p.ph) + i32(p.sh), 0)) / p.sh;
-    let j0 = u32(max(qp - i32(p.pw) + i32(p.sw), 0)) / p.sw;
-    let i1 = min(u32(rp) / p.sh + 1u, p.oh);
-    let j1 = min(u32(qp) / p.sw + 1u, p.ow);
+    let wins = windows_containing(r, q);
     var sum = 0.0;
-    for (var i = i0; i < i1; i++) {
-        for (var j = j0; j < j1; j++) {
+    for (var i = wins.x; i < wins.y; i++) {
+        for (var j = wins.z; j < wins.w; j++) {
             let win = window(i, j);
             let count = f32((win.y - win.x) * (win.w - win.z));
             sum += dy[((n * p.oh + i) * p.ow + j) * p.c + c] / count;
+        }
+    }
+    dx[t] = sum;
+}
+
+@compute @workgroup_size(256)
+fn maxpool(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = flat(gid, nwg);
+    if (t >= p.items) { return; }
+    let c = t % p.c;
+    let j = (t / p.c) % p.ow;
+    let i = (t / (p.c * p.ow)) % p.oh;
+    let n = t / (p.c * p.ow * p.oh);
+    let win = window(i, j);
+    var m = x[((n * p.h + win.x) * p.w + win.z) * p.c + c];
+    for (var r = win.x; r < win.y; r++) {
+        for (var q = win.z; q < win.w; q++) {
+            m = max(m, x[((n * p.h + r) * p.w + q) * p.c + c]);
+        }
+    }
+    y[t] = m;
+}
+
+@compute @workgroup_size(256)
+fn maxpool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = flat(gid, nwg);
+    if (t >= p.items) { return; }
+    let c = t % p.c;
+    let q = (t / p.c) % p.w;
+    let r = (t / (p.c * p.w)) % p.h;
+    let n = t / (p.c * p.w * p.h);
+    let wins = windows_containing(r, q);
+    var sum = 0.0;
+    for (var i = wins.x; i < wins.y; i++) {
+        for (var j = wins.z; j < wins.w; j++) {
+            let win = window(i, j);
+            // The window's first maximum: the first element, then only a strictly greater one.
+            var best = x[((n * p.h + win.x) * p.w + win.z) * p.c + c];
+            var at = vec2<u32>(win.x, win.z);
+            for (var rr = win.x; rr < win.y; rr++) {
+                for (var qq = win.z; qq < win.w; qq++) {
+                    let v = x[((n * p.h + rr) * p.w + qq) * p.c + c];
+                    if (v > best) {
+                        best = v;
+                        at = vec2<u32>(rr, qq);
+                    }
+                }
+            }
+            if (at.x == r && at.y == q) {
+                sum += dy[((n * p.oh + i) * p.ow + j) * p.c + c];
+            }
         }
     }
     dx[t] = sum;

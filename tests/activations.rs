@@ -271,12 +271,29 @@ const POOL_CASES: [PoolCase; 9] = [
     (2, 9, 8, 32, (2, 3), (3, 2), Padding::Same),
 ];
 
+/// [`POOL_CASES`] as shapes, each with its index for a seed.
+fn pool_shapes() -> impl Iterator<Item = (u64, Pool2dShape)> {
+    POOL_CASES.iter().zip(0..).map(|(&case, seed)| {
+        let (n, h, w, c, pool, strides, padding) = case;
+        let s = Pool2dShape {
+            n,
+            h,
+            w,
+            c,
+            pool,
+            strides,
+            padding,
+        };
+        (seed, s)
+    })
+}
+
 #[test]
 fn avg_pool2d_matches_the_oracle_on_every_device() {
     let _g = serial();
     for dev in &env().devices {
-        for (seed, &(n, h, w, c, pool, strides, padding)) in POOL_CASES.iter().enumerate() {
-            let s = Pool2dShape {
+        for (seed, s) in pool_shapes() {
+            let Pool2dShape {
                 n,
                 h,
                 w,
@@ -284,21 +301,66 @@ fn avg_pool2d_matches_the_oracle_on_every_device() {
                 pool,
                 strides,
                 padding,
-            };
+            } = s;
             let what = format!("avg_pool2d {s:?} on {}", label(dev));
-            let x = random_vec(s.input_len(), seed as u64);
+            let x = random_vec(s.input_len(), seed);
             let xt = put(dev, &x, &[n, h, w, c]);
             let y = ops::avg_pool2d(&xt, pool, strides, padding).expect("forward");
             let (oh, ow) = s.out_hw();
             assert_eq!(y.shape(), [n, oh, ow, c], "{what}");
             assert_close(&get(&y, dev), &r::avg_pool2d(&to_f64(&x), &s), 1e-6, &what);
-            let dy = random_vec(s.output_len(), seed as u64 + 50);
+            let dy = random_vec(s.output_len(), seed + 50);
             let dyt = put(dev, &dy, &[n, oh, ow, c]);
             let dx = ops::avg_pool2d_backward(&dyt, &[n, h, w, c], pool, strides, padding)
                 .expect("backward");
             assert_close(
                 &get(&dx, dev),
                 &r::avg_pool2d_backward(&to_f64(&dy), &s),
+                1e-6,
+                &format!("{what}: dx"),
+            );
+        }
+    }
+}
+
+#[test]
+fn max_pool2d_window_matches_the_oracle_on_every_device() {
+    let _g = serial();
+    for dev in &env().devices {
+        for (seed, s) in pool_shapes() {
+            let Pool2dShape {
+                n,
+                h,
+                w,
+                c,
+                pool,
+                strides,
+                padding,
+            } = s;
+            let what = format!("max_pool2d_window {s:?} on {}", label(dev));
+            // Values on a coarse grid: windows hold ties, and the gradient must go to the
+            // first maximum of each, as TensorFlow's MaxPoolGrad does.
+            let x: Vec<f32> = random_vec(s.input_len(), seed + 100)
+                .iter()
+                .map(|v| (v * 4.0).round())
+                .collect();
+            let xt = put(dev, &x, &[n, h, w, c]);
+            let y = ops::max_pool2d_window(&xt, pool, strides, padding).expect("forward");
+            let (oh, ow) = s.out_hw();
+            assert_eq!(y.shape(), [n, oh, ow, c], "{what}");
+            assert_close(
+                &get(&y, dev),
+                &r::max_pool2d_window(&to_f64(&x), &s),
+                0.0,
+                &what,
+            );
+            let dy = random_vec(s.output_len(), seed + 150);
+            let dyt = put(dev, &dy, &[n, oh, ow, c]);
+            let dx = ops::max_pool2d_window_backward(&xt, &dyt, pool, strides, padding)
+                .expect("backward");
+            assert_close(
+                &get(&dx, dev),
+                &r::max_pool2d_window_backward(&to_f64(&x), &to_f64(&dy), &s),
                 1e-6,
                 &format!("{what}: dx"),
             );
@@ -408,6 +470,13 @@ fn f16_activation_and_pooling_kernels_match_the_oracle() {
             &r::avg_pool2d(&to_f64(&px), &s),
             tol,
             "f16 avg_pool2d",
+        );
+        let m = ops::max_pool2d_window(&pxt, s.pool, s.strides, s.padding).expect("max pool");
+        assert_close(
+            &read(&m),
+            &r::max_pool2d_window(&to_f64(&px), &s),
+            tol,
+            "f16 max_pool2d_window",
         );
         let g = ops::global_pool2d(&pxt, true).expect("global max");
         assert_close(

@@ -13,7 +13,7 @@ use crate::nn::activation::Activation;
 use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::ops;
-use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
+use crate::ops::spec::{Activation as OpActivation, Padding, Pool2dShape, Size2};
 use crate::tensor::{DType, Tensor};
 
 /// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
@@ -838,21 +838,30 @@ fn on_gpu(weight: &Tensor) -> bool {
 
 // ---------------------------------------------------------------------------------------------
 
-/// 2×2 max pooling, stride 2, `'valid'` (`keras.layers.MaxPool2D()`): `[h, w, c]` →
-/// `[h / 2, w / 2, c]`, rounding down (7 → 3).
+/// Max pooling (`keras.layers.MaxPool2D(pool_size=2, strides=None, padding="valid")`):
+/// `[h, w, c]` → `[oh, ow, c]`, each output the maximum of its window; strides default to the
+/// window, so the default is the tutorial's 2×2 pool (7 → 3, rounding down). With
+/// `padding='same'` (output `ceil(h / stride)`) the padding never wins.
 ///
 /// ```
 /// use anygpu::nn::{Layer, MaxPool2D};
+/// use anygpu::ops::spec::Padding;
 /// assert_eq!(MaxPool2D::new().compute_output_shape(&[7, 7, 128])?, [3, 3, 128]);
-/// assert!(MaxPool2D::new().pool_size(3).compute_output_shape(&[7, 7, 1]).is_err());
+/// // A ResNet stem's pool: 3×3 windows, stride 2, 'same'.
+/// let stem = MaxPool2D::new().pool_size(3).strides(2).padding(Padding::Same);
+/// assert_eq!(stem.compute_output_shape(&[112, 112, 64])?, [56, 56, 64]);
+/// assert!(MaxPool2D::new().pool_size(8).compute_output_shape(&[7, 7, 1]).is_err());
 /// # Ok::<(), anygpu::Error>(())
 /// ```
 ///
-/// Differences from Keras: `pool_size=2` (the default) only; the gradient goes to the first
-/// maximum of a window when there are ties, as TensorFlow's kernels do.
+/// When windows tie, the gradient goes to the first maximum in row-major order, as
+/// TensorFlow's kernels do. The 2×2, stride-2 `'valid'` pool runs tuned kernels and, after a
+/// layer on the same device, a fused backward pass (`Layer::backward_through_max_pool`).
 #[derive(Debug, Clone)]
 pub struct MaxPool2D {
-    pool_size: usize,
+    pool_size: [usize; 2],
+    strides: Option<[usize; 2]>,
+    padding: Padding,
     policy: Option<Policy>,
 }
 
@@ -864,18 +873,54 @@ impl MaxPool2D {
         self
     }
 
-    /// `pool_size=2`.
+    /// `pool_size=2`, `strides=None` (the window), `padding='valid'`.
     pub fn new() -> MaxPool2D {
         MaxPool2D {
-            pool_size: 2,
+            pool_size: [2, 2],
+            strides: None,
+            padding: Padding::Valid,
             policy: None,
         }
     }
 
-    /// `pool_size=`; anything but 2 fails when the layer is added.
-    pub fn pool_size(mut self, pool_size: usize) -> MaxPool2D {
-        self.pool_size = pool_size;
+    /// `pool_size=`: `3` or `(3, 2)` (rows, columns).
+    pub fn pool_size(mut self, pool_size: impl Into<Size2>) -> MaxPool2D {
+        self.pool_size = pool_size.into().0;
         self
+    }
+
+    /// `strides=`: `2` or `(2, 1)`; the window when not given.
+    pub fn strides(mut self, strides: impl Into<Size2>) -> MaxPool2D {
+        self.strides = Some(strides.into().0);
+        self
+    }
+
+    /// `padding='valid'` or `'same'`.
+    pub fn padding(mut self, padding: Padding) -> MaxPool2D {
+        self.padding = padding;
+        self
+    }
+
+    /// The windows over one image of `input_shape` (`n = 1`).
+    fn geometry(&self, input_shape: &[usize]) -> Result<Pool2dShape> {
+        let (h, w, c) = image_shape("MaxPool2D", input_shape)?;
+        let pool = (self.pool_size[0], self.pool_size[1]);
+        let strides = self.strides.unwrap_or(self.pool_size);
+        let strides = (strides[0], strides[1]);
+        if pool.0 == 0 || pool.1 == 0 || strides.0 == 0 || strides.1 == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "MaxPool2D: pool_size {pool:?} and strides {strides:?} must be positive"
+            )));
+        }
+        Ok(Pool2dShape {
+            n: 1,
+            h,
+            w,
+            c,
+            pool,
+            strides,
+            padding: self.padding,
+        })
     }
 }
 
@@ -903,21 +948,17 @@ impl Layer for MaxPool2D {
     }
 
     fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>> {
-        if self.pool_size != 2 {
-            return Err(Error::InvalidArgument(format!(
-                "MaxPool2D: pool_size={} is not supported; only pool_size=2",
-                self.pool_size
-            )));
-        }
-        let (h, w, c) = image_shape("MaxPool", input_shape)?;
-        if h < 2 || w < 2 {
+        let s = self.geometry(input_shape)?;
+        let (oh, ow) = s.out_hw();
+        if oh == 0 || ow == 0 {
+            let [ph, pw] = self.pool_size;
             return Err(bad_input(
                 "MaxPool",
                 input_shape,
-                ": a 2x2 pool needs at least 2x2 pixels".into(),
+                format!(": a {ph}x{pw} pool with padding='valid' needs at least {ph}x{pw} pixels"),
             ));
         }
-        Ok(vec![h / 2, w / 2, c])
+        Ok(vec![oh, ow, s.c])
     }
 
     fn build(&mut self, input_shape: &[usize], _seed: u64, _device: &LogicalDevice) -> Result<()> {
@@ -933,11 +974,14 @@ impl Layer for MaxPool2D {
     }
 
     fn is_max_pool_2x2(&self) -> bool {
-        self.pool_size == 2
+        self.pool_size == [2, 2]
+            && self.strides.unwrap_or(self.pool_size) == [2, 2]
+            && self.padding == Padding::Valid
     }
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
-        let y = ops::max_pool2d(x)?;
+        let s = self.geometry(x.shape().get(1..).unwrap_or_default())?;
+        let y = ops::max_pool2d_window(x, s.pool, s.strides, s.padding)?;
         Ok((y, vec![x.clone()]))
     }
 
@@ -949,7 +993,10 @@ impl Layer for MaxPool2D {
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
         let [x] = saved::<1>("MaxPool2D", saved_tensors)?;
         let dx = if need_dx {
-            Some(ops::max_pool2d_backward(&x, dy)?)
+            let s = self.geometry(x.shape().get(1..).unwrap_or_default())?;
+            Some(ops::max_pool2d_window_backward(
+                &x, dy, s.pool, s.strides, s.padding,
+            )?)
         } else {
             None
         };

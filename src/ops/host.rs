@@ -612,6 +612,23 @@ impl NnKernels for HostKernels {
         Ok(())
     }
 
+    fn max_pool2d_window(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
+        cpu::pooling::max_pool2d(Inputs::lock(&[x]).f32(0), write(y).f32(), s);
+        Ok(())
+    }
+
+    fn max_pool2d_window_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &Pool2dShape,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[x, dy]);
+        cpu::pooling::max_pool2d_backward(r.f32(0), r.f32(1), write(dx).f32(), s);
+        Ok(())
+    }
+
     fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
         let r = Inputs::lock(&[x]);
         if max {

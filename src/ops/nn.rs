@@ -169,6 +169,16 @@ pub(crate) trait NnKernels {
     fn avg_pool2d(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()>;
     /// Its gradient w.r.t. the input.
     fn avg_pool2d_backward(&self, dy: &Tensor, dx: &Tensor, s: &Pool2dShape) -> Result<()>;
+    /// Max pooling over the windows of `s` (the 2×2 'valid' one has [`NnKernels::maxpool`]).
+    fn max_pool2d_window(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()>;
+    /// Its gradient: each `dy` added at its window's first maximum in `x`.
+    fn max_pool2d_window_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &Pool2dShape,
+    ) -> Result<()>;
     /// `y[n, c]`: the mean (or, `max`, the maximum) over each image's pixels (`s.h`×`s.w`).
     fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()>;
     /// The global average's gradient: `dy[n, c] / (h w)` at every pixel.

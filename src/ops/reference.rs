@@ -830,6 +830,60 @@ pub fn avg_pool2d_backward(dy: &[f64], s: &Pool2dShape) -> Vec<f64> {
     dx
 }
 
+/// `tf.nn.max_pool2d`: each output the maximum of its window's elements inside the image.
+pub fn max_pool2d_window(x: &[f64], s: &Pool2dShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let mut y = vec![0.0; s.output_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                let (rows, cols) = pool2d_window(s, i, j);
+                for c in 0..s.c {
+                    let mut m = f64::NEG_INFINITY;
+                    for r in rows.clone() {
+                        for q in cols.clone() {
+                            m = m.max(x[((n * s.h + r) * s.w + q) * s.c + c]);
+                        }
+                    }
+                    y[((n * oh + i) * ow + j) * s.c + c] = m;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Gradient of [`max_pool2d_window`] (`tf.raw_ops.MaxPoolGrad`): each `dy` added at its
+/// window's first maximum in row-major order.
+pub fn max_pool2d_window_backward(x: &[f64], dy: &[f64], s: &Pool2dShape) -> Vec<f64> {
+    let (oh, ow) = s.out_hw();
+    let mut dx = vec![0.0; s.input_len()];
+    for n in 0..s.n {
+        for i in 0..oh {
+            for j in 0..ow {
+                let (rows, cols) = pool2d_window(s, i, j);
+                if rows.is_empty() || cols.is_empty() {
+                    continue;
+                }
+                for c in 0..s.c {
+                    let first = ((n * s.h + rows.start) * s.w + cols.start) * s.c + c;
+                    let mut best = (x[first], first);
+                    for r in rows.clone() {
+                        for q in cols.clone() {
+                            let at = ((n * s.h + r) * s.w + q) * s.c + c;
+                            if x[at] > best.0 {
+                                best = (x[at], at);
+                            }
+                        }
+                    }
+                    dx[best.1] += dy[((n * oh + i) * ow + j) * s.c + c];
+                }
+            }
+        }
+    }
+    dx
+}
+
 /// `[n, c]` means over the `hw` pixels of `x` `[n, hw, c]`.
 pub fn global_avg_pool(x: &[f64], n: usize, hw: usize, c: usize) -> Vec<f64> {
     let mut y = vec![0.0; n * c];

@@ -1,7 +1,8 @@
-//! Pooling layers against TensorFlow: AveragePooling2D over several shapes, windows, strides
-//! and paddings, GlobalAveragePooling2D and GlobalMaxPooling2D (forward and input gradient).
+//! Pooling layers against TensorFlow: AveragePooling2D and MaxPooling2D over several shapes,
+//! windows, strides and paddings, GlobalAveragePooling2D and GlobalMaxPooling2D (forward and
+//! input gradient).
 
-use anygpu::nn::{AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling2D, Layer};
+use anygpu::nn::{AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling2D, Layer, MaxPool2D};
 
 use crate::common::golden::{Case, Golden};
 use crate::{check_layer, devices, padding, runtime};
@@ -21,6 +22,12 @@ fn golden_pooling_layers() {
             let layer: Box<dyn Layer> = match case.name {
                 n if n.starts_with("average_pooling2d") => Box::new(
                     AveragePooling2D::new(pair(&case, "pool_size"))
+                        .strides(pair(&case, "strides"))
+                        .padding(padding(&case)),
+                ),
+                n if n.starts_with("max_pooling2d") => Box::new(
+                    MaxPool2D::new()
+                        .pool_size(pair(&case, "pool_size"))
                         .strides(pair(&case, "strides"))
                         .padding(padding(&case)),
                 ),

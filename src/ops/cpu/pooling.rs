@@ -1,5 +1,5 @@
-//! Average pooling with any window, strides and padding, and the global poolings, on the CPU
-//! (the formulas of `shaders/pooling.wgsl`), parallel over images.
+//! Average and max pooling with any window, strides and padding, and the global poolings, on
+//! the CPU (the formulas of `shaders/pooling.wgsl`), parallel over images.
 
 use rayon::prelude::*;
 
@@ -77,6 +77,83 @@ pub(crate) fn avg_pool2d_backward(dy: &[f32], dx: &mut [f32], s: &Pool2dShape) {
                             *d += g * inv;
                         }
                     }
+                }
+            }
+        }
+    });
+}
+
+/// `y` `[n, oh, ow, c]`: the maximum of each window's elements inside the image (`'same'`
+/// padding never wins, as in TensorFlow).
+pub(crate) fn max_pool2d(x: &[f32], y: &mut [f32], s: &Pool2dShape) {
+    let (oh, ow) = s.out_hw();
+    let (image, out) = (s.h * s.w * s.c, oh * ow * s.c);
+    if out == 0 || s.c == 0 {
+        return;
+    }
+    let pad = s.pad_top_left();
+    y.par_chunks_mut(out)
+        .zip(x.par_chunks(image))
+        .for_each(|(y, x)| {
+            for i in 0..oh {
+                for j in 0..ow {
+                    let [r0, r1, q0, q1] = window(s, pad, i, j);
+                    let yo = &mut y[(i * ow + j) * s.c..][..s.c];
+                    yo.fill(f32::NEG_INFINITY);
+                    for r in r0..r1 {
+                        for q in q0..q1 {
+                            let xi = &x[(r * s.w + q) * s.c..][..s.c];
+                            for (y, &x) in yo.iter_mut().zip(xi) {
+                                *y = y.max(x);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+}
+
+/// `dx` `[n, h, w, c]`: each `dy` added at its window's first maximum in row-major order
+/// (TensorFlow's `MaxPoolGrad`), 0 where no window's maximum lies.
+pub(crate) fn max_pool2d_backward(x: &[f32], dy: &[f32], dx: &mut [f32], s: &Pool2dShape) {
+    let (oh, ow) = s.out_hw();
+    let (image, out) = (s.h * s.w * s.c, oh * ow * s.c);
+    if image == 0 {
+        return;
+    }
+    let pad = s.pad_top_left();
+    dx.par_chunks_mut(image).enumerate().for_each(|(b, dx)| {
+        dx.fill(0.0);
+        if out == 0 {
+            return;
+        }
+        let (x, dy) = (&x[b * image..][..image], &dy[b * out..][..out]);
+        // Per channel: the window's maximum so far and where it is.
+        let (mut best, mut at) = (vec![0.0f32; s.c], vec![0usize; s.c]);
+        for i in 0..oh {
+            for j in 0..ow {
+                let [r0, r1, q0, q1] = window(s, pad, i, j);
+                if r0 == r1 || q0 == q1 {
+                    continue;
+                }
+                // The first element, then only a strictly greater one: ties keep the first.
+                let first = (r0 * s.w + q0) * s.c;
+                best.copy_from_slice(&x[first..][..s.c]);
+                at.fill(first);
+                for r in r0..r1 {
+                    for q in q0..q1 {
+                        let base = (r * s.w + q) * s.c;
+                        for (k, &v) in x[base..][..s.c].iter().enumerate() {
+                            if v > best[k] {
+                                best[k] = v;
+                                at[k] = base;
+                            }
+                        }
+                    }
+                }
+                let g = &dy[(i * ow + j) * s.c..][..s.c];
+                for (k, (&g, &base)) in g.iter().zip(&at).enumerate() {
+                    dx[base + k] += g;
                 }
             }
         }

@@ -1619,6 +1619,20 @@ impl NnKernels for GpuKernels<'_> {
         self.avg_pool2d_backward_impl(dy, dx, s)
     }
 
+    fn max_pool2d_window(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
+        self.max_pool2d_window_impl(x, y, s)
+    }
+
+    fn max_pool2d_window_backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &Pool2dShape,
+    ) -> Result<()> {
+        self.max_pool2d_window_backward_impl(x, dy, dx, s)
+    }
+
     fn global_pool(&self, max: bool, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
         self.global_pool_impl(max, x, y, s)
     }

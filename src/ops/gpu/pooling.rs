@@ -1,5 +1,5 @@
-//! `pooling.wgsl` driven: average pooling with any window, strides and padding, and the global
-//! poolings, with their gradients; one output (or gathered input) element per invocation.
+//! `pooling.wgsl` driven: average and max pooling with any window, strides and padding, and the
+//! global poolings, with their gradients; one output (or gathered input) element per invocation.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -15,6 +15,8 @@ const fn pooling(entry: &'static str) -> Kernel {
 
 pub(crate) const AVGPOOL: Kernel = pooling("avgpool");
 pub(crate) const AVGPOOL_BWD: Kernel = pooling("avgpool_bwd");
+pub(crate) const MAXPOOL: Kernel = pooling("maxpool");
+pub(crate) const MAXPOOL_BWD: Kernel = pooling("maxpool_bwd");
 pub(crate) const GLOBAL_AVG: Kernel = pooling("global_avg");
 pub(crate) const GLOBAL_AVG_BWD: Kernel = pooling("global_avg_bwd");
 pub(crate) const GLOBAL_MAX: Kernel = pooling("global_max");
@@ -104,6 +106,37 @@ impl GpuKernels<'_> {
         // read; dx stands in for the empty binding.
         let dy = if dy.is_empty() { dx } else { dy };
         self.launch(AVGPOOL_BWD, &p, &[dy, dx], grid_1d(items, 256))
+    }
+
+    pub(crate) fn max_pool2d_window_impl(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        s: &Pool2dShape,
+    ) -> Result<()> {
+        let items = s.output_len();
+        if items == 0 {
+            return Ok(());
+        }
+        let p = PoolingParams::windows(s, items);
+        self.launch(MAXPOOL, &p, &[x, y], grid_1d(items, 256))
+    }
+
+    pub(crate) fn max_pool2d_window_backward_impl(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        s: &Pool2dShape,
+    ) -> Result<()> {
+        let items = s.input_len();
+        if items == 0 {
+            return Ok(());
+        }
+        let p = PoolingParams::windows(s, items);
+        // As in avg_pool2d_backward_impl: with no output, dx stands in for the empty dy.
+        let dy = if dy.is_empty() { dx } else { dy };
+        self.launch(MAXPOOL_BWD, &p, &[x, dy, dx], grid_1d(items, 256))
     }
 
     pub(crate) fn global_pool_impl(

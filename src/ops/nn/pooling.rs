@@ -1,5 +1,6 @@
-//! Average pooling with any window, strides and padding, and the global poolings: the ops of
-//! Keras' `AveragePooling2D`, `GlobalAveragePooling2D` and `GlobalMaxPooling2D`.
+//! Average and max pooling with any window, strides and padding, and the global poolings: the
+//! ops of Keras' `AveragePooling2D`, `MaxPooling2D`, `GlobalAveragePooling2D` and
+//! `GlobalMaxPooling2D`.
 
 use crate::error::{Error, Result};
 use crate::ops::gpu::pooling as gp;
@@ -12,12 +13,14 @@ use super::{float_dtype, mismatch, op, rank4};
 
 const AVG_POOL: OpInfo = op("AvgPool", &[gp::AVGPOOL]);
 const AVG_POOL_GRAD: OpInfo = op("AvgPoolGrad", &[gp::AVGPOOL_BWD]);
+const MAX_POOL: OpInfo = op("MaxPool", &[gp::MAXPOOL]);
+const MAX_POOL_GRAD: OpInfo = op("MaxPoolGrad", &[gp::MAXPOOL_BWD]);
 const GLOBAL_AVG: OpInfo = op("Mean", &[gp::GLOBAL_AVG]);
 const GLOBAL_AVG_GRAD: OpInfo = op("MeanGrad", &[gp::GLOBAL_AVG_BWD]);
 const GLOBAL_MAX: OpInfo = op("Max", &[gp::GLOBAL_MAX]);
 const GLOBAL_MAX_GRAD: OpInfo = op("MaxGrad", &[gp::GLOBAL_MAX_BWD]);
 
-/// The window geometry of an average pool over `x_shape` `[n, h, w, c]`, checked.
+/// The window geometry of a pool over `x_shape` `[n, h, w, c]`, checked.
 fn pool2d_shape(
     name: &'static str,
     x_shape: &[usize],
@@ -103,6 +106,85 @@ pub fn avg_pool2d_backward(
     run(&AVG_POOL_GRAD, &[dy], |device, moved| {
         let dx = Tensor::uninit(x_shape, dtype, device)?;
         with_kernels(device, |_, nk| nk.avg_pool2d_backward(&moved[0], &dx, &s))?;
+        Ok(dx)
+    })
+}
+
+/// Whether `s` is the tutorial's pool (2×2, stride 2, 'valid'), which has its own tuned
+/// kernels ([`super::max_pool2d`]).
+fn is_two_by_two(s: &Pool2dShape) -> bool {
+    s.pool == (2, 2) && s.strides == (2, 2) && s.padding == Padding::Valid
+}
+
+/// Max pooling (`tf.nn.max_pool2d(x, pool, strides, padding)`, Keras' `MaxPooling2D`):
+/// `[n, h, w, c]` → `[n, oh, ow, c]`, each output the maximum of its window's elements inside
+/// the image (`'same'` padding never wins). The 2×2, stride-2 `'valid'` pool runs the tuned
+/// kernels of [`super::max_pool2d`].
+///
+/// ```
+/// use anygpu::ops::{self, spec::Padding};
+/// use anygpu::Tensor;
+/// let x = Tensor::from_vec((1..=9).map(|v| v as f32).collect(), &[1, 3, 3, 1])?;
+/// // 3×3 windows, stride 2, 'same': {1,2,4,5}, {2,3,5,6}, {4,5,7,8}, {5,6,8,9}.
+/// let y = ops::max_pool2d_window(&x, (3, 3), (2, 2), Padding::Same)?;
+/// assert_eq!(y.to_vec::<f32>()?, [5.0, 6.0, 8.0, 9.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// A tensor that is not float or not rank 4; a zero window or stride.
+pub fn max_pool2d_window(
+    x: &Tensor,
+    pool: (usize, usize),
+    strides: (usize, usize),
+    padding: Padding,
+) -> Result<Tensor> {
+    let name = MAX_POOL.name;
+    let dtype = float_dtype(name, &[x])?;
+    let s = pool2d_shape(name, x.shape(), pool, strides, padding)?;
+    if is_two_by_two(&s) {
+        return super::max_pool2d(x);
+    }
+    let (oh, ow) = s.out_hw();
+    run(&MAX_POOL, &[x], |device, moved| {
+        let y = Tensor::uninit(&[s.n, oh, ow, s.c], dtype, device)?;
+        with_kernels(device, |_, nk| nk.max_pool2d_window(&moved[0], &y, &s))?;
+        Ok(y)
+    })
+}
+
+/// Gradient of [`max_pool2d_window`] (`tf.raw_ops.MaxPoolGrad`): each `dy` added at its
+/// window's first maximum in row-major order (recomputed from `x`), 0 elsewhere.
+///
+/// # Errors
+/// As [`max_pool2d_window`]; a `dy` that is not the pooled shape.
+pub fn max_pool2d_window_backward(
+    x: &Tensor,
+    dy: &Tensor,
+    pool: (usize, usize),
+    strides: (usize, usize),
+    padding: Padding,
+) -> Result<Tensor> {
+    let name = MAX_POOL_GRAD.name;
+    let dtype = float_dtype(name, &[x, dy])?;
+    let s = pool2d_shape(name, x.shape(), pool, strides, padding)?;
+    let (oh, ow) = s.out_hw();
+    if dy.shape() != [s.n, oh, ow, s.c] {
+        return Err(mismatch(
+            name,
+            x.shape(),
+            dy.shape(),
+            format!(": dy must have the pooled shape {:?}", [s.n, oh, ow, s.c]),
+        ));
+    }
+    if is_two_by_two(&s) {
+        return super::max_pool2d_backward(x, dy);
+    }
+    run(&MAX_POOL_GRAD, &[x, dy], |device, moved| {
+        let dx = Tensor::uninit(x.shape(), dtype, device)?;
+        with_kernels(device, |_, nk| {
+            nk.max_pool2d_window_backward(&moved[0], &moved[1], &dx, &s)
+        })?;
         Ok(dx)
     })
 }
