@@ -441,6 +441,86 @@ fn mirrored_replicas_average_their_moving_statistics() {
     }
 }
 
+fn conv_bn_model(seed: u64, synchronized: bool) -> anygpu::Result<Sequential> {
+    let mut m = Sequential::with_seed(seed);
+    m.add(
+        Conv2D::new(4, 3)
+            .padding(Padding::Same)
+            .activation(Activation::Relu)
+            .input_shape(&[8, 8, 1]),
+    )?;
+    m.add(
+        BatchNormalization::new()
+            .momentum(0.9)
+            .synchronized(synchronized),
+    )?;
+    m.add(Flatten::new())?;
+    m.add(Dense::new(3).activation(Activation::Softmax))?;
+    compiled(m, Sgd::new(0.1).into())
+}
+
+/// Every weight of `m` (moving statistics included), flattened.
+fn all_weights(m: &Sequential) -> Vec<f32> {
+    m.named_weights()
+        .iter()
+        .flat_map(|(_, t)| read(t))
+        .collect()
+}
+
+#[test]
+fn synchronized_batch_norm_makes_a_mirrored_step_the_whole_batch_step() {
+    let rt = common::builder().virtual_cpus(2).build().expect("2 CPUs");
+    let cpus = rt.list_logical_devices("CPU").expect("CPUs");
+    let mut sets = vec![cpus.clone()];
+    if let Some(gpu) = rt.list_logical_devices("GPU").expect("GPUs").first() {
+        sets.push(vec![cpus[0].clone(), gpu.clone()]);
+    }
+    // Halves with different statistics: the first half's pixels tripled.
+    let data: Vec<(Tensor, Tensor)> = batches(16 * 3, 16, &cpus[0])
+        .into_iter()
+        .map(|(x, y)| {
+            let mut v = read(&x);
+            let half = v.len() / 2;
+            v[..half].iter_mut().for_each(|p| *p *= 3.0);
+            (on(&cpus[0], &v, x.shape()), y)
+        })
+        .collect();
+    for replicas in sets {
+        let mut single = scoped(&replicas[0], || conv_bn_model(5, true)).expect("builds");
+        let strategy = MirroredStrategy::with_devices(&replicas).expect("a strategy");
+        let mirrored = |synchronized| {
+            strategy
+                .scope(|| conv_bn_model(5, synchronized))
+                .expect("one scope")
+                .expect("builds")
+        };
+        let (mut synced, mut unsynced) = (mirrored(true), mirrored(false));
+        for (step, (x, y)) in data.iter().enumerate() {
+            let want = single.train_on_batch(x, y).expect("one device");
+            let got = synced.train_on_batch(x, y).expect("synchronized");
+            unsynced.train_on_batch(x, y).expect("unsynchronized");
+            let what = format!("{replicas:?} step {step}");
+            common::assert_close(&format!("{what}: loss"), &[got], &[want], 1e-5);
+            common::assert_close(
+                &format!("{what}: weights and moving statistics"),
+                &all_weights(&synced),
+                &all_weights(&single),
+                1e-5,
+            );
+        }
+        // The test tells the two apart: each replica's own statistics give other weights.
+        let apart = all_weights(&unsynced)
+            .iter()
+            .zip(all_weights(&single))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            apart > 1e-3,
+            "{replicas:?}: unsynchronized is as close ({apart})"
+        );
+    }
+}
+
 #[test]
 fn a_pipelined_model_normalizes_per_device() {
     let rt = common::builder().virtual_cpus(2).build().expect("2 CPUs");

@@ -41,6 +41,7 @@ use crate::nn::layers::{set_variable, variables, Layer};
 use crate::nn::objective::Objective;
 use crate::nn::optimizer::{Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
+use crate::nn::replica_group::{self, ReplicaGroup};
 use crate::nn::step_output::{HostPart, StepOutput, StepPart};
 use crate::tensor::{DType, Direction, Tensor};
 
@@ -521,6 +522,7 @@ pub(crate) fn train_step(
         &shards,
         loss,
         (&grad_packs, &lens, trainable, total_replicas),
+        workers.is_some(),
     );
     // A worker of a multi-worker job says how its part went before anyone waits for its
     // gradients, so that a failed worker stops every worker instead of leaving them waiting.
@@ -614,23 +616,31 @@ pub(crate) fn train_step(
 }
 
 /// Phase 1 of a step: each replica's loss terms, and its packed gradients (`[pack][replica]`);
-/// a replica without examples contributes zeros.
+/// a replica without examples contributes zeros. The replicas with examples form the step's
+/// [`ReplicaGroup`] (for `BatchNormalization(synchronized=True)`).
 fn replica_packs(
     replicas: &[ReplicaView<'_>],
     batch: HostBatch<'_>,
     shards: &[Shard],
     loss: (&Objective, f32),
     (grad_packs, lens, trainable, total_replicas): (&[Range<usize>], &[usize], usize, usize),
+    multi_worker: bool,
 ) -> Result<(Vec<StepPart>, Vec<Vec<Tensor>>)> {
+    let working = shards.iter().filter(|s| s.rows > 0).count();
+    let group = ReplicaGroup::new(working, multi_worker);
+    let mut member = 0..;
     let jobs: Vec<Job<'_, Option<ReplicaGrads>>> = replicas
         .iter()
         .zip(shards)
         .map(|(r, &shard)| {
-            let job = move || match shard.rows {
-                0 => Ok(None),
-                _ => {
-                    replica_gradients(r, batch, shard, loss, (grad_packs, total_replicas)).map(Some)
-                }
+            let index = if shard.rows > 0 { member.next() } else { None };
+            let group = group.clone();
+            let job = move || match index {
+                None => Ok(None),
+                Some(i) => replica_group::run_in(&group, i, r.device.name(), || {
+                    replica_gradients(r, batch, shard, loss, (grad_packs, total_replicas))
+                })
+                .map(Some),
             };
             (
                 r.device.name(),

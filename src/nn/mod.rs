@@ -60,6 +60,7 @@ mod optimizer;
 mod pass;
 mod pipeline;
 mod pooling;
+mod replica_group;
 mod schedules;
 mod sequential;
 mod step_output;

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::init::zeros;
 use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
+use crate::nn::replica_group::{self, ReplicaGroup};
 use crate::ops::{self, spec::DropoutMask, BatchNormVariables};
 use crate::tensor::Tensor;
 
@@ -41,12 +42,17 @@ fn ones(shape: &[usize], device: &LogicalDevice) -> Result<Tensor> {
 ///
 /// Under a [`crate::distribute::MirroredStrategy`] each replica normalizes with its own
 /// batch statistics (Keras' default `synchronized=False`) and the replicas' moving statistics
-/// are averaged after every step, so that they agree. In a [`crate::nn::Pipeline`] each
-/// micro-batch is normalized with its own statistics and moves the moving ones.
+/// are averaged after every step, so that they agree. With
+/// [`synchronized(true)`](BatchNormalization::synchronized) the replicas normalize with the
+/// moments of the whole global batch (their sums added across replicas in training, forward
+/// and backward), so a mirrored step computes what one device computes on the whole batch. In
+/// a [`crate::nn::Pipeline`] each micro-batch is normalized with its own statistics and moves
+/// the moving ones.
 ///
 /// Differences from Keras: `axis=-1` only (the last axis, for inputs of shape `[features]` or
-/// `[height, width, channels]`); no `synchronized=True`, renorm, masks, regularizers or
-/// constraints; fixed initializers.
+/// `[height, width, channels]`); `synchronized=True` within one process (a
+/// `MultiWorkerMirroredStrategy` refuses it); no renorm, masks, regularizers or constraints;
+/// fixed initializers.
 #[derive(Debug, Clone)]
 pub struct BatchNormalization {
     axis: isize,
@@ -54,6 +60,7 @@ pub struct BatchNormalization {
     epsilon: f32,
     center: bool,
     scale: bool,
+    synchronized: bool,
     input_shape: Option<Vec<usize>>,
     policy: Option<Policy>,
     /// `[gamma?, beta?]` once built.
@@ -71,7 +78,8 @@ impl Default for BatchNormalization {
 }
 
 impl BatchNormalization {
-    /// Keras' defaults: `axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True`.
+    /// Keras' defaults: `axis=-1, momentum=0.99, epsilon=1e-3, center=True, scale=True,
+    /// synchronized=False`.
     pub fn new() -> BatchNormalization {
         BatchNormalization {
             axis: -1,
@@ -79,6 +87,7 @@ impl BatchNormalization {
             epsilon: 1e-3,
             center: true,
             scale: true,
+            synchronized: false,
             input_shape: None,
             policy: None,
             weights: Vec::new(),
@@ -116,6 +125,180 @@ impl BatchNormalization {
     pub fn scale(mut self, scale: bool) -> BatchNormalization {
         self.scale = scale;
         self
+    }
+
+    /// `synchronized=`: under a [`crate::distribute::MirroredStrategy`], normalize each
+    /// replica's examples with the moments of the global batch (the replicas' sums added
+    /// before normalizing, and the gradient's sums likewise in the backward pass) instead of
+    /// its own. Costs a rendezvous of the replicas and two small reads from each device per
+    /// layer and pass; the same as `false` on one device.
+    ///
+    /// ```
+    /// use anygpu::distribute::MirroredStrategy;
+    /// use anygpu::nn::{Activation, BatchNormalization, Dense, Loss, Sequential, Sgd};
+    /// use anygpu::{Runtime, Tensor};
+    /// let rt = Runtime::builder().virtual_cpus(2).build()?;
+    /// let strategy = MirroredStrategy::with_devices(&rt.list_logical_devices("CPU")?)?;
+    /// let mut model = strategy.scope(|| {
+    ///     let mut m = Sequential::with_seed(1);
+    ///     m.add(Dense::new(4).input_shape(&[3]))?;
+    ///     m.add(BatchNormalization::new().synchronized(true))?;
+    ///     m.add(Dense::new(2).activation(Activation::Softmax))?;
+    ///     m.compile(Loss::sparse_categorical_crossentropy(), Sgd::new(0.1), &[])?;
+    ///     Ok::<_, anygpu::Error>(m)
+    /// })??;
+    /// let x = Tensor::from_vec((0..24).map(|v| v as f32 / 24.0).collect(), &[8, 3])?;
+    /// let y = Tensor::from_vec(vec![0i32, 1, 0, 1, 1, 0, 1, 0], &[8])?;
+    /// assert!(model.train_on_batch(&x, &y)?.is_finite());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn synchronized(mut self, synchronized: bool) -> BatchNormalization {
+        self.synchronized = synchronized;
+        self
+    }
+
+    /// The replica group to synchronize over: the running mirrored step's, when
+    /// `synchronized` and it has several replicas.
+    ///
+    /// # Errors
+    /// A step that spans workers: the group holds only this worker's replicas.
+    fn sync_group(&self) -> Result<Option<(std::sync::Arc<ReplicaGroup>, usize)>> {
+        if !self.synchronized {
+            return Ok(None);
+        }
+        match replica_group::current() {
+            Some((group, _)) if group.multi_worker() => Err(Error::Model(
+                "BatchNormalization(synchronized=True) is not supported under \
+                 MultiWorkerMirroredStrategy: it synchronizes the replicas of one process only; \
+                 use synchronized=False (each replica's own statistics)"
+                    .into(),
+            )),
+            Some((group, index)) if group.size() > 1 => Ok(Some((group, index))),
+            _ => Ok(None),
+        }
+    }
+
+    /// A training pass normalized with the moments of every replica of `group`: this
+    /// replica's moments (from the training kernel, with stand-ins for the moving statistics)
+    /// are summed over the group, `x` is normalized with the sums' mean and biased variance
+    /// (by the inference kernel), and the moving statistics move by them once. Keeps
+    /// `[x, [mean; inv], mean, variance]`.
+    fn call_synchronized(
+        &self,
+        x: &Tensor,
+        v: BatchNormVariables<'_>,
+        (group, index): (&ReplicaGroup, usize),
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let device = x.device_handle();
+        let c = v.gamma.len();
+        let (stand_in_mean, stand_in_var) = (zeros(&[c], device)?, ones(&[c], device)?);
+        let own = BatchNormVariables {
+            moving_mean: &stand_in_mean,
+            moving_variance: &stand_in_var,
+            ..v
+        };
+        let (_, stats) = ops::batch_normalization_training(x, own, self.momentum, self.epsilon)?;
+        let stats = stats.to_vec::<f32>()?;
+        let (mean, inv) = stats.split_at(c);
+        // Per channel: the count, Σx and Σx² of this replica, in f64 (its mean and variance
+        // are float32 values, exact in f64).
+        let m = (x.len() / c.max(1)) as f64;
+        let eps = f64::from(self.epsilon);
+        let mut part = vec![m];
+        part.extend(mean.iter().map(|&u| m * f64::from(u)));
+        part.extend(mean.iter().zip(inv).map(|(&u, &i)| {
+            let var = (1.0 / f64::from(i).powi(2) - eps).max(0.0);
+            m * (var + f64::from(u).powi(2))
+        }));
+        let what = "BatchNormalization(synchronized=True): the batch moments";
+        let sum = group.all_reduce_sum(index, part, what)?;
+        let total = sum[0];
+        let global_mean: Vec<f64> = sum[1..=c].iter().map(|s| s / total).collect();
+        let global_var: Vec<f32> = global_mean
+            .iter()
+            .zip(&sum[1 + c..])
+            .map(|(u, sq)| (sq / total - u * u).max(0.0) as f32)
+            .collect();
+        let global_mean: Vec<f32> = global_mean.iter().map(|&u| u as f32).collect();
+        let mean_t = Tensor::from_slice_on(&global_mean, &[c], device)?;
+        let var_t = Tensor::from_slice_on(&global_var, &[c], device)?;
+        let y = ops::batch_normalization_inference(
+            x,
+            BatchNormVariables {
+                moving_mean: &mean_t,
+                moving_variance: &var_t,
+                ..v
+            },
+            self.epsilon,
+        )?;
+        // The moving statistics move as the training kernel moves them, by the group's moments.
+        let one_minus = 1.0 - self.momentum;
+        for (moving, batch) in [
+            (v.moving_mean, &global_mean),
+            (v.moving_variance, &global_var),
+        ] {
+            let old = moving.to_vec::<f32>()?;
+            let new: Vec<f32> = old
+                .iter()
+                .zip(batch)
+                .map(|(m, b)| m * self.momentum + b * one_minus)
+                .collect();
+            moving.assign(&Tensor::from_slice_on(&new, &[c], device)?)?;
+        }
+        let mut global_stats = global_mean;
+        global_stats.extend(global_var.iter().map(|v| 1.0 / (v + self.epsilon).sqrt()));
+        let global_stats = Tensor::from_slice_on(&global_stats, &[2, c], device)?;
+        Ok((y, vec![x.clone(), global_stats, mean_t, var_t]))
+    }
+
+    /// The gradients of [`BatchNormalization::call_synchronized`]: the gradient kernel's
+    /// `dx` uses this replica's sums `Σdy` and `Σdy·x̂`; with the group's sums over all `M`
+    /// rows, `dx += gamma·inv·((Σdy/m - ΣΣdy/M) + x̂·(Σdy·x̂/m - ΣΣdy·x̂/M))`, a per-channel
+    /// affine map of `x̂` that the inference kernel computes. `dgamma` and `dbeta` stay this
+    /// replica's: the strategy adds them up like every gradient.
+    fn backward_synchronized(
+        &self,
+        saved: [Tensor; 4],
+        dy: &Tensor,
+        (group, index): (&ReplicaGroup, usize),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let [x, stats, mean_t, var_t] = saved;
+        let (gamma, _) = self.gamma_beta()?;
+        let (dx, dgamma, dbeta) =
+            ops::batch_normalization_backward(&x, dy, gamma, &stats, self.epsilon)?;
+        let c = gamma.len();
+        let m = (x.len() / c.max(1)) as f64;
+        let (dg, db) = (dgamma.to_vec::<f32>()?, dbeta.to_vec::<f32>()?);
+        let mut part = vec![m];
+        part.extend(dg.iter().chain(&db).map(|&v| f64::from(v)));
+        let what = "BatchNormalization(synchronized=True): the gradient sums";
+        let sum = group.all_reduce_sum(index, part, what)?;
+        let total = sum[0];
+        let (g, inv) = (gamma.to_vec::<f32>()?, stats.to_vec::<f32>()?);
+        let per_channel = |k: usize, own: f32, all: f64| {
+            let step = f64::from(own) / m - all / total;
+            (f64::from(g[k]) * f64::from(inv[c + k]) * step) as f32
+        };
+        let scale: Vec<f32> = (0..c).map(|k| per_channel(k, dg[k], sum[1 + k])).collect();
+        let shift: Vec<f32> = (0..c)
+            .map(|k| per_channel(k, db[k], sum[1 + c + k]))
+            .collect();
+        let device = x.device_handle();
+        let (scale, shift) = (
+            Tensor::from_slice_on(&scale, &[c], device)?,
+            Tensor::from_slice_on(&shift, &[c], device)?,
+        );
+        let correction = ops::batch_normalization_inference(
+            &x,
+            BatchNormVariables {
+                gamma: &scale,
+                beta: &shift,
+                moving_mean: &mean_t,
+                moving_variance: &var_t,
+            },
+            self.epsilon,
+        )?;
+        Ok((dx.add(&correction)?, dgamma, dbeta))
     }
 
     /// `input_shape=`, for the first layer of a model.
@@ -282,6 +465,9 @@ impl Layer for BatchNormalization {
             let y = ops::batch_normalization_inference(x, v, self.epsilon)?;
             return Ok((y, Vec::new()));
         }
+        if let Some((group, index)) = self.sync_group()? {
+            return self.call_synchronized(x, v, (&group, index));
+        }
         let (y, stats) = ops::batch_normalization_training(x, v, self.momentum, self.epsilon)?;
         Ok((y, vec![x.clone(), stats]))
     }
@@ -292,10 +478,21 @@ impl Layer for BatchNormalization {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
-        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
-        let (gamma, _) = self.gamma_beta()?;
-        let (dx, dgamma, dbeta) =
-            ops::batch_normalization_backward(&x, dy, gamma, &stats, self.epsilon)?;
+        let (dx, dgamma, dbeta) = if saved_tensors.len() == 4 {
+            let group = self.sync_group()?.ok_or_else(|| {
+                Error::Model(
+                    "BatchNormalization(synchronized=True): the backward pass runs outside the \
+                     mirrored step whose forward pass it follows"
+                        .into(),
+                )
+            })?;
+            let saved = saved::<4>("BatchNormalization", saved_tensors)?;
+            self.backward_synchronized(saved, dy, (&group.0, group.1))?
+        } else {
+            let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
+            let (gamma, _) = self.gamma_beta()?;
+            ops::batch_normalization_backward(&x, dy, gamma, &stats, self.epsilon)?
+        };
         let mut grads = Vec::new();
         if self.scale {
             grads.push(dgamma);
