@@ -281,8 +281,8 @@ fn batch_norm_refuses_other_ranks_and_axes_naming_the_value() {
         .is_ok());
 }
 
-/// Conv2D (ReLU) → BatchNormalization → Dropout → Flatten → Dense (softmax), 8×8×1 → 3.
-fn conv_bn_dropout_model(seed: u64) -> anygpu::Result<Sequential> {
+/// Conv2D (ReLU) → `bn` → Dropout (with `dropout`) → Flatten → Dense (softmax), 8×8×1 → 3.
+fn conv_bn(seed: u64, bn: BatchNormalization, dropout: bool) -> anygpu::Result<Sequential> {
     let mut m = Sequential::with_seed(seed);
     m.add(
         Conv2D::new(4, 3)
@@ -290,11 +290,17 @@ fn conv_bn_dropout_model(seed: u64) -> anygpu::Result<Sequential> {
             .activation(Activation::Relu)
             .input_shape(&[8, 8, 1]),
     )?;
-    m.add(BatchNormalization::new().momentum(0.9))?;
-    m.add(Dropout::new(0.2))?;
+    m.add(bn)?;
+    if dropout {
+        m.add(Dropout::new(0.2))?;
+    }
     m.add(Flatten::new())?;
     m.add(Dense::new(3).activation(Activation::Softmax))?;
     Ok(m)
+}
+
+fn conv_bn_dropout_model(seed: u64) -> anygpu::Result<Sequential> {
+    conv_bn(seed, BatchNormalization::new().momentum(0.9), true)
 }
 
 fn batches(n: usize, batch: usize, dev: &LogicalDevice) -> Vec<(Tensor, Tensor)> {
@@ -442,21 +448,10 @@ fn mirrored_replicas_average_their_moving_statistics() {
 }
 
 fn conv_bn_model(seed: u64, synchronized: bool) -> anygpu::Result<Sequential> {
-    let mut m = Sequential::with_seed(seed);
-    m.add(
-        Conv2D::new(4, 3)
-            .padding(Padding::Same)
-            .activation(Activation::Relu)
-            .input_shape(&[8, 8, 1]),
-    )?;
-    m.add(
-        BatchNormalization::new()
-            .momentum(0.9)
-            .synchronized(synchronized),
-    )?;
-    m.add(Flatten::new())?;
-    m.add(Dense::new(3).activation(Activation::Softmax))?;
-    compiled(m, Sgd::new(0.1).into())
+    let bn = BatchNormalization::new()
+        .momentum(0.9)
+        .synchronized(synchronized);
+    compiled(conv_bn(seed, bn, false)?, Sgd::new(0.1).into())
 }
 
 /// Every weight of `m` (moving statistics included), flattened.
