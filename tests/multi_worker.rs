@@ -7,7 +7,8 @@
 //! `CrossDeviceOps` under the MPI level, workers with different local replica counts in sync,
 //! `TF_CONFIG` that disagrees with MPI, loss scaling that skips a step on every worker, and
 //! workers out of step (different steps per epoch, models of different shapes, a panic on a
-//! kernel thread, a malformed batch on one worker) failing alike instead of hanging.
+//! kernel thread, a malformed batch on one worker) failing alike instead of hanging, and
+//! `BatchNormalization(synchronized=True)` refused on every worker.
 //!
 //! A binary of its own (`harness = false`): every worker must run the same collectives in the
 //! same order, so the cases run one after another on the main thread, in the order below.
@@ -31,8 +32,8 @@ use std::time::{Duration, Instant};
 use anygpu::data::Dataset;
 use anygpu::distribute::{HierarchicalAllReduce, MultiWorkerMirroredStrategy};
 use anygpu::nn::{
-    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss,
-    LossScaleOptimizer, Optimizer, Sequential, Sgd,
+    Activation, Adam, BackupAndRestore, BatchNormalization, Callback, CsvLogger, Dense, FitContext,
+    Flatten, Loss, LossScaleOptimizer, Optimizer, Sequential, Sgd,
 };
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
@@ -716,6 +717,34 @@ fn a_local_input_error_in_train_on_batch_fails_every_worker() {
     assert!(strategy.weights_in_sync(&model).expect("checksums"));
 }
 
+/// `BatchNormalization(synchronized=True)` synchronizes the replicas of one process only: a
+/// multi-worker step refuses it on every worker, naming the option, and updates nothing.
+fn synchronized_batch_norm_is_refused_on_every_worker() {
+    let (_rt, cpu, strategy) = cpu_worker();
+    let mut model = strategy
+        .scope(|| {
+            let mut m = Sequential::with_seed(4);
+            m.add(Flatten::new().input_shape(&[8, 8, 1]))?;
+            m.add(BatchNormalization::new().synchronized(true))?;
+            m.add(Dense::new(10).activation(Activation::Softmax))?;
+            common::compiled(m, Sgd::new(0.05).into())
+        })
+        .expect("scope")
+        .expect("a model");
+    let (x, y) = batches(&cpu, 8, 1).remove(0);
+    let before = model.get_weights().expect("weights");
+    let err = model
+        .train_on_batch(&x, &y)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("synchronized=True"), "{err}");
+    assert_eq!(
+        model.get_weights().expect("weights"),
+        before,
+        "an update ran"
+    );
+}
+
 /// `TF_CONFIG` describing another job fails on every worker, naming the worker and why.
 fn tf_config_that_disagrees_with_mpi_is_an_error() {
     let (_rt, cpu, probe) = cpu_worker();
@@ -851,7 +880,7 @@ fn main() {
         panic_on(k);
         return;
     }
-    let cases: [(&str, fn()); 16] = [
+    let cases: [(&str, fn()); 17] = [
         (
             "one_replica_per_worker_trains_like_one_process",
             one_replica_per_worker_trains_like_one_process,
@@ -907,6 +936,10 @@ fn main() {
         (
             "a_local_input_error_in_train_on_batch_fails_every_worker",
             a_local_input_error_in_train_on_batch_fails_every_worker,
+        ),
+        (
+            "synchronized_batch_norm_is_refused_on_every_worker",
+            synchronized_batch_norm_is_refused_on_every_worker,
         ),
         (
             "tf_config_that_disagrees_with_mpi_is_an_error",
