@@ -209,10 +209,13 @@ impl Args {
         let lr = self.lr;
         let schedule = modern.then(|| {
             let steps = (steps_per_epoch * self.epochs()) as u64;
-            models::cosine_decay(lr.unwrap_or(match name {
-                OptimizerName::Adam | OptimizerName::Adamw => adam_lr,
-                _ => sgd_lr,
-            }), steps)
+            models::cosine_decay(
+                lr.unwrap_or(match name {
+                    OptimizerName::Adam | OptimizerName::Adamw => adam_lr,
+                    _ => sgd_lr,
+                }),
+                steps,
+            )
         });
         // Each optimizer's own builder takes the schedule.
         macro_rules! scheduled {

@@ -117,8 +117,10 @@ mod tests {
         let mut model = build(&args, &[], optimizer).unwrap();
         assert_eq!(model.count_params(), 141_098);
         model.set_verbose(Verbosity::Silent);
-        let n = 16;
-        let x: Vec<f32> = (0..n * 784).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        let n: usize = 16;
+        let x: Vec<f32> = (0..n * 784)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
         let y: Vec<i32> = (0..n as i32).map(|i| i % 10).collect();
         let data = Dataset::from_tensor_slices(x, &[28, 28, 1], y)
             .unwrap()
@@ -142,7 +144,14 @@ mod tests {
         assert_eq!((sgd.name(), sgd.learning_rate()), ("SGD", 0.01));
         assert!(sgd.options().schedule.is_none());
         assert!(early_stopping(&tutorial).is_none());
-        let modern = args(&["--model", "modern", "--optimizer", "momentum", "--lr", "0.1"]);
+        let modern = args(&[
+            "--model",
+            "modern",
+            "--optimizer",
+            "momentum",
+            "--lr",
+            "0.1",
+        ]);
         assert_eq!(modern.epochs(), 12);
         let schedule = modern.optimizer(100).options().schedule.clone();
         // The warm-up starts at 0 and peaks at --lr after a tenth of the 1,200 steps.

@@ -96,6 +96,10 @@ pub(crate) fn act(x: f32, act: ActivationFn) -> f32 {
             if let Some(m) = max_value {
                 pos = pos.min(m);
             }
+            // Without a slope, no `0 * inf` (NaN) at x = -inf: relu(-inf) = 0, as in TF.
+            if negative_slope == 0.0 {
+                return pos;
+            }
             pos - negative_slope * (threshold - x).max(0.0)
         }
         ActivationFn::Elu => {
