@@ -127,6 +127,10 @@ fn act_relu(x: f32) -> f32 {
     if (p.has_max != 0u) {
         pos = min(pos, p.max_value);
     }
+    // Without a slope, no `0 * inf` (NaN) at x = -inf: relu(-inf) = 0, as in TensorFlow.
+    if (p.slope == 0.0) {
+        return pos;
+    }
     return pos - p.slope * max(p.threshold - x, 0.0);
 }
 

@@ -769,3 +769,27 @@ fn first_layer_weight_gradients_match_the_full_backward_pass() {
         }
     }
 }
+
+/// The ReLU layer's kernels over a long input (the CPU's parallel chunks and vectorized loop,
+/// the GPUs'): `max(x, 0)`, 0 at `-inf` as in TensorFlow (not `0 - 0·inf`), and the gradient
+/// from the output passed where `y > 0` only.
+#[test]
+fn relu_over_a_long_input_is_tensorflows_on_every_device() {
+    let _g = serial();
+    let mut x: Vec<f32> = random_vec(100_003, 5).iter().map(|v| v * 50.0).collect();
+    x[..4].copy_from_slice(&[f32::NEG_INFINITY, -0.0, 0.0, f32::MIN]);
+    let dy = random_vec(x.len(), 6);
+    let want: Vec<f32> = x.iter().map(|&v| v.max(0.0)).collect();
+    let dwant: Vec<f32> = want
+        .iter()
+        .zip(&dy)
+        .map(|(&y, &d)| if y > 0.0 { d } else { 0.0 })
+        .collect();
+    for dev in &env().devices {
+        let y = ops::activation_fn(&put(dev, &x, &[x.len()]), ActivationFn::RELU).expect("relu");
+        assert_eq!(get(&y, dev), want, "relu on {}", label(dev));
+        let dyt = put(dev, &dy, &[x.len()]);
+        let dz = ops::activation_fn_backward(&dyt, &y, ActivationFn::RELU, true).expect("grad");
+        assert_eq!(get(&dz, dev), dwant, "relu's gradient on {}", label(dev));
+    }
+}

@@ -561,6 +561,42 @@ fn workers_with_different_steps_per_epoch_fail_fit_alike() {
     assert!(strategy.weights_in_sync(&model).expect("checksums"));
 }
 
+/// Asks `fit` to stop once `after` epochs are done.
+struct StopAfter {
+    after: usize,
+}
+
+impl Callback for StopAfter {
+    fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> anygpu::Result<()> {
+        if fit.epoch() >= self.after {
+            fit.stop_training();
+        }
+        Ok(())
+    }
+}
+
+/// A stop one worker's callback asks for (an EarlyStopping whose validation loss, computed on
+/// that worker's own devices, differs from the others') stops every worker after the same
+/// epoch, in sync, instead of leaving the others waiting in the next epoch.
+fn a_stop_asked_by_one_worker_stops_every_worker() {
+    let (_rt, _cpu, strategy) = cpu_worker();
+    let mut model = strategy
+        .scope(|| compiled_cnn(5, Sgd::new(0.05).into()))
+        .expect("scope")
+        .expect("a model");
+    let (x, y) = common::synthetic(16, 6);
+    let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
+        .expect("a dataset")
+        .batch(8, false);
+    let after = if strategy.worker_index() == 0 { 2 } else { 99 };
+    let mut stop = StopAfter { after };
+    let history = model
+        .fit_with_callbacks(&data, 4, None, None, &mut [&mut stop])
+        .expect("fit");
+    assert_eq!(history.epochs(), 2, "worker {}", strategy.worker_index());
+    assert!(strategy.weights_in_sync(&model).expect("checksums"));
+}
+
 /// Workers that build models of different shapes fail the model's creation alike (the first
 /// broadcast of the chief's weights carries another length), with a message saying so.
 fn models_of_different_shapes_fail_on_every_worker() {
@@ -880,7 +916,11 @@ fn main() {
         panic_on(k);
         return;
     }
-    let cases: [(&str, fn()); 17] = [
+    let cases: [(&str, fn()); 18] = [
+        (
+            "a_stop_asked_by_one_worker_stops_every_worker",
+            a_stop_asked_by_one_worker_stops_every_worker,
+        ),
         (
             "one_replica_per_worker_trains_like_one_process",
             one_replica_per_worker_trains_like_one_process,

@@ -3,15 +3,20 @@
 
 use std::path::PathBuf;
 
-use anygpu::nn::{Adam, Optimizer, Pipeline, Sgd};
+use anygpu::nn::{Adam, AdamW, Optimizer, Pipeline, Sgd};
 use clap::Parser;
 
+use crate::models;
 use crate::BoxError;
 
-/// Train the TensorFlow GPU guide's Fashion-MNIST CNN.
+/// Train the TensorFlow GPU guide's Fashion-MNIST CNN (or a modern one: --model modern).
 #[derive(Parser, Debug)]
 #[command(version, about)]
 pub struct Args {
+    /// `tutorial`: the guide's CNN; `modern`: Conv-BN-ReLU blocks, strided convolutions,
+    /// global average pooling, Dropout, AdamW with warm-up and cosine decay, EarlyStopping.
+    #[arg(long, value_enum, default_value = "tutorial")]
+    pub model: Model,
     /// Enable memory growth on every visible GPU.
     #[arg(long)]
     pub memory_growth: bool,
@@ -48,19 +53,23 @@ pub struct Args {
     /// `cpu` or `gpu:N`; default GPU:0 when a GPU is visible, else CPU:0.
     #[arg(long)]
     pub device: Option<String>,
-    /// Training epochs.
-    #[arg(long, default_value_t = 10)]
-    pub epochs: usize,
+    /// Training epochs; default 10 (the tutorial's), 12 for --model modern (fewer when
+    /// EarlyStopping stops it).
+    #[arg(long)]
+    pub epochs: Option<usize>,
     /// Batch size.
     #[arg(long, default_value_t = 128)]
     pub batch_size: usize,
     /// Steps per epoch; default: the training images (55,000) divided by the batch size.
     #[arg(long)]
     pub steps_per_epoch: Option<usize>,
-    /// `sgd` (the tutorial's), `momentum` (SGD, momentum 0.9) or `adam`.
-    #[arg(long, default_value = "sgd")]
-    pub optimizer: String,
-    /// Learning rate; default 0.01 for SGD, 0.001 for Adam (Keras' defaults).
+    /// `sgd` (the tutorial's default), `momentum` (SGD, momentum 0.9), `nesterov`, `adam`, or
+    /// `adamw` (the modern model's default). The modern model's rate follows its schedule:
+    /// a warm-up to --lr over the first tenth of the steps, then a cosine decay to 0.
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerName>,
+    /// Learning rate; default 0.01 for SGD, 0.001 for Adam (Keras' defaults), and the peak
+    /// of the modern model's schedule: 0.003 for AdamW, 0.05 for SGD.
     #[arg(long)]
     pub lr: Option<f32>,
     /// Seed of the weights and of the shuffling.
@@ -97,6 +106,30 @@ pub struct Args {
     pub tensorboard: Option<PathBuf>,
 }
 
+/// The `--model` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Model {
+    /// The TensorFlow guide's CNN (`nn::tutorial_cnn`).
+    Tutorial,
+    /// A small modern CNN (models.rs).
+    Modern,
+}
+
+/// The `--optimizer` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerName {
+    /// `SGD(lr)`.
+    Sgd,
+    /// `SGD(lr, momentum=0.9)`.
+    Momentum,
+    /// `SGD(lr, momentum=0.9, nesterov=True)`.
+    Nesterov,
+    /// `Adam(lr)`.
+    Adam,
+    /// `AdamW(lr)` (weight decay 0.004, Keras' default).
+    Adamw,
+}
+
 /// The `--strategy` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
@@ -120,7 +153,7 @@ impl Args {
     /// The flag combinations that cannot work, refused before anything starts.
     pub fn check(&self) -> Result<(), BoxError> {
         let fail = |msg: &str| Err(msg.into());
-        if self.batch_size == 0 || self.epochs == 0 {
+        if self.batch_size == 0 || self.epochs() == 0 {
             return fail("--batch-size and --epochs must be positive");
         }
         let multi = self.strategy == Some(Strategy::MultiWorker);
@@ -154,24 +187,54 @@ impl Args {
         self.time_steps.is_none() && self.profile.is_none()
     }
 
-    /// `--optimizer` with `--lr` (Keras' default learning rates without it).
-    pub fn optimizer(&self) -> Result<Optimizer, BoxError> {
+    /// `--epochs`, or the model's default.
+    pub fn epochs(&self) -> usize {
+        let default = match self.model {
+            Model::Tutorial => 10,
+            Model::Modern => 12,
+        };
+        self.epochs.unwrap_or(default)
+    }
+
+    /// `--optimizer` with `--lr` (Keras' default learning rates without it); for the modern
+    /// model with its schedule over the run's `steps_per_epoch` × epochs.
+    pub fn optimizer(&self, steps_per_epoch: usize) -> Optimizer {
+        let modern = self.model == Model::Modern;
+        let name = self.optimizer.unwrap_or(match modern {
+            true => OptimizerName::Adamw,
+            false => OptimizerName::Sgd,
+        });
+        let sgd_lr = if modern { 0.05 } else { 0.01 };
+        let adam_lr = if modern { 3e-3 } else { 1e-3 };
         let lr = self.lr;
-        Ok(match self.optimizer.as_str() {
-            "sgd" => Sgd::new(lr.unwrap_or(0.01)).into(),
-            "momentum" => Sgd::new(lr.unwrap_or(0.01)).momentum(0.9).into(),
-            "nesterov" => Sgd::new(lr.unwrap_or(0.01))
-                .momentum(0.9)
-                .nesterov(true)
-                .into(),
-            "adam" => Adam::new(lr.unwrap_or(1e-3)).into(),
-            other => {
-                return Err(format!(
-                    "--optimizer {other}: expected sgd, momentum, nesterov or adam"
-                )
-                .into())
+        let schedule = modern.then(|| {
+            let steps = (steps_per_epoch * self.epochs()) as u64;
+            models::cosine_decay(
+                lr.unwrap_or(match name {
+                    OptimizerName::Adam | OptimizerName::Adamw => adam_lr,
+                    _ => sgd_lr,
+                }),
+                steps,
+            )
+        });
+        // Each optimizer's own builder takes the schedule.
+        macro_rules! scheduled {
+            ($opt:expr) => {
+                match schedule {
+                    Some(s) => $opt.learning_rate_schedule(s).into(),
+                    None => $opt.into(),
+                }
+            };
+        }
+        match name {
+            OptimizerName::Sgd => scheduled!(Sgd::new(lr.unwrap_or(sgd_lr))),
+            OptimizerName::Momentum => scheduled!(Sgd::new(lr.unwrap_or(sgd_lr)).momentum(0.9)),
+            OptimizerName::Nesterov => {
+                scheduled!(Sgd::new(lr.unwrap_or(sgd_lr)).momentum(0.9).nesterov(true))
             }
-        })
+            OptimizerName::Adam => scheduled!(Adam::new(lr.unwrap_or(adam_lr))),
+            OptimizerName::Adamw => scheduled!(AdamW::new(lr.unwrap_or(adam_lr))),
+        }
     }
 
     /// `--schedule` over `m` micro-batches, as the library's [`Pipeline`].

@@ -1,12 +1,14 @@
 //! The TensorFlow GPU guide's Fashion-MNIST CNN, end to end, with `tf.config`'s device control:
 //! list the GPUs, configure them (visibility, memory growth, virtual devices), build the
-//! tutorial's `Sequential` model — on one device, split over three, mirrored, pipelined, or
-//! over several worker processes — compile it, `fit` it, evaluate it on the test set, save it.
+//! tutorial's `Sequential` model (or, `--model modern`, a modern CNN) — on one device, split
+//! over three, mirrored, pipelined, or over several worker processes — compile it, `fit` it,
+//! evaluate it on the test set, save it.
 //!
 //! ```text
 //! cargo run --release --example fashion_mnist                  # the tutorial: 10 epochs
 //! cargo run --release --example fashion_mnist -- --help        # one flag per scenario
 //! cargo run --release --example fashion_mnist -- --epochs 1 --steps-per-epoch 5   # CI
+//! cargo run --release --example fashion_mnist -- --model modern    # BatchNorm, AdamW, ...
 //! ```
 //!
 //! README.md beside this file lists the flags, the output of a run, and the files beside this
@@ -16,13 +18,14 @@ mod args;
 mod data;
 mod devices;
 mod distributed;
+mod models;
 mod output;
 mod plot;
 mod timing;
 
 use anygpu::data::Dataset;
 use anygpu::distribute::MirroredStrategy;
-use anygpu::nn::{self, Loss, Metric, Optimizer, Sequential};
+use anygpu::nn::{Callback, Optimizer, Sequential};
 use anygpu::{config, mixed_precision, DeviceKind, LogicalDevice, Tensor};
 use clap::Parser;
 
@@ -41,7 +44,6 @@ fn main() {
 
 fn run(args: Args) -> Result<(), BoxError> {
     args.check()?;
-    let optimizer = args.optimizer()?;
     if args.mixed_precision {
         mixed_precision::set_global_policy("mixed_float16")?;
     }
@@ -81,13 +83,14 @@ fn run(args: Args) -> Result<(), BoxError> {
 
     // 2. The data.
     let data = data::load(&args, workers.as_ref())?;
+    let optimizer = args.optimizer(data.steps_per_epoch);
 
     // 3. The model, compiled: built inside the strategy's scope when there is one.
     let mut model = match &workers {
         Some(workers) => multi_worker(workers, &args, &layer_devices, optimizer.clone())?,
         None if args.strategy == Some(Strategy::Mirrored) => mirrored(&args, optimizer.clone())?,
         // One device, or the three blocks on three devices (--split).
-        None => build(args.seed, &layer_devices, optimizer.clone())?,
+        None => models::build(&args, &layer_devices, optimizer.clone())?,
     };
     if chief {
         model.print_summary();
@@ -106,15 +109,19 @@ fn run(args: Args) -> Result<(), BoxError> {
         return timing::time_steps(&mut model, &data.train, &args, workers.as_ref());
     };
 
-    // 4. Train, with Keras' callbacks: BackupAndRestore, CSVLogger, TensorBoard.
+    // 4. Train, with Keras' callbacks: BackupAndRestore, CSVLogger, TensorBoard (and the
+    // modern model's EarlyStopping).
     out.announce();
     let steps = data.steps_per_epoch;
+    let mut early = models::early_stopping(&args);
+    let mut callbacks = out.callbacks();
+    callbacks.extend(early.as_mut().map(|e| e as &mut dyn Callback));
     let fitted = model.fit_with_callbacks(
         &data.train,
-        args.epochs,
+        args.epochs(),
         Some(steps),
         Some(&data.valid),
-        &mut out.callbacks(),
+        &mut callbacks,
     );
     // The finished epochs are kept; the error goes on as it came.
     fitted.map_err(|e| out.fit_failed(&model, steps, e))?;
@@ -141,15 +148,6 @@ fn run(args: Args) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The tutorial's model on one device, or its three blocks on three (`--split`), compiled with
-/// the tutorial's loss and metric.
-fn build(seed: u64, devices: &[LogicalDevice], optimizer: Optimizer) -> anygpu::Result<Sequential> {
-    let mut model = nn::tutorial_cnn(seed, devices)?;
-    let loss = Loss::sparse_categorical_crossentropy();
-    model.compile(loss, optimizer, &[Metric::Accuracy])?;
-    Ok(model)
-}
-
 /// `tf.distribute.MirroredStrategy`: the whole model on every logical GPU (CPU:0 without
 /// one), each batch split among them.
 fn mirrored(args: &Args, optimizer: Optimizer) -> Result<Sequential, BoxError> {
@@ -160,7 +158,7 @@ fn mirrored(args: &Args, optimizer: Optimizer) -> Result<Sequential, BoxError> {
         let (name, adapter) = (d.name(), devices::adapter(d));
         println!("  replica {name} on {adapter}: {n} examples per batch");
     }
-    Ok(strategy.scope(|| build(args.seed, &[], optimizer))??)
+    Ok(strategy.scope(|| models::build(args, &[], optimizer))??)
 }
 
 /// `tf.distribute.MultiWorkerMirroredStrategy`: this worker's replica on `devices`, the
@@ -171,7 +169,7 @@ fn multi_worker(
     devices: &[LogicalDevice],
     optimizer: Optimizer,
 ) -> Result<Sequential, BoxError> {
-    Ok(workers.scope(|| build(args.seed, devices, optimizer))??)
+    Ok(workers.scope(|| models::build(args, devices, optimizer))??)
 }
 
 /// `--pipeline M`: each batch flows through the `--split` model's stages (one thread per

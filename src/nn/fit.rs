@@ -172,6 +172,14 @@ impl Sequential {
                 let done = cb.on_epoch_end(&mut run);
                 shared(workers, "fit: a callback's on_epoch_end", done)?;
             }
+            if let Some(w) = workers {
+                // A stop one worker's callback asked for (EarlyStopping on the validation loss
+                // of its own devices, a GPU's next to a CPU's) stops them all: the others
+                // would wait in the next epoch's collectives.
+                let mut stops = [f64::from(u8::from(run.model.stop_training))];
+                w.agree("fit: stop_training", Ok(()), &mut stops)?;
+                run.model.stop_training = stops[0] > 0.0;
+            }
             if run.model.stop_training {
                 break;
             }
