@@ -10,6 +10,7 @@ use crate::nn::layers::{
     activate_separately, activation_and_bias_grad, backward_weights, image_shape, in_dtype,
     not_built, replace, saved, through_separate, weights_of, Layer,
 };
+use crate::nn::model_config;
 use crate::ops;
 use crate::ops::spec::{Padding, Size2};
 use crate::tensor::Tensor;
@@ -117,6 +118,17 @@ impl Layer for DepthwiseConv2D {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = model_config::window_config(&self.window);
+        c.insert("depth_multiplier".into(), self.depth_multiplier.into());
+        c.insert(
+            "activation".into(),
+            model_config::activation_value(self.activation),
+        );
+        c.insert("use_bias".into(), self.use_bias.into());
+        Some(model_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {

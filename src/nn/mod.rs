@@ -51,6 +51,7 @@ mod layers;
 mod loss;
 mod metrics;
 mod mirrored;
+mod model_config;
 mod monitor;
 #[cfg(feature = "mpi")]
 mod multi_worker;
@@ -60,6 +61,7 @@ mod optimizer;
 mod pass;
 mod pipeline;
 mod pooling;
+mod saved_model;
 mod schedules;
 mod sequential;
 mod step_output;
@@ -78,6 +80,10 @@ pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
+// ---- saved model ----
+pub use model_config::layer_from_config;
+pub use saved_model::load_model;
+// ----
 pub use monitor::{EarlyStopping, LearningRateScheduler, MonitorMode, ReduceLROnPlateau};
 pub use normalization::{BatchNormalization, Dropout};
 pub use optimizer::{Adam, AdamW, BaseOptions, LossScaleOptimizer, Optimizer, RmsProp, Sgd};

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::init::zeros;
 use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
+use crate::nn::model_config;
 use crate::ops::{self, spec::DropoutMask, BatchNormVariables};
 use crate::tensor::Tensor;
 
@@ -177,6 +178,17 @@ impl Layer for BatchNormalization {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("axis".into(), self.axis.into());
+        c.insert("momentum".into(), model_config::num(self.momentum));
+        c.insert("epsilon".into(), model_config::num(self.epsilon));
+        c.insert("center".into(), self.center.into());
+        c.insert("scale".into(), self.scale.into());
+        c.insert("synchronized".into(), false.into());
+        Some(model_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {
@@ -416,6 +428,14 @@ impl Layer for Dropout {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("rate".into(), model_config::num(self.rate));
+        c.insert("seed".into(), self.seed.into());
+        c.insert("noise_shape".into(), serde_json::Value::Null);
+        Some(model_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {
