@@ -737,3 +737,27 @@ fn a_model_saved_here_predicts_bit_identically_in_a_fresh_process() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_model_loaded_in_a_strategy_scope_is_mirrored_on_every_replica() {
+    let rt = common::builder().virtual_cpus(2).build().expect("2 CPUs");
+    let cpus = rt.list_logical_devices("CPU").expect("CPUs");
+    let path = temp("mirrored");
+    let saved = {
+        let _cpu0 = cpus[0].scope();
+        let m = small_model();
+        m.save(&path).expect("save");
+        m
+    };
+    let strategy = anygpu::distribute::MirroredStrategy::with_devices(&cpus).expect("strategy");
+    let loaded = strategy
+        .scope(|| nn::load_model(&path))
+        .expect("scope")
+        .expect("load_model");
+    assert_eq!(loaded.strategy(), Some(&strategy));
+    let want = saved.get_weights().expect("weights");
+    assert_eq!(loaded.get_weights().expect("r0"), want);
+    assert_eq!(loaded.replica_weights(1).expect("r1"), want);
+    assert_eq!(loaded.optimizer(), saved.optimizer());
+    std::fs::remove_file(&path).ok();
+}

@@ -18,7 +18,6 @@ use crate::nn::objective::Objective;
 use crate::nn::optimizer::{self, LossScale, LossScaleOptimizer, Optimizer, OptimizerState};
 use crate::nn::pass::{self, Stage};
 use crate::nn::pipeline::{self, Examples, Pipeline, PipelineGradients, StageStats};
-use crate::nn::saved_model;
 use crate::nn::step_output::{StepOutput, StepPart};
 use crate::nn::verbosity::Verbosity;
 use crate::nn::weights;
@@ -1484,61 +1483,6 @@ impl Sequential {
         let staged = weights::load(path.as_ref(), &self.weight_layout())?;
         // In place, on every replica of a mirrored model.
         self.write_weights(&staged)
-    }
-
-    /// Saves the whole model to one safetensors file (Keras' `model.save(path)`): every
-    /// weight as [`save_weights`](Sequential::save_weights) writes it, and in the file's
-    /// metadata the architecture ([`get_config`](Sequential::get_config): each layer's
-    /// [`Layer::get_config`] and the input shape) and, once compiled, the loss, the optimizer
-    /// with its hyper-parameters and schedule, and the metrics. [`crate::nn::load_model`]
-    /// rebuilds it in another process without the code that built it; see there for what is
-    /// not saved (optimizer slots, devices). Written atomically: an existing file stays whole
-    /// until the new one is complete.
-    ///
-    /// ```
-    /// use anygpu::nn::{self, Conv2D, Flatten, Dense, Sequential};
-    /// let path = std::env::temp_dir().join(format!("anygpu-doc-save-{}.safetensors", std::process::id()));
-    /// let mut model = Sequential::with_seed(3);
-    /// model.add(Conv2D::new(2, 3).input_shape(&[5, 5, 1]))?;
-    /// model.add(Flatten::new())?;
-    /// model.add(Dense::new(2))?;
-    /// model.save(&path)?;
-    /// let loaded = nn::load_model(&path)?;
-    /// assert_eq!(loaded.get_weights()?, model.get_weights()?);
-    /// assert_eq!(loaded.layer(0).map(|l| l.class_name()), Some("Conv2D"));
-    /// # std::fs::remove_file(&path).ok();
-    /// # Ok::<(), anygpu::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::Model`] for a model not built yet, or with a layer that has no config (a
-    /// custom layer whose `get_config` returns `None`); [`Error::Io`] when the file cannot be
-    /// written; device errors.
-    pub fn save(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        saved_model::save(self, path.as_ref())
-    }
-
-    /// The architecture as JSON (Keras' `model.get_config()`): the model's `name` and `seed`,
-    /// and its `layers`, an `InputLayer` with the input's `batch_shape` first, then each
-    /// layer's `{"class_name", "config"}` with its `name` and the `dtype` policy it computes
-    /// in. Weights and the compile config are not part of it.
-    ///
-    /// ```
-    /// use anygpu::nn::{Dense, Sequential};
-    /// let mut model = Sequential::new();
-    /// model.add(Dense::new(2).input_shape(&[3]))?;
-    /// let config = model.get_config()?;
-    /// assert_eq!(config["layers"][0]["config"]["batch_shape"], serde_json::json!([null, 3]));
-    /// assert_eq!(config["layers"][1]["class_name"], "Dense");
-    /// assert_eq!(config["layers"][1]["config"]["name"], "dense");
-    /// assert_eq!(config["layers"][1]["config"]["units"], 2);
-    /// # Ok::<(), anygpu::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::Model`] for a model not built yet, or a layer without a config.
-    pub fn get_config(&self) -> Result<serde_json::Value> {
-        saved_model::architecture(self)
     }
 
     /// The metrics given to `compile` (empty before).
