@@ -448,10 +448,10 @@ fn broken_and_foreign_files_are_clear_errors() {
     check(
         &|p| {
             edit_config_json(p, |v| {
-                v["config"]["layers"][3]["config"]["units"] = json!(5)
+                v["config"]["layers"][3]["config"]["units"] = json!(4)
             })
         },
-        "shape mismatch for weight 'dense/kernel': the file has [18, 3], the model expects [18, 5]",
+        "shape mismatch for weight 'dense/kernel': the file has [18, 3], the model expects [18, 4]",
     );
     check(
         &|p| {
@@ -473,6 +473,29 @@ fn broken_and_foreign_files_are_clear_errors() {
             })
         },
         "Unknown optimizer 'Lion'",
+    );
+    // Sizes that would allocate far more than the file holds are refused before any
+    // allocation.
+    check(
+        &|p| edit_config_json(p, |v| v["config"]["layers"][1]["config"]["filters"] = json!(1u64 << 60)),
+        "layer 0 ('conv2d'): Conv2D on input [5, 5, 1] would have at least 10376293541461622784 weights, but the file holds 77 in all",
+    );
+    check(
+        &|p| {
+            edit_config_json(p, |v| {
+                v["config"]["layers"][3]["config"]["units"] = json!(u64::MAX)
+            })
+        },
+        "Dense on input [18] would have at least",
+    );
+    check(
+        &|p| {
+            edit_config_json(p, |v| {
+                v["config"]["layers"][0]["config"]["batch_shape"] =
+                    json!([null, 1u64 << 30, 1u64 << 30, 1])
+            })
+        },
+        "more than 2^40 elements per example",
     );
     // A weights-only file.
     model.save_weights(&path).expect("save_weights");

@@ -235,7 +235,13 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Sequential> {
         })?;
     let config: Value = serde_json::from_str(text)
         .map_err(|e| err(format!("the model config is not valid JSON: {e}")))?;
-    let model = from_config(&config).map_err(|e| err(e.to_string()))?;
+    // What the file holds bounds what the architecture may allocate (see `weights_fit`).
+    let budget: u128 = file
+        .tensors()
+        .iter()
+        .map(|(_, t)| t.shape().iter().map(|&d| d as u128).product::<u128>())
+        .sum();
+    let model = from_config(&config, budget).map_err(|e| err(e.to_string()))?;
     let staged = weights::stage(&file, &model.weight_layout(), |m| {
         err(format!(
             "the weights do not fit the saved architecture: {m}"
@@ -245,9 +251,44 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Sequential> {
     Ok(model)
 }
 
+/// A lower bound of the weights (elements) a layer of `class` creates for `input` (one
+/// example's shape), from its config: the kernels, which every weighted layer has. Only what
+/// guards allocation needs: 0 for the layers without a kernel.
+fn kernel_elements(class: &str, config: &Value, input: &[usize]) -> u128 {
+    // Saturating: a hostile size must not overflow (and wrap to something small).
+    let product = |v: &mut dyn Iterator<Item = u128>| v.fold(1u128, u128::saturating_mul);
+    let get = |key: &str| -> u128 {
+        match config.get(key) {
+            Some(Value::Array(v)) => product(&mut v.iter().map(|d| d.as_u64().unwrap_or(1).into())),
+            // An integer kernel_size is a square window.
+            Some(v) if key == "kernel_size" => v
+                .as_u64()
+                .map_or(1, |n| product(&mut [n.into(), n.into()].into_iter())),
+            Some(v) => v.as_u64().map_or(1, u128::from),
+            None => 1,
+        }
+    };
+    let channels = input.last().map_or(1, |&c| c as u128);
+    let features = product(&mut input.iter().map(|&d| d as u128));
+    let (k, dm) = (get("kernel_size"), get("depth_multiplier"));
+    let terms: &[&[u128]] = match class {
+        "Conv2D" => &[&[k, channels, get("filters")]],
+        "SeparableConv2D" => &[&[k, channels, dm], &[channels, dm, get("filters")]],
+        "DepthwiseConv2D" => &[&[k, channels, dm]],
+        "Dense" => &[&[features, get("units")]],
+        _ => &[],
+    };
+    terms
+        .iter()
+        .map(|t| product(&mut t.iter().copied()))
+        .fold(0, u128::saturating_add)
+}
+
 /// A model (built, compiled when the config says so, weights as initialized) from the
-/// metadata's config.
-fn from_config(config: &Value) -> Result<Sequential> {
+/// metadata's config. `budget` is the number of weight elements the file holds: a layer that
+/// would create more cannot be filled from it, and is refused before anything is allocated,
+/// so that a hostile config cannot ask for terabytes.
+fn from_config(config: &Value, budget: u128) -> Result<Sequential> {
     let top = Fields::new("model config", config)?;
     let class = top.str("class_name")?;
     if class != "Sequential" {
@@ -286,6 +327,13 @@ fn from_config(config: &Value) -> Result<Sequential> {
                         })
                 })
                 .collect::<Result<Vec<usize>>>()?;
+            // Shapes are products of these sizes: keep them far from overflowing.
+            if input.iter().map(|&d| d as u128).product::<u128>() > 1 << 40 {
+                return Err(Error::InvalidArgument(format!(
+                    "InputLayer config: batch_shape {shape} has more than 2^40 elements per \
+                     example"
+                )));
+            }
             (input, rest)
         }
         _ => {
@@ -318,8 +366,24 @@ fn from_config(config: &Value) -> Result<Sequential> {
             .unwrap_or("?");
         Error::InvalidArgument(format!("layer {i} ('{name}'): {e}"))
     };
+    let mut shape = input.clone();
     for (i, v) in layers.iter().enumerate() {
         let layer = layer_from_config(v).map_err(|e| at(i, v, e))?;
+        let wanted = kernel_elements(layer.class_name(), &v["config"], &shape);
+        if wanted > budget {
+            return Err(at(
+                i,
+                v,
+                Error::InvalidArgument(format!(
+                    "{} on input {shape:?} would have at least {wanted} weights, but the file \
+                     holds {budget} in all",
+                    layer.class_name()
+                )),
+            ));
+        }
+        shape = layer
+            .compute_output_shape(&shape)
+            .map_err(|e| at(i, v, e))?;
         model.add_boxed(&device, layer).map_err(|e| at(i, v, e))?;
     }
     model.build(&input)?;
