@@ -784,3 +784,46 @@ fn a_model_loaded_in_a_strategy_scope_is_mirrored_on_every_replica() {
     assert_eq!(loaded.optimizer(), saved.optimizer());
     std::fs::remove_file(&path).ok();
 }
+
+/// The fuzz target's property (fuzz/fuzz_targets/saved_model.rs) on a few hundred corruptions
+/// of a real file: flipped bytes anywhere (header, config, data) and truncations load whole or
+/// are an error naming the file, and never panic.
+#[test]
+fn corrupted_files_load_whole_or_fail_cleanly() {
+    let _cpu = anygpu::with_device("/cpu:0").expect("cpu");
+    let path = temp("corrupted");
+    small_model().save(&path).expect("save");
+    let original = std::fs::read(&path).expect("read");
+    let noise = common::values(600, 17);
+    let (mut loaded, mut refused) = (0, 0);
+    for (i, v) in noise.chunks_exact(2).enumerate() {
+        let mut bytes = original.clone();
+        let at = ((v[0] + 1.0) / 2.0 * bytes.len() as f32) as usize % bytes.len();
+        if i % 10 == 0 {
+            bytes.truncate(at);
+        } else {
+            bytes[at] ^= 1 << (((v[1] + 1.0) * 4.0) as u32 % 8);
+        }
+        std::fs::write(&path, &bytes).expect("write");
+        match nn::load_model(&path) {
+            Ok(model) => {
+                let x = Tensor::from_vec(vec![0.5f32; 25], &[1, 5, 5, 1]).expect("x");
+                model.predict(&x).expect("a model that loads predicts");
+                loaded += 1;
+            }
+            Err(e) => {
+                assert!(
+                    e.to_string().contains(&path.display().to_string()),
+                    "the error names the file: {e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    // Flips in the weights' data load (a different value is still a float).
+    assert!(
+        loaded > 0 && refused > 0,
+        "loaded {loaded}, refused {refused}"
+    );
+    std::fs::remove_file(&path).ok();
+}

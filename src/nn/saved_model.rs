@@ -252,8 +252,9 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Sequential> {
 }
 
 /// A lower bound of the weights (elements) a layer of `class` creates for `input` (one
-/// example's shape), from its config: the kernels, which every weighted layer has. Only what
-/// guards allocation needs: 0 for the layers without a kernel.
+/// example's shape), from its config: the kernels, which every weighted layer has (a
+/// `BatchNormalization`'s moving mean). Only what guards allocation needs: 0 for the layers
+/// without weights.
 fn kernel_elements(class: &str, config: &Value, input: &[usize]) -> u128 {
     // Saturating: a hostile size must not overflow (and wrap to something small).
     let product = |v: &mut dyn Iterator<Item = u128>| v.fold(1u128, u128::saturating_mul);
@@ -276,6 +277,8 @@ fn kernel_elements(class: &str, config: &Value, input: &[usize]) -> u128 {
         "SeparableConv2D" => &[&[k, channels, dm], &[channels, dm, get("filters")]],
         "DepthwiseConv2D" => &[&[k, channels, dm]],
         "Dense" => &[&[features, get("units")]],
+        // Its moving mean at least.
+        "BatchNormalization" => &[&[channels]],
         _ => &[],
     };
     terms
