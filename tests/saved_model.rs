@@ -40,6 +40,9 @@ fn bits(t: &Tensor) -> Vec<u32> {
         .collect()
 }
 
+/// A function that builds a model from a seed.
+type Builder = fn(u64) -> anygpu::Result<Sequential>;
+
 /// Every built-in layer, in two models that chain: an image model and a flat one.
 fn image_model(seed: u64) -> anygpu::Result<Sequential> {
     let mut m = Sequential::with_seed(seed);
@@ -119,7 +122,7 @@ fn every_layer_round_trips_on_every_device() {
     let path = temp("every-layer");
     for dev in common::all_devices(&rt, "every_layer_round_trips_on_every_device") {
         let _scope = dev.scope();
-        let builders: [(fn(u64) -> anygpu::Result<Sequential>, Loss, i32); 3] = [
+        let builders: [(Builder, Loss, i32); 3] = [
             (image_model, Loss::sparse_categorical_crossentropy(), 3),
             (flat_model, Loss::sparse_categorical_crossentropy(), 2),
             (
