@@ -98,8 +98,9 @@ impl Sequential {
     /// Saves the whole model to one safetensors file (Keras' `model.save(path)`): every
     /// weight as [`save_weights`](Sequential::save_weights) writes it, and in the file's
     /// metadata the architecture ([`get_config`](Sequential::get_config): each layer's
-    /// [`crate::nn::Layer::get_config`] and the input shape) and, once compiled, the loss, the optimizer
-    /// with its hyper-parameters and schedule, and the metrics. [`crate::nn::load_model`]
+    /// [`crate::nn::Layer::get_config`] and the input shape) and, once compiled, the loss,
+    /// the optimizer with its hyper-parameters and schedule, and the metrics.
+    /// [`crate::nn::load_model`]
     /// rebuilds it in another process without the code that built it; see there for what is
     /// not saved (optimizer slots, devices). Written atomically: an existing file stays whole
     /// until the new one is complete.
