@@ -5,6 +5,7 @@ use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
+use crate::nn::layer_config;
 use crate::nn::layers::{replace, saved, Layer};
 use crate::ops;
 use crate::ops::spec::ActivationFn;
@@ -148,6 +149,15 @@ impl Layer for ActivationLayer {
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert(
+            "activation".into(),
+            layer_config::activation_value(self.activation),
+        );
+        Some(layer_config::with_dtype(c, self.policy))
+    }
 }
 
 /// Rectified linear unit layer (`keras.layers.ReLU(max_value=None, negative_slope=0.0,
@@ -284,5 +294,16 @@ impl Layer for ReLU {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("max_value".into(), layer_config::opt_num(self.max_value));
+        c.insert(
+            "negative_slope".into(),
+            layer_config::num(self.negative_slope),
+        );
+        c.insert("threshold".into(), layer_config::num(self.threshold));
+        Some(layer_config::with_dtype(c, self.policy))
     }
 }

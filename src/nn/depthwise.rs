@@ -6,6 +6,7 @@ use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
 use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
+use crate::nn::layer_config;
 use crate::nn::layers::{
     activate_separately, activation_and_bias_grad, backward_weights, image_shape, in_dtype,
     not_built, replace, saved, through_separate, weights_of, Layer,
@@ -117,6 +118,17 @@ impl Layer for DepthwiseConv2D {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = layer_config::window_config(&self.window);
+        c.insert("depth_multiplier".into(), self.depth_multiplier.into());
+        c.insert(
+            "activation".into(),
+            layer_config::activation_value(self.activation),
+        );
+        c.insert("use_bias".into(), self.use_bias.into());
+        Some(layer_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {

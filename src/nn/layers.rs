@@ -12,6 +12,7 @@ use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
 use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
+use crate::nn::layer_config;
 use crate::ops;
 use crate::ops::spec::{Activation as OpActivation, Padding, Pool2dShape, Size2};
 use crate::tensor::{DType, Tensor};
@@ -176,6 +177,28 @@ pub trait Layer: fmt::Debug + Send + Sync {
     /// layer updates must be one of its [`weights`](Layer::weights) or
     /// [`non_trainable_weights`](Layer::non_trainable_weights), or the copies would share it.
     fn boxed_clone(&self) -> Box<dyn Layer>;
+
+    /// The layer's hyper-parameters as Keras' `layer.get_config()` writes them, with Keras'
+    /// key names (`filters`, `kernel_size`, `strides`, `padding`, `activation`, `use_bias`,
+    /// ...) and `dtype` when the layer was given a policy of its own; not its weights, its
+    /// name (the model gives it one) or its `input_shape` (the model's config holds that).
+    /// [`crate::nn::layer_from_config`] rebuilds the layer from it, and
+    /// [`crate::nn::Sequential::save`] stores it so that [`crate::nn::load_model`] can.
+    ///
+    /// Provided: `None`, "this layer cannot be saved"; every built-in layer has a config, a
+    /// custom layer has none unless it adds one (it still cannot be *loaded* by
+    /// `load_model`, which knows only the built-in classes: build the model in code and use
+    /// [`crate::nn::Sequential::load_weights`]).
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Layer};
+    /// let config = Dense::new(10).activation(Activation::Softmax).get_config().expect("config");
+    /// assert_eq!(config["units"], 10);
+    /// assert_eq!(config["activation"], "softmax");
+    /// ```
+    fn get_config(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Number of elements of the weights of a layer, trainable and not (Keras'
@@ -444,6 +467,18 @@ impl Layer for Conv2D {
         Box::new(self.clone())
     }
 
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = layer_config::window_config(&self.window);
+        c.insert("filters".into(), self.filters.into());
+        c.insert("groups".into(), 1.into());
+        c.insert(
+            "activation".into(),
+            layer_config::activation_value(self.activation),
+        );
+        c.insert("use_bias".into(), self.use_bias.into());
+        Some(layer_config::with_dtype(c, self.policy))
+    }
+
     fn class_name(&self) -> &'static str {
         "Conv2D"
     }
@@ -676,6 +711,18 @@ impl Layer for SeparableConv2D {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = layer_config::window_config(&self.window);
+        c.insert("filters".into(), self.filters.into());
+        c.insert("depth_multiplier".into(), self.depth_multiplier.into());
+        c.insert(
+            "activation".into(),
+            layer_config::activation_value(self.activation),
+        );
+        c.insert("use_bias".into(), true.into());
+        Some(layer_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {
@@ -939,6 +986,19 @@ impl Layer for MaxPool2D {
         Box::new(self.clone())
     }
 
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        let strides = self.strides.unwrap_or(self.pool_size);
+        c.insert("pool_size".into(), layer_config::size2(self.pool_size));
+        c.insert("strides".into(), layer_config::size2(strides));
+        c.insert(
+            "padding".into(),
+            layer_config::padding_name(self.padding).into(),
+        );
+        c.insert("data_format".into(), "channels_last".into());
+        Some(layer_config::with_dtype(c, self.policy))
+    }
+
     fn class_name(&self) -> &'static str {
         "MaxPooling2D"
     }
@@ -1047,6 +1107,12 @@ impl Layer for Flatten {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("data_format".into(), "channels_last".into());
+        Some(layer_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {
@@ -1167,6 +1233,17 @@ impl Layer for Dense {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("units".into(), self.units.into());
+        c.insert(
+            "activation".into(),
+            layer_config::activation_value(self.activation),
+        );
+        c.insert("use_bias".into(), true.into());
+        Some(layer_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {

@@ -47,10 +47,12 @@ mod event_file;
 mod fit;
 mod history;
 mod init;
+mod layer_config;
 mod layers;
 mod loss;
 mod metrics;
 mod mirrored;
+mod model_config;
 mod monitor;
 #[cfg(feature = "mpi")]
 mod multi_worker;
@@ -61,6 +63,7 @@ mod pass;
 mod pipeline;
 mod pooling;
 mod replica_group;
+mod saved_model;
 mod schedules;
 mod sequential;
 mod step_output;
@@ -79,6 +82,10 @@ pub use history::{Evaluation, History};
 pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
 pub use loss::Loss;
 pub use metrics::Metric;
+// ---- saved model ----
+pub use model_config::layer_from_config;
+pub use saved_model::load_model;
+// ----
 pub use monitor::{EarlyStopping, LearningRateScheduler, MonitorMode, ReduceLROnPlateau};
 pub use normalization::{BatchNormalization, Dropout};
 pub use optimizer::{Adam, AdamW, BaseOptions, LossScaleOptimizer, Optimizer, RmsProp, Sgd};

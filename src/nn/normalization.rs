@@ -8,6 +8,7 @@ use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::init::zeros;
+use crate::nn::layer_config;
 use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
 use crate::nn::replica_group::{self, ReplicaGroup};
 use crate::ops::{self, spec::DropoutMask, BatchNormVariables};
@@ -362,6 +363,17 @@ impl Layer for BatchNormalization {
         Box::new(self.clone())
     }
 
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("axis".into(), self.axis.into());
+        c.insert("momentum".into(), layer_config::num(self.momentum));
+        c.insert("epsilon".into(), layer_config::num(self.epsilon));
+        c.insert("center".into(), self.center.into());
+        c.insert("scale".into(), self.scale.into());
+        c.insert("synchronized".into(), self.synchronized.into());
+        Some(layer_config::with_dtype(c, self.policy))
+    }
+
     fn class_name(&self) -> &'static str {
         "BatchNormalization"
     }
@@ -613,6 +625,14 @@ impl Layer for Dropout {
 
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
+    }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        c.insert("rate".into(), layer_config::num(self.rate));
+        c.insert("seed".into(), self.seed.into());
+        c.insert("noise_shape".into(), serde_json::Value::Null);
+        Some(layer_config::with_dtype(c, self.policy))
     }
 
     fn class_name(&self) -> &'static str {

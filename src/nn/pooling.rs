@@ -4,6 +4,7 @@
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
+use crate::nn::layer_config;
 use crate::nn::layers::{bad_input, image_shape, replace, saved, Layer};
 use crate::ops;
 use crate::ops::spec::{Padding, Pool2dShape};
@@ -162,6 +163,20 @@ impl Layer for AveragePooling2D {
     fn boxed_clone(&self) -> Box<dyn Layer> {
         Box::new(self.clone())
     }
+
+    fn get_config(&self) -> Option<serde_json::Value> {
+        let mut c = serde_json::Map::new();
+        let (ph, pw) = self.pool_size;
+        let (sh, sw) = self.strides_or_pool();
+        c.insert("pool_size".into(), layer_config::size2([ph, pw]));
+        c.insert("strides".into(), layer_config::size2([sh, sw]));
+        c.insert(
+            "padding".into(),
+            layer_config::padding_name(self.padding).into(),
+        );
+        c.insert("data_format".into(), "channels_last".into());
+        Some(layer_config::with_dtype(c, self.policy))
+    }
 }
 
 /// The global poolings' shared layer logic: `[h, w, c]` → `[c]`.
@@ -270,6 +285,13 @@ macro_rules! global_pooling {
 
             fn boxed_clone(&self) -> Box<dyn Layer> {
                 Box::new(self.clone())
+            }
+
+            fn get_config(&self) -> Option<serde_json::Value> {
+                let mut c = serde_json::Map::new();
+                c.insert("data_format".into(), "channels_last".into());
+                c.insert("keepdims".into(), false.into());
+                Some(layer_config::with_dtype(c, self.0.policy))
             }
         }
     };

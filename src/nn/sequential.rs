@@ -1485,6 +1485,11 @@ impl Sequential {
         self.write_weights(&staged)
     }
 
+    /// The metrics given to `compile` (empty before).
+    pub(super) fn compiled_metrics(&self) -> &[Metric] {
+        self.compiled.as_ref().map_or(&[], |c| &c.metrics)
+    }
+
     /// Every weight's name and shape, in [`weights`](Sequential::weights) order.
     pub(crate) fn weight_layout(&self) -> Vec<(String, Vec<usize>)> {
         self.named_weights()

@@ -70,15 +70,30 @@ pub(crate) fn serialize(
 /// Saves `named` weights of the model `model_name` to `path`, atomically: the old file stays
 /// whole until the new one is complete on disk.
 pub(crate) fn save(named: &[(String, &Tensor)], model_name: &str, path: &Path) -> Result<()> {
+    save_with(named, model_name, None, path, "save_weights")
+}
+
+/// [`save`] with `extra` metadata entries (a saved model's config); `what` names the caller in
+/// errors.
+pub(crate) fn save_with(
+    named: &[(String, &Tensor)],
+    model_name: &str,
+    extra: Option<(&str, String)>,
+    path: &Path,
+    what: &str,
+) -> Result<()> {
     let blobs = named
         .iter()
         .map(|(name, t)| Blob::from_tensor(name.clone(), t))
         .collect::<Result<Vec<_>>>()?;
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("format".to_string(), "anygpu.nn.Sequential".to_string()),
         ("model".to_string(), model_name.to_string()),
     ]);
-    write_atomically(path, &serialize(&blobs, metadata, "save_weights")?)
+    if let Some((key, value)) = extra {
+        metadata.insert(key.to_string(), value);
+    }
+    write_atomically(path, &serialize(&blobs, metadata, what)?)
 }
 
 /// The f32 values of `name`, checked against `shape`; `err` words the complaint.
@@ -110,14 +125,19 @@ pub(crate) fn f32_tensor(
         .collect())
 }
 
+/// The bytes of the file at `path`.
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// The values for `layout` (every weight's name and shape, in model order) from the file at
 /// `path`, all checked before any is returned: missing, extra, mistyped or misshapen weights
 /// are errors.
 pub(crate) fn load(path: &Path, layout: &[(String, Vec<usize>)]) -> Result<Vec<Vec<f32>>> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read(path)?;
     let file = SafeTensors::deserialize(&bytes)
         .map_err(|e| model_err(path, format!("not a safetensors file: {e}")))?;
     if layout.is_empty() {
@@ -128,10 +148,20 @@ pub(crate) fn load(path: &Path, layout: &[(String, Vec<usize>)]) -> Result<Vec<V
                 .into(),
         ));
     }
+    stage(&file, layout, |m| model_err(path, m))
+}
+
+/// The values for `layout` from an opened file, all checked before any is returned; `err`
+/// words the complaint.
+pub(crate) fn stage(
+    file: &SafeTensors<'_>,
+    layout: &[(String, Vec<usize>)],
+    err: impl Fn(String) -> Error,
+) -> Result<Vec<Vec<f32>>> {
     // Check everything before changing anything.
     let staged = layout
         .iter()
-        .map(|(name, shape)| f32_tensor(&file, name, shape, |m| model_err(path, m)))
+        .map(|(name, shape)| f32_tensor(file, name, shape, &err))
         .collect::<Result<Vec<_>>>()?;
     let mut extra: Vec<String> = file
         .names()
@@ -141,13 +171,10 @@ pub(crate) fn load(path: &Path, layout: &[(String, Vec<usize>)]) -> Result<Vec<V
         .collect();
     if !extra.is_empty() {
         extra.sort();
-        return Err(model_err(
-            path,
-            format!(
-                "the file has weights the model does not: {}",
-                extra.join(", ")
-            ),
-        ));
+        return Err(err(format!(
+            "the file has weights the model does not: {}",
+            extra.join(", ")
+        )));
     }
     Ok(staged)
 }
