@@ -32,7 +32,7 @@ use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
-use crate::ops::nn::{pointwise_shape, unfused_maxpool_activation_bias_grad};
+use crate::ops::nn_kernels::{pointwise_shape, unfused_maxpool_activation_bias_grad};
 use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, PoolShape, SgdParams};
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
@@ -1369,11 +1369,11 @@ impl NnKernels for GpuKernels<'_> {
     }
 
     // ---- batch normalization and dropout (`ops::gpu::norm`) ----
-    fn batch_norm(&self, a: &crate::ops::norm::BatchNormArgs<'_>) -> Result<()> {
+    fn batch_norm(&self, a: &crate::ops::nn_kernels::BatchNormArgs<'_>) -> Result<()> {
         self.batch_norm_impl(a)
     }
 
-    fn batch_norm_backward(&self, g: &crate::ops::norm::BatchNormGradArgs<'_>) -> Result<()> {
+    fn batch_norm_backward(&self, g: &crate::ops::nn_kernels::BatchNormGradArgs<'_>) -> Result<()> {
         self.batch_norm_backward_impl(g)
     }
 
@@ -1525,7 +1525,7 @@ impl NnKernels for GpuKernels<'_> {
         targets: &Tensor,
         loss: &Tensor,
         dz: &Tensor,
-        p: &crate::ops::loss::LossParams,
+        p: &crate::ops::nn_kernels::LossParams,
     ) -> Result<()> {
         super::loss::dense_loss(self, (z, targets), (loss, dz), p)
     }
@@ -1536,8 +1536,8 @@ impl NnKernels for GpuKernels<'_> {
         targets: &Tensor,
         out: &Tensor,
         rows_cols: (usize, usize),
-        kind: crate::ops::loss::MetricKind,
-        act: crate::ops::loss::OutputActivation,
+        kind: crate::ops::nn_kernels::MetricKind,
+        act: crate::ops::nn_kernels::OutputActivation,
     ) -> Result<()> {
         super::loss::metric_rows(self, (z, targets, out), rows_cols, kind, act)
     }
