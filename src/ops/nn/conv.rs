@@ -117,7 +117,7 @@ pub fn conv2d(
 
 /// Gradient of a 2-D convolution w.r.t. its input: `tf.nn.conv2d_transpose`-like
 /// (`tf.raw_ops.Conv2DBackpropInput`), from `dz`, the gradient w.r.t. the convolution's
-/// pre-activation output `[n, oh, ow, c_out]` (apply [`activation_backward`] first).
+/// pre-activation output `[n, oh, ow, c_out]` (apply [`activation_backward`](crate::ops::activation_backward) first).
 ///
 /// `input_shape` is the forward input's `[n, h, w, c_in]`; `kernel` `[kh, kw, c_in, c_out]`;
 /// `options` the forward pass's.
@@ -196,7 +196,7 @@ pub fn conv2d_backward_kernel(
 
 /// The kernel and bias gradients of `y = act(conv2d(x, kernel) + bias)` from `dy`, the gradient
 /// w.r.t. the activated output `y`: with `dz = dy * act'(y)`, what [`conv2d_backward_kernel`]
-/// and [`bias_grad`] give for `dz`, returned as `(kernel gradient, bias gradient)`.
+/// and [`bias_grad`](crate::ops::bias_grad) give for `dz`, returned as `(kernel gradient, bias gradient)`.
 ///
 /// One op for a model's first layer, which needs no input gradient: on the CPU it forms `dz`
 /// block by block in cache, where the three separate ops would write it and read it twice
@@ -267,7 +267,7 @@ pub fn conv2d_backward_weights(
 /// kernels (logged as `Conv2D`): on GPUs their register blocking makes them several times faster
 /// than the general matrix product. Its gradients are [`conv2d_backward_input`] and
 /// [`conv2d_backward_kernel`] with the `[1, 1, c_in, c_out]` kernel shape (or, equivalently,
-/// [`matmul_transposed`] on the `[n*h*w, c]` reshapes).
+/// [`matmul_transposed`](crate::ops::matmul_transposed) on the `[n*h*w, c]` reshapes).
 ///
 /// # Errors
 /// Non-f32 tensors; shapes that do not fit together.

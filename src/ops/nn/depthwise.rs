@@ -78,7 +78,7 @@ pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
 /// `tf.nn.depthwise_conv2d(x, kernel, strides, padding, dilations)` + `tf.nn.bias_add` + the
 /// activation): `x` `[n, h, w, c]`, `kernel` `[kh, kw, c, multiplier]`, `bias`
 /// `[c * multiplier]`, output `[n, oh, ow, c * multiplier]`, channel `c * multiplier + q` being
-/// input channel `c` correlated with `kernel[.., c, q]`; `options` as [`conv2d`]'s.
+/// input channel `c` correlated with `kernel[.., c, q]`; `options` as [`conv2d`](crate::ops::conv2d)'s.
 ///
 /// ```
 /// use anygpu::ops::{self, spec::{Activation, ConvOptions, Padding}};
@@ -95,7 +95,7 @@ pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
 ///
 /// # Errors
 /// Non-f32 tensors; shapes that do not fit together; bad strides or dilation (as
-/// [`conv2d`]).
+/// [`conv2d`](crate::ops::conv2d)).
 pub fn depthwise_conv2d_with(
     x: &Tensor,
     kernel: &Tensor,

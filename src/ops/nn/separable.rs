@@ -66,7 +66,7 @@ fn separable_shape(
 /// `x` is `[n, h, w, c]`, `depthwise` `[kh, kw, c, 1]`, `pointwise` `[1, 1, c, filters]`,
 /// `bias` `[filters]`; the output is `[n, h, w, filters]`. On the CPU a few images at a time go
 /// through both halves while in cache, so the depthwise output never goes through memory; a
-/// GPU runs [`depthwise_conv2d`] and [`pointwise_conv2d`].
+/// GPU runs [`depthwise_conv2d`](crate::ops::depthwise_conv2d) and [`pointwise_conv2d`](crate::ops::pointwise_conv2d).
 ///
 /// ```
 /// use anygpu::ops::{self, spec::Activation};
@@ -139,7 +139,7 @@ pub struct SeparableConv2dGrads {
 /// The gradients of [`separable_conv2d`] from `dy`, the gradient w.r.t. its activated output
 /// `y`: with `dz = dy * act'(y)` and `d` the depthwise output, the pointwise kernel's is
 /// `dᵀ · dz`, the bias' `Σ dz`, and the depthwise kernel's and the input's those of
-/// [`depthwise_conv2d`] from `dz · pointwiseᵀ`; the input's only when `need_dx`.
+/// [`depthwise_conv2d`](crate::ops::depthwise_conv2d) from `dz · pointwiseᵀ`; the input's only when `need_dx`.
 ///
 /// `d` is recomputed from `x` (the forward op does not keep it). On the CPU this runs a few
 /// images at a time with every intermediate in cache; a GPU runs the unfused ops.
@@ -177,7 +177,7 @@ pub fn separable_conv2d_backward(
 }
 
 /// The gradients of `max_pool2d(separable_conv2d(x, ...))` from `dpooled`, the gradient w.r.t.
-/// the pooled output: what [`max_pool2d_backward`] of `y` followed by
+/// the pooled output: what [`max_pool2d_backward`](crate::ops::max_pool2d_backward) of `y` followed by
 /// [`separable_conv2d_backward`] gives, in one op. `y` is the separable convolution's activated
 /// output (the pool's input).
 ///
