@@ -4,9 +4,11 @@
 A module `a` imports `b` when a non-test line of a file under `a` names `crate::b` (in a `use` or
 in a path). The nodes are the top-level modules of src/ and, one level down, the children of
 `ops` and `device` (`ops/mod.rs` is the node `ops` itself; a parent's `mod`/`pub use` of its own
-children is structure, not an import). Prints every cycle found and exits 1 if there is one.
+children is structure, not an import; a name a `mod.rs` re-exports counts as its child's).
+Prints every circle found, with the files behind each edge, and exits 1 if there is one.
 
-    python3 scripts/import_cycles.py
+    python3 scripts/import_cycles.py              # every circle
+    python3 scripts/import_cycles.py --only ops,device   # circles among those modules' children
 """
 import pathlib
 import re
@@ -160,6 +162,9 @@ def cycles(edges):
 def main():
     edges = graph()
     found = cycles(edges)
+    if len(sys.argv) == 3 and sys.argv[1] == "--only":
+        parents = set(sys.argv[2].split(","))
+        found = [c for c in found if all(n.split("/")[0] in parents and "/" in n for n in c)]
     for comp in found:
         print("import circle:", " <-> ".join(comp))
         for a in comp:

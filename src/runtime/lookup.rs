@@ -85,7 +85,7 @@ impl Runtime {
     /// faster on the same cores: name them (a device scope, a device handle) to use them. A GPU
     /// marked unavailable (its adapter failed at initialization) is skipped too.
     ///
-    /// Under [`RuntimeBuilder::software_adapters_as_gpus`] (or
+    /// Under [`RuntimeBuilder::software_adapters_as_gpus`](crate::RuntimeBuilder::software_adapters_as_gpus) (or
     /// `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS=1`) software adapters count as GPUs here, exactly as
     /// TensorFlow counts its GPUs: the first available GPU is the default, whatever its
     /// adapter, and soft placement falls back to it first. That is TF's own rule, made
@@ -115,7 +115,7 @@ impl Runtime {
     }
 
     /// Whether software adapters count as GPUs for default and soft placement
-    /// ([`RuntimeBuilder::software_adapters_as_gpus`]).
+    /// ([`RuntimeBuilder::software_adapters_as_gpus`](crate::RuntimeBuilder::software_adapters_as_gpus)).
     pub fn software_adapters_as_gpus(&self) -> bool {
         self.shared.software_as_gpus
     }

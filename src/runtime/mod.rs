@@ -215,12 +215,18 @@ impl RuntimeShared {
             .unwrap_or_default()
     }
 
-    /// Logs an op's placement when placement logging is on.
-    pub(crate) fn log_placement(&self, op: &'static str, device: &LogicalDevice) {
+    /// Logs an op's placement when placement logging is on; `pipeline` is the thread's
+    /// `(stage, micro-batch)` inside a pipelined step (`placement::pipeline_position`, passed in
+    /// so that the runtime never imports the placement above it).
+    pub(crate) fn log_placement(
+        &self,
+        op: &'static str,
+        device: &LogicalDevice,
+        pipeline: Option<(usize, usize)>,
+    ) {
         if !self.log_placement.load(Ordering::Relaxed) {
             return;
         }
-        let pipeline = crate::placement::pipeline_position();
         let line = match pipeline {
             Some((stage, micro)) => format!(
                 "Executing op {op} in device {} (pipeline stage {stage}, micro-batch {micro})",
