@@ -320,7 +320,9 @@ pub(crate) fn place(op: &OpInfo, first_input: Option<&LogicalDevice>) -> Result<
     let why = match &requested {
         Some(device) => match can_run(device, op) {
             Ok(()) => {
-                runtime.shared.log_placement(op.name, device);
+                runtime
+                    .shared
+                    .log_placement(op.name, device, pipeline_position());
                 return Ok(device.clone());
             }
             Err(missing) => missing,
@@ -357,7 +359,9 @@ pub(crate) fn place(op: &OpInfo, first_input: Option<&LogicalDevice>) -> Result<
     runtime
         .shared
         .warn_fallback(op.name, &requested_name, fallback.name(), &why);
-    runtime.shared.log_placement(op.name, &fallback);
+    runtime
+        .shared
+        .log_placement(op.name, &fallback, pipeline_position());
     Ok(fallback)
 }
 

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::device::logical::GpuRange;
 use crate::device::physical::AdapterEntry;
+use crate::device::stream::GpuRange;
 use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUBMIT_THRESHOLD};
 use crate::error::{Error, Result};
 use crate::ops::gpu::tune::{TuneConfig, Tuner};

@@ -8,9 +8,10 @@ use std::sync::{Arc, Weak};
 
 pub(crate) use crate::device::context::GpuContext;
 use crate::device::name::{full_name, logical_name, DeviceKind};
+pub(crate) use crate::device::stream::GpuRange;
 use crate::device::stream::StreamStats;
 use crate::error::{Error, Result};
-use crate::memory::{Allocation, Arena};
+use crate::memory::Arena;
 use crate::ops::gpu::tune::TuningDecision;
 
 /// A logical device: TensorFlow's `LogicalDevice`, and the handle ops and tensors use.
@@ -357,23 +358,5 @@ impl fmt::Debug for LogicalDevice {
 impl fmt::Display for LogicalDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0.name)
-    }
-}
-
-/// A tensor's bytes on the GPU, as a binding range.
-#[derive(Clone, Copy)]
-pub(crate) struct GpuRange<'a> {
-    pub(crate) buffer: &'a wgpu::Buffer,
-    pub(crate) offset: u64,
-    pub(crate) size: u64,
-}
-
-impl<'a> GpuRange<'a> {
-    pub(crate) fn of(alloc: &'a Allocation) -> Option<GpuRange<'a>> {
-        Some(GpuRange {
-            buffer: alloc.buffer()?,
-            offset: alloc.offset(),
-            size: alloc.size(),
-        })
     }
 }

@@ -12,7 +12,25 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::device::logical::GpuRange;
+use crate::memory::Allocation;
+
+/// A tensor's bytes on the GPU, as a binding range.
+#[derive(Clone, Copy)]
+pub(crate) struct GpuRange<'a> {
+    pub(crate) buffer: &'a wgpu::Buffer,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+}
+
+impl<'a> GpuRange<'a> {
+    pub(crate) fn of(alloc: &'a Allocation) -> Option<GpuRange<'a>> {
+        Some(GpuRange {
+            buffer: alloc.buffer()?,
+            offset: alloc.offset(),
+            size: alloc.size(),
+        })
+    }
+}
 
 /// Commands recorded before the pending command buffer is submitted without waiting.
 pub(crate) const SUBMIT_THRESHOLD: usize = 64;

@@ -302,6 +302,6 @@ pub(crate) fn loss_terms_on(
 ) -> Result<LossTerms> {
     let _scope = device.scope();
     let y = y.to_device(device)?;
-    let z = crate::nn::pass::arrive(z, DType::F32, device)?;
+    let z = z.arrive(DType::F32, device)?;
     loss_terms(obj, &z, &y, factor)
 }

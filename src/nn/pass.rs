@@ -16,20 +16,6 @@ pub(crate) struct Stage<'a> {
     pub(crate) dtype: DType,
 }
 
-/// `t` in `dtype` on `device`: a float tensor is cast on the device it is on (which has the
-/// kernels for its own dtype) before it moves, so a float16 tensor never reaches a device
-/// without float16 kernels; labels and other integer tensors only move.
-pub(crate) fn arrive(t: &Tensor, dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
-    if t.dtype() == dtype || !t.dtype().is_float() {
-        return t.to_device(device);
-    }
-    let cast = {
-        let _scope = t.device_handle().scope();
-        t.cast(dtype)?
-    };
-    cast.to_device(device)
-}
-
 /// The forward pass to the last layer's output (logits for a softmax model). With
 /// `training` (Keras' `training=True`: a training step) each layer runs its training pass and
 /// what each layer's backward needs is returned; without, its inference pass, keeping
@@ -44,7 +30,7 @@ pub(crate) fn forward(
     let mut h = x.clone();
     for s in stages {
         let _scope = s.device.scope();
-        let input = arrive(&h, s.dtype, s.device)?;
+        let input = h.arrive(s.dtype, s.device)?;
         let (out, kept) = s.layer.call(&input, training)?;
         if keep {
             saved.push(kept);
@@ -100,7 +86,7 @@ pub(crate) fn backward_from(
         i -= 1;
         let s = stages[i];
         let _scope = s.device.scope();
-        let dy_here = arrive(&dy, s.dtype, s.device)?;
+        let dy_here = dy.arrive(s.dtype, s.device)?;
         let layer_saved = std::mem::take(&mut saved[i]);
         let (dx, grads) = match through_max_pool(stages, &mut saved, i, &dy_here, input_grad)? {
             Some((dx, grads)) => {

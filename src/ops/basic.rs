@@ -1,6 +1,7 @@
 //! The general-purpose ops as `Tensor` methods: matmul, element-wise arithmetic with bias-style
 //! broadcasting, add_n, reductions and argmax.
 
+use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::ops::gpu::kernels as gk;
 use crate::ops::gpu::Kernel;
@@ -156,6 +157,20 @@ impl Tensor {
             with_kernels(device, |k, _| k.cast(&inputs[0], &out))?;
             Ok(out)
         })
+    }
+
+    /// This tensor in `dtype` on `device`: a float tensor is cast on the device it is on
+    /// (which has the kernels for its own dtype) before it moves, so a float16 tensor never
+    /// reaches a device without float16 kernels; labels and other integer tensors only move.
+    pub(crate) fn arrive(&self, dtype: DType, device: &LogicalDevice) -> Result<Tensor> {
+        if self.dtype() == dtype || !self.dtype().is_float() {
+            return self.to_device(device);
+        }
+        let cast = {
+            let _scope = self.device_handle().scope();
+            self.cast(dtype)?
+        };
+        cast.to_device(device)
     }
 
     /// `alpha * self`.

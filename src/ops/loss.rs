@@ -15,77 +15,7 @@ use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::{DType, Tensor};
 
-/// What a loss kernel computes per row (see [`dense_loss`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum LossKind {
-    /// `Σ_c −y_c log softmax(z)_c`; gradient `softmax(z) − y` (TensorFlow's, exact for targets
-    /// that sum to 1).
-    CategoricalLogits = 0,
-    /// Keras on probabilities: `p / Σ p`, clipped to `[1e-7, 1 − 1e-7]`, `−Σ y log p`.
-    CategoricalProbs = 1,
-    /// Mean over the row of `max(z, 0) − z y + log1p(exp(−|z|))`.
-    BinaryLogits = 2,
-    /// Mean over the row of `−(y log p + (1 − y) log(1 − p))`, `p` clipped to
-    /// `[1e-7, 1 − 1e-7]`.
-    BinaryProbs = 3,
-    /// Mean over the row of `(o − y)²`.
-    MeanSquared = 4,
-    /// Mean over the row of `|o − y|` (gradient `sign(o − y)`, 0 at 0 as TensorFlow's).
-    MeanAbsolute = 5,
-}
-
-/// The activation between the kernel's input `z` and the model's output `o`: what the
-/// regression losses and the metrics apply before they compare with the targets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum OutputActivation {
-    /// `o = z`.
-    #[default]
-    Identity = 0,
-    /// `o = softmax(z)` over the row.
-    Softmax = 1,
-    /// `o = sigmoid(z)`.
-    Sigmoid = 2,
-}
-
-/// The options of a loss kernel over `[rows, cols]`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LossParams {
-    /// Rows of the output (examples, times the positions of an output of rank > 2).
-    pub rows: usize,
-    /// The last axis.
-    pub cols: usize,
-    /// The loss.
-    pub kind: LossKind,
-    /// The activation the regression losses apply to `z` first (ignored by the
-    /// cross-entropies, which read logits or probabilities by their kind).
-    pub act: OutputActivation,
-    /// Keras' `label_smoothing` (cross-entropies only): `y (1 − ls) + ls / cols` for the
-    /// categorical, `y (1 − ls) + ls / 2` for the binary one.
-    pub label_smoothing: f32,
-    /// Multiplies each row's loss as written (`examples / rows`: the per-example mean over
-    /// positions).
-    pub row_scale: f32,
-    /// Multiplies the gradient of the row's loss (`1 / rows` for the batch mean, times the
-    /// loss scale).
-    pub grad_scale: f32,
-}
-
-/// What a metric kernel counts per row (see [`metric_rows`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MetricKind {
-    /// 1 when the integer label is among the `k` largest outputs, TensorFlow's `in_top_k`: ties
-    /// at the boundary count as in, a label out of range or a non-finite output in the row
-    /// counts 0.
-    SparseTopK(usize),
-    /// 1 when the row's first arg max equals the targets' first arg max.
-    Categorical,
-    /// Mean over the row of `[o > threshold] == y`.
-    Binary(f32),
-    /// Mean over the row of `(o − y)²`.
-    MeanSquared,
-}
+pub use crate::ops::nn_kernels::{LossKind, LossParams, MetricKind, OutputActivation};
 
 /// The op names of the placement log.
 const DENSE_LOSS: OpInfo = OpInfo {

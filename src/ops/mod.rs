@@ -15,6 +15,7 @@ pub use gpu::tune::parse_cache as parse_autotune_cache;
 pub(crate) mod host;
 pub mod loss;
 pub(crate) mod nn;
+pub(crate) mod nn_kernels;
 pub(crate) mod norm;
 #[doc(hidden)]
 pub mod reference;
@@ -169,4 +170,6 @@ pub(crate) fn run<R>(
 }
 
 pub(crate) use basic::unscale_checked;
-pub(crate) use nn::NnKernels;
+pub(crate) use nn_kernels::{
+    ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward,
+};

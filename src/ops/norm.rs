@@ -26,42 +26,8 @@ const DROPOUT_GRAD: OpInfo = OpInfo {
     gpu: Some(gn::DROPOUT_GRAD),
 };
 
-/// A batch normalization's variables: `gamma` and `beta` (`[c]`; ones and zeros stand in for
-/// `scale=False` and `center=False`), and the moving statistics (`[c]`), all float32 whatever
-/// the input's dtype (Keras does not autocast them).
-#[derive(Clone, Copy, Debug)]
-pub struct BatchNormVariables<'a> {
-    /// Scale.
-    pub gamma: &'a Tensor,
-    /// Offset.
-    pub beta: &'a Tensor,
-    /// Moving mean (updated in place by a training pass).
-    pub moving_mean: &'a Tensor,
-    /// Moving variance (likewise).
-    pub moving_variance: &'a Tensor,
-}
-
-/// What a device's batch normalization kernel gets: `stats` (`[mean; inv]`, `2c` float32) is
-/// `Some` for a training pass, which also updates the moving statistics in place.
-pub(crate) struct BatchNormArgs<'a> {
-    pub(crate) x: &'a Tensor,
-    pub(crate) v: BatchNormVariables<'a>,
-    pub(crate) y: &'a Tensor,
-    pub(crate) stats: Option<&'a Tensor>,
-    pub(crate) p: BatchNormParams,
-}
-
-/// What a device's batch normalization gradient kernel gets.
-pub(crate) struct BatchNormGradArgs<'a> {
-    pub(crate) x: &'a Tensor,
-    pub(crate) dy: &'a Tensor,
-    pub(crate) gamma: &'a Tensor,
-    pub(crate) stats: &'a Tensor,
-    pub(crate) dx: &'a Tensor,
-    pub(crate) dgamma: &'a Tensor,
-    pub(crate) dbeta: &'a Tensor,
-    pub(crate) p: BatchNormParams,
-}
+pub use crate::ops::nn_kernels::BatchNormVariables;
+pub(crate) use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs};
 
 /// `(rows, channels)` of `x` for a per-channel statistic over its last axis.
 fn rows_channels(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {

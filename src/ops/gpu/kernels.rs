@@ -3,11 +3,10 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::{GpuDevice, GpuRange};
 use crate::error::Result;
 use crate::ops::gpu::tune::{bucket, Choice};
-use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
+use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily};
 use crate::ops::spec::{Activation, BinaryOp};
 use crate::ops::{Kernels, MatmulDims};
 use crate::tensor::{DType, Tensor};
@@ -46,18 +45,9 @@ pub(crate) const ACT_GRAD_SUM_ROWS_V4: Kernel =
 pub(crate) const ARGMAX_ROWS: Kernel = Kernel::new(ShaderFamily::Reduce, "argmax_rows");
 pub(crate) const ADD_INTO: Kernel = Kernel::new(ShaderFamily::Reduce, "add_into");
 
-/// Output rows and columns one `matmul_16x8` workgroup covers.
-const TALL_ROWS: usize = 128;
-const TALL_COLS: usize = 64;
-
 /// Rows of one `sum_rows` chunk: long enough to amortize the launch, short enough that the
 /// chunks spread over the device.
 const SUM_ROWS_CHUNK: usize = 256;
-/// The most dispatches `matmul_ubo8` may take for one product (a 1×1 convolution of 64
-/// channels to 128 takes 32).
-const UBO8_MAX_DISPATCHES: usize = (UNIFORM_SCRATCH_BYTES / UBO8_WINDOW) as usize;
-/// Bytes of B one `matmul_ubo8` dispatch reads: 32 rows of k × 8 columns.
-const UBO8_WINDOW: u64 = 32 * 8 * 4;
 
 /// Elements one `sum_all` workgroup adds: 256 per invocation, far below the ~65,000 loop
 /// iterations Mesa's software adapters allow.
@@ -65,53 +55,6 @@ const SUM_ALL_CHUNK: usize = 256 * 256;
 
 /// Workgroups `sum_rows_wg` aims for per pass.
 const WG_SUM_WORKGROUPS: usize = 512;
-
-/// Split k when the output has at most this many 64×64 tiles...
-const SPLITK_MAX_TILES: usize = 32;
-/// ...and k is at least this long (in vec4s); each slice gets at least `SPLITK_MIN_SLICE`.
-const SPLITK_MIN_K4: usize = 64;
-const SPLITK_MIN_SLICE: usize = 8;
-/// Workgroups a split product aims for.
-const SPLITK_WORKGROUPS: usize = 256;
-
-/// The grid of a tiled product: `col_tiles` along x, `row_tiles` along y, folded into z past
-/// the 65,535 one dimension holds (the shaders' `row_tile`).
-fn tile_grid(col_tiles: usize, row_tiles: usize) -> [u32; 3] {
-    let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
-    [u(col_tiles), u(y), u(row_tiles.div_ceil(y).max(1))]
-}
-
-/// Whether the vec4 matrix-product kernels take `d`: n and k multiples of 4, no transposes.
-fn vec4_product(d: MatmulDims) -> bool {
-    d.n.is_multiple_of(4) && d.k.is_multiple_of(4) && !d.trans_a && !d.trans_b
-}
-
-/// `(slice, splits)` for a split-k product of `d`, in units of k the kernel steps by (vec4s
-/// for the vec4 kernels, elements else), or `None` when the output has enough tiles or k is
-/// short.
-fn splitk_slices(d: MatmulDims) -> Option<(usize, usize)> {
-    let tiles = d.m.div_ceil(64) * d.n.div_ceil(64);
-    let (k, unit) = if vec4_product(d) {
-        (d.k / 4, 1)
-    } else {
-        (d.k, 4)
-    };
-    if tiles > SPLITK_MAX_TILES || k < SPLITK_MIN_K4 * unit {
-        return None;
-    }
-    let wanted = SPLITK_WORKGROUPS.div_ceil(tiles);
-    let slice = k.div_ceil(wanted).max(SPLITK_MIN_SLICE * unit);
-    Some((slice, k.div_ceil(slice)))
-}
-
-/// `(column blocks, chunks of k)` of a `matmul_ubo8` product of `d` (one dispatch each), or
-/// `None` where it does not apply: k a multiple of 32, n of 8, no transposes, and few
-/// dispatches (each streams the whole of A's slice, so a long k or a wide n loses).
-fn ubo8_windows(d: MatmulDims) -> Option<(usize, usize)> {
-    let fits = vec4_product(d) && d.k.is_multiple_of(32) && d.n.is_multiple_of(8) && d.k > 0;
-    let (blocks, chunks) = (d.n / 8, d.k / 32);
-    (fits && blocks * chunks <= UBO8_MAX_DISPATCHES).then_some((blocks, chunks))
-}
 
 /// One pass of a column sum: its kernel, rows per chunk, column lanes (`sum_rows_wg`) and
 /// workgroups across the columns.
@@ -173,7 +116,7 @@ impl<'a> GpuKernels<'a> {
     }
 }
 
-fn u(x: usize) -> u32 {
+pub(super) fn u(x: usize) -> u32 {
     // Shapes on a GPU are bounded by max_storage_buffer_binding_size (< 4 GiB), so every
     // element count and index fits in u32.
     x as u32
@@ -193,25 +136,6 @@ struct ElementwiseParams {
     op: u32,
     act: u32,
     alpha: f32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct MatmulParams {
-    m: u32,
-    k: u32,
-    n: u32,
-    has_bias: u32,
-    a_rs: u32,
-    a_cs: u32,
-    b_rs: u32,
-    b_cs: u32,
-    act: u32,
-    /// `matmul_v4_splitk`'s slice of k, in vec4s.
-    k_slice: u32,
-    /// `matmul_ubo8`'s block of 8 columns and slice of 32 rows of k.
-    block: u32,
-    chunk: u32,
 }
 
 #[repr(C)]
@@ -427,107 +351,7 @@ impl Kernels for GpuKernels<'_> {
         d: MatmulDims,
         act: Activation,
     ) -> Result<()> {
-        if d.m == 0 || d.n == 0 {
-            return Ok(());
-        }
-        let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
-        let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
-        let p = MatmulParams {
-            m: u(d.m),
-            k: u(d.k),
-            n: u(d.n),
-            has_bias: u32::from(bias.is_some()),
-            a_rs: u(a_rs),
-            a_cs: u(a_cs),
-            b_rs: u(b_rs),
-            b_cs: u(b_cs),
-            act: act.code(),
-            k_slice: 0,
-            block: 0,
-            chunk: 0,
-        };
-        if d.k == 0 {
-            // No terms: the product is zero; the kernel's loop simply does not run, but a and b
-            // have no buffers to bind. Bind the output in their place.
-            return self.launch(
-                MATMUL,
-                &p,
-                &[out, out, bias.unwrap_or(out), out],
-                tile_grid(d.n.div_ceil(64), d.m.div_ceil(64)),
-            );
-        }
-        let software = self.dev.ctx.software_kernels;
-        let bias_or_out = bias.unwrap_or(out);
-        if vec4_product(d) {
-            // Bindings 3, 5, 6, 7: bias, then b, out and a as vec4 (ranges are 256-byte
-            // aligned and sized, so the vec4 views are valid). Software adapters want the tall
-            // register block (see matmul.wgsl for the measurements), GPUs many invocations to
-            // hide latency, and split k when the output has few tiles.
-            let mut candidates = vec!["tile64_v4", "tall_16x8"];
-            let full_only = self.workgroup_tiles(&mut candidates, &["smem64_v4", "smem128_v4"]);
-            // Split k keeps its partial products in the output's type: float32 only.
-            if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
-                candidates.push("splitk_v4");
-            }
-            // Its uniform window holds float32 values: no float16 twin.
-            if ubo8_windows(d).is_some() && a.dtype() == DType::F32 {
-                candidates.push("ubo8");
-            }
-            let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
-            let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
-            return self.tuned(
-                Choice::new("matmul", class, &candidates, heuristic).full_only(full_only),
-                &mut |c| match c {
-                    "tall_16x8" => {
-                        let grid = tile_grid(d.n.div_ceil(TALL_COLS), d.m.div_ceil(TALL_ROWS));
-                        self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
-                    }
-                    "splitk_v4" => self.matmul_split_k(a, b, bias, out, d, p),
-                    "ubo8" => self.matmul_ubo8(a, b, bias, out, d, p),
-                    "smem64_v4" => {
-                        let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
-                        self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
-                    }
-                    "smem128_v4" => {
-                        let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(128));
-                        self.launch(MATMUL_SMEM128_V4, &p, &[bias_or_out, b, out, a], grid)
-                    }
-                    _ => {
-                        let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
-                        self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], grid)
-                    }
-                },
-            );
-        }
-        let heuristic = if software { "tall" } else { "tile64" };
-        let class = format!(
-            "{}{} {}x{}x{}",
-            if d.trans_a { "t" } else { "n" },
-            if d.trans_b { "t" } else { "n" },
-            bucket(d.m),
-            bucket(d.n),
-            bucket(d.k)
-        );
-        let mut candidates = vec!["tile64", "tall"];
-        if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
-            candidates.push("splitk");
-        }
-        if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) {
-            candidates.push("untransposed");
-        }
-        let choice = Choice::new("matmul", class, &candidates, heuristic);
-        self.tuned(choice, &mut |c| match c {
-            "untransposed" => self.matmul_untransposed(a, b, bias, out, d, act),
-            "tall" => {
-                let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(128));
-                self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
-            }
-            "splitk" => self.matmul_split_k(a, b, bias, out, d, p),
-            _ => {
-                let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
-                self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)
-            }
-        })
+        self.matmul_impl(a, b, bias, out, d, act)
     }
 
     fn sum_all(&self, x: &Tensor, alpha: f32, out: &Tensor) -> Result<()> {
@@ -696,181 +520,6 @@ impl GpuKernels<'_> {
             }
             current = target;
             rows = chunks;
-        }
-    }
-
-    /// `out = act(a · b + bias)` by `matmul_ubo8`: B packed into blocks of 8 columns, then one
-    /// dispatch per (block, 32 rows of k) that reads its window of B as a uniform buffer.
-    fn matmul_ubo8(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        out: &Tensor,
-        d: MatmulDims,
-        p: MatmulParams,
-    ) -> Result<()> {
-        let bias_or_out = bias.unwrap_or(out);
-        let Some((blocks, chunks)) = ubo8_windows(d) else {
-            // Only offered where it applies; a forced pick elsewhere gets the plain tiles.
-            let tiles = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
-            return self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], tiles);
-        };
-        // B packed into the uniform scratch buffer (UBO8_MAX_DISPATCHES windows fit).
-        let bytes = (d.k * d.n * 4) as u64;
-        self.with_uniform_windows(
-            [bias_or_out, out, a, b],
-            bytes,
-            |[bias_or_out, out, a, b], packed| {
-                self.launch_ranges(PACK_B8, &p, &[b, packed], grid_1d(d.k * d.n, 256))?;
-                for block in 0..blocks {
-                    // In order of k: each chunk adds to what the one before stored.
-                    for chunk in 0..chunks {
-                        let window = GpuRange {
-                            offset: packed.offset + (block * chunks + chunk) as u64 * UBO8_WINDOW,
-                            size: UBO8_WINDOW,
-                            ..packed
-                        };
-                        let params = MatmulParams {
-                            block: u(block),
-                            chunk: u(chunk),
-                            ..p
-                        };
-                        // Bindings 3, 6, 7, 8: bias, out, a, the window.
-                        let ranges = [bias_or_out, out, a, window];
-                        self.launch_ranges(MATMUL_UBO8, &params, &ranges, grid_1d(d.m, 64))?;
-                    }
-                }
-                Ok(())
-            },
-        )
-    }
-
-    /// Runs `record` with the ranges of `tensors` and the first `bytes` of the adapter's
-    /// uniform scratch buffer, held until `record` returns so that no other op repacks it
-    /// before the dispatches reading it are recorded (commands run in recording order).
-    /// Nothing runs when a tensor is empty (it has no range).
-    pub(crate) fn with_uniform_windows<const N: usize>(
-        &self,
-        tensors: [&Tensor; N],
-        bytes: u64,
-        record: impl FnOnce([GpuRange<'_>; N], GpuRange<'_>) -> Result<()>,
-    ) -> Result<()> {
-        let mut ranges = Vec::with_capacity(N);
-        for t in tensors {
-            match t.gpu_range() {
-                Some(r) => ranges.push(r),
-                None => return Ok(()),
-            }
-        }
-        let Ok(ranges) = <[GpuRange<'_>; N]>::try_from(ranges) else {
-            return Ok(());
-        };
-        let scratch = self.dev.ctx.uniform_scratch.lock();
-        let scratch = scratch.unwrap_or_else(|e| e.into_inner());
-        debug_assert!(
-            bytes <= UNIFORM_SCRATCH_BYTES,
-            "windows fit the scratch buffer"
-        );
-        let windows = GpuRange {
-            buffer: &scratch,
-            offset: 0,
-            size: bytes,
-        };
-        record(ranges, windows)
-    }
-
-    /// `out = act(op(a) · op(b) + bias)` with the transposed operands first copied row-major
-    /// (`materialize`), then on the vec4 kernels (tuned in their own right): a copy of an
-    /// operand costs one pass over it, the scalar kernels' strided loads one per output tile.
-    fn matmul_untransposed(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        out: &Tensor,
-        d: MatmulDims,
-        act: Activation,
-    ) -> Result<()> {
-        let copy = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
-            // The stored [cols, rows] read as its transpose [rows, cols].
-            let row_major = self.scratch(&[rows, cols], t)?;
-            let p = MatmulParams {
-                k: u(rows),
-                n: u(cols),
-                b_rs: 1,
-                b_cs: u(rows),
-                ..MatmulParams::zeroed()
-            };
-            self.launch(MATERIALIZE, &p, &[t, &row_major], grid_1d(rows * cols, 256))?;
-            Ok(row_major)
-        };
-        let a = if d.trans_a {
-            copy(a, d.m, d.k)?
-        } else {
-            a.clone()
-        };
-        let b = if d.trans_b {
-            copy(b, d.k, d.n)?
-        } else {
-            b.clone()
-        };
-        let plain = MatmulDims {
-            trans_a: false,
-            trans_b: false,
-            ..d
-        };
-        self.matmul(&a, &b, bias, out, plain, act)
-    }
-
-    /// `out = act(op(a) · op(b) + bias)` as `splits` partial products over slices of k, then one
-    /// reduction that adds them with the bias and applies the activation; on the vec4 kernels
-    /// where [`vec4_product`] allows, else the scalar ones.
-    fn matmul_split_k(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        out: &Tensor,
-        d: MatmulDims,
-        p: MatmulParams,
-    ) -> Result<()> {
-        let vec4 = vec4_product(d);
-        let bias_or_out = bias.unwrap_or(out);
-        // Split k only when the output has few tiles, so its layers fit in z (never folded).
-        let tiles = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
-        let Some((slice, splits)) = splitk_slices(d) else {
-            // Only offered where k splits; a forced pick elsewhere gets the plain tiles.
-            return if vec4 {
-                self.launch(MATMUL_V4, &p, &[bias_or_out, b, out, a], tiles)
-            } else {
-                self.launch(MATMUL, &p, &[a, b, bias_or_out, out], tiles)
-            };
-        };
-        let partials = self.scratch(&[splits, d.m, d.n], out)?;
-        let split = MatmulParams {
-            k_slice: u(slice),
-            ..p
-        };
-        let layers = [tiles[0], tiles[1], u(splits)];
-        let reduce = MatmulParams { k: u(splits), ..p };
-        if vec4 {
-            // Bindings 5, 6, 7: b, the partials, a (no bias); then 3, 5, 6: bias, the
-            // partials (as b4), out.
-            self.launch(MATMUL_V4_SPLITK, &split, &[b, &partials, a], layers)?;
-            let grid = grid_1d(d.m * d.n / 4, 256);
-            self.launch(
-                SPLITK_REDUCE_V4,
-                &reduce,
-                &[bias_or_out, &partials, out],
-                grid,
-            )
-        } else {
-            // Bindings 1, 2, 4: a, b, the partials; then 2, 3, 4: the partials (as b), bias,
-            // out.
-            self.launch(MATMUL_SPLITK, &split, &[a, b, &partials], layers)?;
-            let grid = grid_1d(d.m * d.n, 256);
-            self.launch(SPLITK_REDUCE, &reduce, &[&partials, bias_or_out, out], grid)
         }
     }
 

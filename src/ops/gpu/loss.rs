@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::Result;
 use crate::ops::gpu::kernels::GpuKernels;
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
-use crate::ops::loss::{LossParams, MetricKind, OutputActivation};
+use crate::ops::nn_kernels::{LossParams, MetricKind, OutputActivation};
 use crate::tensor::Tensor;
 
 const fn loss(entry: &'static str) -> Kernel {

@@ -13,6 +13,7 @@ pub(crate) mod pooling;
 pub(crate) mod half;
 pub(crate) mod kernels;
 pub(crate) mod loss;
+mod matmul;
 pub(crate) mod tune;
 
 use std::borrow::Cow;

@@ -11,7 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily};
-use crate::ops::norm::{BatchNormArgs, BatchNormGradArgs};
+use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs};
 use crate::ops::spec::{BatchNormParams, DropoutMask};
 use crate::ops::Kernels;
 use crate::tensor::{DType, Tensor};

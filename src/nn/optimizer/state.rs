@@ -1,0 +1,385 @@
+//! Each weight's optimizer state: its slots (SGD's velocity, Adam's moments, RMSprop's
+//! averages), created on the weight's device at its first update, the loss scale, and the update
+//! step itself (unscaling, clipping, weight decay, the optimizer's kernel).
+
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::ops::spec::{AdamParams, ClipMode, RmspropParams, SgdParams};
+use crate::tensor::{DType, Tensor};
+
+use super::{Adam, Optimizer};
+
+/// The slots of one weight.
+#[derive(Debug)]
+enum Slots {
+    /// Plain SGD.
+    None,
+    /// SGD with momentum.
+    Velocity(Tensor),
+    /// Adam's first and second moments.
+    Moments(Tensor, Tensor),
+    /// RMSprop's velocity, momentum (momentum > 0) and average gradient (centered).
+    Rms {
+        velocity: Tensor,
+        momentum: Option<Tensor>,
+        average: Option<Tensor>,
+    },
+}
+
+impl Slots {
+    /// The tensors with Keras 3's slot names, in [`slot_names`] order.
+    fn named(&self) -> Vec<(&'static str, &Tensor)> {
+        match self {
+            Slots::None => vec![],
+            Slots::Velocity(v) => vec![("momentum", v)],
+            Slots::Moments(m, v) => vec![("momentum", m), ("velocity", v)],
+            Slots::Rms {
+                velocity,
+                momentum,
+                average,
+            } => std::iter::once(("velocity", velocity))
+                .chain(momentum.as_ref().map(|m| ("momentum", m)))
+                .chain(average.as_ref().map(|a| ("average_gradient", a)))
+                .collect(),
+        }
+    }
+}
+
+/// Where dynamic loss scaling stands (Keras' `dynamic_scale` and `step_counter` variables).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LossScale {
+    /// The factor the loss is multiplied by.
+    pub(crate) scale: f32,
+    /// Finite steps in a row since the scale last changed.
+    pub(crate) counter: u64,
+}
+
+/// An optimizer with its state: slots per layer and weight, the iteration count, the loss
+/// scale, and the learning rate when a callback set it.
+#[derive(Debug)]
+pub(crate) struct OptimizerState {
+    pub(crate) config: Optimizer,
+    slots: Vec<Vec<Slots>>,
+    /// Completed steps (Keras' `optimizer.iterations`; steps that loss scaling skipped are not
+    /// counted).
+    pub(crate) iterations: u64,
+    /// The loss scale, under a [`LossScaleOptimizer`].
+    pub(crate) loss_scale: Option<LossScale>,
+    /// The constant learning rate (Keras' `learning_rate` variable, which callbacks assign);
+    /// unused under a schedule.
+    learning_rate: f32,
+}
+
+impl OptimizerState {
+    pub(crate) fn new(config: Optimizer, layers: usize) -> OptimizerState {
+        OptimizerState {
+            slots: (0..layers).map(|_| Vec::new()).collect(),
+            iterations: 0,
+            loss_scale: config.loss_scaling().map(|l| LossScale {
+                scale: l.initial_scale,
+                counter: 0,
+            }),
+            learning_rate: config.constant_learning_rate(),
+            config,
+        }
+    }
+
+    /// The learning rate of the next step: the schedule's value at `iterations`, or the
+    /// constant rate (Keras' `optimizer.learning_rate`).
+    pub(crate) fn learning_rate(&self) -> f32 {
+        match &self.config.options().schedule {
+            Some(s) => s.value(self.iterations),
+            None => self.learning_rate,
+        }
+    }
+
+    /// Sets the constant learning rate (`optimizer.learning_rate = lr`).
+    ///
+    /// # Errors
+    /// Under a schedule (Keras' `TypeError`), or a rate that is not a finite number >= 0.
+    pub(crate) fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+        if self.config.options().schedule.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: This optimizer was created with a `LearningRateSchedule` object as its \
+                 `learning_rate` constructor argument, hence its learning rate is not settable. \
+                 If you need the learning rate to be settable, you should instantiate the \
+                 optimizer with a float `learning_rate` argument.",
+                self.config.base().name()
+            )));
+        }
+        if !lr.is_finite() || lr < 0.0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: learning_rate must be a finite number >= 0, got {lr}",
+                self.config.base().name()
+            )));
+        }
+        self.learning_rate = lr;
+        Ok(())
+    }
+
+    /// The factor the next step multiplies its loss by: the loss scale, or 1.
+    pub(crate) fn loss_factor(&self) -> f32 {
+        self.loss_scale.map_or(1.0, |l| l.scale)
+    }
+
+    /// The gradients the update applies: without loss scaling, `grads` as they are; under it,
+    /// `grads` divided by the scale (new tensors, so an allocation: call before any weight
+    /// changes), or `None` when some element is not finite and the step is skipped. One kernel
+    /// per gradient unscales and checks; one flag per device is read.
+    ///
+    /// # Errors
+    /// Device errors, out of memory.
+    pub(crate) fn unscaled(&self, grads: &[Vec<Tensor>]) -> Result<Option<Vec<Vec<Tensor>>>> {
+        let Some(ls) = self.loss_scale else {
+            return Ok(Some(grads.to_vec()));
+        };
+        // Keras divides by the scale; for a power of two multiplying by its inverse is exact.
+        let inverse = 1.0 / ls.scale;
+        let lens: Vec<usize> = grads.iter().map(Vec::len).collect();
+        let flat: Vec<Tensor> = grads.iter().flatten().cloned().collect();
+        let (unscaled, finite) = ops::unscale_checked(&flat, inverse)?;
+        if !finite {
+            return Ok(None);
+        }
+        let mut rest = unscaled.into_iter();
+        Ok(Some(
+            lens.iter()
+                .map(|&n| rest.by_ref().take(n).collect())
+                .collect(),
+        ))
+    }
+
+    /// Every gradient of one copy of the model (all its layers' gradients, in any grouping),
+    /// clipped as the optimizer's `clipnorm`, `global_clipnorm` or `clipvalue` asks (Keras'
+    /// `_clip_gradients`): new tensors, so call before any weight changes. The norms are sums
+    /// of squares on each gradient's device (the global one summed on the first gradient's
+    /// device and read there by every clip kernel): nothing waits for a device.
+    ///
+    /// # Errors
+    /// Device errors, out of memory.
+    pub(crate) fn clipped(&self, grads: &[Vec<Tensor>]) -> Result<Vec<Vec<Tensor>>> {
+        let Some(mode) = self.config.options().clip() else {
+            return Ok(grads.to_vec());
+        };
+        let sum_squares = |g: &Tensor| -> Result<Tensor> {
+            let _scope = g.device_handle().scope();
+            g.mul(g)?.reduce_sum(None)
+        };
+        let global = match mode {
+            ClipMode::GlobalNorm(_) => {
+                let sums = grads
+                    .iter()
+                    .flatten()
+                    .map(&sum_squares)
+                    .collect::<Result<Vec<_>>>()?;
+                match sums.first() {
+                    Some(first) => {
+                        let _scope = first.device_handle().scope();
+                        let refs: Vec<&Tensor> = sums.iter().collect();
+                        Some(Tensor::add_n(&refs)?)
+                    }
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        grads
+            .iter()
+            .map(|layer| {
+                layer
+                    .iter()
+                    .map(|g| match mode {
+                        ClipMode::Norm(_) => {
+                            ops::clip_gradient(g, Some(&sum_squares(g)?.reshape(&[1])?), mode)
+                        }
+                        ClipMode::GlobalNorm(_) => {
+                            let total = global.as_ref().map(|t| t.reshape(&[1])).transpose()?;
+                            ops::clip_gradient(g, total.as_ref(), mode)
+                        }
+                        ClipMode::Value(_) => ops::clip_gradient(g, None, mode),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Updates the weights of layer `layer` in place with their gradients, on each weight's
+    /// device: the weight decay first (Keras' `_apply_weight_decay`), then the optimizer's
+    /// step, both at the step's learning rate. Call once per layer per step, then
+    /// [`OptimizerState::finish_step`].
+    pub(crate) fn apply(
+        &mut self,
+        layer: usize,
+        weights: &[&Tensor],
+        grads: &[Tensor],
+    ) -> Result<()> {
+        if weights.len() != grads.len() {
+            return Err(Error::Model(format!(
+                "optimizer: {} gradients for {} weights",
+                grads.len(),
+                weights.len()
+            )));
+        }
+        self.ensure_slots(layer, weights)?;
+        let lr = self.learning_rate();
+        let step = u32::try_from(self.iterations + 1).unwrap_or(u32::MAX);
+        let base = self.config.base();
+        let decay = base.options().weight_decay;
+        for ((w, g), slot) in weights.iter().zip(grads).zip(self.slots[layer].iter()) {
+            let _scope = w.device_handle().scope();
+            if let Some(wd) = decay {
+                ops::weight_decay_update(w, wd, lr)?;
+            }
+            let adam = |a: &Adam| AdamParams {
+                lr,
+                beta1: a.beta_1,
+                beta2: a.beta_2,
+                epsilon: a.epsilon,
+                step,
+            };
+            match (base, slot) {
+                (Optimizer::Sgd(s), slot) => {
+                    let p = SgdParams {
+                        lr,
+                        momentum: s.momentum,
+                        nesterov: s.nesterov,
+                    };
+                    let velocity = match slot {
+                        Slots::Velocity(v) => Some(v),
+                        _ => None,
+                    };
+                    ops::sgd_update(w, g, velocity, &p)?;
+                }
+                (Optimizer::Adam(a), Slots::Moments(m, v)) => {
+                    ops::adam_update(w, g, m, v, &adam(a))?;
+                }
+                (Optimizer::AdamW(a), Slots::Moments(m, v)) => {
+                    ops::adam_update(w, g, m, v, &adam(&a.adam()))?;
+                }
+                (
+                    Optimizer::RmsProp(r),
+                    Slots::Rms {
+                        velocity,
+                        momentum,
+                        average,
+                    },
+                ) => {
+                    let p = RmspropParams {
+                        lr,
+                        rho: r.rho,
+                        momentum: r.momentum,
+                        epsilon: r.epsilon,
+                        centered: r.centered,
+                    };
+                    ops::rmsprop_update(w, g, velocity, average.as_ref(), momentum.as_ref(), &p)?;
+                }
+                (Optimizer::LossScale(_), _) => {
+                    return Err(Error::Model("optimizer: nested loss scaling".into()))
+                }
+                (other, _) => {
+                    return Err(Error::Model(format!(
+                        "optimizer: {} slots missing",
+                        other.name()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the slots of layer `layer` (zeros on each weight's device) unless they exist:
+    /// the only allocation of an update, so a caller can make it before touching any weight.
+    pub(crate) fn ensure_slots(&mut self, layer: usize, weights: &[&Tensor]) -> Result<()> {
+        if self.slots.len() <= layer {
+            self.slots.resize_with(layer + 1, Vec::new);
+        }
+        let slots = &mut self.slots[layer];
+        if slots.len() != weights.len() {
+            *slots = weights
+                .iter()
+                .map(|w| new_slots(&self.config, w))
+                .collect::<Result<_>>()?;
+        }
+        Ok(())
+    }
+
+    /// The slot tensors of layer `layer`, in a fixed order.
+    pub(crate) fn slot_tensors(&self, layer: usize) -> Vec<&Tensor> {
+        self.named_slots(layer)
+            .into_iter()
+            .map(|(_, _, t)| t)
+            .collect()
+    }
+
+    /// The slot tensors of layer `layer` with their weight's index and Keras 3's slot name:
+    /// `momentum` (SGD's velocity, Adam's first moment, RMSprop's momentum), `velocity`
+    /// (Adam's second moment, RMSprop's squared-gradient average), `average_gradient`
+    /// (centered RMSprop).
+    pub(crate) fn named_slots(&self, layer: usize) -> Vec<(usize, &'static str, &Tensor)> {
+        let Some(slots) = self.slots.get(layer) else {
+            return Vec::new();
+        };
+        slots
+            .iter()
+            .enumerate()
+            .flat_map(|(w, s)| s.named().into_iter().map(move |(n, t)| (w, n, t)))
+            .collect()
+    }
+
+    /// Ends a step: counts it when it `applied` its update, and moves the loss scale by
+    /// Keras' rules (halved after a skipped step; doubled after `dynamic_growth_steps` applied
+    /// ones in a row).
+    pub(crate) fn finish_step(&mut self, applied: bool) {
+        if applied {
+            self.iterations += 1;
+        }
+        let growth = self
+            .config
+            .loss_scaling()
+            .map_or(u64::MAX, |l| l.dynamic_growth_steps);
+        if let Some(ls) = self.loss_scale.as_mut() {
+            if !applied {
+                ls.scale *= 0.5;
+                ls.counter = 0;
+            } else if ls.counter + 1 >= growth {
+                ls.scale *= 2.0;
+                ls.counter = 0;
+            } else {
+                ls.counter += 1;
+            }
+        }
+    }
+}
+
+/// The slot names of each weight under `config`, in [`OptimizerState::named_slots`] order.
+pub(crate) fn slot_names(config: &Optimizer) -> &'static [&'static str] {
+    match config.base() {
+        Optimizer::Sgd(s) if s.momentum != 0.0 => &["momentum"],
+        Optimizer::Sgd(_) => &[],
+        Optimizer::Adam(_) | Optimizer::AdamW(_) | Optimizer::LossScale(_) => {
+            &["momentum", "velocity"]
+        }
+        Optimizer::RmsProp(r) => match (r.momentum > 0.0, r.centered) {
+            (false, false) => &["velocity"],
+            (true, false) => &["velocity", "momentum"],
+            (false, true) => &["velocity", "average_gradient"],
+            (true, true) => &["velocity", "momentum", "average_gradient"],
+        },
+    }
+}
+
+fn new_slots(config: &Optimizer, w: &Tensor) -> Result<Slots> {
+    let zeros = || Tensor::zeros_on(w.shape(), DType::F32, w.device_handle());
+    Ok(match config.base() {
+        Optimizer::Sgd(s) if s.momentum != 0.0 => Slots::Velocity(zeros()?),
+        Optimizer::Sgd(_) => Slots::None,
+        Optimizer::Adam(_) | Optimizer::AdamW(_) | Optimizer::LossScale(_) => {
+            Slots::Moments(zeros()?, zeros()?)
+        }
+        Optimizer::RmsProp(r) => Slots::Rms {
+            velocity: zeros()?,
+            momentum: (r.momentum > 0.0).then(zeros).transpose()?,
+            average: r.centered.then(zeros).transpose()?,
+        },
+    })
+}

@@ -1,0 +1,235 @@
+//! Optimizer updates in place on the parameter's device (SGD, momentum, Adam, RMSprop,
+//! weight decay) and gradient clipping.
+
+use crate::error::{Error, Result};
+use crate::ops::gpu::nn as gn;
+use crate::ops::nn_kernels::NnKernels;
+use crate::ops::spec::{AdamParams, SgdParams};
+use crate::ops::spec::{ClipMode, RmspropParams};
+use crate::ops::{run, with_kernels};
+use crate::placement::OpInfo;
+use crate::tensor::{DType, Tensor};
+
+use super::{expect_f32, mismatch, op};
+
+const SGD_UPDATE: OpInfo = op("ResourceApplyGradientDescent", gn::SGD_UPDATE);
+const MOMENTUM_UPDATE: OpInfo = op("ResourceApplyKerasMomentum", gn::MOMENTUM_UPDATE);
+const ADAM_UPDATE: OpInfo = op("ResourceApplyAdam", gn::ADAM_UPDATE);
+// ---- optimizers: RMSprop, weight decay, gradient clipping ----
+const RMSPROP_UPDATE: OpInfo = op("ResourceApplyRMSProp", gn::RMSPROP_UPDATE);
+const CENTERED_RMSPROP_UPDATE: OpInfo = op("ResourceApplyCenteredRMSProp", gn::RMSPROP_UPDATE);
+const WEIGHT_DECAY: OpInfo = op("AssignSubVariableOp", gn::WEIGHT_DECAY_UPDATE);
+const CLIP_BY_NORM: OpInfo = op("ClipByNorm", gn::CLIP);
+const CLIP_BY_VALUE: OpInfo = op("ClipByValue", gn::CLIP);
+
+/// Whether two tensors are views of the same memory. Empty ones count too: on the CPU a
+/// variable's write guard and its own gradient's read guard would deadlock whatever the size.
+fn same_memory(a: &Tensor, b: &Tensor) -> bool {
+    a.shares_storage(b)
+}
+
+/// Runs an in-place update of `w` (and its `slots`) on `w`'s device, whatever the current
+/// scope says: parameters never move (TensorFlow colocates `ResourceApply*` ops with their
+/// variable). The gradient is brought to that device; the placement is logged as usual.
+fn update_in_place(
+    info: &'static OpInfo,
+    w: &Tensor,
+    g: &Tensor,
+    slots: &[&Tensor],
+    f: impl FnOnce(&dyn NnKernels, &Tensor) -> Result<()> + Send,
+) -> Result<()> {
+    let name = info.name;
+    expect_f32(name, &[w, g])?;
+    expect_f32(name, slots)?;
+    for t in std::iter::once(&g).chain(slots) {
+        if t.shape() != w.shape() {
+            return Err(mismatch(
+                name,
+                w.shape(),
+                t.shape(),
+                ": the gradient and the optimizer slots must have the variable's shape",
+            ));
+        }
+    }
+    // Every written tensor must own its memory: a write lock and a read of the same storage
+    // would deadlock on the CPU, and the kernels read each element once before writing it.
+    let written: Vec<&Tensor> = std::iter::once(w).chain(slots.iter().copied()).collect();
+    for (i, a) in written.iter().enumerate() {
+        for b in written[i + 1..].iter().chain(std::iter::once(&g)) {
+            if same_memory(a, b) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: the variable, its gradient and its slots must be distinct tensors"
+                )));
+            }
+        }
+    }
+    let home = w.device_handle();
+    for s in slots {
+        if !s.device_handle().same_device(home) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: an optimizer slot is on {} but its variable is on {}; slots live with \
+                 their variable",
+                s.device_handle().name(),
+                home.name()
+            )));
+        }
+    }
+    if let Err(missing) = crate::placement::can_run(home, info) {
+        return Err(Error::Unsupported {
+            op: name,
+            device: home.full_name().to_string(),
+            missing,
+        });
+    }
+    let _scope = home.scope();
+    run(info, &[w, g], |device, moved| {
+        if !device.same_device(home) {
+            return Err(Error::Unsupported {
+                op: name,
+                device: home.full_name().to_string(),
+                missing: format!("the update was placed on {} instead", device.name()),
+            });
+        }
+        with_kernels(device, |_, nk| f(nk, &moved[1]))
+    })
+}
+
+/// One Keras SGD step on `w`, in place, on `w`'s device (`tf.raw_ops.ResourceApplyGradientDescent`,
+/// or `ResourceApplyKerasMomentum` with a velocity): without momentum `w -= lr * g`; with a
+/// `velocity` slot `v = momentum * v - lr * g; w += v` (Nesterov: `w += momentum * v - lr * g`).
+/// `g` is copied to `w`'s device if it is elsewhere; the velocity must already be there.
+///
+/// # Errors
+/// Wrong dtypes or shapes; a momentum without a velocity slot; a velocity on another device;
+/// `w`, `g` and the velocity sharing memory.
+pub fn sgd_update(w: &Tensor, g: &Tensor, velocity: Option<&Tensor>, p: &SgdParams) -> Result<()> {
+    match velocity {
+        None if p.momentum != 0.0 => Err(Error::InvalidArgument(format!(
+            "{}: momentum {} needs a velocity slot",
+            MOMENTUM_UPDATE.name, p.momentum
+        ))),
+        None => update_in_place(&SGD_UPDATE, w, g, &[], |nk, g| nk.sgd(w, g, p)),
+        Some(v) => update_in_place(&MOMENTUM_UPDATE, w, g, &[v], |nk, g| {
+            nk.sgd_momentum(w, g, v, p)
+        }),
+    }
+}
+
+/// One Keras 3 Adam step on `w`, in place, on `w`'s device (`tf.raw_ops.ResourceApplyAdam`):
+/// `m += (g - m)(1 - β1); v += (g² - v)(1 - β2); w -= α m / (√v + ε)` with
+/// `α = lr √(1 - β2^t) / (1 - β1^t)` (computed in f64), `t = p.step`, 1-based.
+///
+/// # Errors
+/// Wrong dtypes or shapes; step 0; slots on another device; tensors sharing memory.
+pub fn adam_update(w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, p: &AdamParams) -> Result<()> {
+    if p.step == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the step count is 1-based; step 0 has no bias correction",
+            ADAM_UPDATE.name
+        )));
+    }
+    update_in_place(&ADAM_UPDATE, w, g, &[m, v], |nk, g| nk.adam(w, g, m, v, p))
+}
+
+// ---- optimizers: RMSprop, weight decay, gradient clipping ----
+
+/// One Keras 3 RMSprop step on `w`, in place, on `w`'s device
+/// (`tf.raw_ops.ResourceApplyRMSProp`, or `ResourceApplyCenteredRMSProp` with an `average`
+/// slot): `v = ρ v + (1 - ρ) g²`; centered `a = ρ a + (1 - ρ) g` and `d = v - a² + ε`, else
+/// `d = v + ε`; `Δ = lr g / √d`; with a `momentum` slot `m = μ m + Δ; w -= m`, else `w -= Δ`.
+///
+/// # Errors
+/// Wrong dtypes or shapes; `centered` without an average slot (or the reverse), a momentum
+/// without its slot; slots on another device; tensors sharing memory.
+pub fn rmsprop_update(
+    w: &Tensor,
+    g: &Tensor,
+    v: &Tensor,
+    average: Option<&Tensor>,
+    momentum: Option<&Tensor>,
+    p: &RmspropParams,
+) -> Result<()> {
+    let info = if p.centered {
+        &CENTERED_RMSPROP_UPDATE
+    } else {
+        &RMSPROP_UPDATE
+    };
+    if p.centered != average.is_some() || (p.momentum != 0.0) != momentum.is_some() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: centered={} and momentum={} need {} average-gradient and {} momentum slot",
+            info.name,
+            p.centered,
+            p.momentum,
+            if p.centered { "an" } else { "no" },
+            if p.momentum != 0.0 { "a" } else { "no" },
+        )));
+    }
+    let slots: Vec<&Tensor> = std::iter::once(v).chain(average).chain(momentum).collect();
+    update_in_place(info, w, g, &slots, |nk, g| {
+        nk.rmsprop(w, g, v, average, momentum, p)
+    })
+}
+
+/// Keras' decoupled weight decay on `w`, in place, on `w`'s device: `w -= w * wd * lr`
+/// (`optimizer._apply_weight_decay`, run before the update with the step's learning rate).
+///
+/// # Errors
+/// A `w` that is not float32; device errors.
+pub fn weight_decay_update(w: &Tensor, wd: f32, lr: f32) -> Result<()> {
+    let name = WEIGHT_DECAY.name;
+    expect_f32(name, &[w])?;
+    let home = w.device_handle();
+    let _scope = home.scope();
+    run(&WEIGHT_DECAY, &[w], |device, _| {
+        if !device.same_device(home) {
+            return Err(Error::Unsupported {
+                op: name,
+                device: home.full_name().to_string(),
+                missing: format!("the update was placed on {} instead", device.name()),
+            });
+        }
+        with_kernels(device, |_, nk| nk.weight_decay(w, wd, lr))
+    })
+}
+
+/// `g` clipped as Keras 3's optimizers clip it, in a new tensor on `g`'s device:
+/// [`ClipMode::Norm`] (`tf.clip_by_norm`, the norm of `g` itself) and
+/// [`ClipMode::GlobalNorm`] (the scale of `clip_by_global_norm`) take their norm from
+/// `sum_squares`, a one-element tensor holding the sum of squares (`g`'s own, or every
+/// gradient's), read on the device: no host wait. [`ClipMode::Value`] ignores it.
+///
+/// # Errors
+/// A norm mode without `sum_squares`, or one that is not one element; a clip value that is not
+/// a finite number > 0; dtypes other than float32.
+pub fn clip_gradient(g: &Tensor, sum_squares: Option<&Tensor>, mode: ClipMode) -> Result<Tensor> {
+    let (info, c) = match mode {
+        ClipMode::Norm(c) | ClipMode::GlobalNorm(c) => (&CLIP_BY_NORM, c),
+        ClipMode::Value(c) => (&CLIP_BY_VALUE, c),
+    };
+    if !(c.is_finite() && c > 0.0) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the clip value must be a finite number > 0, got {c}",
+            info.name
+        )));
+    }
+    let ss = match (mode, sum_squares) {
+        (ClipMode::Value(_), _) => None,
+        (_, Some(t)) if t.len() == 1 => Some(t),
+        (_, other) => {
+            return Err(Error::InvalidArgument(format!(
+                "{}: needs the sum of squares as one element, got {}",
+                info.name,
+                other.map_or("none".to_string(), |t| format!("shape {:?}", t.shape()))
+            )))
+        }
+    };
+    let mut inputs = vec![g];
+    inputs.extend(ss);
+    expect_f32(info.name, &inputs)?;
+    let _scope = g.device_handle().scope();
+    run(info, &inputs, |device, moved| {
+        let out = Tensor::uninit(g.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| nk.clip(&moved[0], moved.get(1), &out, mode))?;
+        Ok(out)
+    })
+}

@@ -1,0 +1,294 @@
+//! The fused separable convolution (`SeparableConv2D`: depthwise, then pointwise, bias and
+//! activation) and its gradients, with or without a 2×2 max-pool after it.
+
+use crate::error::Result;
+use crate::ops::gpu::nn as gn;
+use crate::ops::nn_kernels::{SeparableBackward, SeparableForward};
+use crate::ops::spec::{Activation, DepthwiseShape, Padding};
+use crate::ops::{run, with_kernels};
+use crate::placement::OpInfo;
+use crate::tensor::Tensor;
+
+use super::depthwise::depthwise_shape;
+use super::{float_dtype, mismatch, op};
+
+const SEPARABLE: OpInfo = op("FusedSeparableConv2D", gn::SEPARABLE);
+const SEPARABLE_BACKWARD: OpInfo = op("FusedSeparableConv2DGrad", gn::SEPARABLE_BACKWARD);
+const SEPARABLE_MAX_POOL_BACKWARD: OpInfo = op(
+    "FusedSeparableConv2DMaxPoolGrad",
+    gn::SEPARABLE_MAX_POOL_BACKWARD,
+);
+
+/// The shapes of a separable convolution: the depthwise shape and the filter count, from `x`,
+/// the depthwise kernel and the pointwise kernel.
+fn separable_shape(
+    op: &'static str,
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+) -> Result<(DepthwiseShape, usize)> {
+    let s = depthwise_shape(op, x.shape(), depthwise.shape(), Padding::Same.into())?;
+    if s.multiplier != 1 {
+        return Err(mismatch(
+            op,
+            x.shape(),
+            depthwise.shape(),
+            ": the fused separable convolution takes depth multiplier 1 (run \
+             depthwise_conv2d_with and pointwise_conv2d for others)",
+        ));
+    }
+    if s.c == 0 {
+        return Err(mismatch(
+            op,
+            x.shape(),
+            depthwise.shape(),
+            ": the input has no channels",
+        ));
+    }
+    match *pointwise.shape() {
+        [1, 1, c, filters] if c == s.c => Ok((s, filters)),
+        _ => Err(mismatch(
+            op,
+            x.shape(),
+            pointwise.shape(),
+            format!(
+                ": the pointwise kernel must be [1, 1, {}, filters] for {} channels",
+                s.c, s.c
+            ),
+        )),
+    }
+}
+
+/// Keras' `SeparableConv2D` in one op: `act(pointwise(depthwise(x)) + bias)`, i.e.
+/// `tf.nn.separable_conv2d(x, depthwise, pointwise, [1, 1, 1, 1], "SAME")` + `tf.nn.bias_add`
+/// + the activation.
+///
+/// `x` is `[n, h, w, c]`, `depthwise` `[kh, kw, c, 1]`, `pointwise` `[1, 1, c, filters]`,
+/// `bias` `[filters]`; the output is `[n, h, w, filters]`. On the CPU a few images at a time go
+/// through both halves while in cache, so the depthwise output never goes through memory; a
+/// GPU runs [`depthwise_conv2d`](crate::ops::depthwise_conv2d) and [`pointwise_conv2d`](crate::ops::pointwise_conv2d).
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 1, 1, 2])?;
+/// let depthwise = Tensor::from_vec(vec![2.0f32, 3.0], &[1, 1, 2, 1])?;
+/// let pointwise = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 1, 2, 1])?;
+/// let bias = Tensor::from_vec(vec![0.5f32], &[1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, Some(&bias), Activation::Linear)?;
+/// assert_eq!(y.to_vec::<f32>()?, [1.0 * 2.0 - 2.0 * 3.0 + 0.5]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together (named in the message).
+pub fn separable_conv2d(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<Tensor> {
+    let name = SEPARABLE.name;
+    let dtype = float_dtype(name, &[x, depthwise, pointwise])?;
+    let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
+    if let Some(b) = bias {
+        b.expect_dtype("BiasAdd", dtype)?;
+        if b.shape() != [filters] {
+            return Err(mismatch(
+                "BiasAdd",
+                pointwise.shape(),
+                b.shape(),
+                format!(": the bias must have shape [{filters}]"),
+            ));
+        }
+    }
+    let mut inputs = vec![x, depthwise, pointwise];
+    inputs.extend(bias);
+    run(&SEPARABLE, &inputs, |device, moved| {
+        let y = Tensor::uninit(&[s.n, s.h, s.w, filters], dtype, device)?;
+        let f = SeparableForward {
+            x: &moved[0],
+            depthwise: &moved[1],
+            pointwise: &moved[2],
+            bias: moved.get(3),
+            y: &y,
+            s,
+            filters,
+            act,
+        };
+        with_kernels(device, |_, nk| nk.separable(&f))?;
+        Ok(y)
+    })
+}
+
+/// The gradients of [`separable_conv2d`], from what [`separable_conv2d_backward`] returns.
+#[derive(Debug)]
+pub struct SeparableConv2dGrads {
+    /// W.r.t. the input (`None` unless asked for).
+    pub dx: Option<Tensor>,
+    /// W.r.t. the depthwise kernel `[kh, kw, c, 1]`.
+    pub depthwise: Tensor,
+    /// W.r.t. the pointwise kernel `[1, 1, c, filters]`.
+    pub pointwise: Tensor,
+    /// W.r.t. the bias `[filters]`.
+    pub bias: Tensor,
+}
+
+/// The gradients of [`separable_conv2d`] from `dy`, the gradient w.r.t. its activated output
+/// `y`: with `dz = dy * act'(y)` and `d` the depthwise output, the pointwise kernel's is
+/// `dᵀ · dz`, the bias' `Σ dz`, and the depthwise kernel's and the input's those of
+/// [`depthwise_conv2d`](crate::ops::depthwise_conv2d) from `dz · pointwiseᵀ`; the input's only when `need_dx`.
+///
+/// `d` is recomputed from `x` (the forward op does not keep it). On the CPU this runs a few
+/// images at a time with every intermediate in cache; a GPU runs the unfused ops.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 1, 1, 2])?;
+/// let depthwise = Tensor::from_vec(vec![2.0f32, 3.0], &[1, 1, 2, 1])?;
+/// let pointwise = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 1, 2, 1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, None, Activation::Linear)?;
+/// let dy = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let g = ops::separable_conv2d_backward(&x, &depthwise, &pointwise, &y, &dy, Activation::Linear, true)?;
+/// assert_eq!(g.pointwise.to_vec::<f32>()?, [2.0, 6.0]); // d = [2, 6]
+/// assert_eq!(g.depthwise.to_vec::<f32>()?, [1.0, -2.0]); // x * (dz · pointwiseᵀ)
+/// assert_eq!(g.dx.unwrap().to_vec::<f32>()?, [2.0, -3.0]);
+/// assert_eq!(g.bias.to_vec::<f32>()?, [1.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn separable_conv2d_backward(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<SeparableConv2dGrads> {
+    let weights = [depthwise, pointwise];
+    separable_grads(false, x, weights, y, dy, act, need_dx)
+}
+
+/// The gradients of `max_pool2d(separable_conv2d(x, ...))` from `dpooled`, the gradient w.r.t.
+/// the pooled output: what [`max_pool2d_backward`](crate::ops::max_pool2d_backward) of `y` followed by
+/// [`separable_conv2d_backward`] gives, in one op. `y` is the separable convolution's activated
+/// output (the pool's input).
+///
+/// On the CPU each block of images routes `dpooled` to its windows' maxima and applies the
+/// activation's gradient while `y` is in cache, so the full-size gradient of `y` (12.8 MB for
+/// the tutorial's first separable layer at batch 128) is never written or read back; a GPU
+/// runs the two ops.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 0.5], &[1, 2, 2, 1])?;
+/// let depthwise = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let pointwise = Tensor::from_vec(vec![2.0f32], &[1, 1, 1, 1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, None, Activation::Linear)?;
+/// let dpooled = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let g = ops::separable_conv2d_max_pool_backward(
+///     &x, &depthwise, &pointwise, &y, &dpooled, Activation::Linear, true)?;
+/// // The window's maximum is y = 6 (x = 3): only that pixel gets a gradient.
+/// assert_eq!(g.dx.unwrap().to_vec::<f32>()?, [0.0, 0.0, 2.0, 0.0]);
+/// assert_eq!(g.pointwise.to_vec::<f32>()?, [3.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn separable_conv2d_max_pool_backward(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    y: &Tensor,
+    dpooled: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<SeparableConv2dGrads> {
+    let weights = [depthwise, pointwise];
+    separable_grads(true, x, weights, y, dpooled, act, need_dx)
+}
+
+/// [`separable_conv2d_backward`] (`dy` w.r.t. `y`) or, when `pooled`,
+/// [`separable_conv2d_max_pool_backward`] (`dy` w.r.t. the max-pool of `y`).
+fn separable_grads(
+    pooled: bool,
+    x: &Tensor,
+    [depthwise, pointwise]: [&Tensor; 2],
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    need_dx: bool,
+) -> Result<SeparableConv2dGrads> {
+    let info = if pooled {
+        &SEPARABLE_MAX_POOL_BACKWARD
+    } else {
+        &SEPARABLE_BACKWARD
+    };
+    let name = info.name;
+    let dtype = float_dtype(name, &[x, depthwise, pointwise, y, dy])?;
+    let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
+    let out_shape = [s.n, s.h, s.w, filters];
+    if y.shape() != out_shape {
+        return Err(mismatch(
+            name,
+            y.shape(),
+            &out_shape,
+            ": the output must have the forward output's shape",
+        ));
+    }
+    let dy_shape = if pooled {
+        [s.n, s.h / 2, s.w / 2, filters]
+    } else {
+        out_shape
+    };
+    if dy.shape() != dy_shape {
+        let hint = if pooled {
+            ": the gradient must have the pooled output's shape"
+        } else {
+            ": the gradient must have the forward output's shape"
+        };
+        return Err(mismatch(name, dy.shape(), &dy_shape, hint));
+    }
+    run(info, &[x, depthwise, pointwise, y, dy], |device, moved| {
+        let dx = if need_dx {
+            Some(Tensor::uninit(x.shape(), dtype, device)?)
+        } else {
+            None
+        };
+        let d_depthwise = Tensor::uninit(depthwise.shape(), dtype, device)?;
+        let d_pointwise = Tensor::uninit(pointwise.shape(), dtype, device)?;
+        let d_bias = Tensor::uninit(&[filters], dtype, device)?;
+        let g = SeparableBackward {
+            x: &moved[0],
+            depthwise: &moved[1],
+            pointwise: &moved[2],
+            y: &moved[3],
+            dy: &moved[4],
+            pooled,
+            dx: dx.as_ref(),
+            d_depthwise: &d_depthwise,
+            d_pointwise: &d_pointwise,
+            d_bias: &d_bias,
+            s,
+            filters,
+            act,
+        };
+        with_kernels(device, |_, nk| nk.separable_backward(&g))?;
+        Ok(SeparableConv2dGrads {
+            dx,
+            depthwise: d_depthwise,
+            pointwise: d_pointwise,
+            bias: d_bias,
+        })
+    })
+}
