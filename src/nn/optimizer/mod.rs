@@ -203,13 +203,29 @@ impl From<LossScaleOptimizer> for Optimizer {
     }
 }
 
+/// As Keras lists an optimizer's config: `SGD(learning_rate=0.01, momentum=0,
+/// nesterov=false)`, then the options that are set; a schedule shows in place of the rate.
+///
+/// ```
+/// use anygpu::nn::{ExponentialDecay, Optimizer, Sgd};
+/// let sgd: Optimizer = Sgd::new(0.01).into();
+/// assert_eq!(sgd.to_string(), "SGD(learning_rate=0.01, momentum=0, nesterov=false)");
+/// let decayed: Optimizer = Sgd::new(0.01)
+///     .learning_rate_schedule(ExponentialDecay::new(0.1, 100, 0.9))
+///     .into();
+/// assert_eq!(
+///     decayed.to_string(),
+///     "SGD(learning_rate=ExponentialDecay(initial_learning_rate=0.1, decay_steps=100, \
+///      decay_rate=0.9, staircase=false), momentum=0, nesterov=false)"
+/// );
+/// ```
 impl fmt::Display for Optimizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Optimizer::Sgd(s) => write!(
                 f,
                 "SGD(learning_rate={}, momentum={}, nesterov={}{})",
-                s.learning_rate,
+                s.options.shown_rate(s.learning_rate),
                 s.momentum,
                 s.nesterov,
                 s.options.describe()
@@ -217,7 +233,7 @@ impl fmt::Display for Optimizer {
             Optimizer::Adam(a) => write!(
                 f,
                 "Adam(learning_rate={}, beta_1={}, beta_2={}, epsilon={}{})",
-                a.learning_rate,
+                a.options.shown_rate(a.learning_rate),
                 a.beta_1,
                 a.beta_2,
                 a.epsilon,
@@ -226,7 +242,7 @@ impl fmt::Display for Optimizer {
             Optimizer::AdamW(a) => write!(
                 f,
                 "AdamW(learning_rate={}, beta_1={}, beta_2={}, epsilon={}{})",
-                a.learning_rate,
+                a.options.shown_rate(a.learning_rate),
                 a.beta_1,
                 a.beta_2,
                 a.epsilon,
@@ -235,7 +251,7 @@ impl fmt::Display for Optimizer {
             Optimizer::RmsProp(r) => write!(
                 f,
                 "RMSprop(learning_rate={}, rho={}, momentum={}, epsilon={}, centered={}{})",
-                r.learning_rate,
+                r.options.shown_rate(r.learning_rate),
                 r.rho,
                 r.momentum,
                 r.epsilon,

@@ -79,12 +79,18 @@ impl BaseOptions {
         Ok(())
     }
 
-    /// The options after the hyper-parameters in `Display`, only those set.
+    /// `learning_rate` as the optimizer shows it: the schedule when there is one, else the
+    /// constant `rate`.
+    pub(super) fn shown_rate(&self, rate: f32) -> String {
+        match &self.schedule {
+            Some(s) => s.to_string(),
+            None => rate.to_string(),
+        }
+    }
+
+    /// The options after the hyper-parameters in `Display`, only those set, as `, name=value`.
     pub(super) fn describe(&self) -> String {
         let mut out = String::new();
-        if let Some(s) = &self.schedule {
-            out += &format!(", learning_rate={s}");
-        }
         for (what, v) in [
             ("weight_decay", self.weight_decay),
             ("clipnorm", self.clipnorm),
