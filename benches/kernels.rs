@@ -6,7 +6,7 @@
 //! criterion's "elem/s" reads as FLOP/s) or, for pooling, bytes of input. Each timed region ends
 //! with `device.synchronize()`, so GPU times include the work, not just its recording.
 //!
-//! Each benchmark runs the ops the layer runs on that device (`nn/layers.rs`), and its runtime
+//! Each benchmark runs the ops the layer runs on that device (`nn/layers/`), and its runtime
 //! has soft placement off: an op the device cannot run (no kernel, a shader the adapter
 //! rejects) fails the benchmark with TensorFlow's placement error before anything is timed,
 //! instead of reporting CPU numbers under a GPU's name.

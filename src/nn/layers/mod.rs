@@ -1,0 +1,385 @@
+//! The layers of the tutorial CNN: [`Conv2D`], [`SeparableConv2D`], [`MaxPool2D`], [`Flatten`]
+//! and [`Dense`], and the [`Layer`] trait they implement.
+//!
+//! Shapes exclude the batch axis, as Keras' `input_shape=` does: an image layer takes
+//! `[height, width, channels]` (NHWC with the batch in front), a [`Dense`] layer `[features]`.
+//!
+//! One file per layer (`conv2d.rs`, `separable.rs`, `max_pool.rs`, `flatten.rs`, `dense.rs`);
+//! here the trait and the helpers every layer shares (its variables, its errors, its weights in
+//! the input's dtype, its activation run fused or as its own op).
+
+use std::fmt;
+
+use crate::device::LogicalDevice;
+use crate::error::{Error, Result};
+use crate::mixed_precision::Policy;
+use crate::nn::activation::Activation;
+use crate::ops;
+use crate::tensor::{DType, Tensor};
+
+mod conv2d;
+mod dense;
+mod flatten;
+mod max_pool;
+mod separable;
+
+pub use conv2d::Conv2D;
+pub use dense::Dense;
+pub use flatten::Flatten;
+pub use max_pool::MaxPool2D;
+pub use separable::SeparableConv2D;
+
+/// A layer of a [`crate::nn::Sequential`] model (Keras' `keras.layers.Layer`).
+///
+/// A layer is created with its hyper-parameters, then *built* once its input shape is known:
+/// `build` creates the weights on the layer's device. The model runs
+/// [`call`](Layer::call)`(x, training)`: in a training step (`training = true`) it returns the
+/// output and the tensors the backward pass needs (by default [`forward`](Layer::forward)),
+/// then [`backward`](Layer::backward) gets the gradient of the loss w.r.t. the output; in
+/// `evaluate`, `predict` and validation `training = false` and nothing goes backward.
+/// A layer with a `softmax` activation returns its logits from `forward`; the model folds the
+/// softmax into the loss (see [`Activation::Softmax`]).
+///
+/// The five layers of this module and [`crate::nn::BatchNormalization`] and
+/// [`crate::nn::Dropout`] implement it; another implementation is a custom layer (it needs
+/// only the required methods: `call`, `non_trainable_weights` and the others have defaults).
+///
+/// ```
+/// use anygpu::nn::{Conv2D, Layer};
+/// use anygpu::ops::spec::Padding;
+/// let conv = Conv2D::new(32, 3).padding(Padding::Same);
+/// assert_eq!(conv.class_name(), "Conv2D");
+/// assert_eq!(conv.compute_output_shape(&[28, 28, 1])?, [28, 28, 32]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+pub trait Layer: fmt::Debug + Send + Sync {
+    /// Keras' class name, shown in the summary: `Conv2D`, `SeparableConv2D`, ...
+    fn class_name(&self) -> &'static str;
+
+    /// Keras' automatic name before numbering: `conv2d`, `separable_conv2d`, ...
+    fn base_name(&self) -> &'static str;
+
+    /// The `input_shape=` this layer was given, if any (first layer of a model).
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        None
+    }
+
+    /// The layer's activation (`linear` for layers without one).
+    fn activation(&self) -> Activation {
+        Activation::Linear
+    }
+
+    /// The dtype policy the layer was given (Keras' `dtype=`), if any; a model gives a layer
+    /// without one the global policy when it is added (see [`crate::mixed_precision`]).
+    fn dtype_policy(&self) -> Option<Policy> {
+        None
+    }
+
+    /// The output shape for an input shape (both without the batch axis).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the layer cannot take that input.
+    fn compute_output_shape(&self, input_shape: &[usize]) -> Result<Vec<usize>>;
+
+    /// Creates the weights for `input_shape` on `device`, initialized from `seed` (Keras'
+    /// `build`). Calling it again re-creates them.
+    ///
+    /// # Errors
+    /// A shape error, or the device's out-of-memory error.
+    fn build(&mut self, input_shape: &[usize], seed: u64, device: &LogicalDevice) -> Result<()>;
+
+    /// The trainable weights with their Keras names (`kernel`, `bias`, ...), in Keras' order;
+    /// empty before `build`.
+    fn weights(&self) -> Vec<(&'static str, &Tensor)>;
+
+    /// Replaces weight `index` (of [`weights`](Layer::weights)) with a tensor of the same shape.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] for another shape, [`Error::InvalidArgument`] for a bad index.
+    fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()>;
+
+    /// The output for a batch `x` in training, and the tensors [`backward`](Layer::backward)
+    /// needs (the training pass; see [`call`](Layer::call)).
+    ///
+    /// # Errors
+    /// Shape errors, device errors, or [`Error::Model`] when the layer is not built.
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)>;
+
+    /// Keras' `layer(x, training=...)`: what the model runs. `training = true` in training
+    /// steps (the output, and the tensors [`backward`](Layer::backward) needs); `false` in
+    /// `evaluate`, `predict` and validation, where nothing goes backward, so a layer should
+    /// keep nothing (the model drops what it returns then anyway).
+    ///
+    /// Provided: [`forward`](Layer::forward) either way, which is right for every layer whose
+    /// output does not depend on the mode. [`crate::nn::BatchNormalization`] (batch statistics
+    /// vs moving ones) and [`crate::nn::Dropout`] (a mask vs the identity) override it.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn call(&self, x: &Tensor, training: bool) -> Result<(Tensor, Vec<Tensor>)> {
+        let _ = training;
+        self.forward(x)
+    }
+
+    /// The non-trainable variables with their Keras names (Keras' `non_trainable_weights`:
+    /// `BatchNormalization`'s `moving_mean` and `moving_variance`), in Keras' order; empty for
+    /// most layers (the default) and before `build`.
+    ///
+    /// The layer itself updates them, in place on its device, during a training
+    /// [`call`](Layer::call); the optimizer never sees them. The model saves and restores them
+    /// with the weights ([`crate::nn::Sequential::save_weights`], checkpoints), copies them to
+    /// its replicas under a [`crate::distribute::MirroredStrategy`] and counts them as
+    /// "Non-trainable params".
+    fn non_trainable_weights(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    /// Replaces non-trainable variable `index` (of
+    /// [`non_trainable_weights`](Layer::non_trainable_weights)) with a tensor of the same shape.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] for another shape, [`Error::InvalidArgument`] for a bad index
+    /// (every index, by default).
+    fn set_non_trainable_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
+        replace(self.class_name(), &mut [], index, value)
+    }
+
+    /// From the gradient `dy` of the loss w.r.t. the output: the gradient w.r.t. the input
+    /// (when `need_dx`) and one gradient per weight, in [`weights`](Layer::weights) order.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn backward(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)>;
+
+    /// Whether this layer is a 2×2, stride-2 max-pool, whose backward pass the layer before it
+    /// may take over (see [`backward_through_max_pool`](Layer::backward_through_max_pool)).
+    fn is_max_pool_2x2(&self) -> bool {
+        false
+    }
+
+    /// This layer's [`backward`](Layer::backward) pass followed by that of a 2×2 max-pool of
+    /// its output, in one: from `dpooled`, the gradient w.r.t. the pool's output, the gradient
+    /// w.r.t. this layer's input (when `need_dx`) and its weight gradients. `Ok(None)` when the
+    /// layer has no fused version where it runs; the model then runs the two passes.
+    ///
+    /// A model asks this when a [`MaxPool2D`] on the same device follows the layer.
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    fn backward_through_max_pool(
+        &self,
+        saved: &[Tensor],
+        dpooled: &Tensor,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        let _ = (saved, dpooled, need_dx);
+        Ok(None)
+    }
+
+    /// A copy of the layer: its configuration, and its weights as handles to the same
+    /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
+    /// replicas this way, then gives each copy its own weights on its replica's device through
+    /// [`set_weight`](Layer::set_weight) and
+    /// [`set_non_trainable_weight`](Layer::set_non_trainable_weight) — so every tensor the
+    /// layer updates must be one of its [`weights`](Layer::weights) or
+    /// [`non_trainable_weights`](Layer::non_trainable_weights), or the copies would share it.
+    fn boxed_clone(&self) -> Box<dyn Layer>;
+
+    /// The layer's hyper-parameters as Keras' `layer.get_config()` writes them, with Keras'
+    /// key names (`filters`, `kernel_size`, `strides`, `padding`, `activation`, `use_bias`,
+    /// ...) and `dtype` when the layer was given a policy of its own; not its weights, its
+    /// name (the model gives it one) or its `input_shape` (the model's config holds that).
+    /// [`crate::nn::layer_from_config`] rebuilds the layer from it, and
+    /// [`crate::nn::Sequential::save`] stores it so that [`crate::nn::load_model`] can.
+    ///
+    /// Provided: `None`, "this layer cannot be saved"; every built-in layer has a config, a
+    /// custom layer has none unless it adds one (it still cannot be *loaded* by
+    /// `load_model`, which knows only the built-in classes: build the model in code and use
+    /// [`crate::nn::Sequential::load_weights`]).
+    ///
+    /// ```
+    /// use anygpu::nn::{Activation, Dense, Layer};
+    /// let config = Dense::new(10).activation(Activation::Softmax).get_config().expect("config");
+    /// assert_eq!(config["units"], 10);
+    /// assert_eq!(config["activation"], "softmax");
+    /// ```
+    fn get_config(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// Number of elements of the weights of a layer, trainable and not (Keras'
+/// `count_params()`).
+pub(crate) fn count_params(layer: &dyn Layer) -> usize {
+    variables(layer).iter().map(|(_, t)| t.len()).sum()
+}
+
+/// Number of elements of the non-trainable weights of a layer.
+pub(crate) fn count_non_trainable(layer: &dyn Layer) -> usize {
+    layer
+        .non_trainable_weights()
+        .iter()
+        .map(|(_, t)| t.len())
+        .sum()
+}
+
+/// Every variable of a layer: its trainable weights, then its non-trainable ones (Keras'
+/// `layer.weights`, the order `get_weights`, weight files and checkpoints use).
+pub(crate) fn variables(layer: &dyn Layer) -> Vec<(&'static str, &Tensor)> {
+    let mut all = layer.weights();
+    all.extend(layer.non_trainable_weights());
+    all
+}
+
+/// Replaces variable `index` of [`variables`].
+pub(crate) fn set_variable(layer: &mut dyn Layer, index: usize, value: Tensor) -> Result<()> {
+    let trainable = layer.weights().len();
+    match index.checked_sub(trainable) {
+        None => layer.set_weight(index, value),
+        Some(j) => layer.set_non_trainable_weight(j, value),
+    }
+}
+
+pub(crate) fn not_built(layer: &str) -> Error {
+    Error::Model(format!(
+        "{layer} is not built: add it to a Sequential model whose input shape is known"
+    ))
+}
+
+pub(crate) fn bad_input(op: &'static str, got: &[usize], hint: String) -> Error {
+    Error::ShapeMismatch {
+        op,
+        lhs: got.to_vec(),
+        rhs: Vec::new(),
+        hint,
+    }
+}
+
+pub(crate) fn saved<const N: usize>(layer: &str, saved: &[Tensor]) -> Result<[Tensor; N]> {
+    <[Tensor; N]>::try_from(saved.to_vec()).map_err(|v| {
+        Error::Model(format!(
+            "{layer}.backward: expected {N} saved tensors from forward, got {}",
+            v.len()
+        ))
+    })
+}
+
+pub(crate) fn replace(
+    layer: &str,
+    weights: &mut [Tensor],
+    index: usize,
+    value: Tensor,
+) -> Result<()> {
+    let n = weights.len();
+    let slot = weights.get_mut(index).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{layer}: weight index {index} out of range (the layer has {n} weights)"
+        ))
+    })?;
+    if slot.shape() != value.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "set_weights",
+            lhs: slot.shape().to_vec(),
+            rhs: value.shape().to_vec(),
+            hint: format!(": {layer} weight {index} must keep its shape"),
+        });
+    }
+    *slot = value;
+    Ok(())
+}
+
+/// `(dz, db)`: `dz = dy * act'(z)` from the layer's output `y` (`dy` itself for linear, and for
+/// softmax, whose derivative the fused loss already applied) and the bias gradient, in one op.
+pub(super) fn activation_and_bias_grad(
+    dy: &Tensor,
+    y: &Tensor,
+    act: Activation,
+) -> Result<(Tensor, Tensor)> {
+    ops::activation_bias_grad(dy, y, act.fused())
+}
+
+// ---- activations and pooling layers ----
+
+/// A product's output `z` through the layer's activation where that runs as its own op
+/// ([`Activation::separate`]): `(y, kept)`, `kept` being what the gradient reads (the output
+/// `y`, or `z` for the activations whose derivative needs the input). Fused activations pass
+/// `z` through as both.
+pub(super) fn activate_separately(z: Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+    match act.separate() {
+        None => Ok((z.clone(), z)),
+        Some(f) => {
+            let y = ops::activation_fn(&z, f)?;
+            let kept = if f.grad_from_output() { y.clone() } else { z };
+            Ok((y, kept))
+        }
+    }
+}
+
+/// What a layer's fused backward kernels take, `(dy, y, act)`: as given for a fused
+/// activation; for a separate one `dz = dy · act'` (from what [`activate_separately`] kept),
+/// with `dz` standing in for `y` (a linear gradient does not read it) and a linear activation.
+pub(super) fn through_separate(
+    dy: &Tensor,
+    kept: &Tensor,
+    act: Activation,
+) -> Result<(Tensor, Tensor, Activation)> {
+    match act.separate() {
+        None => Ok((dy.clone(), kept.clone(), act)),
+        Some(f) => {
+            let dz = ops::activation_fn_backward(dy, kept, f, f.grad_from_output())?;
+            Ok((dz.clone(), dz, Activation::Linear))
+        }
+    }
+}
+// ----
+
+pub(super) fn image_shape(op: &'static str, input: &[usize]) -> Result<(usize, usize, usize)> {
+    match *input {
+        [h, w, c] if h > 0 && w > 0 && c > 0 => Ok((h, w, c)),
+        _ => Err(bad_input(
+            op,
+            input,
+            format!(
+                ": {op} takes inputs of shape [height, width, channels] (without the batch \
+                 axis), got {input:?}"
+            ),
+        )),
+    }
+}
+
+pub(crate) fn weights_of<'a>(
+    names: &[&'static str],
+    w: &'a [Tensor],
+) -> Vec<(&'static str, &'a Tensor)> {
+    names.iter().copied().zip(w.iter()).collect()
+}
+
+/// The weights as a layer computes with them: in its input's dtype (Keras' autocast variables:
+/// float16 copies of the float32 variables under mixed precision; the same tensors otherwise).
+pub(super) fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+    if weights.is_empty() {
+        return Err(not_built(layer));
+    }
+    weights.iter().map(|w| w.cast(dtype)).collect()
+}
+
+/// [`in_dtype`] for a backward pass: every weight but the last, the bias, which a backward pass
+/// does not read (one cast less per layer and step under mixed precision).
+pub(super) fn backward_weights(
+    layer: &str,
+    weights: &[Tensor],
+    dtype: DType,
+) -> Result<Vec<Tensor>> {
+    let (_bias, kernels) = weights.split_last().ok_or_else(|| not_built(layer))?;
+    in_dtype(layer, kernels, dtype)
+}
+
+/// Whether a layer's weight lives on a GPU (its ops then run there).
+fn on_gpu(weight: &Tensor) -> bool {
+    weight.device_handle().device_type() == crate::DeviceKind::Gpu
+}
