@@ -612,6 +612,68 @@ fn a_mixed_float16_model_with_batch_norm_and_dropout_trains_on_float16_gpus() {
 }
 
 #[test]
+fn synchronized_batch_norm_trains_in_mixed_float16_on_two_virtual_gpus() {
+    use anygpu::mixed_precision::Policy;
+    let probe = runtime();
+    let physical = probe
+        .list_logical_devices("GPU")
+        .expect("GPUs")
+        .into_iter()
+        .position(|d| d.has_f16());
+    let Some(index) = physical else {
+        eprintln!("no float16 adapter: synchronized mixed_float16 batch norm was not trained");
+        return;
+    };
+    drop(probe);
+    let rt = common::builder()
+        .virtual_gpus(index, &[256, 256])
+        .build()
+        .expect("two virtual GPUs");
+    let gpus: Vec<LogicalDevice> = rt
+        .list_logical_devices("GPU")
+        .expect("GPUs")
+        .into_iter()
+        .filter(|d| d.has_f16())
+        .take(2)
+        .collect();
+    assert_eq!(gpus.len(), 2, "two float16 logical GPUs");
+    let mixed = Policy::MIXED_FLOAT16;
+    let model = || {
+        let bn = BatchNormalization::new()
+            .momentum(0.9)
+            .synchronized(true)
+            .dtype_policy(mixed);
+        let mut m = Sequential::with_seed(9);
+        m.add(
+            Conv2D::new(4, 3)
+                .padding(Padding::Same)
+                .activation(Activation::Relu)
+                .dtype_policy(mixed)
+                .input_shape(&[8, 8, 1]),
+        )?;
+        m.add(bn)?;
+        m.add(Flatten::new().dtype_policy(mixed))?;
+        m.add(
+            Dense::new(3)
+                .activation(Activation::Softmax)
+                .dtype_policy(Policy::FLOAT32),
+        )?;
+        compiled(m, Sgd::new(0.1).into())
+    };
+    let strategy = MirroredStrategy::with_devices(&gpus).expect("a strategy");
+    let mut mirrored = strategy.scope(model).expect("scope").expect("builds");
+    let mut single = scoped(&gpus[0], model).expect("builds");
+    for (step, (x, y)) in batches(16 * 6, 16, &gpus[0]).iter().enumerate() {
+        let got = mirrored
+            .train_on_batch(x, y)
+            .expect("a synchronized float16 step");
+        let want = single.train_on_batch(x, y).expect("one device");
+        // float16 activations: the two sum in different orders.
+        common::assert_close(&format!("step {step}: loss"), &[got], &[want], 2e-2);
+    }
+}
+
+#[test]
 fn backup_and_restore_brings_back_the_moving_statistics() {
     let rt = runtime();
     let cpu = rt.cpu().expect("CPU:0");

@@ -12,7 +12,7 @@ use crate::nn::layer_config;
 use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
 use crate::nn::replica_group::{self, ReplicaGroup};
 use crate::ops::{self, spec::DropoutMask, BatchNormVariables};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// `shape` filled with ones on `device`.
 fn ones(shape: &[usize], device: &LogicalDevice) -> Result<Tensor> {
@@ -299,7 +299,16 @@ impl BatchNormalization {
             },
             self.epsilon,
         )?;
-        Ok((dx.add(&correction)?, dgamma, dbeta))
+        // The sum in float32 (a float16 `dx` under mixed precision: the kernels compute in
+        // float32 too).
+        let dx = match dx.dtype() {
+            DType::F32 => dx.add(&correction)?,
+            dtype => dx
+                .cast(DType::F32)?
+                .add(&correction.cast(DType::F32)?)?
+                .cast(dtype)?,
+        };
+        Ok((dx, dgamma, dbeta))
     }
 
     /// `input_shape=`, for the first layer of a model.
