@@ -17,9 +17,15 @@ fn window(s: &Pool2dShape, (pt, pl): (usize, usize), i: usize, j: usize) -> [usi
     [r0, r1, q0, q1]
 }
 
-/// `y` `[n, oh, ow, c]`: the mean of each window's real elements ('same' windows that overhang
-/// divide by their count inside the image, as TensorFlow does).
-pub(crate) fn avg_pool2d(x: &[f32], y: &mut [f32], s: &Pool2dShape) {
+/// `y` `[n, oh, ow, c]`: each window's elements inside the image folded per channel from
+/// `init` by `fold`, then `finish(outputs, elements in the window)`.
+fn reduce_windows(
+    x: &[f32],
+    y: &mut [f32],
+    s: &Pool2dShape,
+    (init, fold): (f32, impl Fn(f32, f32) -> f32 + Sync),
+    finish: impl Fn(&mut [f32], usize) + Sync,
+) {
     let (oh, ow) = s.out_hw();
     let (image, out) = (s.h * s.w * s.c, oh * ow * s.c);
     if out == 0 || s.c == 0 {
@@ -32,23 +38,30 @@ pub(crate) fn avg_pool2d(x: &[f32], y: &mut [f32], s: &Pool2dShape) {
             for i in 0..oh {
                 for j in 0..ow {
                     let [r0, r1, q0, q1] = window(s, pad, i, j);
-                    let inv = 1.0 / ((r1 - r0) * (q1 - q0)) as f32;
                     let yo = &mut y[(i * ow + j) * s.c..][..s.c];
-                    yo.fill(0.0);
+                    yo.fill(init);
                     for r in r0..r1 {
                         for q in q0..q1 {
                             let xi = &x[(r * s.w + q) * s.c..][..s.c];
                             for (y, &x) in yo.iter_mut().zip(xi) {
-                                *y += x;
+                                *y = fold(*y, x);
                             }
                         }
                     }
-                    for y in yo.iter_mut() {
-                        *y *= inv;
-                    }
+                    finish(yo, (r1 - r0) * (q1 - q0));
                 }
             }
         });
+}
+
+/// `y` `[n, oh, ow, c]`: the mean of each window's real elements ('same' windows that overhang
+/// divide by their count inside the image, as TensorFlow does).
+pub(crate) fn avg_pool2d(x: &[f32], y: &mut [f32], s: &Pool2dShape) {
+    let mean = |yo: &mut [f32], count: usize| {
+        let inv = 1.0 / count as f32;
+        yo.iter_mut().for_each(|y| *y *= inv);
+    };
+    reduce_windows(x, y, s, (0.0, |a, b| a + b), mean);
 }
 
 /// `dx` `[n, h, w, c]`: each `dy` spread evenly over its window's real elements.
@@ -86,31 +99,7 @@ pub(crate) fn avg_pool2d_backward(dy: &[f32], dx: &mut [f32], s: &Pool2dShape) {
 /// `y` `[n, oh, ow, c]`: the maximum of each window's elements inside the image (`'same'`
 /// padding never wins, as in TensorFlow).
 pub(crate) fn max_pool2d(x: &[f32], y: &mut [f32], s: &Pool2dShape) {
-    let (oh, ow) = s.out_hw();
-    let (image, out) = (s.h * s.w * s.c, oh * ow * s.c);
-    if out == 0 || s.c == 0 {
-        return;
-    }
-    let pad = s.pad_top_left();
-    y.par_chunks_mut(out)
-        .zip(x.par_chunks(image))
-        .for_each(|(y, x)| {
-            for i in 0..oh {
-                for j in 0..ow {
-                    let [r0, r1, q0, q1] = window(s, pad, i, j);
-                    let yo = &mut y[(i * ow + j) * s.c..][..s.c];
-                    yo.fill(f32::NEG_INFINITY);
-                    for r in r0..r1 {
-                        for q in q0..q1 {
-                            let xi = &x[(r * s.w + q) * s.c..][..s.c];
-                            for (y, &x) in yo.iter_mut().zip(xi) {
-                                *y = y.max(x);
-                            }
-                        }
-                    }
-                }
-            }
-        });
+    reduce_windows(x, y, s, (f32::NEG_INFINITY, f32::max), |_, _| {});
 }
 
 /// `dx` `[n, h, w, c]`: each `dy` added at its window's first maximum in row-major order

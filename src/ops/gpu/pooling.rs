@@ -82,13 +82,24 @@ impl PoolingParams {
 }
 
 impl GpuKernels<'_> {
-    pub(crate) fn avg_pool2d_impl(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
-        let items = s.output_len();
+    /// A pooling over the windows of `s`, one invocation per output (forward) or input
+    /// (gathered gradient) element, `items` of them; nothing when there are none.
+    fn launch_windows(
+        &self,
+        entry: Kernel,
+        s: &Pool2dShape,
+        items: usize,
+        tensors: &[&Tensor],
+    ) -> Result<()> {
         if items == 0 {
             return Ok(());
         }
         let p = PoolingParams::windows(s, items);
-        self.launch(AVGPOOL, &p, &[x, y], grid_1d(items, 256))
+        self.launch(entry, &p, tensors, grid_1d(items, 256))
+    }
+
+    pub(crate) fn avg_pool2d_impl(&self, x: &Tensor, y: &Tensor, s: &Pool2dShape) -> Result<()> {
+        self.launch_windows(AVGPOOL, s, s.output_len(), &[x, y])
     }
 
     pub(crate) fn avg_pool2d_backward_impl(
@@ -97,15 +108,10 @@ impl GpuKernels<'_> {
         dx: &Tensor,
         s: &Pool2dShape,
     ) -> Result<()> {
-        let items = s.input_len();
-        if items == 0 {
-            return Ok(());
-        }
-        let p = PoolingParams::windows(s, items);
         // With no output (a 'valid' window larger than the image) every dx is 0 and dy is never
         // read; dx stands in for the empty binding.
         let dy = if dy.is_empty() { dx } else { dy };
-        self.launch(AVGPOOL_BWD, &p, &[dy, dx], grid_1d(items, 256))
+        self.launch_windows(AVGPOOL_BWD, s, s.input_len(), &[dy, dx])
     }
 
     pub(crate) fn max_pool2d_window_impl(
@@ -114,12 +120,7 @@ impl GpuKernels<'_> {
         y: &Tensor,
         s: &Pool2dShape,
     ) -> Result<()> {
-        let items = s.output_len();
-        if items == 0 {
-            return Ok(());
-        }
-        let p = PoolingParams::windows(s, items);
-        self.launch(MAXPOOL, &p, &[x, y], grid_1d(items, 256))
+        self.launch_windows(MAXPOOL, s, s.output_len(), &[x, y])
     }
 
     pub(crate) fn max_pool2d_window_backward_impl(
@@ -129,14 +130,9 @@ impl GpuKernels<'_> {
         dx: &Tensor,
         s: &Pool2dShape,
     ) -> Result<()> {
-        let items = s.input_len();
-        if items == 0 {
-            return Ok(());
-        }
-        let p = PoolingParams::windows(s, items);
         // As in avg_pool2d_backward_impl: with no output, dx stands in for the empty dy.
         let dy = if dy.is_empty() { dx } else { dy };
-        self.launch(MAXPOOL_BWD, &p, &[x, dy, dx], grid_1d(items, 256))
+        self.launch_windows(MAXPOOL_BWD, s, s.input_len(), &[x, dy, dx])
     }
 
     pub(crate) fn global_pool_impl(
