@@ -469,6 +469,15 @@ fn fused_separable_conv2d_max_pool_gradients() {
             let dpt = put(dev, &dp, &[n, oh, ow, f]);
             let what = format!("{} {s:?} filters {f} {act:?}", label(dev));
             let y = ops::separable_conv2d(&xt, &dkt, &pkt, None, act).unwrap();
+            // The forward op with the pool: the same output, and its pool.
+            trap(dev, &[y.len(), pool.output_len()]);
+            let (y_again, pooled) =
+                ops::separable_conv2d_max_pool(&xt, &dkt, &pkt, None, act).unwrap();
+            on(&pooled, dev);
+            assert_eq!(get(&y_again), get(&y), "{what}: output with the pool");
+            assert_eq!(pooled.shape(), [n, oh, ow, f], "{what}");
+            let expected = r::maxpool_forward(&to_f64(&get(&y)), &pool);
+            assert_close(&get(&pooled), &expected, 0.0, &format!("pooled {what}"));
 
             trap(dev, &[x.len(), dk.len(), pk.len(), f]);
             let g = ops::separable_conv2d_max_pool_backward(&xt, &dkt, &pkt, &y, &dpt, act, true)
@@ -498,10 +507,26 @@ fn fused_separable_conv2d_max_pool_gradients() {
                 ),
                 (g.bias, r::sum_rows(&dz, rows, f), "d bias"),
             ];
+            let dx64 = checks[0].1.clone();
             for (got, expected, name) in checks {
                 on(&got, dev);
                 assert_close(&get(&got), &expected, TOL, &format!("pooled {name} {what}"));
             }
+            // `dx` through the activation whose output `x` would be.
+            let input_activation = ACTS[(t + 1) % ACTS.len()];
+            let options = ops::SeparableBackwardOptions {
+                pooled: true,
+                need_dx: true,
+                input_activation,
+            };
+            trap(dev, &[x.len(), dk.len(), pk.len(), f]);
+            let g = ops::separable_conv2d_backward_with(&xt, [&dkt, &pkt], &y, &dpt, act, options)
+                .unwrap();
+            let dx = g.dx.expect("dx was asked for");
+            on(&dx, dev);
+            let expected = r::activation_backward(&dx64, &to_f64(&x), input_activation);
+            let what = format!("dx through {input_activation:?} {what}");
+            assert_close(&get(&dx), &expected, TOL, &what);
             // The gradient of the unpooled output is not the pooled one's shape.
             let err = ops::separable_conv2d_max_pool_backward(&xt, &dkt, &pkt, &y, &y, act, true)
                 .unwrap_err();

@@ -8,8 +8,8 @@ mod common;
 
 use anygpu::data::Dataset;
 use anygpu::nn::{
-    self, Activation, Adam, Conv2D, Dense, Flatten, Loss, MaxPool2D, Metric, SeparableConv2D,
-    Sequential, Sgd, Verbosity,
+    self, Activation, Adam, Conv2D, Dense, Flatten, Layer, Loss, MaxPool2D, Metric,
+    SeparableConv2D, Sequential, Sgd, Verbosity,
 };
 use anygpu::ops::spec::Padding;
 use anygpu::{Error, LogicalDevice, PlacementRecord, Runtime, Tensor};
@@ -395,6 +395,197 @@ fn a_pool_fused_into_the_separable_layer_before_it_gives_the_unfused_gradients()
         for (j, (f, u)) in f.iter().zip(&u).enumerate() {
             assert!(
                 (f - u).abs() <= 1e-5 * u.abs().max(1.0),
+                "gradient {i}[{j}]: fused {f} vs unfused {u}"
+            );
+        }
+    }
+}
+
+/// A layer that runs `L` and records the plans its fused backward pass is given.
+#[derive(Debug, Clone)]
+struct Recorded<L> {
+    layer: L,
+    plans: Arc<Mutex<Vec<nn::BackwardPlan>>>,
+}
+
+impl<L: Layer + Clone + 'static> Layer for Recorded<L> {
+    fn class_name(&self) -> &'static str {
+        self.layer.class_name()
+    }
+    fn base_name(&self) -> &'static str {
+        self.layer.base_name()
+    }
+    fn declared_input_shape(&self) -> Option<&[usize]> {
+        self.layer.declared_input_shape()
+    }
+    fn compute_output_shape(&self, input_shape: &[usize]) -> anygpu::Result<Vec<usize>> {
+        self.layer.compute_output_shape(input_shape)
+    }
+    fn build(&mut self, shape: &[usize], seed: u64, device: &LogicalDevice) -> anygpu::Result<()> {
+        self.layer.build(shape, seed, device)
+    }
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        self.layer.weights()
+    }
+    fn set_weight(&mut self, index: usize, value: Tensor) -> anygpu::Result<()> {
+        self.layer.set_weight(index, value)
+    }
+    fn forward(&self, x: &Tensor) -> anygpu::Result<(Tensor, Vec<Tensor>)> {
+        self.layer.forward(x)
+    }
+    fn call_through_max_pool(
+        &self,
+        x: &Tensor,
+        training: bool,
+    ) -> anygpu::Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+        self.layer.call_through_max_pool(x, training)
+    }
+    fn backward(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> anygpu::Result<(Option<Tensor>, Vec<Tensor>)> {
+        self.layer.backward(saved, dy, need_dx)
+    }
+    fn backward_through_max_pool(
+        &self,
+        saved: &[Tensor],
+        dpooled: &Tensor,
+        need_dx: bool,
+    ) -> anygpu::Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        self.layer
+            .backward_through_max_pool(saved, dpooled, need_dx)
+    }
+    fn preactivation_grad(&self) -> Option<anygpu::ops::spec::Activation> {
+        self.layer.preactivation_grad()
+    }
+    fn backward_fused(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        plan: nn::BackwardPlan,
+    ) -> anygpu::Result<Option<nn::FusedGrads>> {
+        self.plans.lock().unwrap().push(plan);
+        self.layer.backward_fused(saved, dy, plan)
+    }
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
+#[test]
+fn layers_fused_at_their_seams_give_the_unfused_gradients() {
+    // On one CPU: each separable layer pools its output on the way forward, and each layer
+    // applies the activation gradient of the layer below as it writes its input gradient, so
+    // that layer starts from its pre-activation gradient. With every other layer on another
+    // (virtual) CPU nothing is fused. Batch 12 of 14×14 images: enough images for the
+    // kernels' block-by-block paths.
+    let rt = cpu_runtime(2);
+    let cpus = rt.list_logical_devices("CPU").unwrap();
+    let (a, b) = (&cpus[0], &cpus[1]);
+    let selu = Activation::Selu;
+    let sep = |filters, act| {
+        SeparableConv2D::new(filters, 3)
+            .padding(Padding::Same)
+            .activation(act)
+    };
+    let build = |other: &LogicalDevice, plans: &Arc<Mutex<Vec<nn::BackwardPlan>>>| {
+        let record = |layer| Recorded {
+            layer,
+            plans: Arc::clone(plans),
+        };
+        let conv = Conv2D::new(8, 3)
+            .padding(Padding::Same)
+            .activation(selu)
+            .input_shape(&[14, 14, 2]);
+        let layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(conv),
+            Box::new(record(sep(16, selu))),
+            Box::new(MaxPool2D::new()),
+            Box::new(record(sep(16, Activation::Relu))),
+            Box::new(record(sep(32, selu))),
+            Box::new(record(sep(32, selu))),
+            Box::new(MaxPool2D::new()),
+            Box::new(Flatten::new()),
+            Box::new(Dense::new(5).activation(Activation::Softmax)),
+        ];
+        // Layer `k` on `a` when `k` is even, on `other` when odd.
+        let mut m = Sequential::with_seed(8);
+        for (k, layer) in layers.into_iter().enumerate() {
+            m.add_boxed(if k % 2 == 0 { a } else { other }, layer)
+                .unwrap();
+        }
+        m.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[])
+            .unwrap();
+        m
+    };
+    let (fused_plans, unfused_plans) = (Arc::default(), Arc::default());
+    let (mut fused, mut unfused) = (build(a, &fused_plans), build(b, &unfused_plans));
+    let x = common::values(12 * 14 * 14 * 2, 4);
+    let x = Tensor::from_slice_on(&x, &[12, 14, 14, 2], a).unwrap();
+    let labels: Vec<i32> = (0..12).map(|i| i % 5).collect();
+    let y = Tensor::from_slice_on(&labels, &[12], a).unwrap();
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&ops);
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().unwrap().push(r.op)
+    }));
+    rt.set_log_device_placement(true);
+    let ran = |model: &mut Sequential| {
+        ops.lock().unwrap().clear();
+        let out = model.loss_and_gradients(&x, &y).unwrap();
+        let pools = ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&op| op == "FusedSeparableConv2DMaxPool")
+            .count();
+        (out, pools)
+    };
+    let ((loss_f, grads_f), pooled_f) = ran(&mut fused);
+    let ((loss_u, grads_u), pooled_u) = ran(&mut unfused);
+    rt.set_log_device_placement(false);
+    assert_eq!(
+        (pooled_f, pooled_u),
+        (2, 0),
+        "pools fused forward on one device only"
+    );
+
+    let plan = |through_max_pool, dy_preactivated, input_activation| nn::BackwardPlan {
+        need_dx: true,
+        through_max_pool,
+        dy_preactivated,
+        input_activation,
+    };
+    use anygpu::ops::spec::Activation as Op;
+    // From the top: the fourth separable layer, through its pool, differentiates the third's
+    // SELU; the third starts from its pre-activated gradient and differentiates the second's
+    // ReLU; the second starts from its pre-activated gradient (a pool below it); the first,
+    // through its pool, differentiates the convolution's SELU, which then starts from its
+    // pre-activated gradient.
+    assert_eq!(
+        *fused_plans.lock().unwrap(),
+        [
+            plan(true, false, Op::Selu),
+            plan(false, true, Op::Relu),
+            plan(false, true, Op::Linear),
+            plan(true, false, Op::Selu),
+        ]
+    );
+    assert!(
+        unfused_plans.lock().unwrap().is_empty(),
+        "no seam on one device"
+    );
+
+    assert!((loss_f - loss_u).abs() <= 1e-6, "{loss_f} vs {loss_u}");
+    assert_eq!(grads_f.len(), grads_u.len());
+    for (i, (f, u)) in grads_f.iter().zip(&grads_u).enumerate() {
+        let (f, u) = (f.to_vec::<f32>().unwrap(), u.to_vec::<f32>().unwrap());
+        assert!(f.iter().any(|&v| v != 0.0), "gradient {i} is all zeros");
+        for (j, (f, u)) in f.iter().zip(&u).enumerate() {
+            assert!(
+                (f - u).abs() <= 1e-6 * u.abs().max(1.0),
                 "gradient {i}[{j}]: fused {f} vs unfused {u}"
             );
         }

@@ -79,7 +79,9 @@ pub use callbacks::{BatchLogs, Callback, CsvLogger, FitContext, ModelCheckpoint}
 pub use checkpoint::BackupAndRestore;
 pub use depthwise::DepthwiseConv2D;
 pub use history::{Evaluation, History};
-pub use layers::{Conv2D, Dense, Flatten, Layer, MaxPool2D, SeparableConv2D};
+pub use layers::{
+    BackwardPlan, Conv2D, Dense, Flatten, FusedGrads, Layer, MaxPool2D, SeparableConv2D,
+};
 pub use loss::Loss;
 pub use metrics::Metric;
 // ---- saved model ----

@@ -3,8 +3,9 @@
 
 use crate::device::LogicalDevice;
 use crate::error::Result;
-use crate::nn::layers::Layer;
+use crate::nn::layers::{BackwardPlan, FusedGrads, Layer};
 use crate::nn::objective::Objective;
+use crate::ops::spec::Activation as OpActivation;
 use crate::tensor::{DType, Tensor};
 
 /// A layer, the device it runs on, and the dtype it computes in there (its policy's, or
@@ -19,7 +20,8 @@ pub(crate) struct Stage<'a> {
 /// The forward pass to the last layer's output (logits for a softmax model). With
 /// `training` (Keras' `training=True`: a training step) each layer runs its training pass and
 /// what each layer's backward needs is returned; without, its inference pass, keeping
-/// nothing. Inputs move to each layer's device.
+/// nothing. Inputs move to each layer's device. A layer followed by a 2×2 max-pool on its
+/// device may run the pool too ([`Layer::call_through_max_pool`]).
 pub(crate) fn forward(
     stages: &[Stage<'_>],
     x: &Tensor,
@@ -28,16 +30,44 @@ pub(crate) fn forward(
     let keep = training;
     let mut saved = Vec::with_capacity(if keep { stages.len() } else { 0 });
     let mut h = x.clone();
-    for s in stages {
+    let mut i = 0;
+    while i < stages.len() {
+        let s = stages[i];
         let _scope = s.device.scope();
         let input = h.arrive(s.dtype, s.device)?;
+        if pool_follows(stages, i) {
+            if let Some((pooled, kept, y)) = s.layer.call_through_max_pool(&input, training)? {
+                // The pool keeps its input, as its own forward pass would.
+                if keep {
+                    saved.push(kept);
+                    saved.push(vec![y]);
+                }
+                h = pooled;
+                i += 2;
+                continue;
+            }
+        }
         let (out, kept) = s.layer.call(&input, training)?;
         if keep {
             saved.push(kept);
         }
         h = out;
+        i += 1;
     }
     Ok((h, saved))
+}
+
+/// Whether stage `i + 1` is a 2×2 max-pool on stage `i`'s device and dtype, which stage `i`
+/// may take over.
+fn pool_follows(stages: &[Stage<'_>], i: usize) -> bool {
+    stages
+        .get(i + 1)
+        .is_some_and(|pool| pool.layer.is_max_pool_2x2() && same_place(&stages[i], pool))
+}
+
+/// Whether two stages compute on the same device in the same dtype.
+fn same_place(a: &Stage<'_>, b: &Stage<'_>) -> bool {
+    a.device.same_device(b.device) && a.dtype == b.dtype
 }
 
 pub(crate) use crate::nn::objective::LossTerms;
@@ -60,7 +90,10 @@ pub(crate) fn loss_terms(
 /// `on_grads(layer index, gradients)` as soon as they exist, last layer first, in float32
 /// whatever dtype the layer computed in (the dtype of its variables). Each layer's
 /// saved tensors are freed once its backward has run. A 2×2 max-pool and the layer before it
-/// run as one pass when that layer has one for their (shared) device.
+/// run as one pass when that layer has one for their (shared) device; so do the seams between
+/// layers on one device where the upper one can apply the lower one's activation gradient as
+/// it writes its input gradient ([`Layer::backward_fused`]): the lower one then starts from
+/// its pre-activation gradient and never reads its output again.
 pub(crate) fn backward(
     stages: &[Stage<'_>],
     saved: Vec<Vec<Tensor>>,
@@ -81,25 +114,49 @@ pub(crate) fn backward_from(
     mut on_grads: impl FnMut(usize, Vec<Tensor>) -> Result<()>,
 ) -> Result<Option<Tensor>> {
     let mut dy = dy;
+    // Whether `dy` already carries the activation gradient of the layer it goes to.
+    let mut dy_preactivated = false;
     let mut i = stages.len();
     while i > 0 {
         i -= 1;
         let s = stages[i];
         let _scope = s.device.scope();
         let dy_here = dy.arrive(s.dtype, s.device)?;
-        let layer_saved = std::mem::take(&mut saved[i]);
-        let (dx, grads) = match through_max_pool(stages, &mut saved, i, &dy_here, input_grad)? {
-            Some((dx, grads)) => {
-                // The pool (no weights) and the layer before it, in one pass.
-                on_grads(i, Vec::new())?;
-                i -= 1;
-                (dx, grads)
-            }
-            None => s
-                .layer
-                .backward(&layer_saved, &dy_here, i > 0 || input_grad)?,
+        let fused = if dy_preactivated || fusable_seam(stages, i, input_grad) {
+            let at = (i, &dy_here, dy_preactivated);
+            through_fused(stages, &mut saved, at, input_grad)?
+        } else {
+            None
         };
-        drop(layer_saved);
+        // `layer`: the stage that ran (`i - 1` when it took over the pool at `i`).
+        let (layer, dx, grads, dx_preactivated) = match fused {
+            Some((layer, g)) => (layer, g.dx, g.weights, g.dx_preactivated),
+            None if dy_preactivated => {
+                return Err(crate::Error::Model(format!(
+                    "{}: the layer promised a backward pass from its pre-activation gradient \
+                     (preactivation_grad) but backward_fused gave none",
+                    s.layer.class_name()
+                )));
+            }
+            None => {
+                let layer_saved = std::mem::take(&mut saved[i]);
+                match through_max_pool(stages, &mut saved, i, &dy_here, input_grad)? {
+                    Some((dx, grads)) => (i - 1, dx, grads, false),
+                    None => {
+                        let (dx, grads) =
+                            s.layer
+                                .backward(&layer_saved, &dy_here, i > 0 || input_grad)?;
+                        (i, dx, grads, false)
+                    }
+                }
+            }
+        };
+        if layer < i {
+            // The pool (no weights) and the layer before it ran as one pass.
+            on_grads(i, Vec::new())?;
+            i = layer;
+        }
+        dy_preactivated = dx_preactivated;
         let grads = grads
             .iter()
             .map(|g| g.cast(DType::F32))
@@ -111,6 +168,59 @@ pub(crate) fn backward_from(
         }
     }
     Ok(input_grad.then_some(dy))
+}
+
+/// The stage whose backward pass starts at stage `i` (the layer before a pool it takes over,
+/// or `i`), and whether that pass computes its input's gradient.
+fn backward_target(stages: &[Stage<'_>], i: usize, input_grad: bool) -> (usize, bool, bool) {
+    let pooled =
+        i > 0 && stages[i].layer.is_max_pool_2x2() && same_place(&stages[i - 1], &stages[i]);
+    let layer = if pooled { i - 1 } else { i };
+    (layer, pooled, layer > 0 || input_grad)
+}
+
+/// The activation of the layer before `layer` that `layer` may differentiate for it as it
+/// writes its `dx` (see [`Layer::preactivation_grad`]).
+fn input_activation(stages: &[Stage<'_>], layer: usize, need_dx: bool) -> Option<OpActivation> {
+    if !need_dx || layer == 0 || !same_place(&stages[layer - 1], &stages[layer]) {
+        return None;
+    }
+    stages[layer - 1].layer.preactivation_grad()
+}
+
+/// Whether the backward pass from stage `i` could hand an activation gradient down.
+fn fusable_seam(stages: &[Stage<'_>], i: usize, input_grad: bool) -> bool {
+    let (layer, _, need_dx) = backward_target(stages, i, input_grad);
+    input_activation(stages, layer, need_dx).is_some()
+}
+
+/// The backward pass from stage `i` through [`Layer::backward_fused`]: `(layer, grads)`, the
+/// stage that ran (`i`, or `i - 1` when it took over the pool at `i`) and what it returned;
+/// `None` when it has no such pass (its saved tensors are then left alone). `dy_preactivated`:
+/// `dy` already carries the activation gradient of stage `i`.
+fn through_fused(
+    stages: &[Stage<'_>],
+    saved: &mut [Vec<Tensor>],
+    (i, dy, dy_preactivated): (usize, &Tensor, bool),
+    input_grad: bool,
+) -> Result<Option<(usize, FusedGrads)>> {
+    let (layer, pooled, need_dx) = backward_target(stages, i, input_grad);
+    let plan = BackwardPlan {
+        need_dx,
+        through_max_pool: pooled,
+        dy_preactivated,
+        input_activation: input_activation(stages, layer, need_dx).unwrap_or(OpActivation::Linear),
+    };
+    let fused = stages[layer]
+        .layer
+        .backward_fused(&saved[layer], dy, plan)?;
+    Ok(fused.map(|g| {
+        saved[layer].clear();
+        if pooled {
+            saved[i].clear();
+        }
+        (layer, g)
+    }))
 }
 
 /// When stage `i` is a 2×2 max-pool and the layer before it runs on the same device, that

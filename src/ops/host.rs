@@ -320,12 +320,14 @@ impl NnKernels for HostKernels {
 
     fn separable(&self, f: &SeparableForward<'_>) -> Result<()> {
         let r = Inputs::lock(&with_optional(&[f.x, f.depthwise, f.pointwise], f.bias));
+        let mut pooled = f.pooled.map(write);
         cpu::separable_forward(
             r.f32(0),
             r.f32(1),
             r.f32(2),
             f.bias.map(|_| r.f32(3)),
             write(f.y).f32(),
+            pooled.as_mut().map(|p| p.f32()),
             &f.s,
             f.filters,
             f.act,
@@ -346,6 +348,7 @@ impl NnKernels for HostKernels {
             dy: r.f32(4),
             act: g.act,
             pooled: g.pooled,
+            input_act: g.input_act,
         };
         let out = cpu::SeparableGradsOut {
             dx: dx.as_mut().map(|d| d.f32()),

@@ -274,6 +274,8 @@ pub(crate) struct SeparableForward<'a> {
     pub(crate) pointwise: &'a Tensor,
     pub(crate) bias: Option<&'a Tensor>,
     pub(crate) y: &'a Tensor,
+    /// When given, also `max_pool2d(y)` (2×2, stride 2, 'valid').
+    pub(crate) pooled: Option<&'a Tensor>,
     pub(crate) s: DepthwiseShape,
     pub(crate) filters: usize,
     pub(crate) act: Activation,
@@ -296,6 +298,8 @@ pub(crate) struct SeparableBackward<'a> {
     pub(crate) s: DepthwiseShape,
     pub(crate) filters: usize,
     pub(crate) act: Activation,
+    /// The activation whose output `x` is: `dx` is multiplied by its gradient (`Linear`: not).
+    pub(crate) input_act: Activation,
 }
 
 /// The 1×1 convolution after a depthwise one of shape `s` (the pointwise half of a separable

@@ -8,12 +8,13 @@ use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::nn::layer_config;
 use crate::ops;
-use crate::ops::spec::{Padding, Size2};
+use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
 use crate::tensor::Tensor;
 
 use super::{
-    activate_separately, activation_and_bias_grad, backward_weights, image_shape, in_dtype,
-    not_built, replace, saved, through_separate, weights_of, Layer,
+    activate_separately, activation_and_bias_grad, backward_weights, cpu_preactivation_grad,
+    image_shape, in_dtype, not_built, replace, saved, through_separate, weights_of, BackwardPlan,
+    FusedGrads, Layer,
 };
 
 /// 2-D convolution (`keras.layers.Conv2D(filters, kernel_size, strides, padding,
@@ -207,6 +208,42 @@ impl Layer for Conv2D {
         dy: &Tensor,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        self.backward_impl(saved_tensors, dy, need_dx, false)
+    }
+
+    fn preactivation_grad(&self) -> Option<OpActivation> {
+        cpu_preactivation_grad(self.activation, self.weights.first())
+    }
+
+    /// From a pre-activated `dy` (the layer after applied this one's activation gradient);
+    /// the input's gradient plain.
+    fn backward_fused(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        plan: BackwardPlan,
+    ) -> Result<Option<FusedGrads>> {
+        if plan.through_max_pool || !plan.dy_preactivated {
+            return Ok(None);
+        }
+        let (dx, weights) = self.backward_impl(saved_tensors, dy, plan.need_dx, true)?;
+        Ok(Some(FusedGrads {
+            dx,
+            weights,
+            dx_preactivated: false,
+        }))
+    }
+}
+
+impl Conv2D {
+    /// [`Layer::backward`], from `dz` itself when `dy_preactivated`.
+    fn backward_impl(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+        dy_preactivated: bool,
+    ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
         let w = if self.use_bias {
             backward_weights("Conv2D", &self.weights, dy.dtype())?
         } else {
@@ -216,7 +253,11 @@ impl Layer for Conv2D {
             return Err(not_built("Conv2D"));
         };
         let [x, kept] = saved::<2>("Conv2D", saved_tensors)?;
-        let (dy, y, activation) = through_separate(dy, &kept, self.activation)?;
+        let (dy, y, activation) = if dy_preactivated {
+            (dy.clone(), kept, Activation::Linear)
+        } else {
+            through_separate(dy, &kept, self.activation)?
+        };
         let opts = self.window.options;
         let with_bias = |dk: Tensor, db: Tensor| {
             if self.use_bias {

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
 use crate::ops;
+use crate::ops::spec::Activation as OpActivation;
 use crate::tensor::{DType, Tensor};
 
 mod conv2d;
@@ -181,6 +182,52 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// This layer's [`call`](Layer::call) followed by a 2×2 max-pool of its output, in one:
+    /// `(pooled, saved, y)`, the pool's output, this layer's saved tensors and its own output
+    /// (the pool's backward pass reads it). `Ok(None)` when the layer has no fused version
+    /// where it runs; the model then runs the two. Provided: `Ok(None)`.
+    ///
+    /// A model asks this when a [`MaxPool2D`] on the same device follows the layer.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    #[allow(clippy::type_complexity)] // the three outputs, named above
+    fn call_through_max_pool(
+        &self,
+        x: &Tensor,
+        training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+        let _ = (x, training);
+        Ok(None)
+    }
+
+    /// The activation whose gradient this layer lets the layer after it apply (see
+    /// [`BackwardPlan::input_activation`]), when the two run on the same device: `Some` (a
+    /// fused ReLU or SELU) promises that [`backward_fused`](Layer::backward_fused) takes a plan
+    /// with [`dy_preactivated`](BackwardPlan::dy_preactivated). Provided: `None`.
+    fn preactivation_grad(&self) -> Option<OpActivation> {
+        None
+    }
+
+    /// The backward pass as `plan` asks, fused with its neighbours' work: through the 2×2
+    /// max-pool after it, from a `dy` that the layer after already multiplied by this layer's
+    /// activation gradient, and applying the layer before's activation gradient to `dx` as it
+    /// writes it. `Ok(None)`: no such pass (only allowed when `plan.dy_preactivated` is false);
+    /// the model then runs [`backward_through_max_pool`](Layer::backward_through_max_pool) or
+    /// [`backward`](Layer::backward). Provided: `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    fn backward_fused(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        plan: BackwardPlan,
+    ) -> Result<Option<FusedGrads>> {
+        let _ = (saved, dy, plan);
+        Ok(None)
+    }
+
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
     /// replicas this way, then gives each copy its own weights on its replica's device through
@@ -215,6 +262,35 @@ pub trait Layer: fmt::Debug + Send + Sync {
 
 /// Number of elements of the weights of a layer, trainable and not (Keras'
 /// `count_params()`).
+/// What a model asks of [`Layer::backward_fused`]: the work at the seams between this layer
+/// and its neighbours, done while the data is in cache instead of in passes of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardPlan {
+    /// Whether the gradient w.r.t. the layer's input is needed.
+    pub need_dx: bool,
+    /// `dy` is the gradient w.r.t. the output of a 2×2 max-pool of this layer's output (the
+    /// pool is the model's next layer, whose backward pass this one takes over).
+    pub through_max_pool: bool,
+    /// `dy` is already the gradient w.r.t. this layer's pre-activation output: the layer after
+    /// applied this layer's [`preactivation_grad`](Layer::preactivation_grad) to it.
+    pub dy_preactivated: bool,
+    /// Not `Linear`: the activation whose output this layer's input is (the layer before's,
+    /// from its [`preactivation_grad`](Layer::preactivation_grad)); `dx` should come
+    /// multiplied by its gradient at the input, and [`FusedGrads::dx_preactivated`] say so.
+    pub input_activation: OpActivation,
+}
+
+/// What [`Layer::backward_fused`] returns.
+#[derive(Debug)]
+pub struct FusedGrads {
+    /// The gradient w.r.t. the input (when asked for).
+    pub dx: Option<Tensor>,
+    /// The weight gradients, in the order of [`Layer::weights`].
+    pub weights: Vec<Tensor>,
+    /// Whether `dx` already carries [`BackwardPlan::input_activation`]'s gradient.
+    pub dx_preactivated: bool,
+}
+
 pub(crate) fn count_params(layer: &dyn Layer) -> usize {
     variables(layer).iter().map(|(_, t)| t.len()).sum()
 }
@@ -377,6 +453,15 @@ pub(super) fn backward_weights(
 ) -> Result<Vec<Tensor>> {
     let (_bias, kernels) = weights.split_last().ok_or_else(|| not_built(layer))?;
     in_dtype(layer, kernels, dtype)
+}
+
+/// The fused activation (ReLU, SELU) a layer on the CPU lets the layer after it differentiate
+/// (see [`Layer::preactivation_grad`]); `None` on a GPU, where the saving is a dispatch's
+/// worth at best, and for other activations.
+fn cpu_preactivation_grad(act: Activation, weight: Option<&Tensor>) -> Option<OpActivation> {
+    let fused = act.fused();
+    let on_cpu = weight.is_some_and(|w| !on_gpu(w));
+    (on_cpu && act.separate().is_none() && fused != OpActivation::Linear).then_some(fused)
 }
 
 /// Whether a layer's weight lives on a GPU (its ops then run there).

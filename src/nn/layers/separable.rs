@@ -13,8 +13,9 @@ use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
 use crate::tensor::Tensor;
 
 use super::{
-    activate_separately, activation_and_bias_grad, backward_weights, image_shape, in_dtype,
-    not_built, on_gpu, replace, saved, through_separate, weights_of, Layer,
+    activate_separately, activation_and_bias_grad, backward_weights, cpu_preactivation_grad,
+    image_shape, in_dtype, not_built, on_gpu, replace, saved, through_separate, weights_of,
+    BackwardPlan, FusedGrads, Layer,
 };
 
 /// Depthwise-separable 2-D convolution (`keras.layers.SeparableConv2D(filters, kernel_size,
@@ -263,6 +264,69 @@ impl Layer for SeparableConv2D {
         // (The GPU path: separate kernels, `d` kept from the forward pass.)
         let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
         self.backward_from_dz((&x, &d, &dz), (depthwise, pointwise), db, need_dx)
+    }
+
+    /// On the CPU one op pools each block of images while its output is in cache.
+    fn call_through_max_pool(
+        &self,
+        x: &Tensor,
+        _training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+        let on_cpu = self.weights.first().is_some_and(|w| !on_gpu(w));
+        if !on_cpu || !self.fused() || self.activation.separate().is_some() {
+            return Ok(None);
+        }
+        let w = in_dtype("SeparableConv2D", &self.weights, x.dtype())?;
+        let [depthwise, pointwise, bias] = &w[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        let act = self.activation.fused();
+        let (y, pooled) = ops::separable_conv2d_max_pool(x, depthwise, pointwise, Some(bias), act)?;
+        Ok(Some((pooled, vec![x.clone(), y.clone()], y)))
+    }
+
+    fn preactivation_grad(&self) -> Option<OpActivation> {
+        if !self.fused() {
+            return None;
+        }
+        cpu_preactivation_grad(self.activation, self.weights.first())
+    }
+
+    /// On the CPU (whose forward pass keeps `[x, y]`): one op for the whole plan.
+    fn backward_fused(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        plan: BackwardPlan,
+    ) -> Result<Option<FusedGrads>> {
+        let [x, y] = saved_tensors else {
+            return Ok(None);
+        };
+        if self.activation.separate().is_some() {
+            return Ok(None);
+        }
+        let w = backward_weights("SeparableConv2D", &self.weights, dy.dtype())?;
+        let [depthwise, pointwise] = &w[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        // A pre-activated `dy` is `dz` already: the activation's gradient is the identity.
+        let act = if plan.dy_preactivated {
+            OpActivation::Linear
+        } else {
+            self.activation.fused()
+        };
+        let options = ops::SeparableBackwardOptions {
+            pooled: plan.through_max_pool,
+            need_dx: plan.need_dx,
+            input_activation: plan.input_activation,
+        };
+        let g =
+            ops::separable_conv2d_backward_with(x, [depthwise, pointwise], y, dy, act, options)?;
+        Ok(Some(FusedGrads {
+            dx_preactivated: g.dx.is_some() && plan.input_activation != OpActivation::Linear,
+            dx: g.dx,
+            weights: vec![g.depthwise, g.pointwise, g.bias],
+        }))
     }
 
     /// On the CPU one op routes the pool's gradient and applies the activation's block by

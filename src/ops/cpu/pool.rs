@@ -121,6 +121,24 @@ pub(crate) fn maxpool_forward(x: &[f32], y: &mut [f32], s: &PoolShape) {
         });
 }
 
+/// [`maxpool_forward`] of one image: `x` `[h, w, c]`, `y` the pooled `[h / 2, w / 2, c]`, on
+/// the calling thread.
+pub(super) fn forward_image(x: &[f32], y: &mut [f32], (h, w, c): (usize, usize, usize)) {
+    let row = w * c;
+    let out_row = (w / 2) * c;
+    assert!(
+        x.len() == h * row && y.len() == (h / 2) * out_row,
+        "maxpool_forward: image slices do not match [{h}, {w}, {c}]"
+    );
+    if out_row == 0 {
+        return;
+    }
+    for (y, rows) in y.chunks_exact_mut(out_row).zip(x.chunks_exact(2 * row)) {
+        let (r0, r1) = rows.split_at(row);
+        forward_row(r0, r1, y, c);
+    }
+}
+
 /// `dx` from `dy`: each window's gradient goes to its first maximal input (see module docs).
 pub(crate) fn maxpool_backward(x: &[f32], dy: &[f32], dx: &mut [f32], s: &PoolShape) {
     check(s, x.len(), dy.len(), "maxpool_backward");

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use crate::ops::spec::{Activation, DepthwiseShape};
+use crate::ops::spec::{Activation, DepthwiseShape, PoolShape};
 
 use super::depthwise::{self, correlate_image, flipped, kernel_grad_image, Geometry};
 use super::elementwise::{act_backward_in_place, act_backward_leaf, bias_act_rows};
@@ -70,14 +70,17 @@ impl Layer {
 }
 
 /// `y = act(depthwise(x, dk) · pk + bias)`: `x` `[n, h, w, c]`, `dk` `[kh, kw, c]`, `pk`
-/// `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`.
-#[allow(clippy::too_many_arguments)] // the layer's three weights, its input and output
+/// `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`; and, when `pooled` is given, its 2×2 max-pool
+/// `[n, h / 2, w / 2, f]`, taken block by block while `y` is in cache (the separate pool would
+/// read all of `y` back: 12.8 MB for the tutorial's first separable layer at batch 128).
+#[allow(clippy::too_many_arguments)] // the layer's three weights, its input and outputs
 pub(crate) fn separable_forward(
     x: &[f32],
     dk: &[f32],
     pk: &[f32],
     bias: Option<&[f32]>,
     y: &mut [f32],
+    mut pooled: Option<&mut [f32]>,
     s: &DepthwiseShape,
     f: usize,
     act: Activation,
@@ -96,6 +99,19 @@ pub(crate) fn separable_forward(
         );
     }
     let (c, pixels) = (layer.c, layer.pixels);
+    let pool = PoolShape {
+        n: s.n,
+        h: s.h,
+        w: s.w,
+        c: f,
+    };
+    if let Some(p) = &pooled {
+        assert_eq!(
+            p.len(),
+            pool.output_len(),
+            "separable_forward: pooled output length does not match the shape"
+        );
+    }
     assert!(
         c > 0 || y.is_empty(),
         "separable_forward: no input channels"
@@ -110,11 +126,21 @@ pub(crate) fn separable_forward(
         let mut d = vec![0.0f32; x.len()];
         depthwise::depthwise_forward(x, dk, &mut d, s);
         super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
+        if let Some(p) = pooled {
+            pool::maxpool_forward(y, p, &pool);
+        }
         return;
     }
+    let image_pooled = pool.output_len() / s.n;
+    let pooled_blocks: Vec<Option<&mut [f32]>> = match pooled.take() {
+        // An empty pool (height or width 1) has nothing to write.
+        Some(p) if image_pooled > 0 => p.chunks_mut(per_block * image_pooled).map(Some).collect(),
+        _ => (0..s.n.div_ceil(per_block)).map(|_| None).collect(),
+    };
     y.par_chunks_mut(per_block * pixels * f)
         .zip(x.par_chunks(per_block * pixels * c))
-        .for_each(|(y, x)| {
+        .zip(pooled_blocks)
+        .for_each(|((y, x), pooled)| {
             let rows = y.len() / f;
             with_scratch(rows * c, |d| {
                 layer.depthwise(x, dk, d);
@@ -130,6 +156,15 @@ pub(crate) fn separable_forward(
                 );
             });
             bias_act_rows(y, bias, f, act);
+            if let Some(pooled) = pooled {
+                let image = pixels * f;
+                for (y, p) in y
+                    .chunks_exact(image)
+                    .zip(pooled.chunks_exact_mut(image_pooled))
+                {
+                    pool::forward_image(y, p, (s.h, s.w, f));
+                }
+            }
         });
 }
 
@@ -159,6 +194,10 @@ pub(crate) struct SeparableGrads<'a> {
     pub act: Activation,
     /// Whether `dy` is the gradient w.r.t. `max_pool2d(y)` (2×2, stride 2, 'valid').
     pub pooled: bool,
+    /// The activation whose output `x` is (the layer before's): `dx` is multiplied by its
+    /// gradient as it is written, so that layer's backward pass starts from its `dz` without
+    /// reading its output again. `Linear` for a plain `dx`.
+    pub input_act: Activation,
 }
 
 /// The outputs of [`separable_backward`].
@@ -288,8 +327,12 @@ pub(crate) fn separable_backward(
                 if let Some(dx) = dx.as_deref_mut() {
                     let at = (n0 - images.start) * image_in;
                     let dx = &mut dx[at..at + rows * c];
-                    for (dx, dd) in dx.chunks_exact_mut(image_in).zip(dd.chunks_exact(image_in)) {
+                    let images = dx.chunks_exact_mut(image_in).zip(dd.chunks_exact(image_in));
+                    for ((dx, dd), x) in images.zip(x.chunks_exact(image_in)) {
                         correlate_image(dd, &flipped_dk, dx, flipped_g);
+                        if a.input_act != Activation::Linear {
+                            act_backward_in_place(dx, x, a.input_act);
+                        }
                     }
                 }
             }
@@ -350,12 +393,21 @@ pub(super) mod tests {
                 let (pk64, bias64) = (to_f64(&pk), to_f64(&bias));
                 let y64 = r::matmul_bias_act(&d64, &pk64, Some(&bias64), rows, c, f, act);
                 let mut y = vec![f32::NAN; rows * f];
-                separable_forward(&x, &dk, &pk, Some(&bias), &mut y, &s, f, act);
+                separable_forward(&x, &dk, &pk, Some(&bias), &mut y, None, &s, f, act);
                 assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
+                // With the max-pool taken on the way: the same `y`, and its pool.
+                let pool = PoolShape { n, h, w, c: f };
+                let mut y_again = vec![f32::NAN; y.len()];
+                let mut pooled = vec![f32::NAN; pool.output_len()];
+                let out = (&mut y_again[..], Some(&mut pooled[..]));
+                separable_forward(&x, &dk, &pk, Some(&bias), out.0, out.1, &s, f, act);
+                assert_eq!(y_again, y, "{what}: forward with the pool");
+                let pooled64 = r::maxpool_forward(&to_f64(&y), &pool);
+                assert_close(&pooled, &pooled64, 0.0, &format!("{what}: pooled"));
 
                 // The gradients, from the f32 forward output as the layer passes it: from the
-                // output's gradient, and from its max-pool's.
-                let pool = PoolShape { n, h, w, c: f };
+                // output's gradient, and from its max-pool's; `dx` through the activation whose
+                // output `x` would be (`act` here too).
                 let dp = random_vec(pool.output_len(), seed + 5);
                 let dy_pooled = r::maxpool_backward(&to_f64(&y), &to_f64(&dp), &pool);
                 for (pooled, dy, dy64) in [(false, &dy, to_f64(&dy)), (true, &dp, dy_pooled)] {
@@ -366,6 +418,7 @@ pub(super) mod tests {
                     let dd64 = r::matmul(&dz64, &pk64, rows, f, c, false, true);
                     let ddk64 = r::depthwise_backward_kernel(&to_f64(&x), &dd64, &s);
                     let dx64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
+                    let dx64 = r::activation_backward(&dx64, &to_f64(&x), act);
                     let mut dx = vec![f32::NAN; x.len()];
                     let mut ddk = vec![f32::NAN; dk.len()];
                     let mut dpk = vec![f32::NAN; pk.len()];
@@ -378,6 +431,7 @@ pub(super) mod tests {
                         dy,
                         act,
                         pooled,
+                        input_act: act,
                     };
                     let out = SeparableGradsOut {
                         dx: Some(&mut dx),

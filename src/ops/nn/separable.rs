@@ -13,6 +13,7 @@ use super::depthwise::depthwise_shape;
 use super::{float_dtype, mismatch, op};
 
 const SEPARABLE: OpInfo = op("FusedSeparableConv2D", gn::SEPARABLE);
+const SEPARABLE_MAX_POOL: OpInfo = op("FusedSeparableConv2DMaxPool", gn::SEPARABLE_MAX_POOL);
 const SEPARABLE_BACKWARD: OpInfo = op("FusedSeparableConv2DGrad", gn::SEPARABLE_BACKWARD);
 const SEPARABLE_MAX_POOL_BACKWARD: OpInfo = op(
     "FusedSeparableConv2DMaxPoolGrad",
@@ -90,7 +91,60 @@ pub fn separable_conv2d(
     bias: Option<&Tensor>,
     act: Activation,
 ) -> Result<Tensor> {
-    let name = SEPARABLE.name;
+    separable_forward(false, x, [depthwise, pointwise], bias, act).map(|(y, _)| y)
+}
+
+/// [`separable_conv2d`] and the 2×2 max-pool of its output
+/// ([`max_pool2d`](crate::ops::max_pool2d)) in one op: returns `(y, pooled)`, `pooled` being
+/// `[n, h / 2, w / 2, filters]`. The backward pass needs `y`
+/// ([`separable_conv2d_max_pool_backward`]).
+///
+/// On the CPU each block of images is pooled while its output is in cache, so `y` is not read
+/// back from memory; a GPU runs the separable convolution, then the pool.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 0.5], &[1, 2, 2, 1])?;
+/// let depthwise = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let pointwise = Tensor::from_vec(vec![2.0f32], &[1, 1, 1, 1])?;
+/// let (y, pooled) =
+///     ops::separable_conv2d_max_pool(&x, &depthwise, &pointwise, None, Activation::Linear)?;
+/// assert_eq!(y.to_vec::<f32>()?, [2.0, -4.0, 6.0, 1.0]);
+/// assert_eq!(pooled.to_vec::<f32>()?, [6.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`separable_conv2d`].
+pub fn separable_conv2d_max_pool(
+    x: &Tensor,
+    depthwise: &Tensor,
+    pointwise: &Tensor,
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<(Tensor, Tensor)> {
+    match separable_forward(true, x, [depthwise, pointwise], bias, act)? {
+        (y, Some(pooled)) => Ok((y, pooled)),
+        (_, None) => unreachable!("separable_forward(pool: true) returns the pool"),
+    }
+}
+
+/// [`separable_conv2d`], and with `pool` its max-pool too.
+fn separable_forward(
+    pool: bool,
+    x: &Tensor,
+    [depthwise, pointwise]: [&Tensor; 2],
+    bias: Option<&Tensor>,
+    act: Activation,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let info = if pool {
+        &SEPARABLE_MAX_POOL
+    } else {
+        &SEPARABLE
+    };
+    let name = info.name;
     let dtype = float_dtype(name, &[x, depthwise, pointwise])?;
     let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
     if let Some(b) = bias {
@@ -106,20 +160,30 @@ pub fn separable_conv2d(
     }
     let mut inputs = vec![x, depthwise, pointwise];
     inputs.extend(bias);
-    run(&SEPARABLE, &inputs, |device, moved| {
+    run(info, &inputs, |device, moved| {
         let y = Tensor::uninit(&[s.n, s.h, s.w, filters], dtype, device)?;
+        let pooled = if pool {
+            Some(Tensor::uninit(
+                &[s.n, s.h / 2, s.w / 2, filters],
+                dtype,
+                device,
+            )?)
+        } else {
+            None
+        };
         let f = SeparableForward {
             x: &moved[0],
             depthwise: &moved[1],
             pointwise: &moved[2],
             bias: moved.get(3),
             y: &y,
+            pooled: pooled.as_ref(),
             s,
             filters,
             act,
         };
         with_kernels(device, |_, nk| nk.separable(&f))?;
-        Ok(y)
+        Ok((y, pooled))
     })
 }
 
@@ -172,8 +236,74 @@ pub fn separable_conv2d_backward(
     act: Activation,
     need_dx: bool,
 ) -> Result<SeparableConv2dGrads> {
-    let weights = [depthwise, pointwise];
-    separable_grads(false, x, weights, y, dy, act, need_dx)
+    let options = SeparableBackwardOptions {
+        need_dx,
+        ..SeparableBackwardOptions::default()
+    };
+    separable_conv2d_backward_with(x, [depthwise, pointwise], y, dy, act, options)
+}
+
+/// What [`separable_conv2d_backward_with`] computes beyond the weight gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeparableBackwardOptions {
+    /// `dy` is the gradient w.r.t. the 2×2 max-pool of `y`
+    /// ([`separable_conv2d_max_pool_backward`]).
+    pub pooled: bool,
+    /// Compute the gradient w.r.t. the input.
+    pub need_dx: bool,
+    /// The activation whose output the input `x` is (the layer before's): the input's gradient
+    /// comes multiplied by its gradient at `x`, which is the gradient w.r.t. that layer's
+    /// pre-activation output. On the CPU it is applied while `x` is in cache, saving that
+    /// layer a pass over its output. `Linear` (the default): the plain input gradient.
+    pub input_activation: Activation,
+}
+
+impl Default for SeparableBackwardOptions {
+    /// Not pooled, the input's gradient plain.
+    fn default() -> Self {
+        SeparableBackwardOptions {
+            pooled: false,
+            need_dx: true,
+            input_activation: Activation::Linear,
+        }
+    }
+}
+
+/// The gradients of [`separable_conv2d`] (or, with `options.pooled`, of
+/// [`separable_conv2d_max_pool`]) as `options` asks: [`separable_conv2d_backward`] and
+/// [`separable_conv2d_max_pool_backward`] are its two common cases.
+///
+/// ```
+/// use anygpu::ops::{self, spec::Activation, SeparableBackwardOptions};
+/// use anygpu::Tensor;
+/// let _cpu = anygpu::with_device("/cpu:0")?;
+/// // `x` is the output of a ReLU: the input gradient stops where it was 0.
+/// let x = Tensor::from_vec(vec![1.0f32, 0.0], &[1, 1, 1, 2])?;
+/// let depthwise = Tensor::from_vec(vec![2.0f32, 3.0], &[1, 1, 2, 1])?;
+/// let pointwise = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 1, 2, 1])?;
+/// let y = ops::separable_conv2d(&x, &depthwise, &pointwise, None, Activation::Linear)?;
+/// let dy = Tensor::from_vec(vec![1.0f32], &[1, 1, 1, 1])?;
+/// let options = SeparableBackwardOptions {
+///     input_activation: Activation::Relu,
+///     ..SeparableBackwardOptions::default()
+/// };
+/// let g = ops::separable_conv2d_backward_with(
+///     &x, [&depthwise, &pointwise], &y, &dy, Activation::Linear, options)?;
+/// assert_eq!(g.dx.unwrap().to_vec::<f32>()?, [2.0, 0.0]); // [2, -3] through ReLU'
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// Non-f32 tensors; shapes that do not fit together.
+pub fn separable_conv2d_backward_with(
+    x: &Tensor,
+    [depthwise, pointwise]: [&Tensor; 2],
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    options: SeparableBackwardOptions,
+) -> Result<SeparableConv2dGrads> {
+    separable_grads(options, x, [depthwise, pointwise], y, dy, act)
 }
 
 /// The gradients of `max_pool2d(separable_conv2d(x, ...))` from `dpooled`, the gradient w.r.t.
@@ -214,21 +344,28 @@ pub fn separable_conv2d_max_pool_backward(
     act: Activation,
     need_dx: bool,
 ) -> Result<SeparableConv2dGrads> {
-    let weights = [depthwise, pointwise];
-    separable_grads(true, x, weights, y, dpooled, act, need_dx)
+    let options = SeparableBackwardOptions {
+        pooled: true,
+        need_dx,
+        ..SeparableBackwardOptions::default()
+    };
+    separable_conv2d_backward_with(x, [depthwise, pointwise], y, dpooled, act, options)
 }
 
-/// [`separable_conv2d_backward`] (`dy` w.r.t. `y`) or, when `pooled`,
-/// [`separable_conv2d_max_pool_backward`] (`dy` w.r.t. the max-pool of `y`).
+/// See [`separable_conv2d_backward_with`].
 fn separable_grads(
-    pooled: bool,
+    options: SeparableBackwardOptions,
     x: &Tensor,
     [depthwise, pointwise]: [&Tensor; 2],
     y: &Tensor,
     dy: &Tensor,
     act: Activation,
-    need_dx: bool,
 ) -> Result<SeparableConv2dGrads> {
+    let SeparableBackwardOptions {
+        pooled,
+        need_dx,
+        input_activation,
+    } = options;
     let info = if pooled {
         &SEPARABLE_MAX_POOL_BACKWARD
     } else {
@@ -282,6 +419,7 @@ fn separable_grads(
             s,
             filters,
             act,
+            input_act: input_activation,
         };
         with_kernels(device, |_, nk| nk.separable_backward(&g))?;
         Ok(SeparableConv2dGrads {

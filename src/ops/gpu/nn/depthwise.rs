@@ -233,7 +233,11 @@ impl GpuKernels<'_> {
             f.y,
             &pointwise_shape(&f.s, f.filters),
             f.act,
-        )
+        )?;
+        match f.pooled {
+            Some(pooled) => self.maxpool(f.y, pooled, &separable_pool_shape(&f.s, f.filters)),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn separable_backward_impl(&self, g: &SeparableBackward<'_>) -> Result<()> {
@@ -242,12 +246,7 @@ impl GpuKernels<'_> {
         // A pooled gradient goes through the max-pool's own gradient first (unfused here).
         let dy = if g.pooled {
             let dy = self.scratch(g.y.shape(), g.y)?;
-            let pool = PoolShape {
-                n: g.s.n,
-                h: g.s.h,
-                w: g.s.w,
-                c: g.filters,
-            };
+            let pool = separable_pool_shape(&g.s, g.filters);
             self.maxpool_backward(g.y, g.dy, &dy, &pool)?;
             dy
         } else {
@@ -268,7 +267,14 @@ impl GpuKernels<'_> {
         self.conv2d_backward_input(&dz, g.pointwise, &dd, &ps)?;
         self.depthwise_backward_kernel(g.x, &dd, g.d_depthwise, &g.s)?;
         if let Some(dx) = g.dx {
-            self.depthwise_backward_input(&dd, g.depthwise, dx, &g.s)?;
+            if g.input_act == Activation::Linear {
+                self.depthwise_backward_input(&dd, g.depthwise, dx, &g.s)?;
+            } else {
+                // Unfused here: the input gradient, then the input activation's gradient.
+                let plain = self.scratch(g.x.shape(), g.x)?;
+                self.depthwise_backward_input(&dd, g.depthwise, &plain, &g.s)?;
+                self.activation_backward_impl(&plain, g.x, dx, g.input_act)?;
+            }
         }
         Ok(())
     }
@@ -285,5 +291,15 @@ impl GpuKernels<'_> {
     ) -> Result<()> {
         let g = ConvGeometry::depthwise(s);
         self.conv_general_forward(x, kernel, bias, y, &g, act)
+    }
+}
+
+/// The 2×2 max-pool of a separable convolution's output of shape `s` with `filters` channels.
+fn separable_pool_shape(s: &DepthwiseShape, filters: usize) -> PoolShape {
+    PoolShape {
+        n: s.n,
+        h: s.h,
+        w: s.w,
+        c: filters,
     }
 }

@@ -170,22 +170,32 @@ pub(crate) const DEPTHWISE_BACKWARD_KERNEL: &[Kernel] = &[
     gk::SUM_ROWS_V4,
     gk::SUM_ROWS_WG,
 ];
-/// Kernels of `FusedSeparableConv2D`: the depthwise and the 1×1 convolution, unfused.
-pub(crate) const SEPARABLE: &[Kernel] = &[
-    DEPTHWISE_S,
-    DEPTHWISE_V4,
-    DEPTHWISE3X3_V4,
-    DEPTHWISE3X3_TILE_V4,
-    CONV2D_S,
-    CONV2D_V4,
-    CONV2D_C1_UBO8,
-    CONV2D_C1_PACK,
-    CONV2D_SMEM_V4,
-    gk::MATMUL_16X8,
-    gk::MATMUL_UBO8,
-    gk::PACK_B8,
-    gk::MATERIALIZE,
-];
+/// The kernels of `FusedSeparableConv2D` and then `$extra`: the depthwise and the 1×1
+/// convolution, unfused.
+macro_rules! separable_kernels {
+    ($($extra:expr),*) => {
+        &[
+            DEPTHWISE_S,
+            DEPTHWISE_V4,
+            DEPTHWISE3X3_V4,
+            DEPTHWISE3X3_TILE_V4,
+            CONV2D_S,
+            CONV2D_V4,
+            CONV2D_C1_UBO8,
+            CONV2D_C1_PACK,
+            CONV2D_SMEM_V4,
+            gk::MATMUL_16X8,
+            gk::MATMUL_UBO8,
+            gk::PACK_B8,
+            gk::MATERIALIZE,
+            $($extra,)*
+        ]
+    };
+}
+/// Kernels of `FusedSeparableConv2D`.
+pub(crate) const SEPARABLE: &[Kernel] = separable_kernels!();
+/// Kernels of `FusedSeparableConv2DMaxPool`: those of `FusedSeparableConv2D`, then the pool's.
+pub(crate) const SEPARABLE_MAX_POOL: &[Kernel] = separable_kernels!(MAXPOOL_S, MAXPOOL_V4);
 /// The kernels of `FusedSeparableConv2DGrad` after `$extra`: the forward depthwise again, the
 /// activation gradient, the 1×1 convolution's and the depthwise convolution's gradients.
 macro_rules! separable_backward_kernels {
