@@ -1,4 +1,4 @@
-"""TensorFlow's side of the CPU:0 speed comparison (issue 6): the tutorial CNN's training step.
+"""TensorFlow's side of the CPU:0 speed comparison (scripts/cpu_vs_tf.sh): the tutorial CNN's training step.
 
 Times N training steps at batch 128 after a warm-up, as `fashion_mnist --time-steps N` does,
 so the two can be run alternately on the same machine (its speed drifts by tens of percent

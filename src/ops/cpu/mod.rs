@@ -305,21 +305,54 @@ fn simd_level_unforced_has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
-/// The CPU's [`SimdLevel`] (the feature queries are cached by `std` after the first one).
+/// The CPU's [`SimdLevel`], or the lower one `ANYGPU_CPU_SIMD` asks for (read once).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn simd_level() -> SimdLevel {
-    use std::arch::is_x86_feature_detected as has;
     #[cfg(test)]
     if let Some(level) = tests::forced_level() {
         return level;
     }
+    static LEVEL: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let asked = std::env::var("ANYGPU_CPU_SIMD").ok();
+        capped_level(detected_level(), asked.as_deref())
+    })
+}
+
+/// The widest level the running CPU supports.
+#[cfg(target_arch = "x86_64")]
+fn detected_level() -> SimdLevel {
+    use std::arch::is_x86_feature_detected as has;
     if !(has!("avx2") && has!("fma")) {
         SimdLevel::Portable
     } else if has!("avx512f") && has!("avx512vl") {
         SimdLevel::Avx512
     } else {
         SimdLevel::Avx2
+    }
+}
+
+/// `cpu` lowered to what `asked` names (`avx2`, `portable`), so that the AVX2 kernels can be
+/// measured on an AVX-512 machine; a level above the CPU's, or an unknown name, changes nothing
+/// (with a warning for the unknown name).
+#[cfg(target_arch = "x86_64")]
+fn capped_level(cpu: SimdLevel, asked: Option<&str>) -> SimdLevel {
+    let rank = |l: SimdLevel| l as u8;
+    let cap = match asked {
+        None | Some("" | "native") => return cpu,
+        Some("avx2") => SimdLevel::Avx2,
+        Some("portable") => SimdLevel::Portable,
+        Some("avx512") => SimdLevel::Avx512,
+        Some(other) => {
+            log::warn!("ANYGPU_CPU_SIMD={other:?} is not avx512, avx2 or portable; ignored");
+            return cpu;
+        }
+    };
+    if rank(cap) < rank(cpu) {
+        cap
+    } else {
+        cpu
     }
 }
 
@@ -465,6 +498,17 @@ mod tests {
 
     /// 0: no forcing; 1: portable; 2: AVX2 (tests only).
     static FORCED: AtomicU8 = AtomicU8::new(0);
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn cpu_simd_asks_only_for_lower_levels() {
+        use super::{capped_level, SimdLevel::*};
+        assert_eq!(capped_level(Avx512, Some("avx2")), Avx2);
+        assert_eq!(capped_level(Avx512, Some("portable")), Portable);
+        assert_eq!(capped_level(Avx2, Some("avx512")), Avx2);
+        assert_eq!(capped_level(Avx512, None), Avx512);
+        assert_eq!(capped_level(Avx2, Some("sse9")), Avx2);
+    }
 
     /// The level `simd_level` must answer, if a test forces one.
     #[cfg(target_arch = "x86_64")]
