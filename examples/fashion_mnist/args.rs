@@ -104,6 +104,10 @@ pub struct Args {
     /// TensorBoard logs (keras.callbacks.TensorBoard) in DIR; default <out>/tensorboard.
     #[arg(long, value_name = "DIR")]
     pub tensorboard: Option<PathBuf>,
+    /// Parse and check the flags, print them and exit, touching no device (how CI checks the
+    /// commands shown in the docs: scripts/doc_commands.py).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// The `--model` values.

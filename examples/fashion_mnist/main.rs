@@ -44,6 +44,10 @@ fn main() {
 
 fn run(args: Args) -> Result<(), BoxError> {
     args.check()?;
+    if args.dry_run {
+        println!("{args:#?}");
+        return Ok(());
+    }
     if args.mixed_precision {
         mixed_precision::set_global_policy("mixed_float16")?;
     }
