@@ -534,7 +534,12 @@ pub(crate) fn conv2d_backward_weights(
         super::sum_rows(&dz, dz.len() / s.c_out.max(1), s.c_out, db);
         return conv_general::backward_kernel(x, &dz, dk, &ConvGeometry::conv(s));
     }
-    weight_grads(x, OutputGrad::Activated { dy, y, act }, dk, Some(db), s);
+    let grad = match act {
+        // `dy` is `dz` (a pre-activated gradient, or no activation): read it in place.
+        Activation::Linear => OutputGrad::Dz(dy),
+        act => OutputGrad::Activated { dy, y, act },
+    };
+    weight_grads(x, grad, dk, Some(db), s);
 }
 
 /// Where [`weight_grads`] takes the gradient w.r.t. the pre-activation output from.

@@ -281,7 +281,7 @@ pub(crate) fn separable_backward(
                 let x = &a.x[n0 * image_in..n1 * image_in];
                 layer.depthwise(x, a.dk, d);
                 let outs = n0 * image_out..n1 * image_out;
-                if a.pooled {
+                let dz: &[f32] = if a.pooled {
                     let y = &a.y[outs.clone()];
                     for (j, (y, dz)) in y
                         .chunks_exact(image_out)
@@ -293,15 +293,19 @@ pub(crate) fn separable_backward(
                         pool::backward_image(y, dp, dz, (s.h, s.w, f));
                     }
                     act_backward_in_place(dz, y, a.act);
+                    dz
+                } else if a.act == Activation::Linear {
+                    // `dy` is `dz` (a pre-activated gradient, or no activation).
+                    &a.dy[outs]
                 } else {
                     act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
-                }
+                    dz
+                };
                 for row in dz.chunks_exact(f) {
                     for (acc, &v) in db.iter_mut().zip(row) {
                         *acc += v;
                     }
                 }
-                let dz = &*dz;
                 let dz_view = Strided::row_major(dz, f);
                 gemm_strided(
                     &mut dpk,
