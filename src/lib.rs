@@ -97,6 +97,7 @@ pub mod nn;
 pub mod ops;
 mod placement;
 mod private_fs;
+mod process;
 pub mod profiler;
 mod rng;
 pub mod runtime;

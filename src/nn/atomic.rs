@@ -97,7 +97,7 @@ fn remove_stale_temps(path: &Path) {
         let Some(pid) = name.to_str().and_then(|n| temp_owner(n, target)) else {
             continue;
         };
-        if !crate::smi::has_ended(pid) || !unwritten_for(&entry, STALE_AFTER) {
+        if !crate::process::has_ended(pid) || !unwritten_for(&entry, STALE_AFTER) {
             continue;
         }
         match fs::remove_file(entry.path()) {

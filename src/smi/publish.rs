@@ -134,7 +134,7 @@ fn snapshot(watched: &[Watched]) -> Snapshot {
     let step_seconds = f64::from_bits(STEP_SECONDS.load(Ordering::Relaxed));
     Snapshot {
         pid: std::process::id(),
-        started: crate::smi::own_start_time(),
+        started: crate::process::own_start_time(),
         program: program_name(),
         updated: crate::smi::now(),
         steps: Some(steps).filter(|&s| s > 0),
