@@ -85,6 +85,7 @@
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms)]
 
+mod atomic_file;
 pub mod config;
 pub mod data;
 mod device;
