@@ -42,7 +42,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::{Error, Result};
 use crate::process;
 
-pub(crate) use publish::{record_step, start};
+pub(crate) use publish::{record_step, start, Watched};
 pub use snapshot::{DeviceUse, Snapshot, MAX_FILE_BYTES};
 
 /// Where this user's processes publish (see the [module docs](self)), from the process's
