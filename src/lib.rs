@@ -102,6 +102,7 @@ mod process;
 pub mod profiler;
 mod rng;
 pub mod runtime;
+mod shader;
 mod shape;
 pub mod smi;
 mod tensor;
@@ -111,11 +112,11 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use memory::{format_bytes, MemoryInfo, MemoryStats};
-pub use ops::gpu::tune::{DecisionSource, TuningDecision};
 pub use placement::{current_device_spec, device, with_device, DeviceScope, IntoDeviceScope};
 pub use runtime::{
     KindFilter, LogicalDeviceConfiguration, PlacementRecord, Runtime, RuntimeBuilder,
 };
+pub use shader::tune::{DecisionSource, TuningDecision};
 pub use tensor::{DType, Element, Tensor};
 
 // The Rust examples of the README and of docs/ run as doctests, so they cannot drift from the API.

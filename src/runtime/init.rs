@@ -11,7 +11,7 @@ use crate::device::physical::AdapterEntry;
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ArenaConfig};
-use crate::ops::gpu::tune::TuneConfig;
+use crate::shader::tune::TuneConfig;
 use crate::smi;
 
 use super::configuration::{mib_to_bytes, MAX_MEMORY_LIMIT_MIB};
