@@ -110,8 +110,8 @@ mod tensor;
 pub use device::{
     DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice, StreamStats,
 };
-pub use error::{Error, Result};
-pub use memory::{format_bytes, MemoryInfo, MemoryStats};
+pub use error::{format_bytes, Error, Result};
+pub use memory::{MemoryInfo, MemoryStats};
 pub use placement::{current_device_spec, device, with_device, DeviceScope, IntoDeviceScope};
 pub use runtime::{
     KindFilter, LogicalDeviceConfiguration, PlacementRecord, Runtime, RuntimeBuilder,
