@@ -43,11 +43,39 @@ def node_of_path(segments):
 
 
 def strip(text):
-    """The file without its tests, comments and string literals."""
+    """The file without its tests, comments and string literals (strings become `""`)."""
     text = re.split(r"\n#\[cfg\(test\)\]\s*\nmod tests", text)[0]
-    text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif (raw := re.match(r'b?r(#*)"', text[i:i + 260])) and not re.match(r"\w", text[i - 1:i]):
+            end = text.find('"' + raw.group(1), i + len(raw.group(0)))
+            i = n if end < 0 else end + 1 + len(raw.group(1))
+            out.append('""')
+        elif text[i] == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            out.append('""')
+        elif text[i] == "'" and (ch := re.match(r"'(?:\\u\{[0-9a-fA-F]+\}|\\.|[^\\'])'", text[i:i + 12])):
+            i += len(ch.group(0))  # a char literal such as '"'; a lifetime is kept
+            out.append("' '")
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def paths(text):

@@ -87,8 +87,8 @@ pub enum Error {
     /// A single request that can never fit on the device, whatever is freed.
     #[error(
         "{what} of {} exceeds {device} {limit_name} ({})",
-        crate::memory::format_bytes(*requested),
-        crate::memory::format_bytes(*limit)
+        format_bytes(*requested),
+        format_bytes(*limit)
     )]
     TooLarge {
         /// What was asked for ("tensor with shape[..] and type float").
@@ -198,3 +198,30 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Formats a byte count the way our messages do: `64.0 MiB`, `256 B`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_bytes;
+
+    #[test]
+    fn byte_counts_read_naturally() {
+        assert_eq!(format_bytes(256), "256 B");
+        assert_eq!(format_bytes(64 << 20), "64.0 MiB");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+    }
+}

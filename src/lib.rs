@@ -85,6 +85,7 @@
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms)]
 
+mod atomic_file;
 pub mod config;
 pub mod data;
 mod device;
@@ -97,9 +98,11 @@ pub mod nn;
 pub mod ops;
 mod placement;
 mod private_fs;
+mod process;
 pub mod profiler;
 mod rng;
 pub mod runtime;
+mod shader;
 mod shape;
 pub mod smi;
 mod tensor;
@@ -107,13 +110,13 @@ mod tensor;
 pub use device::{
     DeviceDetails, DeviceKind, DeviceSpec, GpuDetails, LogicalDevice, PhysicalDevice, StreamStats,
 };
-pub use error::{Error, Result};
-pub use memory::{format_bytes, MemoryInfo, MemoryStats};
-pub use ops::gpu::tune::{DecisionSource, TuningDecision};
+pub use error::{format_bytes, Error, Result};
+pub use memory::{MemoryInfo, MemoryStats};
 pub use placement::{current_device_spec, device, with_device, DeviceScope, IntoDeviceScope};
 pub use runtime::{
     KindFilter, LogicalDeviceConfiguration, PlacementRecord, Runtime, RuntimeBuilder,
 };
+pub use shader::tune::{DecisionSource, TuningDecision};
 pub use tensor::{DType, Element, Tensor};
 
 // The Rust examples of the README and of docs/ run as doctests, so they cannot drift from the API.

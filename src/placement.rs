@@ -21,8 +21,8 @@ use std::sync::Arc;
 use crate::device::logical::{Backend, Owner};
 use crate::device::{DeviceKind, DeviceSpec, LogicalDevice};
 use crate::error::{Error, Result};
-use crate::ops::gpu::Kernel;
 use crate::runtime::{owner_runtime, Runtime};
+use crate::shader::Kernel;
 
 /// What an op needs from a device, for placement.
 #[derive(Clone, Copy, Debug)]

@@ -9,9 +9,9 @@ use crate::device::physical::AdapterEntry;
 use crate::device::stream::GpuRange;
 use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUBMIT_THRESHOLD};
 use crate::error::{Error, Result};
-use crate::ops::gpu::tune::{TuneConfig, Tuner};
-use crate::ops::gpu::{grid_1d, Kernel, PipelineCache, ShaderFamily};
 use crate::profiler::{self, DeviceInterval};
+use crate::shader::tune::{TuneConfig, Tuner};
+use crate::shader::{grid_1d, Kernel, Pipeline, PipelineCache, ShaderFamily};
 
 /// Whether `adapter` gets the kernels tuned for software adapters: its type, overridden by
 /// `ANYGPU_KERNEL_CLASS=software|gpu` (for measuring one class's kernels on the other's
@@ -110,7 +110,7 @@ impl GpuContext {
                 slot.get_or_insert(message);
             }));
         }
-        let pipelines = PipelineCache::new(&device, &adapter);
+        let pipelines = PipelineCache::new(&device, adapter.features, &adapter.limits);
         let software_kernels = kernel_class(&adapter.info, tune.kernel_class.as_deref());
         let stream = Stream::new(&device, &adapter.limits);
         let tuner = Tuner::new(tune, &adapter.info);
@@ -313,7 +313,7 @@ impl GpuContext {
     /// compute pass, except under the profiler, which times each in a pass of its own.
     pub(crate) fn dispatch(
         &self,
-        pipeline: &crate::ops::gpu::Pipeline,
+        pipeline: &Pipeline,
         params: &[u8],
         tensors: &[GpuRange<'_>],
         workgroups: [u32; 3],

@@ -12,7 +12,7 @@ pub(crate) use crate::device::stream::GpuRange;
 use crate::device::stream::StreamStats;
 use crate::error::{Error, Result};
 use crate::memory::Arena;
-use crate::ops::gpu::tune::TuningDecision;
+use crate::shader::tune::TuningDecision;
 
 /// A logical device: TensorFlow's `LogicalDevice`, and the handle ops and tensors use.
 ///

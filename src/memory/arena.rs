@@ -16,9 +16,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::error::{Error, Result};
+use crate::error::{format_bytes, Error, Result};
 use crate::memory::bfc::{Bfc, Block, RegionId, Stats};
-use crate::memory::format_bytes;
 
 /// The first region's size under memory growth (TensorFlow starts at 2 MiB as well).
 const FIRST_GROWTH_REGION: u64 = 2 << 20;

@@ -14,8 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use crate::error::{Error, Result};
-use crate::memory::format_bytes;
+use crate::error::{format_bytes, Error, Result};
 
 /// Buffers smaller than this come from the system allocator directly (its own bins are fast).
 const MIN_POOLED_WORDS: usize = 16 << 10;

@@ -58,30 +58,3 @@ impl From<bfc::Stats> for MemoryStats {
         }
     }
 }
-
-/// Formats a byte count the way our messages do: `64.0 MiB`, `256 B`.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::format_bytes;
-
-    #[test]
-    fn byte_counts_read_naturally() {
-        assert_eq!(format_bytes(256), "256 B");
-        assert_eq!(format_bytes(64 << 20), "64.0 MiB");
-        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
-    }
-}

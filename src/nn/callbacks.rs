@@ -7,9 +7,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::atomic_file::write_atomically;
 use crate::data::{BatchIter, Dataset};
 use crate::error::{Error, Result};
-use crate::nn::atomic::write_atomically;
 use crate::nn::history::History;
 use crate::nn::sequential::Sequential;
 

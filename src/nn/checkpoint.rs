@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors};
 
+use crate::atomic_file::write_atomically;
 use crate::distribute::{shared, Workers};
 use crate::error::{Error, Result};
-use crate::nn::atomic::write_atomically;
 use crate::nn::callbacks::{Callback, FitContext, Position};
 use crate::nn::history::History;
 use crate::nn::optimizer::LossScale;

@@ -38,7 +38,6 @@
 
 mod activation;
 mod activation_layers;
-pub(crate) mod atomic;
 mod callbacks;
 mod checkpoint;
 mod conv_args;
@@ -72,9 +71,9 @@ mod tensorboard;
 mod verbosity;
 mod weights;
 
+pub use crate::atomic_file::write_atomically;
 pub use activation::Activation;
 pub use activation_layers::{ActivationLayer, ReLU};
-pub use atomic::write_atomically;
 pub use callbacks::{BatchLogs, Callback, CsvLogger, FitContext, ModelCheckpoint};
 pub use checkpoint::BackupAndRestore;
 pub use depthwise::DepthwiseConv2D;

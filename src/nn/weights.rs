@@ -10,8 +10,8 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
+use crate::atomic_file::write_atomically;
 use crate::error::{Error, Result};
-use crate::nn::atomic::write_atomically;
 use crate::tensor::Tensor;
 
 fn model_err(path: &Path, message: String) -> Error {

@@ -11,7 +11,7 @@ pub(crate) mod cpu;
 pub(crate) mod gpu;
 /// The autotune cache parser, public for the fuzz targets only.
 #[doc(hidden)]
-pub use gpu::tune::parse_cache as parse_autotune_cache;
+pub use crate::shader::tune::parse_cache as parse_autotune_cache;
 pub(crate) mod host;
 pub mod loss;
 pub(crate) mod nn;

@@ -193,7 +193,7 @@ impl fmt::Display for Report {
                 o.mean_ms(),
                 share,
                 o.host_ms,
-                crate::memory::format_bytes(o.bytes_allocated),
+                crate::error::format_bytes(o.bytes_allocated),
                 o.timing.label()
             )?;
         }

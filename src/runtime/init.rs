@@ -11,7 +11,8 @@ use crate::device::physical::AdapterEntry;
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ArenaConfig};
-use crate::ops::gpu::tune::TuneConfig;
+use crate::shader::tune::TuneConfig;
+use crate::smi;
 
 use super::configuration::{mib_to_bytes, MAX_MEMORY_LIMIT_MIB};
 use super::{Config, Devices, Runtime, DEFAULT_GPU_MEMORY_LIMIT_MB};
@@ -77,8 +78,28 @@ impl Runtime {
         self.shared.initializations.fetch_add(1, Ordering::Relaxed);
         let devices = self.shared.devices.get_or_init(|| devices);
         drop(config);
-        crate::smi::start(&self.shared, devices);
+        self.publish(devices);
         Ok(devices)
+    }
+
+    /// Starts publishing `devices` for `anygpu-smi` (see [`crate::smi`]): their names, and weak
+    /// handles to their arenas and op counters, watched for as long as this runtime lives.
+    fn publish(&self, devices: &Devices) {
+        let watched = devices
+            .cpus
+            .iter()
+            .chain(&devices.gpus)
+            .map(|d| smi::Watched {
+                name: d.name().to_string(),
+                adapter: d.adapter_name().to_string(),
+                backend: d
+                    .backend()
+                    .map_or_else(|| "CPU".into(), |b| format!("{b:?}")),
+                arena: d.gpu().map(|g| Arc::downgrade(&g.arena)),
+                ops: Arc::clone(&d.0.ops_run),
+            })
+            .collect();
+        smi::start(Arc::downgrade(&self.shared), |k| self.env(k), watched);
     }
 
     /// How many times this runtime created its devices: 1 once initialized, whatever the

@@ -40,8 +40,9 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
+use crate::process;
 
-pub(crate) use publish::{record_step, start};
+pub(crate) use publish::{record_step, start, Watched};
 pub use snapshot::{DeviceUse, Snapshot, MAX_FILE_BYTES};
 
 /// Where this user's processes publish (see the [module docs](self)), from the process's
@@ -72,45 +73,13 @@ pub struct Scan {
     pub notes: Vec<String>,
 }
 
-/// When process `pid` started, in clock ticks after boot: field 22 of `/proc/<pid>/stat`
-/// (counted after the command name, which may hold spaces and parentheses). `None` without
-/// `/proc` or such a process.
-fn start_time(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")).ok()?;
-    let (_, after_name) = stat.rsplit_once(')')?;
-    // Fields 3, 4, ... follow the name: field 22 is the 20th of them.
-    after_name.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// This process's start time, as [`Snapshot::started`] records it.
-pub(crate) fn own_start_time() -> Option<u64> {
-    static STARTED: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *STARTED.get_or_init(|| start_time("self"))
-}
-
 /// Whether the process that wrote a snapshot (`pid`, started at `started`, last `updated`)
-/// still runs: where there is a `/proc`, `/proc/<pid>` exists and, when the snapshot has a
-/// start time, the process there started then (else the PID was reused); elsewhere, whether
-/// it published in the last `STALE_SECONDS`.
+/// still runs: where there is a `/proc`, as [`process::runs`] says; elsewhere, whether it
+/// published in the last `STALE_SECONDS`.
 fn alive(pid: u32, started: Option<u64>, updated: Option<f64>) -> bool {
     const STALE_SECONDS: f64 = 10.0;
-    if Path::new("/proc/self").exists() {
-        let pid = pid.to_string();
-        if !Path::new("/proc").join(&pid).exists() {
-            return false;
-        }
-        return match (started, start_time(&pid)) {
-            (Some(wrote), Some(runs)) => wrote == runs,
-            _ => true,
-        };
-    }
-    updated.is_some_and(|t| now() - t < STALE_SECONDS)
-}
-
-/// Whether process `pid` is known to have ended: `/proc` is there to ask and `/proc/<pid>` is
-/// not. Without `/proc` nothing is known, so this is `false` and a caller removes nothing.
-pub(crate) fn has_ended(pid: u32) -> bool {
-    Path::new("/proc/self").exists() && !alive(pid, None, None)
+    process::runs(pid, started)
+        .unwrap_or_else(|| updated.is_some_and(|t| now() - t < STALE_SECONDS))
 }
 
 /// `<pid>-<n>` of a file name `<pid>-<n>.smi` or `.<pid>-<n>.tmp`.
@@ -160,7 +129,7 @@ pub fn scan(dir: &Path) -> Result<Scan> {
         };
         if !published {
             // A writer's temporary file: only a dead writer's is ours to remove.
-            if has_ended(pid) {
+            if process::has_ended(pid) {
                 let _ = std::fs::remove_file(&path);
             }
             continue;

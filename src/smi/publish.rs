@@ -1,6 +1,7 @@
-//! The publishing side: a background thread per initialized runtime that writes its
+//! The publishing side: a background thread per initialized runtime that writes its devices'
 //! [`Snapshot`] a few times a second, atomically, and removes it when the runtime is dropped or
-//! the process exits.
+//! the process exits. The runtime says what it has ([`Watched`] devices and itself as their
+//! owner, see `runtime/init.rs`); the files, their format and their lifetime are decided here.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,7 +9,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::memory::{Arena, MemoryStats};
-use crate::runtime::{Devices, RuntimeShared};
 use crate::smi::dir;
 use crate::smi::snapshot::{DeviceUse, Snapshot};
 
@@ -42,22 +42,32 @@ fn published() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
 /// A logical device as the publisher sees it: names, and weak handles to its arena and
 /// command stream, so publishing never keeps a device (or the runtime) alive, and a runtime
 /// dropped by its user is dropped at once, not after the publisher's next look.
-struct Watched {
-    name: String,
-    adapter: String,
-    backend: String,
-    arena: Option<Weak<Arena>>,
-    ops: Arc<AtomicU64>,
+pub(crate) struct Watched {
+    /// The device's full name (`/device:GPU:0`).
+    pub(crate) name: String,
+    /// Its adapter's name.
+    pub(crate) adapter: String,
+    /// Its backend (`Vulkan`, `Gl`, ...; `CPU` for the host).
+    pub(crate) backend: String,
+    /// Its arena (GPUs only).
+    pub(crate) arena: Option<Weak<Arena>>,
+    /// The ops run on it so far.
+    pub(crate) ops: Arc<AtomicU64>,
 }
 
-/// Starts publishing the runtime `shared`, whose devices were just created, unless
-/// `ANYGPU_SMI=0`; a refused or unwritable directory is logged and publishing stays off (a
-/// monitor never stops a program).
-pub(crate) fn start(shared: &Arc<RuntimeShared>, devices: &Devices) {
-    if shared.env_var("ANYGPU_SMI").as_deref() == Some("0") {
+/// Starts publishing `watched`, the devices a runtime just created, for as long as `owner`
+/// (that runtime) lives, unless `ANYGPU_SMI=0` in `env` (the runtime's environment); a refused
+/// or unwritable directory is logged and publishing stays off (a monitor never stops a
+/// program).
+pub(crate) fn start<T: Send + Sync + 'static>(
+    owner: Weak<T>,
+    env: impl Fn(&str) -> Option<String>,
+    watched: Vec<Watched>,
+) {
+    if env("ANYGPU_SMI").as_deref() == Some("0") {
         return;
     }
-    let dir = dir::default_dir(|k| shared.env_var(k));
+    let dir = dir::default_dir(env);
     if let Err(e) = dir::ensure_private(&dir) {
         log::warn!("not publishing for anygpu-smi: {e}");
         return;
@@ -68,33 +78,18 @@ pub(crate) fn start(shared: &Arc<RuntimeShared>, devices: &Devices) {
     let temp = dir.join(format!(".{pid}-{n}.tmp"));
     published().push(path.clone());
     remove_at_exit();
-    let watched: Vec<Watched> = devices
-        .cpus
-        .iter()
-        .chain(&devices.gpus)
-        .map(|d| Watched {
-            name: d.name().to_string(),
-            adapter: d.adapter_name().to_string(),
-            backend: d
-                .backend()
-                .map_or_else(|| "CPU".into(), |b| format!("{b:?}")),
-            arena: d.gpu().map(|g| Arc::downgrade(&g.arena)),
-            ops: Arc::clone(&d.0.ops_run),
-        })
-        .collect();
-    let weak = Arc::downgrade(shared);
     let spawned = std::thread::Builder::new()
         .name("anygpu-smi".into())
-        .spawn(move || publish_loop(&weak, &watched, (&path, &temp)));
+        .spawn(move || publish_loop(&owner, &watched, (&path, &temp)));
     if let Err(e) = spawned {
         log::warn!("not publishing for anygpu-smi: no thread: {e}");
     }
 }
 
-fn publish_loop(runtime: &Weak<RuntimeShared>, devices: &[Watched], (path, temp): (&Path, &Path)) {
+fn publish_loop<T>(owner: &Weak<T>, devices: &[Watched], (path, temp): (&Path, &Path)) {
     let mut warned = false;
     // `strong_count`, not `upgrade`: the publisher must never hold the runtime.
-    while runtime.strong_count() > 0 && !EXITING.load(Ordering::Relaxed) {
+    while owner.strong_count() > 0 && !EXITING.load(Ordering::Relaxed) {
         let text = snapshot(devices).to_text();
         let written = std::fs::write(temp, text).and_then(|()| std::fs::rename(temp, path));
         if let (Err(e), false) = (written, warned) {
@@ -134,7 +129,7 @@ fn snapshot(watched: &[Watched]) -> Snapshot {
     let step_seconds = f64::from_bits(STEP_SECONDS.load(Ordering::Relaxed));
     Snapshot {
         pid: std::process::id(),
-        started: crate::smi::own_start_time(),
+        started: crate::process::own_start_time(),
         program: program_name(),
         updated: crate::smi::now(),
         steps: Some(steps).filter(|&s| s > 0),

@@ -1,26 +1,20 @@
-//! The GPU side of every op: WGSL kernels from `shaders/`, compiled once per adapter into a
-//! pipeline cache, and the thin functions that bind tensors and dispatch them.
+//! The GPU kernels as the device layer knows them: one [`ShaderFamily`] per WGSL file of
+//! `shaders/`, validated by naga against an adapter's capabilities, compiled once per adapter
+//! into a [`PipelineCache`], with float16 twins generated from the float32 source (`half`), and
+//! the autotuner that picks among a family's kernel variants (`tune`). The functions that bind
+//! tensors and dispatch these kernels are the ops' (`ops::gpu`).
 //!
 //! Binding convention shared by every shader: `@group(0) @binding(0)` is a uniform `Params`
 //! struct (at most 256 bytes), `@binding(1..)` are tensors as `var<storage, read_write>` arrays.
 //! Everything is read-write because two tensors of one dispatch may be ranges of one arena
 //! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
 
-// ---- activations and pooling layers ----
-pub(crate) mod activation;
-pub(crate) mod pooling;
-// ----
 pub(crate) mod half;
-pub(crate) mod kernels;
-pub(crate) mod loss;
-mod matmul;
 pub(crate) mod tune;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-use crate::device::physical::AdapterEntry;
 
 /// Compute pipelines created in this process, on any adapter: the tuner's hint that a
 /// candidate's first run included compiling (some drivers, lavapipe among them, finish
@@ -161,22 +155,22 @@ impl ShaderFamily {
     /// The WGSL source, compiled into the crate.
     pub(crate) fn source(self) -> &'static str {
         match self {
-            ShaderFamily::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
-            ShaderFamily::Matmul => include_str!("../../../shaders/matmul.wgsl"),
-            ShaderFamily::Reduce => include_str!("../../../shaders/reduce.wgsl"),
-            ShaderFamily::ReduceSubgroup => include_str!("../../../shaders/reduce_subgroup.wgsl"),
-            ShaderFamily::Conv2d => include_str!("../../../shaders/conv2d.wgsl"),
-            ShaderFamily::Depthwise => include_str!("../../../shaders/depthwise.wgsl"),
-            ShaderFamily::Pool => include_str!("../../../shaders/pool.wgsl"),
-            ShaderFamily::Softmax => include_str!("../../../shaders/softmax.wgsl"),
-            ShaderFamily::Optim => include_str!("../../../shaders/optim.wgsl"),
-            ShaderFamily::Cast => include_str!("../../../shaders/cast.wgsl"),
-            ShaderFamily::Batchnorm => include_str!("../../../shaders/batchnorm.wgsl"),
-            ShaderFamily::Dropout => include_str!("../../../shaders/dropout.wgsl"),
-            ShaderFamily::Activation => include_str!("../../../shaders/activation.wgsl"),
-            ShaderFamily::Pooling => include_str!("../../../shaders/pooling.wgsl"),
-            ShaderFamily::Conv2dGeneral => include_str!("../../../shaders/conv2d_general.wgsl"),
-            ShaderFamily::Loss => include_str!("../../../shaders/loss.wgsl"),
+            ShaderFamily::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
+            ShaderFamily::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            ShaderFamily::Reduce => include_str!("../../shaders/reduce.wgsl"),
+            ShaderFamily::ReduceSubgroup => include_str!("../../shaders/reduce_subgroup.wgsl"),
+            ShaderFamily::Conv2d => include_str!("../../shaders/conv2d.wgsl"),
+            ShaderFamily::Depthwise => include_str!("../../shaders/depthwise.wgsl"),
+            ShaderFamily::Pool => include_str!("../../shaders/pool.wgsl"),
+            ShaderFamily::Softmax => include_str!("../../shaders/softmax.wgsl"),
+            ShaderFamily::Optim => include_str!("../../shaders/optim.wgsl"),
+            ShaderFamily::Cast => include_str!("../../shaders/cast.wgsl"),
+            ShaderFamily::Batchnorm => include_str!("../../shaders/batchnorm.wgsl"),
+            ShaderFamily::Dropout => include_str!("../../shaders/dropout.wgsl"),
+            ShaderFamily::Activation => include_str!("../../shaders/activation.wgsl"),
+            ShaderFamily::Pooling => include_str!("../../shaders/pooling.wgsl"),
+            ShaderFamily::Conv2dGeneral => include_str!("../../shaders/conv2d_general.wgsl"),
+            ShaderFamily::Loss => include_str!("../../shaders/loss.wgsl"),
         }
     }
 }
@@ -244,11 +238,15 @@ struct ModuleInfo {
 }
 
 impl PipelineCache {
-    pub(crate) fn new(device: &wgpu::Device, adapter: &AdapterEntry) -> PipelineCache {
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        features: wgpu::Features,
+        limits: &wgpu::Limits,
+    ) -> PipelineCache {
         PipelineCache {
             device: device.clone(),
-            capabilities: capabilities_of(adapter.features),
-            limits: adapter.limits.clone(),
+            capabilities: capabilities_of(features),
+            limits: limits.clone(),
             modules: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
@@ -578,8 +576,6 @@ pub(crate) fn grid_1d(n: usize, workgroup: u32) -> [u32; 3] {
         [MAX as u32, groups.div_ceil(MAX) as u32, 1]
     }
 }
-pub(crate) mod nn;
-pub(crate) mod norm;
 
 #[cfg(test)]
 mod tests {

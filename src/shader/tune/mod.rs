@@ -32,7 +32,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::ops::gpu::{ShaderFamily, PIPELINES_CREATED};
+use crate::shader::{ShaderFamily, PIPELINES_CREATED};
 
 mod cache;
 pub use cache::parse_cache;

@@ -1,7 +1,8 @@
-//! Files that are replaced whole or not at all: weights and checkpoints are written to a
-//! temporary file in the target's directory, flushed to disk, then renamed over the target, so
-//! a full disk, a quota or a crash half-way leaves the previous file as it was. A save that was
-//! killed leaves its temporary file behind; the next save to the same target removes it.
+//! Files that are replaced whole or not at all: weights, checkpoints and the autotune cache
+//! are written to a temporary file in the target's directory, flushed to disk, then renamed
+//! over the target, so a full disk, a quota or a crash half-way leaves the previous file as it
+//! was. A save that was killed leaves its temporary file behind; the next save to the same
+//! target removes it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
@@ -97,7 +98,7 @@ fn remove_stale_temps(path: &Path) {
         let Some(pid) = name.to_str().and_then(|n| temp_owner(n, target)) else {
             continue;
         };
-        if !crate::smi::has_ended(pid) || !unwritten_for(&entry, STALE_AFTER) {
+        if !crate::process::has_ended(pid) || !unwritten_for(&entry, STALE_AFTER) {
             continue;
         }
         match fs::remove_file(entry.path()) {

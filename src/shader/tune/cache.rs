@@ -1,6 +1,6 @@
 //! The autotune cache file: one per adapter under the cache directory (checked private with
 //! `private_fs`), read bounded, parsed strictly (entries of this build only), saved by merging
-//! with what other processes saved, under a lock file, through `nn::atomic`.
+//! with what other processes saved, under a lock file, through `atomic_file`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -64,7 +64,7 @@ impl Tuner {
         for ((op, class), candidate) in &entries {
             text.push_str(&format!("{}|{op}|{class}\t{candidate}\n", self.build));
         }
-        crate::nn::atomic::write_atomically(path, text.as_bytes()).map_err(|e| e.to_string())
+        crate::atomic_file::write_atomically(path, text.as_bytes()).map_err(|e| e.to_string())
     }
 }
 

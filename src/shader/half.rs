@@ -469,7 +469,7 @@ impl<'a> Rewriter<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::gpu::{capabilities_of, validate_source, ShaderFamily};
+    use crate::shader::{capabilities_of, validate_source, ShaderFamily};
 
     const DECLS: &str = "@group(0) @binding(0) var<uniform> p: vec4<u32>;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
