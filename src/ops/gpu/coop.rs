@@ -1,0 +1,545 @@
+//! Matrix products on cooperative matrices (`matmul_coop.wgsl`): the tensor cores, through
+//! wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`, for float16 products (float32
+//! accumulation) under the mixed-precision policy.
+//!
+//! Three gates keep them away from where they would be wrong:
+//! * the device is opened with the feature only where the adapter reports the configuration the
+//!   kernels are written for (16×16×16, float16 A and B, float32 C; see [`CoopSupport::wanted`])
+//!   and runs them as they assume (subgroups of exactly 32 invocations, float16, subgroups);
+//! * before the tuner may time them, each candidate is checked once per adapter against the f64
+//!   oracle on ragged shapes and every transpose (`self_check`); a candidate that fails is
+//!   logged as an error and never offered again in the process;
+//! * `ANYGPU_AUTOTUNE_FORCE` skips that check, so that `tests/coop_matrix.rs` (which the GPU
+//!   check runs before it times anything) sees each kernel's own output.
+//!
+//! Elsewhere nothing changes: the candidates are simply not offered.
+
+use std::sync::OnceLock;
+
+use bytemuck::{Pod, Zeroable};
+use half::f16;
+
+use crate::device::physical::AdapterEntry;
+use crate::device::LogicalDevice;
+use crate::error::Result;
+use crate::ops::gpu::kernels::GpuKernels;
+use crate::ops::gpu::{Kernel, ShaderFamily, MAX_GROUPS_PER_DIM};
+use crate::ops::reference;
+use crate::ops::spec::Activation;
+use crate::ops::MatmulDims;
+use crate::tensor::{DType, Tensor};
+
+/// What `matmul_coop.wgsl` needs of a device besides the configuration.
+pub(crate) const NEEDS: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+
+/// The subgroup size the kernels are written for: four subgroups of 32 per workgroup of 128,
+/// each owning the fragments its `subgroup_id` names.
+const SUBGROUP_SIZE: u32 = 32;
+
+/// The candidates: tuner name, entry point, output rows per workgroup (64 columns each).
+const CANDIDATES: [(&str, Kernel, usize); 2] = [
+    (
+        "coop16_64x64",
+        Kernel::new(ShaderFamily::MatmulCoop, "matmul_coop_64x64"),
+        64,
+    ),
+    (
+        "coop16_32x64",
+        Kernel::new(ShaderFamily::MatmulCoop, "matmul_coop_32x64"),
+        32,
+    ),
+];
+
+/// Whether `name` is one of this module's candidates.
+pub(crate) fn is_candidate(name: &str) -> bool {
+    CANDIDATES.iter().any(|(c, _, _)| *c == name)
+}
+
+/// The configuration the kernels use: 16×16×16, float16 A and B, float32 C and result.
+fn is_ours(p: &wgpu::CooperativeMatrixProperties) -> bool {
+    (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+        && p.ab_type == wgpu::CooperativeScalarType::F16
+        && p.cr_type == wgpu::CooperativeScalarType::F32
+}
+
+/// Why `matmul_coop.wgsl` cannot run on an adapter with `features`, `configs` and `info`, or
+/// `None` when it can.
+fn missing(
+    features: wgpu::Features,
+    configs: &[wgpu::CooperativeMatrixProperties],
+    info: &wgpu::AdapterInfo,
+) -> Option<String> {
+    if !features.contains(NEEDS) {
+        return Some(format!("features {:?} missing", NEEDS - features));
+    }
+    if !configs.iter().any(is_ours) {
+        return Some(format!("no 16x16x16 f16->f32 configuration in {configs:?}"));
+    }
+    let sizes = (info.subgroup_min_size, info.subgroup_max_size);
+    if sizes != (SUBGROUP_SIZE, SUBGROUP_SIZE) {
+        return Some(format!(
+            "subgroup sizes {}..={} (the kernels need exactly {SUBGROUP_SIZE})",
+            sizes.0, sizes.1
+        ));
+    }
+    None
+}
+
+/// One adapter's cooperative matrices: what it reports, whether the kernels run on the device
+/// as opened, and each candidate's self-check, once run.
+pub(crate) struct CoopSupport {
+    /// The adapter's configurations as wgpu reports them (empty without the feature).
+    configs: Vec<wgpu::CooperativeMatrixProperties>,
+    /// Why the kernels do not run here; `None` when they do.
+    missing: Option<String>,
+    /// (candidate, verdict) of the self-check.
+    verdicts: OnceLock<Vec<(&'static str, std::result::Result<(), String>)>>,
+}
+
+impl CoopSupport {
+    /// The features to request for `adapter`: the cooperative matrices where the kernels can use
+    /// them, else none.
+    pub(crate) fn wanted(adapter: &AdapterEntry) -> wgpu::Features {
+        let configs = adapter.adapter.cooperative_matrix_properties();
+        match missing(adapter.features, &configs, &adapter.info) {
+            None => wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            Some(_) => wgpu::Features::empty(),
+        }
+    }
+
+    /// The opt-in wgpu asks for with experimental `features`.
+    pub(crate) fn experimental(features: wgpu::Features) -> wgpu::ExperimentalFeatures {
+        if features.intersects(wgpu::Features::all_experimental_mask()) {
+            // SAFETY: wgpu's contract for experimental features is that their implementation
+            // may have bugs; we use only cooperative-matrix loads, stores and multiply-adds in
+            // uniform control flow, check every kernel against the f64 oracle on the device
+            // before the tuner may pick it, and request the feature only where the adapter
+            // reports the configuration the kernels use.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        }
+    }
+
+    /// The support of a device opened on `adapter` with `device_features`.
+    pub(crate) fn new(adapter: &AdapterEntry, device_features: wgpu::Features) -> CoopSupport {
+        let configs = if device_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            adapter.adapter.cooperative_matrix_properties()
+        } else {
+            Vec::new()
+        };
+        let missing = missing(device_features, &configs, &adapter.info);
+        if let Some(why) = &missing {
+            log::debug!("{}: no tensor-core products: {why}", adapter.info.name);
+        }
+        CoopSupport {
+            configs,
+            missing,
+            verdicts: OnceLock::new(),
+        }
+    }
+
+    /// Whether the kernels run on this device.
+    pub(crate) fn usable(&self) -> bool {
+        self.missing.is_none()
+    }
+}
+
+/// Mirror of `Params` in matmul_coop.wgsl (matmul.wgsl's).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CoopParams {
+    m: u32,
+    k: u32,
+    n: u32,
+    has_bias: u32,
+    a_rs: u32,
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+    act: u32,
+    _unused: [u32; 3],
+}
+
+/// Shapes of the self-check: ragged (no dimension a multiple of 16, tiles cut at every edge)
+/// and one with several tiles each way and several steps of k.
+const CHECK_SHAPES: [(usize, usize, usize); 2] = [(37, 45, 51), (100, 70, 131)];
+
+/// The self-check's tolerance: four float16 ulps relative to max(1, |expected|), as
+/// tests/mixed_precision.rs (products accumulate in float32; the output is rounded once).
+const CHECK_TOL: f64 = 4.0 * 0.000_976_562_5;
+
+impl GpuKernels<'_> {
+    /// The cooperative-matrix candidates for `out = act(op(a) · op(b) + bias)`: float16
+    /// tensors on a device where the kernels run, each once its self-check passed (under
+    /// `ANYGPU_AUTOTUNE_FORCE`, without the check).
+    pub(crate) fn coop_candidates(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+    ) -> Vec<&'static str> {
+        let ctx = &self.dev.ctx;
+        let half = [Some(a), Some(b), bias, Some(out)]
+            .into_iter()
+            .flatten()
+            .all(|t| t.dtype() == DType::F16);
+        if !half || !ctx.coop.usable() {
+            return Vec::new();
+        }
+        if ctx.tuner.forced() {
+            return CANDIDATES.iter().map(|(c, _, _)| *c).collect();
+        }
+        self.coop_verdicts(out.device_handle())
+            .iter()
+            .filter(|(_, v)| v.is_ok())
+            .map(|(c, _)| *c)
+            .collect()
+    }
+
+    /// Each candidate's self-check verdict on this adapter, checking on first use.
+    fn coop_verdicts(
+        &self,
+        device: &LogicalDevice,
+    ) -> &[(&'static str, std::result::Result<(), String>)] {
+        let ctx = &self.dev.ctx;
+        ctx.coop.verdicts.get_or_init(|| {
+            // The check waits for the device: a warm-up of a tuned op around this one must
+            // not count that time against its candidate.
+            ctx.tuner.note_outside_work();
+            CANDIDATES
+                .iter()
+                .map(|&(name, _, _)| {
+                    let verdict = match self.coop_self_check(device, name) {
+                        Ok(verdict) => verdict,
+                        Err(e) => Err(format!("the device failed: {e}")),
+                    };
+                    match &verdict {
+                        Ok(()) => log::info!("{}: {name} passed its self-check", self.name),
+                        Err(e) => log::error!(
+                            "{}: matmul candidate {name} disabled, its self-check failed: {e}",
+                            self.name
+                        ),
+                    }
+                    (name, verdict)
+                })
+                .collect()
+        })
+    }
+
+    /// Runs candidate `name` on float16 products of [`CHECK_SHAPES`] in every layout the
+    /// gradients use, with a bias and an activation, against the f64 oracle. `Err` is a device
+    /// failure; `Ok(Err)` names the first wrong output.
+    fn coop_self_check(
+        &self,
+        device: &LogicalDevice,
+        name: &'static str,
+    ) -> Result<std::result::Result<(), String>> {
+        let halves = |len: usize, seed: u64| -> (Vec<f64>, Vec<f16>) {
+            let h: Vec<f16> = reference::random_vec(len, seed)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
+        };
+        for (s, &(m, k, n)) in CHECK_SHAPES.iter().enumerate() {
+            for (l, (trans_a, trans_b)) in [(false, false), (true, false), (false, true)]
+                .into_iter()
+                .enumerate()
+            {
+                let seed = 91_000 + 100 * s as u64 + 10 * l as u64;
+                let act = [Activation::Relu, Activation::Linear, Activation::Selu][l];
+                let ashape = if trans_a { [k, m] } else { [m, k] };
+                let bshape = if trans_b { [n, k] } else { [k, n] };
+                let (av, ah) = halves(m * k, seed);
+                let (bv, bh) = halves(k * n, seed + 1);
+                let (cv, ch) = halves(n, seed + 2);
+                let at = Tensor::from_slice_on(&ah, &ashape, device)?;
+                let bt = Tensor::from_slice_on(&bh, &bshape, device)?;
+                let ct = Tensor::from_slice_on(&ch, &[n], device)?;
+                let out = Tensor::uninit(&[m, n], DType::F16, device)?;
+                let d = MatmulDims {
+                    m,
+                    k,
+                    n,
+                    trans_a,
+                    trans_b,
+                };
+                self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?;
+                let got = out.to_vec::<f16>()?;
+                let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
+                let want = reference::bias_act(&product, Some(&cv), act);
+                let wrong = got.iter().zip(&want).enumerate().find(|(_, (g, w))| {
+                    let g = f64::from(g.to_f32());
+                    !((g - **w).abs() <= CHECK_TOL * w.abs().max(1.0))
+                });
+                if let Some((i, (g, w))) = wrong {
+                    return Ok(Err(format!(
+                        "{m}x{k}x{n} trans_a={trans_a} trans_b={trans_b} {act:?}: out[{}, {}] = {g} \
+                         where the f64 oracle has {w:.5}",
+                        i / n,
+                        i % n
+                    )));
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// `out = act(op(a) · op(b) + bias)` by candidate `name` (float16 tensors; k > 0).
+    pub(crate) fn matmul_coop(
+        &self,
+        name: &str,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        act: Activation,
+    ) -> Result<()> {
+        let (kernel, rows) = CANDIDATES
+            .iter()
+            .find(|(c, _, _)| *c == name)
+            .map_or((CANDIDATES[0].1, CANDIDATES[0].2), |&(_, k, r)| (k, r));
+        let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
+        let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
+        // Shapes on a GPU fit in u32 (bounded by the binding size).
+        let u = |x: usize| x as u32;
+        let p = CoopParams {
+            m: u(d.m),
+            k: u(d.k),
+            n: u(d.n),
+            has_bias: u32::from(bias.is_some()),
+            a_rs: u(a_rs),
+            a_cs: u(a_cs),
+            b_rs: u(b_rs),
+            b_cs: u(b_cs),
+            act: act.code(),
+            _unused: [0; 3],
+        };
+        // Row tiles past one grid dimension fold into z (the shader's row_tile).
+        let row_tiles = d.m.div_ceil(rows);
+        let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
+        let grid = [
+            u(d.n.div_ceil(64)),
+            u(y),
+            u(row_tiles.div_ceil(y).max(1)),
+        ];
+        self.launch(kernel, &p, &[a, b, bias.unwrap_or(out), out], grid)
+    }
+}
+
+impl LogicalDevice {
+    /// The adapter's cooperative-matrix configurations (tensor cores), as wgpu reports them, when
+    /// this device was opened with them: empty on the CPU and on adapters without a
+    /// configuration the float16 matrix-product kernels use.
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// assert!(rt.cpu()?.cooperative_matrix_configs().is_empty());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn cooperative_matrix_configs(&self) -> Vec<wgpu::CooperativeMatrixProperties> {
+        self.gpu()
+            .map(|g| g.ctx.coop.configs.clone())
+            .unwrap_or_default()
+    }
+
+    /// The matrix-product kernels on cooperative matrices (tensor cores) the autotuner may
+    /// offer for float16 products on this device, each with its self-check against the f64
+    /// oracle (run on first use; a candidate whose check fails is never offered). Empty where
+    /// the adapter has no matching configuration (and on the CPU).
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// for gpu in rt.list_logical_devices(anygpu::DeviceKind::Gpu)? {
+    ///     for (kernel, check) in gpu.cooperative_matrix_kernels() {
+    ///         println!("{kernel}: {check:?}");
+    ///     }
+    /// }
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn cooperative_matrix_kernels(&self) -> Vec<(&'static str, std::result::Result<(), String>)> {
+        let Some(g) = self.gpu() else {
+            return Vec::new();
+        };
+        if !g.ctx.coop.usable() {
+            return Vec::new();
+        }
+        GpuKernels::new(g, self.full_name())
+            .coop_verdicts(self)
+            .to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::gpu::{capabilities_of, validate, ShaderFamily};
+
+    fn config(m: u32, ab: wgpu::CooperativeScalarType) -> wgpu::CooperativeMatrixProperties {
+        wgpu::CooperativeMatrixProperties {
+            m_size: m,
+            n_size: 16,
+            k_size: 16,
+            ab_type: ab,
+            cr_type: wgpu::CooperativeScalarType::F32,
+            saturating_accumulation: false,
+        }
+    }
+
+    fn nvidia() -> wgpu::AdapterInfo {
+        wgpu::AdapterInfo {
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            ..wgpu::AdapterInfo::new(wgpu::DeviceType::DiscreteGpu, wgpu::Backend::Vulkan)
+        }
+    }
+
+    #[test]
+    fn the_kernels_run_only_with_the_configuration_and_subgroup_size_they_are_written_for() {
+        use wgpu::CooperativeScalarType::{F16, F32};
+        let all = NEEDS | wgpu::Features::TIMESTAMP_QUERY;
+        assert_eq!(missing(all, &[config(16, F16)], &nvidia()), None);
+        // Another shape or input type, or none at all.
+        assert!(missing(all, &[config(8, F16), config(16, F32)], &nvidia()).is_some());
+        assert!(missing(all, &[], &nvidia()).is_some());
+        // Without the feature (not requested, or refused), subgroups or float16.
+        for lacking in [
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            wgpu::Features::SUBGROUP,
+            wgpu::Features::SHADER_F16,
+        ] {
+            let why = missing(all - lacking, &[config(16, F16)], &nvidia());
+            assert!(why.is_some_and(|w| w.contains("missing")), "{lacking:?}");
+        }
+        // Subgroups of 64 (AMD's wave64) or of varying size (Intel) would leave fragments
+        // unwritten.
+        for (lo, hi) in [(64, 64), (32, 64), (8, 32)] {
+            let info = wgpu::AdapterInfo {
+                subgroup_min_size: lo,
+                subgroup_max_size: hi,
+                ..nvidia()
+            };
+            assert!(missing(all, &[config(16, F16)], &info).is_some(), "{lo}..{hi}");
+        }
+    }
+
+    #[test]
+    fn the_kernels_validate_with_cooperative_matrices_and_compile_to_spirv() {
+        assert!(validate(ShaderFamily::MatmulCoop, capabilities_of(NEEDS - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)).is_err());
+        let v = validate(ShaderFamily::MatmulCoop, capabilities_of(NEEDS)).unwrap();
+        for (_, kernel, _) in CANDIDATES {
+            let e = &v.entries[kernel.entry];
+            assert_eq!(e.workgroup_size, [4 * SUBGROUP_SIZE, 1, 1], "{}", kernel.entry);
+            assert_eq!(e.bindings, vec![1, 2, 3, 4], "{}", kernel.entry);
+        }
+        assert_eq!(v.workgroup_bytes, 13_824);
+        // What wgpu's Vulkan backend does with it: naga's SPIR-V writer must take every entry
+        // point (the cooperative types, zero accumulators, loads and stores of workgroup memory).
+        let source = ShaderFamily::MatmulCoop.source();
+        let module = naga::front::wgsl::parse_str(source).unwrap();
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            capabilities_of(NEEDS),
+        )
+        .validate(&module)
+        .unwrap();
+        // wgpu-hal's options on a Vulkan 1.3 device without robustBufferAccess2.
+        let restrict = naga::proc::BoundsCheckPolicy::Restrict;
+        let options = naga::back::spv::Options {
+            lang_version: (1, 6),
+            bounds_check_policies: naga::proc::BoundsCheckPolicies {
+                index: restrict,
+                buffer: restrict,
+                image_load: restrict,
+                binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+            },
+            force_loop_bounding: true,
+            ..Default::default()
+        };
+        for (_, kernel, _) in CANDIDATES {
+            let pipeline = naga::back::spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: kernel.entry.to_string(),
+            };
+            let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+                .unwrap_or_else(|e| panic!("{}: {e}", kernel.entry));
+            assert_eq!(words.first(), Some(&0x0723_0203), "SPIR-V magic");
+            spirv_val(kernel.entry, &words);
+        }
+    }
+
+    /// Runs the SPIRV-Tools validator on `words` for Vulkan 1.3 where it is installed
+    /// (`spirv-val`, Debian's spirv-tools), and says so where it is not.
+    fn spirv_val(entry: &str, words: &[u32]) {
+        let words = &without_workgroup_array_strides(words);
+        let path = std::env::temp_dir().join(format!("anygpu-{entry}-{}.spv", std::process::id()));
+        std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(words)).unwrap();
+        let run = std::process::Command::new("spirv-val")
+            .args(["--target-env", "vulkan1.3"])
+            .arg(&path)
+            .output();
+        let _ = std::fs::remove_file(&path);
+        match run {
+            Ok(out) => assert!(
+                out.status.success(),
+                "spirv-val refuses {entry}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("spirv-val not run on {entry} ({e}): SPIR-V written, not validated"),
+        }
+    }
+
+    /// `words` without the ArrayStride decorations naga 30 puts on arrays in workgroup memory,
+    /// which Vulkan has since forbidden (VUID-StandaloneSpirv-None-10684; every family with
+    /// workgroup arrays has them, and drivers ignore them): so that `spirv-val` goes on to the
+    /// rest.
+    fn without_workgroup_array_strides(words: &[u32]) -> Vec<u32> {
+        const OP_DECORATE: u32 = 71;
+        const OP_TYPE_POINTER: u32 = 32;
+        const ARRAY_STRIDE: u32 = 6;
+        const WORKGROUP: u32 = 4;
+        let instructions = |words: &[u32]| -> Vec<(usize, usize)> {
+            let mut at = 5;
+            let mut spans = Vec::new();
+            while at < words.len() {
+                let count = (words[at] >> 16) as usize;
+                spans.push((at, count.max(1)));
+                at += count.max(1);
+            }
+            spans
+        };
+        let spans = instructions(words);
+        let workgroup_types: Vec<u32> = spans
+            .iter()
+            .filter(|&&(at, n)| {
+                words[at] & 0xffff == OP_TYPE_POINTER && n == 4 && words[at + 2] == WORKGROUP
+            })
+            .map(|&(at, _)| words[at + 3])
+            .collect();
+        let mut out = words[..5].to_vec();
+        for (at, n) in spans {
+            let w = &words[at..at + n];
+            let strip = w[0] & 0xffff == OP_DECORATE
+                && n == 4
+                && w[2] == ARRAY_STRIDE
+                && workgroup_types.contains(&w[1]);
+            if !strip {
+                out.extend_from_slice(w);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn only_this_modules_names_are_candidates() {
+        assert!(is_candidate("coop16_64x64") && is_candidate("coop16_32x64"));
+        assert!(!is_candidate("tile64") && !is_candidate("coop"));
+    }
+}
