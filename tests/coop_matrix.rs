@@ -52,7 +52,13 @@ fn first_wrong(got: &Tensor, want: &[f64], n: usize) -> Option<String> {
             let g = f64::from(g.to_f32());
             !((g - **w).abs() <= F16_TOL * w.abs().max(1.0))
         })
-        .map(|(i, (g, w))| format!("out[{}, {}] = {g} where the oracle has {w:.5}", i / n, i % n))
+        .map(|(i, (g, w))| {
+            format!(
+                "out[{}, {}] = {g} where the oracle has {w:.5}",
+                i / n,
+                i % n
+            )
+        })
 }
 
 /// The shapes: each dimension below, at and past a fragment (16) and a tile (32, 64), the
@@ -152,7 +158,10 @@ fn coop_matrix_candidates_match_the_oracle() {
                 wrong.len()
             );
             for e in wrong {
-                failures.push(format!("coop candidate {candidate} on {}: {e}", label(&dev)));
+                failures.push(format!(
+                    "coop candidate {candidate} on {}: {e}",
+                    label(&dev)
+                ));
             }
         }
     }

@@ -125,8 +125,7 @@ impl CoopSupport {
 
     /// The support of a device opened on `adapter` with `device_features`.
     pub(crate) fn new(adapter: &AdapterEntry, device_features: wgpu::Features) -> CoopSupport {
-        let configs = if device_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-        {
+        let configs = if device_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             adapter.adapter.cooperative_matrix_properties()
         } else {
             Vec::new()
@@ -305,32 +304,39 @@ impl GpuKernels<'_> {
             .iter()
             .find(|(c, _, _)| *c == name)
             .map_or((CANDIDATES[0].1, CANDIDATES[0].2), |&(_, k, r)| (k, r));
-        let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
-        let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
-        // Shapes on a GPU fit in u32 (bounded by the binding size).
-        let u = |x: usize| x as u32;
-        let p = CoopParams {
-            m: u(d.m),
-            k: u(d.k),
-            n: u(d.n),
-            has_bias: u32::from(bias.is_some()),
-            a_rs: u(a_rs),
-            a_cs: u(a_cs),
-            b_rs: u(b_rs),
-            b_cs: u(b_cs),
-            act: act.code(),
-            _unused: [0; 3],
-        };
-        // Row tiles past one grid dimension fold into z (the shader's row_tile).
-        let row_tiles = d.m.div_ceil(rows);
-        let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
-        let grid = [
-            u(d.n.div_ceil(64)),
-            u(y),
-            u(row_tiles.div_ceil(y).max(1)),
-        ];
+        let (p, grid) = launch_shape(d, bias.is_some(), act, rows);
         self.launch(kernel, &p, &[a, b, bias.unwrap_or(out), out], grid)
     }
+}
+
+/// The params and grid of a product of `d` on a kernel of `rows` output rows per workgroup.
+fn launch_shape(
+    d: MatmulDims,
+    has_bias: bool,
+    act: Activation,
+    rows: usize,
+) -> (CoopParams, [u32; 3]) {
+    let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
+    let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
+    // Shapes on a GPU fit in u32 (bounded by the binding size).
+    let u = |x: usize| x as u32;
+    let p = CoopParams {
+        m: u(d.m),
+        k: u(d.k),
+        n: u(d.n),
+        has_bias: u32::from(has_bias),
+        a_rs: u(a_rs),
+        a_cs: u(a_cs),
+        b_rs: u(b_rs),
+        b_cs: u(b_cs),
+        act: act.code(),
+        _unused: [0; 3],
+    };
+    // Row tiles past one grid dimension fold into z (the shader's row_tile).
+    let row_tiles = d.m.div_ceil(rows);
+    let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
+    let grid = [u(d.n.div_ceil(64)), u(y), u(row_tiles.div_ceil(y).max(1))];
+    (p, grid)
 }
 
 impl LogicalDevice {
@@ -363,7 +369,9 @@ impl LogicalDevice {
     /// }
     /// # Ok::<(), anygpu::Error>(())
     /// ```
-    pub fn cooperative_matrix_kernels(&self) -> Vec<(&'static str, std::result::Result<(), String>)> {
+    pub fn cooperative_matrix_kernels(
+        &self,
+    ) -> Vec<(&'static str, std::result::Result<(), String>)> {
         let Some(g) = self.gpu() else {
             return Vec::new();
         };
@@ -425,17 +433,29 @@ mod tests {
                 subgroup_max_size: hi,
                 ..nvidia()
             };
-            assert!(missing(all, &[config(16, F16)], &info).is_some(), "{lo}..{hi}");
+            assert!(
+                missing(all, &[config(16, F16)], &info).is_some(),
+                "{lo}..{hi}"
+            );
         }
     }
 
     #[test]
     fn the_kernels_validate_with_cooperative_matrices_and_compile_to_spirv() {
-        assert!(validate(ShaderFamily::MatmulCoop, capabilities_of(NEEDS - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)).is_err());
+        assert!(validate(
+            ShaderFamily::MatmulCoop,
+            capabilities_of(NEEDS - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        )
+        .is_err());
         let v = validate(ShaderFamily::MatmulCoop, capabilities_of(NEEDS)).unwrap();
         for (_, kernel, _) in CANDIDATES {
             let e = &v.entries[kernel.entry];
-            assert_eq!(e.workgroup_size, [4 * SUBGROUP_SIZE, 1, 1], "{}", kernel.entry);
+            assert_eq!(
+                e.workgroup_size,
+                [4 * SUBGROUP_SIZE, 1, 1],
+                "{}",
+                kernel.entry
+            );
             assert_eq!(e.bindings, vec![1, 2, 3, 4], "{}", kernel.entry);
         }
         assert_eq!(v.workgroup_bytes, 13_824);
@@ -492,7 +512,9 @@ mod tests {
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             ),
-            Err(e) => eprintln!("spirv-val not run on {entry} ({e}): SPIR-V written, not validated"),
+            Err(e) => {
+                eprintln!("spirv-val not run on {entry} ({e}): SPIR-V written, not validated")
+            }
         }
     }
 
@@ -535,6 +557,238 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `matmul_coop.wgsl` with each cooperative-matrix operation done by hand, for adapters
+    /// without them: a fragment of C is the 8 elements `lane + 32 e` (row-major in 16×16) one of
+    /// a subgroup's 32 invocations holds, `subgroup_id` is `t / 32`, a fragment of A or B is
+    /// its offset in `at` or `bt` (loads always name those tiles with strides AS and BS, and
+    /// the multiply-add that uses a fragment reads the tile before the next barrier, as the
+    /// load would). Everything else (the tiles' loads, zero padding, transposes, offsets of
+    /// the fragments, the write of the output, params and grid) is the kernel's own text.
+    fn emulated_source() -> String {
+        let mut out = String::new();
+        for line in ShaderFamily::MatmulCoop.source().lines() {
+            let code = line.trim_start();
+            let between = |open: &str, close: &str| -> Option<String> {
+                let start = code.find(open)? + open.len();
+                let end = start + code[start..].find(close)?;
+                Some(code[start..end].to_string())
+            };
+            let indent = &line[..line.len() - code.len()];
+            let lhs = code.split(" = ").next().unwrap_or("");
+            if code == "enable wgpu_cooperative_matrix;"
+                || code.starts_with("@builtin(subgroup_id)")
+            {
+                continue;
+            } else if code.starts_with("let row0 = ") {
+                out.push_str(&format!("{indent}let sg = t / 32u;\n{line}\n"));
+            } else if code.contains("coop_mat16x16<f32, C>()") {
+                out.push_str(&format!(
+                    "{}\n",
+                    line.replace("coop_mat16x16<f32, C>()", "array<f32, 8>()")
+                ));
+            } else if code.contains("coopLoadT<coop_mat16x16<f16, A>>") {
+                let offset =
+                    between("(&at[", "], AS);").expect("A fragments load `at` with stride AS");
+                out.push_str(&format!("{indent}{lhs} = {offset};\n"));
+            } else if code.contains("coopLoadT<coop_mat16x16<f16, B>>") {
+                let offset =
+                    between("(&bt[", "], BS);").expect("B fragments load `bt` with stride BS");
+                out.push_str(&format!("{indent}{lhs} = {offset};\n"));
+            } else if code.contains("coopMultiplyAdd(") {
+                let args = between("coopMultiplyAdd(", ");").expect("one multiply-add a line");
+                out.push_str(&format!("{indent}{lhs} = emu_mad({args}, t % 32u);\n"));
+            } else if code.starts_with("coopStoreT(") {
+                let args =
+                    between("coopStoreT(", ", 16u);").expect("C fragments stored with stride 16");
+                let (c, slot) = args
+                    .split_once(", &ct[")
+                    .expect("C fragments stored into `ct`");
+                let slot = slot.trim_end_matches(']');
+                out.push_str(&format!("{indent}emu_store({c}, {slot}, t % 32u);\n"));
+            } else {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out.push_str(
+            "
+fn emu_mad(a_off: u32, b_off: u32, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
+    var r = c;
+    for (var e = 0u; e < 8u; e++) {
+        let idx = lane + 32u * e;
+        var s = 0.0;
+        for (var l = 0u; l < 16u; l++) {
+            s += f32(at[a_off + (idx / 16u) * AS + l]) * f32(bt[b_off + l * BS + idx % 16u]);
+        }
+        r[e] += s;
+    }
+    return r;
+}
+
+fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
+    for (var e = 0u; e < 8u; e++) {
+        ct[slot + lane + 32u * e] = c[e];
+    }
+}
+",
+        );
+        out
+    }
+
+    #[test]
+    fn the_emulated_kernels_keep_no_cooperative_operation() {
+        let source = emulated_source();
+        for line in source.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for op in ["coop_mat", "coopLoad", "coopStore", "coopMultiplyAdd", "subgroup"] {
+                assert!(!line.contains(op), "{line}");
+            }
+        }
+        let caps = capabilities_of(wgpu::Features::SHADER_F16);
+        let v = crate::ops::gpu::validate_source("emulated", &source, caps).unwrap();
+        assert_eq!(v.entries.len(), CANDIDATES.len());
+    }
+
+    /// The kernels' text with the cooperative operations emulated, on every adapter with
+    /// float16 (lavapipe here), through this module's params and grid, against the f64 oracle:
+    /// ragged shapes, every transpose, bias and activations.
+    #[test]
+    fn the_emulated_kernels_match_the_oracle() {
+        let rt = crate::Runtime::builder()
+            .env("WGPU_BACKEND", Some("vulkan"))
+            .build()
+            .expect("runtime");
+        let gpus = rt
+            .list_logical_devices(crate::DeviceKind::Gpu)
+            .expect("devices");
+        let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
+            assert!(
+                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with float16"
+            );
+            eprintln!("SKIPPED: no adapter with float16");
+            return;
+        };
+        let ctx = &dev.gpu().expect("a GPU").ctx;
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("matmul_coop.wgsl (emulated)"),
+                source: wgpu::ShaderSource::Wgsl(emulated_source().into()),
+            });
+        let buffer = |binding: u32, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: binding == 0,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let storage = wgpu::BufferBindingType::Storage { read_only: false };
+        let layout = ctx
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &[
+                    buffer(0, wgpu::BufferBindingType::Uniform),
+                    buffer(1, storage),
+                    buffer(2, storage),
+                    buffer(3, storage),
+                    buffer(4, storage),
+                ],
+            });
+        let pipeline_layout = ctx
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let mut failures = Vec::new();
+        for (name, kernel, rows) in CANDIDATES {
+            let pipeline = crate::ops::gpu::Pipeline {
+                name: kernel.entry,
+                pipeline: ctx
+                    .device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(kernel.entry),
+                        layout: Some(&pipeline_layout),
+                        module: &module,
+                        entry_point: Some(kernel.entry),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    }),
+                layout: layout.clone(),
+                bindings: vec![1, 2, 3, 4],
+            };
+            let shapes = [
+                (1, 1, 1),
+                (37, 45, 51),
+                (64, 32, 64),
+                (100, 70, 131),
+                (16, 200, 3),
+            ];
+            for (s, &(m, k, n)) in shapes.iter().enumerate() {
+                for (l, (trans_a, trans_b)) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    let act = [Activation::Relu, Activation::Linear, Activation::Selu][(s + l) % 3];
+                    let has_bias = (s + l) % 2 == 0;
+                    let seed = 5_000 + 100 * s as u64 + 10 * l as u64;
+                    let values = |len: usize, seed: u64| -> (Vec<f64>, Vec<f16>) {
+                        let h: Vec<f16> = reference::random_vec(len, seed)
+                            .into_iter()
+                            .map(f16::from_f32)
+                            .collect();
+                        (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
+                    };
+                    let (av, ah) = values(m * k, seed);
+                    let (bv, bh) = values(k * n, seed + 1);
+                    let (cv, ch) = values(n, seed + 2);
+                    let ashape = if trans_a { [k, m] } else { [m, k] };
+                    let bshape = if trans_b { [n, k] } else { [k, n] };
+                    let at = Tensor::from_slice_on(&ah, &ashape, dev).unwrap();
+                    let bt = Tensor::from_slice_on(&bh, &bshape, dev).unwrap();
+                    let ct = Tensor::from_slice_on(&ch, &[n], dev).unwrap();
+                    let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], dev).unwrap();
+                    let d = MatmulDims {
+                        m,
+                        k,
+                        n,
+                        trans_a,
+                        trans_b,
+                    };
+                    let (p, grid) = launch_shape(d, has_bias, act, rows);
+                    let ranges: Vec<_> = [&at, &bt, &ct, &out]
+                        .iter()
+                        .map(|t| t.gpu_range().unwrap())
+                        .collect();
+                    ctx.dispatch(&pipeline, bytemuck::bytes_of(&p), &ranges, grid);
+                    drop(ranges);
+                    let got = out.to_vec::<f16>().unwrap();
+                    let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
+                    let want = reference::bias_act(&product, has_bias.then_some(&cv[..]), act);
+                    let wrong = got.iter().zip(&want).enumerate().find(|(_, (g, w))| {
+                        let g = f64::from(g.to_f32());
+                        !((g - **w).abs() <= CHECK_TOL * w.abs().max(1.0))
+                    });
+                    if let Some((i, (g, w))) = wrong {
+                        failures.push(format!(
+                            "{name} {m}x{k}x{n} ta={trans_a} tb={trans_b} bias={has_bias} {act:?}: \
+                             out[{}, {}] = {g}, oracle {w:.5}",
+                            i / n,
+                            i % n
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
     #[test]
