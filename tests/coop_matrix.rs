@@ -49,8 +49,8 @@ fn first_wrong(got: &Tensor, want: &[f64], n: usize) -> Option<String> {
         .zip(want)
         .enumerate()
         .find(|(_, (g, w))| {
-            let g = f64::from(g.to_f32());
-            !((g - **w).abs() <= F16_TOL * w.abs().max(1.0))
+            let close = (f64::from(g.to_f32()) - **w).abs() <= F16_TOL * w.abs().max(1.0);
+            !close
         })
         .map(|(i, (g, w))| {
             format!(

@@ -171,6 +171,19 @@ const CHECK_SHAPES: [(usize, usize, usize); 2] = [(37, 45, 51), (100, 70, 131)];
 /// tests/mixed_precision.rs (products accumulate in float32; the output is rounded once).
 const CHECK_TOL: f64 = 4.0 * 0.000_976_562_5;
 
+/// The first element of `got` off `want` by more than [`CHECK_TOL`] (NaN included): its index,
+/// value and the expected one.
+fn first_off(got: &[f16], want: &[f64]) -> Option<(usize, f32, f64)> {
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .find(|&(_, (g, w))| {
+            let close = (f64::from(g.to_f32()) - w).abs() <= CHECK_TOL * w.abs().max(1.0);
+            !close
+        })
+        .map(|(i, (g, w))| (i, g.to_f32(), *w))
+}
+
 impl GpuKernels<'_> {
     /// The cooperative-matrix candidates for `out = act(op(a) · op(b) + bias)`: float16
     /// tensors on a device where the kernels run, each once its self-check passed (under
@@ -272,11 +285,7 @@ impl GpuKernels<'_> {
                 let got = out.to_vec::<f16>()?;
                 let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
                 let want = reference::bias_act(&product, Some(&cv), act);
-                let wrong = got.iter().zip(&want).enumerate().find(|(_, (g, w))| {
-                    let g = f64::from(g.to_f32());
-                    !((g - **w).abs() <= CHECK_TOL * w.abs().max(1.0))
-                });
-                if let Some((i, (g, w))) = wrong {
+                if let Some((i, g, w)) = first_off(&got, &want) {
                     return Ok(Err(format!(
                         "{m}x{k}x{n} trans_a={trans_a} trans_b={trans_b} {act:?}: out[{}, {}] = {g} \
                          where the f64 oracle has {w:.5}",
@@ -290,6 +299,7 @@ impl GpuKernels<'_> {
     }
 
     /// `out = act(op(a) · op(b) + bias)` by candidate `name` (float16 tensors; k > 0).
+    #[allow(clippy::too_many_arguments)] // matmul_impl's operands, dims and activation
     pub(crate) fn matmul_coop(
         &self,
         name: &str,
@@ -641,7 +651,13 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
     fn the_emulated_kernels_keep_no_cooperative_operation() {
         let source = emulated_source();
         for line in source.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for op in ["coop_mat", "coopLoad", "coopStore", "coopMultiplyAdd", "subgroup"] {
+            for op in [
+                "coop_mat",
+                "coopLoad",
+                "coopStore",
+                "coopMultiplyAdd",
+                "subgroup",
+            ] {
                 assert!(!line.contains(op), "{line}");
             }
         }
@@ -773,11 +789,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let got = out.to_vec::<f16>().unwrap();
                     let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
                     let want = reference::bias_act(&product, has_bias.then_some(&cv[..]), act);
-                    let wrong = got.iter().zip(&want).enumerate().find(|(_, (g, w))| {
-                        let g = f64::from(g.to_f32());
-                        !((g - **w).abs() <= CHECK_TOL * w.abs().max(1.0))
-                    });
-                    if let Some((i, (g, w))) = wrong {
+                    if let Some((i, g, w)) = first_off(&got, &want) {
                         failures.push(format!(
                             "{name} {m}x{k}x{n} ta={trans_a} tb={trans_b} bias={has_bias} {act:?}: \
                              out[{}, {}] = {g}, oracle {w:.5}",
