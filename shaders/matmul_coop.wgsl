@@ -13,6 +13,9 @@
 //                      dispatch (ceil(n / 64), ceil(m / 64), 1), rows folded as row_tile().
 //   matmul_coop_32x64  a 32×64 output tile, each subgroup 16×32 (1×2 fragments), for products
 //                      with few 64×64 tiles; dispatch (ceil(n / 64), ceil(m / 32), 1).
+//   matmul_coop_64x64_v4, matmul_coop_32x64_v4  the same with A stored [m, k] and B [k, n]
+//                      (no transposes), k and n multiples of 4: A and B read one vec4 at a time
+//                      through a4 and b4 (bindings 3 bias, 4 out, 5 a4, 6 b4).
 // Both step through k 32 at a time: the workgroup copies A's 64 (or 32) × 32 and B's 32 × 64
 // slices into workgroup memory, zero past the matrix's edges (any m, n, k, no alignment), so
 // the 16×16×16 fragments the tensor cores multiply only ever read workgroup memory. Each
@@ -27,9 +30,10 @@
 // multiples of 16 bytes and fragments start at 16-byte offsets.
 //
 // Bindings (group 0): 0 uniform Params (matmul.wgsl's); 1 a, 2 b, 3 bias ([n], read only when
-// has_bias), 4 out: storage read_write array<f16>, row-major.
+// has_bias), 4 out: storage read_write array<f16>, row-major; 5 a4, 6 b4: a and b as
+// array<vec4<f16>>.
 // Params: m, k, n, has_bias, the strides, act (0 linear, 1 relu, 2 selu); the rest unused.
-// Limits: 128 invocations, 13,824 bytes of workgroup memory, four storage buffers.
+// Limits: 128 invocations, 13,824 bytes of workgroup memory, four storage buffers an entry.
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -54,6 +58,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> b: array<f16>;
 @group(0) @binding(3) var<storage, read_write> bias: array<f16>;
 @group(0) @binding(4) var<storage, read_write> out: array<f16>;
+// a and b as vec4 (the _v4 entry points; ranges are 256-byte aligned and sized).
+@group(0) @binding(5) var<storage, read_write> a4: array<vec4<f16>>;
+@group(0) @binding(6) var<storage, read_write> b4: array<vec4<f16>>;
 
 // Steps of k per pass through workgroup memory (two fragments deep).
 const BK: u32 = 32u;
@@ -130,10 +137,46 @@ fn load_b(col0: u32, k0: u32, t: u32) {
     }
 }
 
-// Writes out the fragments the subgroups stored in `ct` this round: subgroup s's fragment
-// covers rows `rows_of(s)`... as (row0 + (s / 2) * sub_rows + fr, col0 + (s % 2) * sub_cols + fc)
-// for the fragment's offset (fr, fc) within the subgroup's block. Elements outside [0, m) ×
-// [0, n) are dropped.
+// load_a with A stored [m, k], k a multiple of 4: one vec4 of A per load (BK / 4 of a row).
+fn load_a4(rows: u32, row0: u32, k0: u32, t: u32) {
+    let k4 = p.k / 4u;
+    for (var e = t; e < rows * BK / 4u; e += 128u) {
+        let r = e / (BK / 4u);
+        let c4 = e % (BK / 4u);
+        let i = row0 + r;
+        let l4 = k0 / 4u + c4;
+        let v = a4[min(i, p.m - 1u) * k4 + min(l4, k4 - 1u)];
+        let w = select(vec4<f16>(0.0h), v, i < p.m && l4 < k4);
+        let o = r * AS + 4u * c4;
+        at[o] = w.x;
+        at[o + 1u] = w.y;
+        at[o + 2u] = w.z;
+        at[o + 3u] = w.w;
+    }
+}
+
+// load_b with B stored [k, n], n a multiple of 4: one vec4 of B per load (16 of a row).
+fn load_b4(col0: u32, k0: u32, t: u32) {
+    let n4 = p.n / 4u;
+    for (var e = t; e < BK * 16u; e += 128u) {
+        let r = e / 16u;
+        let c4 = e % 16u;
+        let l = k0 + r;
+        let j4 = col0 / 4u + c4;
+        let v = b4[min(l, p.k - 1u) * n4 + min(j4, n4 - 1u)];
+        let w = select(vec4<f16>(0.0h), v, l < p.k && j4 < n4);
+        let o = r * BS + 4u * c4;
+        bt[o] = w.x;
+        bt[o + 1u] = w.y;
+        bt[o + 2u] = w.z;
+        bt[o + 3u] = w.w;
+    }
+}
+
+// Writes out the fragments the subgroups stored in `ct` this round: element (r, c) of
+// subgroup s's fragment goes to row row0 + (s / 2) * sub_rows + fr + r, column col0 + (s % 2) *
+// sub_cols + fc + c, where (fr, fc) is the fragment's offset within the subgroup's block.
+// Elements outside [0, m) × [0, n) are dropped.
 fn write_round(t: u32, row0: u32, col0: u32, sub_rows: u32, sub_cols: u32, fr: u32, fc: u32) {
     for (var e = t; e < 1024u; e += 128u) {
         let s = e / 256u;
@@ -219,6 +262,94 @@ fn matmul_coop_32x64(
         workgroupBarrier();
         load_a(32u, row0, k0, t);
         load_b(col0, k0, t);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc], BS);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc + 16u], BS);
+            c0 = coopMultiplyAdd(a0, b0, c0);
+            c1 = coopMultiplyAdd(a0, b1, c1);
+        }
+    }
+    let slot = sg * 256u;
+    coopStoreT(c0, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 16u, 32u, 0u, 0u);
+    workgroupBarrier();
+    coopStoreT(c1, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 16u, 32u, 0u, 16u);
+}
+
+@compute @workgroup_size(128)
+fn matmul_coop_64x64_v4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let row0 = row_tile(wg, nwg) * 64u;
+    let col0 = wg.x * 64u;
+    // Subgroup sg's 32×32 block of the tile: rows ar, ar + 16; columns bc, bc + 16.
+    let ar = (sg / 2u) * 32u;
+    let bc = (sg % 2u) * 32u;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // The previous step's fragments are loaded before the tiles are overwritten.
+        workgroupBarrier();
+        load_a4(64u, row0, k0, t);
+        load_b4(col0, k0, t);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&at[(ar + 16u) * AS + kk], AS);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc], BS);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc + 16u], BS);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+        }
+    }
+    let slot = sg * 256u;
+    coopStoreT(c00, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 32u, 32u, 0u, 0u);
+    workgroupBarrier();
+    coopStoreT(c01, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 32u, 32u, 0u, 16u);
+    workgroupBarrier();
+    coopStoreT(c10, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 32u, 32u, 16u, 0u);
+    workgroupBarrier();
+    coopStoreT(c11, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 32u, 32u, 16u, 16u);
+}
+
+@compute @workgroup_size(128)
+fn matmul_coop_32x64_v4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let row0 = row_tile(wg, nwg) * 32u;
+    let col0 = wg.x * 64u;
+    // Subgroup sg's 16×32 block of the tile: rows ar; columns bc, bc + 16.
+    let ar = (sg / 2u) * 16u;
+    let bc = (sg % 2u) * 32u;
+    var c0 = coop_mat16x16<f32, C>();
+    var c1 = coop_mat16x16<f32, C>();
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        workgroupBarrier();
+        load_a4(32u, row0, k0, t);
+        load_b4(col0, k0, t);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);

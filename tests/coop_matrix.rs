@@ -72,6 +72,9 @@ fn shapes() -> Vec<(usize, usize, usize)> {
         (65, 97, 130),
         (128, 1152, 128),
         (300, 37, 9),
+        // k and n multiples of 4, untransposed: the vec4 candidates' products.
+        (33, 36, 20),
+        (130, 100, 68),
     ];
     let dims = random_vec(24, 7_700);
     for d in dims.chunks_exact(3) {
@@ -82,7 +85,9 @@ fn shapes() -> Vec<(usize, usize, usize)> {
 }
 
 /// Every product of [`shapes`] on `dev` (whose runtime forces one candidate): a dense layer
-/// with bias and activation, and every transpose. The failures, each naming the product.
+/// with bias and activation, and every transpose. The failures, each naming the product. (A
+/// vec4 candidate takes the untransposed products with k and n multiples of 4, a scalar one
+/// the others; the rest fall back to the default kernels, and are checked all the same.)
 fn check_products(dev: &LogicalDevice) -> Vec<String> {
     let _s = dev.scope();
     let mut failures = Vec::new();

@@ -38,23 +38,44 @@ pub(crate) const NEEDS: wgpu::Features = wgpu::Features::SHADER_F16
 /// each owning the fragments its `subgroup_id` names.
 const SUBGROUP_SIZE: u32 = 32;
 
-/// The candidates: tuner name, entry point, output rows per workgroup (64 columns each).
-const CANDIDATES: [(&str, Kernel, usize); 2] = [
-    (
-        "coop16_64x64",
-        Kernel::new(ShaderFamily::MatmulCoop, "matmul_coop_64x64"),
-        64,
-    ),
-    (
-        "coop16_32x64",
-        Kernel::new(ShaderFamily::MatmulCoop, "matmul_coop_32x64"),
-        32,
-    ),
+/// One kernel the tuner may pick.
+#[derive(Clone, Copy)]
+struct Candidate {
+    name: &'static str,
+    kernel: Kernel,
+    /// Output rows per workgroup (64 columns each).
+    rows: usize,
+    /// Reads A and B as vec4: no transposes, k and n multiples of 4.
+    v4: bool,
+}
+
+const fn candidate(name: &'static str, entry: &'static str, rows: usize, v4: bool) -> Candidate {
+    Candidate {
+        name,
+        kernel: Kernel::new(ShaderFamily::MatmulCoop, entry),
+        rows,
+        v4,
+    }
+}
+
+const CANDIDATES: [Candidate; 4] = [
+    candidate("coop16_64x64", "matmul_coop_64x64", 64, false),
+    candidate("coop16_32x64", "matmul_coop_32x64", 32, false),
+    candidate("coop16_64x64_v4", "matmul_coop_64x64_v4", 64, true),
+    candidate("coop16_32x64_v4", "matmul_coop_32x64_v4", 32, true),
 ];
 
 /// Whether `name` is one of this module's candidates.
 pub(crate) fn is_candidate(name: &str) -> bool {
-    CANDIDATES.iter().any(|(c, _, _)| *c == name)
+    CANDIDATES.iter().any(|c| c.name == name)
+}
+
+/// Whether `c` takes a product of `d`: the vec4 kernels where A and B are stored untransposed
+/// with k and n multiples of 4 (the vec4 products of `matmul.rs`), the scalar ones elsewhere
+/// (they would take those too, slower).
+fn applies(c: &Candidate, d: MatmulDims) -> bool {
+    let v4 = !d.trans_a && !d.trans_b && d.k.is_multiple_of(4) && d.n.is_multiple_of(4);
+    c.v4 == v4
 }
 
 /// The configuration the kernels use: 16×16×16, float16 A and B, float32 C and result.
@@ -164,8 +185,14 @@ struct CoopParams {
 }
 
 /// Shapes of the self-check: ragged (no dimension a multiple of 16, tiles cut at every edge)
-/// and one with several tiles each way and several steps of k.
-const CHECK_SHAPES: [(usize, usize, usize); 2] = [(37, 45, 51), (100, 70, 131)];
+/// and one with several tiles each way and several steps of k; each kernel takes those it
+/// applies to (k and n multiples of 4 for the vec4 ones).
+const CHECK_SHAPES: [(usize, usize, usize); 4] =
+    [(37, 45, 51), (100, 70, 131), (37, 44, 52), (100, 72, 132)];
+
+/// The layouts (trans_a, trans_b) of the self-check: every one the dense layers' forward and
+/// gradients use.
+const CHECK_LAYOUTS: [(bool, bool); 3] = [(false, false), (true, false), (false, true)];
 
 /// The self-check's tolerance: four float16 ulps relative to max(1, |expected|), as
 /// tests/mixed_precision.rs (products accumulate in float32; the output is rounded once).
@@ -185,15 +212,16 @@ fn first_off(got: &[f16], want: &[f64]) -> Option<(usize, f32, f64)> {
 }
 
 impl GpuKernels<'_> {
-    /// The cooperative-matrix candidates for `out = act(op(a) · op(b) + bias)`: float16
-    /// tensors on a device where the kernels run, each once its self-check passed (under
-    /// `ANYGPU_AUTOTUNE_FORCE`, without the check).
+    /// The cooperative-matrix candidates for `out = act(op(a) · op(b) + bias)` of `d`: float16
+    /// tensors on a device where the kernels run, those that take `d`, each once its
+    /// self-check passed (under `ANYGPU_AUTOTUNE_FORCE`, without the check).
     pub(crate) fn coop_candidates(
         &self,
         a: &Tensor,
         b: &Tensor,
         bias: Option<&Tensor>,
         out: &Tensor,
+        d: MatmulDims,
     ) -> Vec<&'static str> {
         let ctx = &self.dev.ctx;
         let half = [Some(a), Some(b), bias, Some(out)]
@@ -203,13 +231,14 @@ impl GpuKernels<'_> {
         if !half || !ctx.coop.usable() {
             return Vec::new();
         }
+        let takes = CANDIDATES.iter().filter(|c| applies(c, d));
         if ctx.tuner.forced() {
-            return CANDIDATES.iter().map(|(c, _, _)| *c).collect();
+            return takes.map(|c| c.name).collect();
         }
-        self.coop_verdicts(out.device_handle())
-            .iter()
-            .filter(|(_, v)| v.is_ok())
-            .map(|(c, _)| *c)
+        let verdicts = self.coop_verdicts(out.device_handle());
+        takes
+            .filter(|c| verdicts.iter().any(|(n, v)| *n == c.name && v.is_ok()))
+            .map(|c| c.name)
             .collect()
     }
 
@@ -225,7 +254,7 @@ impl GpuKernels<'_> {
             ctx.tuner.note_outside_work();
             CANDIDATES
                 .iter()
-                .map(|&(name, _, _)| {
+                .map(|&Candidate { name, .. }| {
                     let verdict = match self.coop_self_check(device, name) {
                         Ok(verdict) => verdict,
                         Err(e) => Err(format!("the device failed: {e}")),
@@ -258,11 +287,21 @@ impl GpuKernels<'_> {
                 .collect();
             (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
         };
+        let Some(c) = CANDIDATES.iter().find(|c| c.name == name) else {
+            return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
+        };
         for (s, &(m, k, n)) in CHECK_SHAPES.iter().enumerate() {
-            for (l, (trans_a, trans_b)) in [(false, false), (true, false), (false, true)]
-                .into_iter()
-                .enumerate()
-            {
+            for (l, (trans_a, trans_b)) in CHECK_LAYOUTS.into_iter().enumerate() {
+                let d = MatmulDims {
+                    m,
+                    k,
+                    n,
+                    trans_a,
+                    trans_b,
+                };
+                if !applies(c, d) {
+                    continue;
+                }
                 let seed = 91_000 + 100 * s as u64 + 10 * l as u64;
                 let act = [Activation::Relu, Activation::Linear, Activation::Selu][l];
                 let ashape = if trans_a { [k, m] } else { [m, k] };
@@ -274,13 +313,6 @@ impl GpuKernels<'_> {
                 let bt = Tensor::from_slice_on(&bh, &bshape, device)?;
                 let ct = Tensor::from_slice_on(&ch, &[n], device)?;
                 let out = Tensor::uninit(&[m, n], DType::F16, device)?;
-                let d = MatmulDims {
-                    m,
-                    k,
-                    n,
-                    trans_a,
-                    trans_b,
-                };
                 self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?;
                 let got = out.to_vec::<f16>()?;
                 let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
@@ -310,12 +342,21 @@ impl GpuKernels<'_> {
         d: MatmulDims,
         act: Activation,
     ) -> Result<()> {
-        let (kernel, rows) = CANDIDATES
+        // Only offered where it applies; another name gets the first that applies.
+        let c = CANDIDATES
             .iter()
-            .find(|(c, _, _)| *c == name)
-            .map_or((CANDIDATES[0].1, CANDIDATES[0].2), |&(_, k, r)| (k, r));
-        let (p, grid) = launch_shape(d, bias.is_some(), act, rows);
-        self.launch(kernel, &p, &[a, b, bias.unwrap_or(out), out], grid)
+            .find(|c| c.name == name && applies(c, d))
+            .or_else(|| CANDIDATES.iter().find(|c| applies(c, d)))
+            .copied()
+            .unwrap_or(CANDIDATES[0]);
+        let (p, grid) = launch_shape(d, bias.is_some(), act, c.rows);
+        let bias_or_out = bias.unwrap_or(out);
+        if c.v4 {
+            // Bindings 3, 4, 5, 6: bias, out, then a and b as vec4.
+            self.launch(c.kernel, &p, &[bias_or_out, out, a, b], grid)
+        } else {
+            self.launch(c.kernel, &p, &[a, b, bias_or_out, out], grid)
+        }
     }
 }
 
@@ -458,15 +499,11 @@ mod tests {
         )
         .is_err());
         let v = validate(ShaderFamily::MatmulCoop, capabilities_of(NEEDS)).unwrap();
-        for (_, kernel, _) in CANDIDATES {
-            let e = &v.entries[kernel.entry];
-            assert_eq!(
-                e.workgroup_size,
-                [4 * SUBGROUP_SIZE, 1, 1],
-                "{}",
-                kernel.entry
-            );
-            assert_eq!(e.bindings, vec![1, 2, 3, 4], "{}", kernel.entry);
+        for c in CANDIDATES {
+            let e = &v.entries[c.kernel.entry];
+            assert_eq!(e.workgroup_size, [4 * SUBGROUP_SIZE, 1, 1], "{}", c.name);
+            let bindings = if c.v4 { [3, 4, 5, 6] } else { [1, 2, 3, 4] };
+            assert_eq!(e.bindings, bindings, "{}", c.name);
         }
         assert_eq!(v.workgroup_bytes, 13_824);
         // What wgpu's Vulkan backend does with it: naga's SPIR-V writer must take every entry
@@ -492,7 +529,7 @@ mod tests {
             force_loop_bounding: true,
             ..Default::default()
         };
-        for (_, kernel, _) in CANDIDATES {
+        for Candidate { kernel, .. } in CANDIDATES {
             let pipeline = naga::back::spv::PipelineOptions {
                 shader_stage: naga::ShaderStage::Compute,
                 entry_point: kernel.entry.to_string(),
@@ -693,52 +730,61 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                 label: Some("matmul_coop.wgsl (emulated)"),
                 source: wgpu::ShaderSource::Wgsl(emulated_source().into()),
             });
-        let buffer = |binding: u32, ty| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: binding == 0,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let storage = wgpu::BufferBindingType::Storage { read_only: false };
-        let layout = ctx
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: None,
-                entries: &[
-                    buffer(0, wgpu::BufferBindingType::Uniform),
-                    buffer(1, storage),
-                    buffer(2, storage),
-                    buffer(3, storage),
-                    buffer(4, storage),
-                ],
-            });
-        let pipeline_layout = ctx
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: None,
-                bind_group_layouts: &[Some(&layout)],
-                immediate_size: 0,
-            });
+        let entries = crate::ops::gpu::validate_source(
+            "emulated",
+            &emulated_source(),
+            capabilities_of(wgpu::Features::SHADER_F16),
+        )
+        .unwrap()
+        .entries;
         let mut failures = Vec::new();
-        for (name, kernel, rows) in CANDIDATES {
+        for c in CANDIDATES {
+            let bindings = entries[c.kernel.entry].bindings.clone();
+            let buffer = |binding: u32| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: if binding == 0 {
+                        wgpu::BufferBindingType::Uniform
+                    } else {
+                        wgpu::BufferBindingType::Storage { read_only: false }
+                    },
+                    has_dynamic_offset: binding == 0,
+                    min_binding_size: None,
+                },
+                count: None,
+            };
+            let layout_entries: Vec<_> = std::iter::once(0)
+                .chain(bindings.iter().copied())
+                .map(buffer)
+                .collect();
+            let layout = ctx
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: None,
+                    entries: &layout_entries,
+                });
+            let pipeline_layout =
+                ctx.device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: None,
+                        bind_group_layouts: &[Some(&layout)],
+                        immediate_size: 0,
+                    });
             let pipeline = crate::ops::gpu::Pipeline {
-                name: kernel.entry,
+                name: c.kernel.entry,
                 pipeline: ctx
                     .device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(kernel.entry),
+                        label: Some(c.kernel.entry),
                         layout: Some(&pipeline_layout),
                         module: &module,
-                        entry_point: Some(kernel.entry),
+                        entry_point: Some(c.kernel.entry),
                         compilation_options: Default::default(),
                         cache: None,
                     }),
-                layout: layout.clone(),
-                bindings: vec![1, 2, 3, 4],
+                layout,
+                bindings,
             };
             let shapes = [
                 (1, 1, 1),
@@ -746,6 +792,9 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                 (64, 32, 64),
                 (100, 70, 131),
                 (16, 200, 3),
+                (37, 44, 52),
+                (100, 72, 132),
+                (1, 4, 4),
             ];
             for (s, &(m, k, n)) in shapes.iter().enumerate() {
                 for (l, (trans_a, trans_b)) in
@@ -753,6 +802,16 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                         .into_iter()
                         .enumerate()
                 {
+                    let d = MatmulDims {
+                        m,
+                        k,
+                        n,
+                        trans_a,
+                        trans_b,
+                    };
+                    if !applies(&c, d) {
+                        continue;
+                    }
                     let act = [Activation::Relu, Activation::Linear, Activation::Selu][(s + l) % 3];
                     let has_bias = (s + l) % 2 == 0;
                     let seed = 5_000 + 100 * s as u64 + 10 * l as u64;
@@ -772,18 +831,13 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let bt = Tensor::from_slice_on(&bh, &bshape, dev).unwrap();
                     let ct = Tensor::from_slice_on(&ch, &[n], dev).unwrap();
                     let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], dev).unwrap();
-                    let d = MatmulDims {
-                        m,
-                        k,
-                        n,
-                        trans_a,
-                        trans_b,
+                    let (p, grid) = launch_shape(d, has_bias, act, c.rows);
+                    let tensors = if c.v4 {
+                        [&ct, &out, &at, &bt]
+                    } else {
+                        [&at, &bt, &ct, &out]
                     };
-                    let (p, grid) = launch_shape(d, has_bias, act, rows);
-                    let ranges: Vec<_> = [&at, &bt, &ct, &out]
-                        .iter()
-                        .map(|t| t.gpu_range().unwrap())
-                        .collect();
+                    let ranges: Vec<_> = tensors.iter().map(|t| t.gpu_range().unwrap()).collect();
                     ctx.dispatch(&pipeline, bytemuck::bytes_of(&p), &ranges, grid);
                     drop(ranges);
                     let got = out.to_vec::<f16>().unwrap();
@@ -791,8 +845,9 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let want = reference::bias_act(&product, has_bias.then_some(&cv[..]), act);
                     if let Some((i, g, w)) = first_off(&got, &want) {
                         failures.push(format!(
-                            "{name} {m}x{k}x{n} ta={trans_a} tb={trans_b} bias={has_bias} {act:?}: \
+                            "{} {m}x{k}x{n} ta={trans_a} tb={trans_b} bias={has_bias} {act:?}: \
                              out[{}, {}] = {g}, oracle {w:.5}",
+                            c.name,
                             i / n,
                             i % n
                         ));
