@@ -5,9 +5,9 @@
 //! Three gates keep them away from where they would be wrong:
 //! * the device is opened with the feature only where the adapter reports the configuration the
 //!   kernels are written for (16×16×16, float16 A and B, float32 C; see [`CoopSupport::wanted`])
-//!   and runs them as they assume (subgroups of exactly 32 invocations, float16, subgroups);
+//!   and where it runs them as they assume (float16, subgroups of exactly 32 invocations);
 //! * before the tuner may time them, each candidate is checked once per adapter against the f64
-//!   oracle on ragged shapes and every transpose (`self_check`); a candidate that fails is
+//!   oracle on ragged shapes and every transpose (`coop_self_check`); a candidate that fails is
 //!   logged as an error and never offered again in the process;
 //! * `ANYGPU_AUTOTUNE_FORCE` skips that check, so that `tests/coop_matrix.rs` (which the GPU
 //!   check runs before it times anything) sees each kernel's own output.
