@@ -223,32 +223,46 @@ impl GpuKernels<'_> {
         out: &Tensor,
         d: MatmulDims,
     ) -> Vec<&'static str> {
-        let ctx = &self.dev.ctx;
         let half = [Some(a), Some(b), bias, Some(out)]
             .into_iter()
             .flatten()
             .all(|t| t.dtype() == DType::F16);
-        if !half || !ctx.coop.usable() {
+        if !half {
+            return Vec::new();
+        }
+        self.coop_offered(&self.dev.ctx.coop, d, out.device_handle())
+    }
+
+    /// The candidates `support` lets the tuner offer for a float16 product of `d` on `device`.
+    fn coop_offered(
+        &self,
+        support: &CoopSupport,
+        d: MatmulDims,
+        device: &LogicalDevice,
+    ) -> Vec<&'static str> {
+        if !support.usable() {
             return Vec::new();
         }
         let takes = CANDIDATES.iter().filter(|c| applies(c, d));
-        if ctx.tuner.forced() {
+        if self.dev.ctx.tuner.forced() {
             return takes.map(|c| c.name).collect();
         }
-        let verdicts = self.coop_verdicts(out.device_handle());
+        let verdicts = self.coop_verdicts(support, device);
         takes
             .filter(|c| verdicts.iter().any(|(n, v)| *n == c.name && v.is_ok()))
             .map(|c| c.name)
             .collect()
     }
 
-    /// Each candidate's self-check verdict on this adapter, checking on first use.
-    fn coop_verdicts(
+    /// Each candidate's self-check verdict on this adapter (kept in `support`), checking on
+    /// first use.
+    fn coop_verdicts<'s>(
         &self,
+        support: &'s CoopSupport,
         device: &LogicalDevice,
-    ) -> &[(&'static str, std::result::Result<(), String>)] {
+    ) -> &'s [(&'static str, std::result::Result<(), String>)] {
         let ctx = &self.dev.ctx;
-        ctx.coop.verdicts.get_or_init(|| {
+        support.verdicts.get_or_init(|| {
             // The check waits for the device: a warm-up of a tuned op around this one must
             // not count that time against its candidate.
             ctx.tuner.note_outside_work();
@@ -430,7 +444,7 @@ impl LogicalDevice {
             return Vec::new();
         }
         GpuKernels::new(g, self.full_name())
-            .coop_verdicts(self)
+            .coop_verdicts(&g.ctx.coop, self)
             .to_vec()
     }
 }
@@ -856,6 +870,58 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
             }
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// The self-check run for real where the kernels cannot run (lavapipe has no cooperative
+    /// matrices, so each pipeline is refused): every candidate fails it, is named with why, and
+    /// none is offered.
+    #[test]
+    fn a_candidate_that_fails_its_self_check_is_never_offered() {
+        let rt = crate::Runtime::builder()
+            .env("WGPU_BACKEND", Some("vulkan"))
+            .env("ANYGPU_AUTOTUNE_FORCE", None)
+            .build()
+            .expect("runtime");
+        let gpus = rt
+            .list_logical_devices(crate::DeviceKind::Gpu)
+            .expect("devices");
+        let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
+            assert!(
+                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with float16"
+            );
+            eprintln!("SKIPPED: no adapter with float16");
+            return;
+        };
+        let g = dev.gpu().expect("a GPU");
+        assert!(
+            !g.ctx.coop.usable(),
+            "lavapipe has cooperative matrices now"
+        );
+        // As if the adapter had reported the configuration.
+        let support = CoopSupport {
+            configs: Vec::new(),
+            missing: None,
+            verdicts: OnceLock::new(),
+        };
+        let kernels = GpuKernels::new(g, dev.full_name());
+        for (trans_a, k) in [(false, 64), (true, 63)] {
+            let d = MatmulDims {
+                m: 64,
+                k,
+                n: 64,
+                trans_a,
+                trans_b: false,
+            };
+            assert_eq!(kernels.coop_offered(&support, d, dev), Vec::<&str>::new());
+        }
+        let verdicts = support.verdicts.get().expect("checked once");
+        assert_eq!(verdicts.len(), CANDIDATES.len());
+        for (c, (name, verdict)) in CANDIDATES.iter().zip(verdicts) {
+            assert_eq!(c.name, *name);
+            let why = verdict.as_ref().expect_err(name);
+            assert!(why.contains(c.kernel.entry), "{name}: {why}");
+        }
     }
 
     #[test]
