@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: run it first whenever a machine with a real GPU is at hand, and record what it
-# prints in the README's Speed section. It prints the adapters; the mixed-precision kernels
-# against the f64 oracle; the train step on GPU:0 from a cold tuning cache (the first step pays
-# the tuning) and warm, profiled, in float32 and under mixed_float16; then ours, PyTorch's
+# prints in the README's Speed section. It prints the adapters; the tensor-core
+# (cooperative-matrix) products and the mixed-precision kernels against the f64 oracle; the
+# train step on GPU:0 from a cold tuning cache (the first step pays the tuning) and warm, profiled, in float32 and under mixed_float16; then ours, PyTorch's
 # variants (scripts/torch_train_step.py) and Burn's side by side, alternating, at batch 128 and
 # 1024, and one table of their medians at the end.
 #
@@ -21,13 +21,16 @@ bin=${1:-}
 if [ -z "$bin" ]; then
     cargo build --release --example fashion_mnist --example device_info || exit 1
     cargo test --release --test mixed_precision --no-run || exit 1
+    cargo test --release --test coop_matrix --no-run || exit 1
     cargo bench --no-run --bench kernels || exit 1
     bin=target/release/examples
     kernels=$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)
     mixed=$(ls -t target/release/deps/mixed_precision-* | grep -v '\.d$' | head -1)
+    coop=$(ls -t target/release/deps/coop_matrix-* | grep -v '\.d$' | head -1)
 else
     kernels=$bin/kernels
     mixed=$bin/mixed_precision
+    coop=$bin/coop_matrix
 fi
 steps=${GPU_CHECK_STEPS:-30}
 rounds=${GPU_CHECK_ROUNDS:-2}
@@ -70,6 +73,14 @@ burn() {
 section "adapters"
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 "$bin/device_info"
+
+if [ -x "$coop" ]; then
+    # Before anything is timed: a candidate that fails here is also failed by the self-check
+    # each process runs before tuning, and never picked; the line names it.
+    section "tensor-core products (cooperative matrices) against the f64 oracle (tests/coop_matrix)"
+    ANYGPU_REQUIRE_ADAPTER=1 timeout 180 "$coop" --test-threads 1 --nocapture 2>&1 |
+        grep -E '^test |test result|panicked|skipped|coop|cooperative|products|matmul'
+fi
 
 if [ -x "$mixed" ]; then
     section "float16 kernels and loss scaling against the f64 oracle (tests/mixed_precision)"

@@ -8,11 +8,13 @@ set -eu
 cargo build --release --example fashion_mnist --example device_info
 cargo bench --no-run --bench kernels
 cargo test --release --test mixed_precision --no-run
+cargo test --release --test coop_matrix --no-run
 rm -rf .gpucheck && mkdir -p .gpucheck/bin
 cp target/release/examples/fashion_mnist target/release/examples/device_info .gpucheck/bin/
 cp "$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)" .gpucheck/bin/kernels
 cp "$(ls -t target/release/deps/mixed_precision-* | grep -v '\.d$' | head -1)" \
     .gpucheck/bin/mixed_precision
+cp "$(ls -t target/release/deps/coop_matrix-* | grep -v '\.d$' | head -1)" .gpucheck/bin/coop_matrix
 burn="$HOME/.cache/burn-peer/release/burn_peer"
 if [ -x "$burn" ]; then cp "$burn" .gpucheck/bin/; fi
 strip .gpucheck/bin/* 2>/dev/null || true

@@ -10,6 +10,7 @@ use crate::device::stream::GpuRange;
 use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUBMIT_THRESHOLD};
 use crate::error::{Error, Result};
 use crate::profiler::{self, DeviceInterval};
+use crate::shader::coop::CoopSupport;
 use crate::shader::tune::{TuneConfig, Tuner};
 use crate::shader::{grid_1d, Kernel, Pipeline, PipelineCache, ShaderFamily};
 
@@ -51,6 +52,8 @@ pub(crate) struct GpuContext {
     counters: StreamCounters,
     /// The adapter's kernel choices (autotuning).
     pub(crate) tuner: Tuner,
+    /// Whether the tensor-core matrix products run here, and their self-check.
+    pub(crate) coop: CoopSupport,
     /// Regions released by this adapter's arenas: the bind-group cache starts over when it moves.
     regions_released: Arc<AtomicU64>,
     /// A small buffer outside the arenas that kernels fill and then read as a uniform buffer
@@ -83,21 +86,32 @@ impl GpuContext {
     ) -> Result<Arc<GpuContext>> {
         let wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let (device, queue) =
+        let request = |extra: wgpu::Features| {
             pollster::block_on(adapter.adapter.request_device(&wgpu::DeviceDescriptor {
                 label: Some(&label),
-                required_features: adapter.features & wanted,
+                required_features: (adapter.features & wanted) | extra,
                 // Without this a device gets wgpu's defaults (128 MiB bindings, 256 MiB buffers)
                 // rather than what the adapter can do.
                 required_limits: adapter.limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features: CoopSupport::experimental(extra),
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             }))
-            .map_err(|e| Error::Gpu {
-                device: label.clone(),
-                message: format!("request_device failed: {e}"),
-            })?;
+        };
+        // Cooperative matrices (an experimental wgpu feature) only where our kernels can use
+        // them; a device that refuses them opens without.
+        let coop_features = CoopSupport::wanted(&adapter.adapter, adapter.features);
+        let opened = match request(coop_features) {
+            Err(e) if !coop_features.is_empty() => {
+                log::warn!("{label}: opening with cooperative matrices failed ({e}); without");
+                request(wgpu::Features::empty())
+            }
+            other => other,
+        };
+        let (device, queue) = opened.map_err(|e| Error::Gpu {
+            device: label.clone(),
+            message: format!("request_device failed: {e}"),
+        })?;
         let device_error = Arc::new(Mutex::new(None::<String>));
         {
             let sink = Arc::clone(&device_error);
@@ -114,6 +128,7 @@ impl GpuContext {
         let software_kernels = kernel_class(&adapter.info, tune.kernel_class.as_deref());
         let stream = Stream::new(&device, &adapter.limits);
         let tuner = Tuner::new(tune, &adapter.info);
+        let coop = CoopSupport::new(&adapter.adapter, device.features());
         let uniform_scratch = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("anygpu uniform scratch"),
             size: UNIFORM_SCRATCH_BYTES,
@@ -122,6 +137,7 @@ impl GpuContext {
         });
         Ok(Arc::new(GpuContext {
             tuner,
+            coop,
             adapter,
             software_kernels,
             device,

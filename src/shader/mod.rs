@@ -9,6 +9,7 @@
 //! Everything is read-write because two tensors of one dispatch may be ranges of one arena
 //! buffer, and wgpu rejects a buffer bound read-only and read-write in the same dispatch.
 
+pub(crate) mod coop;
 pub(crate) mod half;
 pub(crate) mod tune;
 
@@ -59,11 +60,14 @@ pub(crate) enum ShaderFamily {
     Pooling,
     /// Strided, dilated and grouped 2-D convolutions and their gradients.
     Conv2dGeneral,
+    /// Matrix products on cooperative matrices (tensor cores): float16 in, float32 accumulation
+    /// (adapters with a 16×16×16 configuration only).
+    MatmulCoop,
 }
 
 impl ShaderFamily {
     /// Every family (validation tests; the tuner hashes their sources).
-    pub(crate) const ALL: [ShaderFamily; 16] = [
+    pub(crate) const ALL: [ShaderFamily; 17] = [
         ShaderFamily::Elementwise,
         ShaderFamily::Matmul,
         ShaderFamily::Reduce,
@@ -80,6 +84,7 @@ impl ShaderFamily {
         ShaderFamily::Pooling,
         ShaderFamily::Conv2dGeneral,
         ShaderFamily::Loss,
+        ShaderFamily::MatmulCoop,
     ];
 
     /// The file under `shaders/`.
@@ -101,15 +106,21 @@ impl ShaderFamily {
             ShaderFamily::Pooling => "pooling.wgsl",
             ShaderFamily::Conv2dGeneral => "conv2d_general.wgsl",
             ShaderFamily::Loss => "loss.wgsl",
+            ShaderFamily::MatmulCoop => "matmul_coop.wgsl",
         }
     }
 
     /// Whether the family has a float16 twin: every family but the optimizers (float32 master
-    /// weights), the loss (computed in float32) and the casts (both types already).
+    /// weights), the loss (computed in float32), the casts (both types already) and the
+    /// cooperative-matrix products (written in float16).
     pub(crate) fn has_half_twin(self) -> bool {
         !matches!(
             self,
-            ShaderFamily::Optim | ShaderFamily::Softmax | ShaderFamily::Cast | ShaderFamily::Loss
+            ShaderFamily::Optim
+                | ShaderFamily::Softmax
+                | ShaderFamily::Cast
+                | ShaderFamily::Loss
+                | ShaderFamily::MatmulCoop
         )
     }
 
@@ -171,6 +182,7 @@ impl ShaderFamily {
             ShaderFamily::Pooling => include_str!("../../shaders/pooling.wgsl"),
             ShaderFamily::Conv2dGeneral => include_str!("../../shaders/conv2d_general.wgsl"),
             ShaderFamily::Loss => include_str!("../../shaders/loss.wgsl"),
+            ShaderFamily::MatmulCoop => include_str!("../../shaders/matmul_coop.wgsl"),
         }
     }
 }
@@ -459,6 +471,9 @@ pub(crate) fn capabilities_of(features: wgpu::Features) -> naga::valid::Capabili
     if features.contains(wgpu::Features::SUBGROUP) {
         caps |= C::SUBGROUP;
     }
+    if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        caps |= C::COOPERATIVE_MATRIX;
+    }
     caps
 }
 
@@ -585,12 +600,14 @@ mod tests {
     #[test]
     fn every_shader_parses_and_validates_without_optional_capabilities() {
         // Without f16 or subgroups: what llvmpipe's GL backend offers, so every kernel runs on
-        // every adapter; the subgroup family (optional candidates only) with subgroups and the
-        // casts (mixed precision only) with f16, each refused without.
+        // every adapter; the subgroup family (optional candidates only) with subgroups, the
+        // casts (mixed precision only) with f16 and the tensor-core products with f16, subgroups
+        // and cooperative matrices, each refused without.
         for family in ShaderFamily::ALL {
             let needs = match family {
                 ShaderFamily::ReduceSubgroup => wgpu::Features::SUBGROUP,
                 ShaderFamily::Cast => wgpu::Features::SHADER_F16,
+                ShaderFamily::MatmulCoop => coop::NEEDS,
                 _ => wgpu::Features::empty(),
             };
             if !needs.is_empty() {

@@ -1,12 +1,14 @@
 //! The matrix products on a GPU (`matmul.wgsl`): the kernel picked per shape and adapter (64×64
 //! tiles, vec4, workgroup-memory tiles, tall register blocks, the uniform window of `matmul_ubo8`,
-//! split k, a transposed operand copied row-major first), by the tuner where several apply.
+//! split k, a transposed operand copied row-major first; for float16, cooperative matrices where
+//! the adapter has them, see `coop.rs`), by the tuner where several apply.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::GpuRange;
 use crate::error::Result;
+use crate::ops::gpu::coop;
 use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, MAX_GROUPS_PER_DIM};
 use crate::ops::spec::Activation;
@@ -152,6 +154,8 @@ impl GpuKernels<'_> {
             if ubo8_windows(d).is_some() && a.dtype() == DType::F32 {
                 candidates.push("ubo8");
             }
+            // Tensor cores, where the adapter has them (float16 only).
+            candidates.extend(self.coop_candidates(a, b, bias, out, d));
             let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
             let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
             return self.tuned(
@@ -163,6 +167,7 @@ impl GpuKernels<'_> {
                     }
                     "splitk_v4" => self.matmul_split_k(a, b, bias, out, d, p),
                     "ubo8" => self.matmul_ubo8(a, b, bias, out, d, p),
+                    c if coop::is_candidate(c) => self.matmul_coop(c, a, b, bias, out, d, act),
                     "smem64_v4" => {
                         let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
                         self.launch(MATMUL_SMEM_V4, &p, &[bias_or_out, b, out, a], grid)
@@ -194,6 +199,7 @@ impl GpuKernels<'_> {
         if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) {
             candidates.push("untransposed");
         }
+        candidates.extend(self.coop_candidates(a, b, bias, out, d));
         let choice = Choice::new("matmul", class, &candidates, heuristic);
         self.tuned(choice, &mut |c| match c {
             "untransposed" => self.matmul_untransposed(a, b, bias, out, d, act),
@@ -202,6 +208,7 @@ impl GpuKernels<'_> {
                 self.launch(MATMUL_TALL, &p, &[a, b, bias_or_out, out], grid)
             }
             "splitk" => self.matmul_split_k(a, b, bias, out, d, p),
+            c if coop::is_candidate(c) => self.matmul_coop(c, a, b, bias, out, d, act),
             _ => {
                 let grid = tile_grid(d.n.div_ceil(64), d.m.div_ceil(64));
                 self.launch(MATMUL, &p, &[a, b, bias_or_out, out], grid)

@@ -68,8 +68,12 @@ pub fn accuracy_count(logits: &[f64], labels: &[i32], rows: usize, cols: usize) 
 
 /// Keras' losses on float targets, naively in f64: `(per-row loss × row_scale, dz × grad_scale)`
 /// for `[rows, cols]` `z` and targets `y`, as [`crate::ops::loss::dense_loss`] defines them.
-pub fn dense_loss(z: &[f64], y: &[f64], p: &crate::ops::loss::LossParams) -> (Vec<f64>, Vec<f64>) {
-    use crate::ops::loss::LossKind as K;
+pub fn dense_loss(
+    z: &[f64],
+    y: &[f64],
+    p: &crate::ops::nn_kernels::LossParams,
+) -> (Vec<f64>, Vec<f64>) {
+    use crate::ops::nn_kernels::LossKind as K;
     let (rows, cols) = (p.rows, p.cols);
     let eps = f64::from(1e-7f32);
     let hi = f64::from(1.0f32 - 1e-7f32);
@@ -159,9 +163,11 @@ pub fn dense_loss(z: &[f64], y: &[f64], p: &crate::ops::loss::LossParams) -> (Ve
                 // Through o = act(z), with the full Jacobian for the softmax.
                 for j in 0..cols {
                     d[j] = match p.act {
-                        crate::ops::loss::OutputActivation::Identity => g[j],
-                        crate::ops::loss::OutputActivation::Sigmoid => g[j] * o[j] * (1.0 - o[j]),
-                        crate::ops::loss::OutputActivation::Softmax => (0..cols)
+                        crate::ops::nn_kernels::OutputActivation::Identity => g[j],
+                        crate::ops::nn_kernels::OutputActivation::Sigmoid => {
+                            g[j] * o[j] * (1.0 - o[j])
+                        }
+                        crate::ops::nn_kernels::OutputActivation::Softmax => (0..cols)
                             .map(|c| g[c] * o[c] * (f64::from(u8::from(c == j)) - o[j]))
                             .sum(),
                     };
@@ -178,13 +184,13 @@ pub fn dense_loss(z: &[f64], y: &[f64], p: &crate::ops::loss::LossParams) -> (Ve
 }
 
 /// `act(z)` for one row.
-pub fn output_activation(z: &[f64], act: crate::ops::loss::OutputActivation) -> Vec<f64> {
+pub fn output_activation(z: &[f64], act: crate::ops::nn_kernels::OutputActivation) -> Vec<f64> {
     match act {
-        crate::ops::loss::OutputActivation::Identity => z.to_vec(),
-        crate::ops::loss::OutputActivation::Sigmoid => {
+        crate::ops::nn_kernels::OutputActivation::Identity => z.to_vec(),
+        crate::ops::nn_kernels::OutputActivation::Sigmoid => {
             z.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect()
         }
-        crate::ops::loss::OutputActivation::Softmax => softmax(z, 1, z.len()),
+        crate::ops::nn_kernels::OutputActivation::Softmax => softmax(z, 1, z.len()),
     }
 }
 
@@ -195,10 +201,10 @@ pub fn metric_rows(
     y: &[f64],
     labels: &[i32],
     (rows, cols): (usize, usize),
-    kind: crate::ops::loss::MetricKind,
-    act: crate::ops::loss::OutputActivation,
+    kind: crate::ops::nn_kernels::MetricKind,
+    act: crate::ops::nn_kernels::OutputActivation,
 ) -> Vec<f64> {
-    use crate::ops::loss::MetricKind as M;
+    use crate::ops::nn_kernels::MetricKind as M;
     (0..rows)
         .map(|r| {
             let o = output_activation(&z[r * cols..(r + 1) * cols], act);

@@ -362,6 +362,17 @@ impl Tuner {
         }
     }
 
+    /// Whether `ANYGPU_AUTOTUNE_FORCE` names the candidate every op runs.
+    pub(crate) fn forced(&self) -> bool {
+        self.config.force.is_some()
+    }
+
+    /// Tells a warm-up in progress that work besides its candidate ran in it (a one-time
+    /// check), so that it runs again before it counts.
+    pub(crate) fn note_outside_work(&self) {
+        self.measurements.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The decisions taken in this process (measured, cached or heuristic), in order.
     pub(crate) fn decisions(&self) -> Vec<TuningDecision> {
         self.lock().decisions.clone()

@@ -1,0 +1,802 @@
+//! Matrix products on cooperative matrices (`matmul_coop.wgsl`): the tensor cores, through
+//! wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`, for float16 products (float32
+//! accumulation) under the mixed-precision policy.
+//!
+//! Three gates keep them away from where they would be wrong:
+//! * the device is opened with the feature only where the adapter reports the configuration the
+//!   kernels are written for (16×16×16, float16 A and B, float32 C; see `CoopSupport::wanted` in `shader::coop`)
+//!   and where it runs them as they assume (float16, subgroups of exactly 32 invocations);
+//! * before the tuner may time them, each candidate is checked once per adapter against the f64
+//!   oracle on ragged shapes and every transpose (`coop_self_check`); a candidate that fails is
+//!   logged as an error and never offered again in the process;
+//! * `ANYGPU_AUTOTUNE_FORCE` skips that check, so that `tests/coop_matrix.rs` (which the GPU
+//!   check runs before it times anything) sees each kernel's own output.
+//!
+//! Elsewhere nothing changes: the candidates are simply not offered.
+
+use bytemuck::{Pod, Zeroable};
+use half::f16;
+
+use crate::device::LogicalDevice;
+use crate::error::Result;
+use crate::ops::gpu::kernels::GpuKernels;
+use crate::ops::gpu::MAX_GROUPS_PER_DIM;
+use crate::ops::reference;
+use crate::ops::spec::Activation;
+use crate::ops::MatmulDims;
+pub(crate) use crate::shader::coop::is_candidate;
+use crate::shader::coop::{Candidate, CoopSupport, CANDIDATES};
+use crate::tensor::{DType, Tensor};
+
+/// Whether `c` takes a product of `d`: the vec4 kernels where A and B are stored untransposed
+/// with k and n multiples of 4 (the vec4 products of `matmul.rs`), the scalar ones elsewhere
+/// (they would take those too, slower).
+fn applies(c: &Candidate, d: MatmulDims) -> bool {
+    let v4 = !d.trans_a && !d.trans_b && d.k.is_multiple_of(4) && d.n.is_multiple_of(4);
+    c.v4 == v4
+}
+
+/// Mirror of `Params` in matmul_coop.wgsl (matmul.wgsl's).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CoopParams {
+    m: u32,
+    k: u32,
+    n: u32,
+    has_bias: u32,
+    a_rs: u32,
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+    act: u32,
+    _unused: [u32; 3],
+}
+
+/// Shapes of the self-check: ragged (no dimension a multiple of 16, tiles cut at every edge)
+/// and one with several tiles each way and several steps of k; each kernel takes those it
+/// applies to (k and n multiples of 4 for the vec4 ones).
+const CHECK_SHAPES: [(usize, usize, usize); 4] =
+    [(37, 45, 51), (100, 70, 131), (37, 44, 52), (100, 72, 132)];
+
+/// The layouts (trans_a, trans_b) of the self-check: every one the dense layers' forward and
+/// gradients use.
+const CHECK_LAYOUTS: [(bool, bool); 3] = [(false, false), (true, false), (false, true)];
+
+/// The self-check's tolerance: four float16 ulps relative to max(1, |expected|), as
+/// tests/mixed_precision.rs (products accumulate in float32; the output is rounded once).
+const CHECK_TOL: f64 = 4.0 * 0.000_976_562_5;
+
+/// The first element of `got` off `want` by more than [`CHECK_TOL`] (NaN included): its index,
+/// value and the expected one.
+fn first_off(got: &[f16], want: &[f64]) -> Option<(usize, f32, f64)> {
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .find(|&(_, (g, w))| {
+            let close = (f64::from(g.to_f32()) - w).abs() <= CHECK_TOL * w.abs().max(1.0);
+            !close
+        })
+        .map(|(i, (g, w))| (i, g.to_f32(), *w))
+}
+
+impl GpuKernels<'_> {
+    /// The cooperative-matrix candidates for `out = act(op(a) · op(b) + bias)` of `d`: float16
+    /// tensors on a device where the kernels run, those that take `d`, each once its
+    /// self-check passed (under `ANYGPU_AUTOTUNE_FORCE`, without the check).
+    pub(crate) fn coop_candidates(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+    ) -> Vec<&'static str> {
+        let half = [Some(a), Some(b), bias, Some(out)]
+            .into_iter()
+            .flatten()
+            .all(|t| t.dtype() == DType::F16);
+        if !half {
+            return Vec::new();
+        }
+        self.coop_offered(&self.dev.ctx.coop, d, out.device_handle())
+    }
+
+    /// The candidates `support` lets the tuner offer for a float16 product of `d` on `device`.
+    fn coop_offered(
+        &self,
+        support: &CoopSupport,
+        d: MatmulDims,
+        device: &LogicalDevice,
+    ) -> Vec<&'static str> {
+        if !support.usable() {
+            return Vec::new();
+        }
+        let takes = CANDIDATES.iter().filter(|c| applies(c, d));
+        if self.dev.ctx.tuner.forced() {
+            return takes.map(|c| c.name).collect();
+        }
+        let verdicts = self.coop_verdicts(support, device);
+        takes
+            .filter(|c| verdicts.iter().any(|(n, v)| *n == c.name && v.is_ok()))
+            .map(|c| c.name)
+            .collect()
+    }
+
+    /// Each candidate's self-check verdict on this adapter (kept in `support`), checking on
+    /// first use.
+    fn coop_verdicts<'s>(
+        &self,
+        support: &'s CoopSupport,
+        device: &LogicalDevice,
+    ) -> &'s [(&'static str, std::result::Result<(), String>)] {
+        let ctx = &self.dev.ctx;
+        support.verdicts.get_or_init(|| {
+            // The check waits for the device: a warm-up of a tuned op around this one must
+            // not count that time against its candidate.
+            ctx.tuner.note_outside_work();
+            CANDIDATES
+                .iter()
+                .map(|&Candidate { name, .. }| {
+                    let verdict = match self.coop_self_check(device, name) {
+                        Ok(verdict) => verdict,
+                        Err(e) => Err(format!("the device failed: {e}")),
+                    };
+                    match &verdict {
+                        Ok(()) => log::info!("{}: {name} passed its self-check", self.name),
+                        Err(e) => log::error!(
+                            "{}: matmul candidate {name} disabled, its self-check failed: {e}",
+                            self.name
+                        ),
+                    }
+                    (name, verdict)
+                })
+                .collect()
+        })
+    }
+
+    /// Runs candidate `name` on float16 products of [`CHECK_SHAPES`] in every layout the
+    /// gradients use, with a bias and an activation, against the f64 oracle. `Err` is a device
+    /// failure; `Ok(Err)` names the first wrong output.
+    fn coop_self_check(
+        &self,
+        device: &LogicalDevice,
+        name: &'static str,
+    ) -> Result<std::result::Result<(), String>> {
+        let halves = |len: usize, seed: u64| -> (Vec<f64>, Vec<f16>) {
+            let h: Vec<f16> = reference::random_vec(len, seed)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
+        };
+        let Some(c) = CANDIDATES.iter().find(|c| c.name == name) else {
+            return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
+        };
+        for (s, &(m, k, n)) in CHECK_SHAPES.iter().enumerate() {
+            for (l, (trans_a, trans_b)) in CHECK_LAYOUTS.into_iter().enumerate() {
+                let d = MatmulDims {
+                    m,
+                    k,
+                    n,
+                    trans_a,
+                    trans_b,
+                };
+                if !applies(c, d) {
+                    continue;
+                }
+                let seed = 91_000 + 100 * s as u64 + 10 * l as u64;
+                let act = [Activation::Relu, Activation::Linear, Activation::Selu][l];
+                let ashape = if trans_a { [k, m] } else { [m, k] };
+                let bshape = if trans_b { [n, k] } else { [k, n] };
+                let (av, ah) = halves(m * k, seed);
+                let (bv, bh) = halves(k * n, seed + 1);
+                let (cv, ch) = halves(n, seed + 2);
+                let at = Tensor::from_slice_on(&ah, &ashape, device)?;
+                let bt = Tensor::from_slice_on(&bh, &bshape, device)?;
+                let ct = Tensor::from_slice_on(&ch, &[n], device)?;
+                let out = Tensor::uninit(&[m, n], DType::F16, device)?;
+                self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?;
+                let got = out.to_vec::<f16>()?;
+                let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
+                let want = reference::bias_act(&product, Some(&cv), act);
+                if let Some((i, g, w)) = first_off(&got, &want) {
+                    return Ok(Err(format!(
+                        "{m}x{k}x{n} trans_a={trans_a} trans_b={trans_b} {act:?}: out[{}, {}] = {g} \
+                         where the f64 oracle has {w:.5}",
+                        i / n,
+                        i % n
+                    )));
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// `out = act(op(a) · op(b) + bias)` by candidate `name` (float16 tensors; k > 0).
+    #[allow(clippy::too_many_arguments)] // matmul_impl's operands, dims and activation
+    pub(crate) fn matmul_coop(
+        &self,
+        name: &str,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        act: Activation,
+    ) -> Result<()> {
+        // Only offered where it applies; another name gets the first that applies.
+        let c = CANDIDATES
+            .iter()
+            .find(|c| c.name == name && applies(c, d))
+            .or_else(|| CANDIDATES.iter().find(|c| applies(c, d)))
+            .copied()
+            .unwrap_or(CANDIDATES[0]);
+        let (p, grid) = launch_shape(d, bias.is_some(), act, c.rows);
+        let bias_or_out = bias.unwrap_or(out);
+        if c.v4 {
+            // Bindings 3, 4, 5, 6: bias, out, then a and b as vec4.
+            self.launch(c.kernel, &p, &[bias_or_out, out, a, b], grid)
+        } else {
+            self.launch(c.kernel, &p, &[a, b, bias_or_out, out], grid)
+        }
+    }
+}
+
+/// The params and grid of a product of `d` on a kernel of `rows` output rows per workgroup.
+fn launch_shape(
+    d: MatmulDims,
+    has_bias: bool,
+    act: Activation,
+    rows: usize,
+) -> (CoopParams, [u32; 3]) {
+    let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
+    let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
+    // Shapes on a GPU fit in u32 (bounded by the binding size).
+    let u = |x: usize| x as u32;
+    let p = CoopParams {
+        m: u(d.m),
+        k: u(d.k),
+        n: u(d.n),
+        has_bias: u32::from(has_bias),
+        a_rs: u(a_rs),
+        a_cs: u(a_cs),
+        b_rs: u(b_rs),
+        b_cs: u(b_cs),
+        act: act.code(),
+        _unused: [0; 3],
+    };
+    // Row tiles past one grid dimension fold into z (the shader's row_tile).
+    let row_tiles = d.m.div_ceil(rows);
+    let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
+    let grid = [u(d.n.div_ceil(64)), u(y), u(row_tiles.div_ceil(y).max(1))];
+    (p, grid)
+}
+
+impl LogicalDevice {
+    /// The adapter's cooperative-matrix configurations (tensor cores), as wgpu reports them, when
+    /// this device was opened with them: empty on the CPU and on adapters without a
+    /// configuration the float16 matrix-product kernels use.
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// assert!(rt.cpu()?.cooperative_matrix_configs().is_empty());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn cooperative_matrix_configs(&self) -> Vec<wgpu::CooperativeMatrixProperties> {
+        self.gpu()
+            .map(|g| g.ctx.coop.configs.clone())
+            .unwrap_or_default()
+    }
+
+    /// The matrix-product kernels on cooperative matrices (tensor cores) the autotuner may
+    /// offer for float16 products on this device, each with its self-check against the f64
+    /// oracle (run on first use; a candidate whose check fails is never offered). Empty where
+    /// the adapter has no matching configuration (and on the CPU).
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// for gpu in rt.list_logical_devices(anygpu::DeviceKind::Gpu)? {
+    ///     for (kernel, check) in gpu.cooperative_matrix_kernels() {
+    ///         println!("{kernel}: {check:?}");
+    ///     }
+    /// }
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn cooperative_matrix_kernels(
+        &self,
+    ) -> Vec<(&'static str, std::result::Result<(), String>)> {
+        let Some(g) = self.gpu() else {
+            return Vec::new();
+        };
+        if !g.ctx.coop.usable() {
+            return Vec::new();
+        }
+        GpuKernels::new(g, self.full_name())
+            .coop_verdicts(&g.ctx.coop, self)
+            .to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shader::coop::{missing, NEEDS, SUBGROUP_SIZE};
+    use crate::shader::{capabilities_of, validate, ShaderFamily};
+    use std::sync::OnceLock;
+
+    fn config(m: u32, ab: wgpu::CooperativeScalarType) -> wgpu::CooperativeMatrixProperties {
+        wgpu::CooperativeMatrixProperties {
+            m_size: m,
+            n_size: 16,
+            k_size: 16,
+            ab_type: ab,
+            cr_type: wgpu::CooperativeScalarType::F32,
+            saturating_accumulation: false,
+        }
+    }
+
+    fn nvidia() -> wgpu::AdapterInfo {
+        wgpu::AdapterInfo {
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            ..wgpu::AdapterInfo::new(wgpu::DeviceType::DiscreteGpu, wgpu::Backend::Vulkan)
+        }
+    }
+
+    #[test]
+    fn the_kernels_run_only_with_the_configuration_and_subgroup_size_they_are_written_for() {
+        use wgpu::CooperativeScalarType::{F16, F32};
+        let all = NEEDS | wgpu::Features::TIMESTAMP_QUERY;
+        assert_eq!(missing(all, &[config(16, F16)], &nvidia()), None);
+        // Another shape or input type, or none at all.
+        assert!(missing(all, &[config(8, F16), config(16, F32)], &nvidia()).is_some());
+        assert!(missing(all, &[], &nvidia()).is_some());
+        // Without the feature (not requested, or refused), subgroups or float16.
+        for lacking in [
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            wgpu::Features::SUBGROUP,
+            wgpu::Features::SHADER_F16,
+        ] {
+            let why = missing(all - lacking, &[config(16, F16)], &nvidia());
+            assert!(why.is_some_and(|w| w.contains("missing")), "{lacking:?}");
+        }
+        // Subgroups of 64 (AMD's wave64) or of varying size (Intel) would leave fragments
+        // unwritten.
+        for (lo, hi) in [(64, 64), (32, 64), (8, 32)] {
+            let info = wgpu::AdapterInfo {
+                subgroup_min_size: lo,
+                subgroup_max_size: hi,
+                ..nvidia()
+            };
+            assert!(
+                missing(all, &[config(16, F16)], &info).is_some(),
+                "{lo}..{hi}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_kernels_validate_with_cooperative_matrices_and_compile_to_spirv() {
+        assert!(validate(
+            ShaderFamily::MatmulCoop,
+            capabilities_of(NEEDS - wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        )
+        .is_err());
+        let v = validate(ShaderFamily::MatmulCoop, capabilities_of(NEEDS)).unwrap();
+        for c in CANDIDATES {
+            let e = &v.entries[c.kernel.entry];
+            assert_eq!(e.workgroup_size, [4 * SUBGROUP_SIZE, 1, 1], "{}", c.name);
+            let bindings = if c.v4 { [3, 4, 5, 6] } else { [1, 2, 3, 4] };
+            assert_eq!(e.bindings, bindings, "{}", c.name);
+        }
+        assert_eq!(v.workgroup_bytes, 13_824);
+        // What wgpu's Vulkan backend does with it: naga's SPIR-V writer must take every entry
+        // point (the cooperative types, zero accumulators, loads and stores of workgroup memory).
+        let source = ShaderFamily::MatmulCoop.source();
+        let module = naga::front::wgsl::parse_str(source).unwrap();
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            capabilities_of(NEEDS),
+        )
+        .validate(&module)
+        .unwrap();
+        // wgpu-hal's options on a Vulkan 1.3 device without robustBufferAccess2.
+        let restrict = naga::proc::BoundsCheckPolicy::Restrict;
+        let options = naga::back::spv::Options {
+            lang_version: (1, 6),
+            bounds_check_policies: naga::proc::BoundsCheckPolicies {
+                index: restrict,
+                buffer: restrict,
+                image_load: restrict,
+                binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+            },
+            force_loop_bounding: true,
+            ..Default::default()
+        };
+        for Candidate { kernel, .. } in CANDIDATES {
+            let pipeline = naga::back::spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: kernel.entry.to_string(),
+            };
+            let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+                .unwrap_or_else(|e| panic!("{}: {e}", kernel.entry));
+            assert_eq!(words.first(), Some(&0x0723_0203), "SPIR-V magic");
+            spirv_val(kernel.entry, &words);
+        }
+    }
+
+    /// Runs the SPIRV-Tools validator on `words` for Vulkan 1.3 where it is installed
+    /// (`spirv-val`, Debian's spirv-tools), and says so where it is not.
+    fn spirv_val(entry: &str, words: &[u32]) {
+        let words = &without_workgroup_array_strides(words);
+        let path = std::env::temp_dir().join(format!("anygpu-{entry}-{}.spv", std::process::id()));
+        std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(words)).unwrap();
+        let run = std::process::Command::new("spirv-val")
+            .args(["--target-env", "vulkan1.3"])
+            .arg(&path)
+            .output();
+        let _ = std::fs::remove_file(&path);
+        match run {
+            Ok(out) => assert!(
+                out.status.success(),
+                "spirv-val refuses {entry}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => {
+                eprintln!("spirv-val not run on {entry} ({e}): SPIR-V written, not validated")
+            }
+        }
+    }
+
+    /// `words` without the ArrayStride decorations naga 30 puts on arrays in workgroup memory,
+    /// which Vulkan has since forbidden (VUID-StandaloneSpirv-None-10684; every family with
+    /// workgroup arrays has them, and drivers ignore them): so that `spirv-val` goes on to the
+    /// rest.
+    fn without_workgroup_array_strides(words: &[u32]) -> Vec<u32> {
+        const OP_DECORATE: u32 = 71;
+        const OP_TYPE_POINTER: u32 = 32;
+        const ARRAY_STRIDE: u32 = 6;
+        const WORKGROUP: u32 = 4;
+        let instructions = |words: &[u32]| -> Vec<(usize, usize)> {
+            let mut at = 5;
+            let mut spans = Vec::new();
+            while at < words.len() {
+                let count = (words[at] >> 16) as usize;
+                spans.push((at, count.max(1)));
+                at += count.max(1);
+            }
+            spans
+        };
+        let spans = instructions(words);
+        let workgroup_types: Vec<u32> = spans
+            .iter()
+            .filter(|&&(at, n)| {
+                words[at] & 0xffff == OP_TYPE_POINTER && n == 4 && words[at + 2] == WORKGROUP
+            })
+            .map(|&(at, _)| words[at + 3])
+            .collect();
+        let mut out = words[..5].to_vec();
+        for (at, n) in spans {
+            let w = &words[at..at + n];
+            let strip = w[0] & 0xffff == OP_DECORATE
+                && n == 4
+                && w[2] == ARRAY_STRIDE
+                && workgroup_types.contains(&w[1]);
+            if !strip {
+                out.extend_from_slice(w);
+            }
+        }
+        out
+    }
+
+    /// `matmul_coop.wgsl` with each cooperative-matrix operation done by hand, for adapters
+    /// without them: a fragment of C is the 8 elements `lane + 32 e` (row-major in 16×16) one of
+    /// a subgroup's 32 invocations holds, `subgroup_id` is `t / 32`, a fragment of A or B is
+    /// its offset in `at` or `bt` (loads always name those tiles with strides AS and BS, and
+    /// the multiply-add that uses a fragment reads the tile before the next barrier, as the
+    /// load would). Everything else (the tiles' loads, zero padding, transposes, offsets of
+    /// the fragments, the write of the output, params and grid) is the kernel's own text.
+    fn emulated_source() -> String {
+        let mut out = String::new();
+        for line in ShaderFamily::MatmulCoop.source().lines() {
+            let code = line.trim_start();
+            let between = |open: &str, close: &str| -> Option<String> {
+                let start = code.find(open)? + open.len();
+                let end = start + code[start..].find(close)?;
+                Some(code[start..end].to_string())
+            };
+            let indent = &line[..line.len() - code.len()];
+            let lhs = code.split(" = ").next().unwrap_or("");
+            if code == "enable wgpu_cooperative_matrix;"
+                || code.starts_with("@builtin(subgroup_id)")
+            {
+                continue;
+            } else if code.starts_with("let row0 = ") {
+                out.push_str(&format!("{indent}let sg = t / 32u;\n{line}\n"));
+            } else if code.contains("coop_mat16x16<f32, C>()") {
+                out.push_str(&format!(
+                    "{}\n",
+                    line.replace("coop_mat16x16<f32, C>()", "array<f32, 8>()")
+                ));
+            } else if code.contains("coopLoadT<coop_mat16x16<f16, A>>") {
+                let offset =
+                    between("(&at[", "], AS);").expect("A fragments load `at` with stride AS");
+                out.push_str(&format!("{indent}{lhs} = {offset};\n"));
+            } else if code.contains("coopLoadT<coop_mat16x16<f16, B>>") {
+                let offset =
+                    between("(&bt[", "], BS);").expect("B fragments load `bt` with stride BS");
+                out.push_str(&format!("{indent}{lhs} = {offset};\n"));
+            } else if code.contains("coopMultiplyAdd(") {
+                let args = between("coopMultiplyAdd(", ");").expect("one multiply-add a line");
+                out.push_str(&format!("{indent}{lhs} = emu_mad({args}, t % 32u);\n"));
+            } else if code.starts_with("coopStoreT(") {
+                let args =
+                    between("coopStoreT(", ", 16u);").expect("C fragments stored with stride 16");
+                let (c, slot) = args
+                    .split_once(", &ct[")
+                    .expect("C fragments stored into `ct`");
+                let slot = slot.trim_end_matches(']');
+                out.push_str(&format!("{indent}emu_store({c}, {slot}, t % 32u);\n"));
+            } else {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out.push_str(
+            "
+fn emu_mad(a_off: u32, b_off: u32, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
+    var r = c;
+    for (var e = 0u; e < 8u; e++) {
+        let idx = lane + 32u * e;
+        var s = 0.0;
+        for (var l = 0u; l < 16u; l++) {
+            s += f32(at[a_off + (idx / 16u) * AS + l]) * f32(bt[b_off + l * BS + idx % 16u]);
+        }
+        r[e] += s;
+    }
+    return r;
+}
+
+fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
+    for (var e = 0u; e < 8u; e++) {
+        ct[slot + lane + 32u * e] = c[e];
+    }
+}
+",
+        );
+        out
+    }
+
+    #[test]
+    fn the_emulated_kernels_keep_no_cooperative_operation() {
+        let source = emulated_source();
+        for line in source.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for op in [
+                "coop_mat",
+                "coopLoad",
+                "coopStore",
+                "coopMultiplyAdd",
+                "subgroup",
+            ] {
+                assert!(!line.contains(op), "{line}");
+            }
+        }
+        let caps = capabilities_of(wgpu::Features::SHADER_F16);
+        let v = crate::shader::validate_source("emulated", &source, caps).unwrap();
+        assert_eq!(v.entries.len(), CANDIDATES.len());
+    }
+
+    /// The kernels' text with the cooperative operations emulated, on every adapter with
+    /// float16 (lavapipe here), through this module's params and grid, against the f64 oracle:
+    /// ragged shapes, every transpose, bias and activations.
+    #[test]
+    fn the_emulated_kernels_match_the_oracle() {
+        let rt = crate::Runtime::builder()
+            .env("WGPU_BACKEND", Some("vulkan"))
+            .build()
+            .expect("runtime");
+        let gpus = rt
+            .list_logical_devices(crate::DeviceKind::Gpu)
+            .expect("devices");
+        let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
+            assert!(
+                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with float16"
+            );
+            eprintln!("SKIPPED: no adapter with float16");
+            return;
+        };
+        let ctx = &dev.gpu().expect("a GPU").ctx;
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("matmul_coop.wgsl (emulated)"),
+                source: wgpu::ShaderSource::Wgsl(emulated_source().into()),
+            });
+        let entries = crate::shader::validate_source(
+            "emulated",
+            &emulated_source(),
+            capabilities_of(wgpu::Features::SHADER_F16),
+        )
+        .unwrap()
+        .entries;
+        let mut failures = Vec::new();
+        for c in CANDIDATES {
+            let bindings = entries[c.kernel.entry].bindings.clone();
+            let buffer = |binding: u32| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: if binding == 0 {
+                        wgpu::BufferBindingType::Uniform
+                    } else {
+                        wgpu::BufferBindingType::Storage { read_only: false }
+                    },
+                    has_dynamic_offset: binding == 0,
+                    min_binding_size: None,
+                },
+                count: None,
+            };
+            let layout_entries: Vec<_> = std::iter::once(0)
+                .chain(bindings.iter().copied())
+                .map(buffer)
+                .collect();
+            let layout = ctx
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: None,
+                    entries: &layout_entries,
+                });
+            let pipeline_layout =
+                ctx.device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: None,
+                        bind_group_layouts: &[Some(&layout)],
+                        immediate_size: 0,
+                    });
+            let pipeline = crate::shader::Pipeline {
+                name: c.kernel.entry,
+                pipeline: ctx
+                    .device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(c.kernel.entry),
+                        layout: Some(&pipeline_layout),
+                        module: &module,
+                        entry_point: Some(c.kernel.entry),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    }),
+                layout,
+                bindings,
+            };
+            let shapes = [
+                (1, 1, 1),
+                (37, 45, 51),
+                (64, 32, 64),
+                (100, 70, 131),
+                (16, 200, 3),
+                (37, 44, 52),
+                (100, 72, 132),
+                (1, 4, 4),
+            ];
+            for (s, &(m, k, n)) in shapes.iter().enumerate() {
+                for (l, (trans_a, trans_b)) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    let d = MatmulDims {
+                        m,
+                        k,
+                        n,
+                        trans_a,
+                        trans_b,
+                    };
+                    if !applies(&c, d) {
+                        continue;
+                    }
+                    let act = [Activation::Relu, Activation::Linear, Activation::Selu][(s + l) % 3];
+                    let has_bias = (s + l) % 2 == 0;
+                    let seed = 5_000 + 100 * s as u64 + 10 * l as u64;
+                    let values = |len: usize, seed: u64| -> (Vec<f64>, Vec<f16>) {
+                        let h: Vec<f16> = reference::random_vec(len, seed)
+                            .into_iter()
+                            .map(f16::from_f32)
+                            .collect();
+                        (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
+                    };
+                    let (av, ah) = values(m * k, seed);
+                    let (bv, bh) = values(k * n, seed + 1);
+                    let (cv, ch) = values(n, seed + 2);
+                    let ashape = if trans_a { [k, m] } else { [m, k] };
+                    let bshape = if trans_b { [n, k] } else { [k, n] };
+                    let at = Tensor::from_slice_on(&ah, &ashape, dev).unwrap();
+                    let bt = Tensor::from_slice_on(&bh, &bshape, dev).unwrap();
+                    let ct = Tensor::from_slice_on(&ch, &[n], dev).unwrap();
+                    let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], dev).unwrap();
+                    let (p, grid) = launch_shape(d, has_bias, act, c.rows);
+                    let tensors = if c.v4 {
+                        [&ct, &out, &at, &bt]
+                    } else {
+                        [&at, &bt, &ct, &out]
+                    };
+                    let ranges: Vec<_> = tensors.iter().map(|t| t.gpu_range().unwrap()).collect();
+                    ctx.dispatch(&pipeline, bytemuck::bytes_of(&p), &ranges, grid);
+                    drop(ranges);
+                    let got = out.to_vec::<f16>().unwrap();
+                    let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
+                    let want = reference::bias_act(&product, has_bias.then_some(&cv[..]), act);
+                    if let Some((i, g, w)) = first_off(&got, &want) {
+                        failures.push(format!(
+                            "{} {m}x{k}x{n} ta={trans_a} tb={trans_b} bias={has_bias} {act:?}: \
+                             out[{}, {}] = {g}, oracle {w:.5}",
+                            c.name,
+                            i / n,
+                            i % n
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// The self-check run for real where the kernels cannot run (lavapipe has no cooperative
+    /// matrices, so each pipeline is refused): every candidate fails it, is named with why, and
+    /// none is offered.
+    #[test]
+    fn a_candidate_that_fails_its_self_check_is_never_offered() {
+        let rt = crate::Runtime::builder()
+            .env("WGPU_BACKEND", Some("vulkan"))
+            .env("ANYGPU_AUTOTUNE_FORCE", None)
+            .build()
+            .expect("runtime");
+        let gpus = rt
+            .list_logical_devices(crate::DeviceKind::Gpu)
+            .expect("devices");
+        let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
+            assert!(
+                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with float16"
+            );
+            eprintln!("SKIPPED: no adapter with float16");
+            return;
+        };
+        let g = dev.gpu().expect("a GPU");
+        assert!(
+            !g.ctx.coop.usable(),
+            "lavapipe has cooperative matrices now"
+        );
+        // As if the adapter had reported the configuration.
+        let support = CoopSupport {
+            configs: Vec::new(),
+            missing: None,
+            verdicts: OnceLock::new(),
+        };
+        let kernels = GpuKernels::new(g, dev.full_name());
+        for (trans_a, k) in [(false, 64), (true, 63)] {
+            let d = MatmulDims {
+                m: 64,
+                k,
+                n: 64,
+                trans_a,
+                trans_b: false,
+            };
+            assert_eq!(kernels.coop_offered(&support, d, dev), Vec::<&str>::new());
+        }
+        let verdicts = support.verdicts.get().expect("checked once");
+        assert_eq!(verdicts.len(), CANDIDATES.len());
+        for (c, (name, verdict)) in CANDIDATES.iter().zip(verdicts) {
+            assert_eq!(c.name, *name);
+            let why = verdict.as_ref().expect_err(name);
+            assert!(why.contains(c.kernel.entry), "{name}: {why}");
+        }
+    }
+
+    #[test]
+    fn only_this_modules_names_are_candidates() {
+        assert!(is_candidate("coop16_64x64") && is_candidate("coop16_32x64"));
+        assert!(!is_candidate("tile64") && !is_candidate("coop"));
+    }
+}

@@ -1,0 +1,215 @@
+//! The matrix products on cooperative matrices (tensor cores, `shaders/matmul_coop.wgsl`)
+//! against the f64 oracle: every candidate, forced in turn, on ragged and random shapes in every
+//! layout the dense layers and their gradients use. `scripts/gpu_check.sh` runs this before it
+//! times anything. On adapters without a matching cooperative-matrix configuration (lavapipe,
+//! llvmpipe) there is nothing to check: the test says so and passes.
+//!
+//! Every test name has `coop` in it.
+
+mod common;
+
+use anygpu::ops;
+use anygpu::ops::reference::{self as r, random_vec};
+use anygpu::ops::spec::Activation;
+use anygpu::{DType, DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
+use half::f16;
+
+/// Four float16 ulps at 1, relative to max(1, |expected|): the products accumulate in float32,
+/// and the output is rounded to float16 once (as in tests/mixed_precision.rs).
+const F16_TOL: f64 = 4.0 * 0.000_976_562_5;
+
+fn gpus(rt: &Runtime) -> Vec<LogicalDevice> {
+    rt.list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
+        .expect("devices")
+}
+
+fn label(dev: &LogicalDevice) -> String {
+    format!("{} ({})", dev.name(), dev.adapter_name())
+}
+
+/// Random float16 values in [-1, 1) as f64, and a float16 tensor of them on `dev`.
+fn half_input(dev: &LogicalDevice, shape: &[usize], seed: u64) -> (Vec<f64>, Tensor) {
+    let len = shape.iter().product();
+    let halves: Vec<f16> = random_vec(len, seed)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let t = Tensor::from_slice_on(&halves, shape, dev).expect("upload");
+    (halves.iter().map(|h| f64::from(h.to_f32())).collect(), t)
+}
+
+/// The first element of `got` (a float16 tensor) off `want` by more than [`F16_TOL`].
+fn first_wrong(got: &Tensor, want: &[f64], n: usize) -> Option<String> {
+    if got.dtype() != DType::F16 {
+        return Some(format!("the output is {:?}, not float16", got.dtype()));
+    }
+    let values = got.to_vec::<f16>().expect("readback");
+    values
+        .iter()
+        .zip(want)
+        .enumerate()
+        .find(|(_, (g, w))| {
+            let close = (f64::from(g.to_f32()) - **w).abs() <= F16_TOL * w.abs().max(1.0);
+            !close
+        })
+        .map(|(i, (g, w))| {
+            format!(
+                "out[{}, {}] = {g} where the oracle has {w:.5}",
+                i / n,
+                i % n
+            )
+        })
+}
+
+/// The shapes: each dimension below, at and past a fragment (16) and a tile (32, 64), the
+/// tutorial's dense layers, and random ones up to 300 (odd sizes included).
+fn shapes() -> Vec<(usize, usize, usize)> {
+    let mut shapes = vec![
+        (1, 1, 1),
+        (16, 16, 16),
+        (17, 33, 15),
+        (64, 64, 64),
+        (65, 97, 130),
+        (128, 1152, 128),
+        (300, 37, 9),
+        // k and n multiples of 4, untransposed: the vec4 candidates' products.
+        (33, 36, 20),
+        (130, 100, 68),
+    ];
+    let dims = random_vec(24, 7_700);
+    for d in dims.chunks_exact(3) {
+        let dim = |x: f32| 1 + ((x + 1.0) * 150.0) as usize;
+        shapes.push((dim(d[0]), dim(d[1]), dim(d[2])));
+    }
+    shapes
+}
+
+/// Every product of [`shapes`] on `dev` (whose runtime forces one candidate): a dense layer
+/// with bias and activation, and every transpose. The failures, each naming the product. (A
+/// vec4 candidate takes the untransposed products with k and n multiples of 4, a scalar one
+/// the others; the rest fall back to the default kernels, and are checked all the same.)
+fn check_products(dev: &LogicalDevice) -> Vec<String> {
+    let _s = dev.scope();
+    let mut failures = Vec::new();
+    for (t, (m, k, n)) in shapes().into_iter().enumerate() {
+        let seed = 77_000 + 10 * t as u64;
+        let act = [Activation::Relu, Activation::Linear, Activation::Selu][t % 3];
+        let (a, at) = half_input(dev, &[m, k], seed);
+        let (w, wt) = half_input(dev, &[k, n], seed + 1);
+        let (b, bt) = half_input(dev, &[n], seed + 2);
+        let y = ops::dense(&at, &wt, Some(&bt), act).expect("dense");
+        let want = r::matmul_bias_act(&a, &w, Some(&b), m, k, n, act);
+        if let Some(e) = first_wrong(&y, &want, n) {
+            failures.push(format!("dense {m}x{k}x{n} {act:?}: {e}"));
+        }
+        for (ta, tb) in [(true, false), (false, true), (true, true)] {
+            let ashape = if ta { [k, m] } else { [m, k] };
+            let bshape = if tb { [n, k] } else { [k, n] };
+            let (av, a2) = half_input(dev, &ashape, seed + 3);
+            let (bv, b2) = half_input(dev, &bshape, seed + 4);
+            let y = ops::matmul_transposed(&a2, &b2, ta, tb).expect("matmul");
+            let want = r::matmul(&av, &bv, m, k, n, ta, tb);
+            if let Some(e) = first_wrong(&y, &want, n) {
+                failures.push(format!("matmul {m}x{k}x{n} ta={ta} tb={tb}: {e}"));
+            }
+        }
+    }
+    failures
+}
+
+#[test]
+fn coop_matrix_candidates_match_the_oracle() {
+    let rt = common::builder()
+        .memory_growth(true)
+        .build()
+        .expect("runtime");
+    let mut failures = Vec::new();
+    for dev in gpus(&rt) {
+        let kernels = dev.cooperative_matrix_kernels();
+        if kernels.is_empty() {
+            println!(
+                "skipped: {} has no cooperative matrices (configurations: {:?})",
+                label(&dev),
+                dev.cooperative_matrix_configs()
+            );
+            continue;
+        }
+        println!(
+            "{}: cooperative matrices {:?}",
+            label(&dev),
+            dev.cooperative_matrix_configs()
+        );
+        for (candidate, self_check) in kernels {
+            if let Err(e) = &self_check {
+                failures.push(format!(
+                    "coop candidate {candidate} on {}: self-check failed (never picked): {e}",
+                    label(&dev)
+                ));
+            }
+            let forced = common::builder()
+                .memory_growth(true)
+                .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
+                .build()
+                .expect("runtime");
+            let same = gpus(&forced)
+                .into_iter()
+                .find(|d| d.full_name() == dev.full_name())
+                .expect("the same device in a second runtime");
+            let wrong = check_products(&same);
+            // The candidate runs the products it applies to; the others fall back to the
+            // default kernels and are checked all the same.
+            println!(
+                "{candidate} forced on {}: {} products checked, {} wrong",
+                label(&dev),
+                4 * shapes().len(),
+                wrong.len()
+            );
+            for e in wrong {
+                failures.push(format!(
+                    "coop candidate {candidate} on {}: {e}",
+                    label(&dev)
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// What the tuner makes of the candidates where they exist: a float16 dense layer of the
+/// tutorial's size at batch 1024, tuned from an empty cache, and the decision with every
+/// candidate's time (printed; it fails only if the product is wrong).
+#[test]
+fn coop_matrix_candidates_are_tuned_beside_the_others() {
+    let dir = std::env::temp_dir().join(format!("anygpu-coop-tune-{}", std::process::id()));
+    let rt = common::builder()
+        .memory_growth(true)
+        .env("ANYGPU_AUTOTUNE", Some("on"))
+        .env("ANYGPU_CACHE_DIR", dir.to_str())
+        .build()
+        .expect("runtime");
+    for dev in gpus(&rt) {
+        if dev.cooperative_matrix_kernels().is_empty() {
+            println!("skipped: {} has no cooperative matrices", label(&dev));
+            continue;
+        }
+        let _s = dev.scope();
+        for (m, k, n) in [(1024, 1152, 128), (1024, 784, 128), (8192, 64, 128)] {
+            let (a, at) = half_input(&dev, &[m, k], 1);
+            let (w, wt) = half_input(&dev, &[k, n], 2);
+            let y = ops::dense(&at, &wt, None, Activation::Linear).expect("dense");
+            let want = r::matmul(&a, &w, m, k, n, false, false);
+            assert_eq!(first_wrong(&y, &want, n), None, "{m}x{k}x{n} as tuned");
+        }
+        for d in dev.tuning_decisions() {
+            println!(
+                "{}: {} [{}] -> {} {:?}",
+                label(&dev),
+                d.op,
+                d.class,
+                d.candidate,
+                d.timings_ms
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
