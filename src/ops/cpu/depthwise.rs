@@ -297,8 +297,12 @@ fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
 /// `V16`, `NV = 2` (31). In cache on a Zen 4 core this ran 84 GFLOP/s against the single
 /// row's 68 (32 channels, 28×28).
 ///
-/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, `i + 1 <
-/// h`, and the slices hold a whole image, kernel and two output rows.
+/// Interior rows only (`0 < i`, `i + 2 < h`): with the four input rows always there, the loop
+/// over them has constant bounds and unrolls, so the kernel vectors stay in registers (with
+/// the image's edges in the loop they were read from memory at every multiply-add).
+///
+/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, the rows
+/// are interior, and the slices hold a whole image, kernel and two output rows.
 #[inline(always)]
 fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool>(
     x: &[f32],
@@ -313,17 +317,16 @@ fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool>(
         g.is_3x3_same()
             && c % (lanes * NV) == 0
             && w > 0
-            && i + 1 < g.h
+            && i > 0
+            && i + 2 < g.h
             && g.holds_image(x.len())
             && g.holds_kernel(k.len())
             && g.holds_row(out.len())
             && out.len() >= 2 * row,
         "depthwise: 3x3 row pair out of range"
     );
-    // Input rows `i - 1 + r` for `r` in `[r0, r1)`: row `r` meets kernel row `r` of output
-    // row `i` (when `r < 3`) and kernel row `r - 1` of output row `i + 1` (when `r > 0`).
-    let r0 = usize::from(i == 0);
-    let r1 = if i + 2 < g.h { 4 } else { 3 };
+    // Input row `i - 1 + r` meets kernel row `r` of output row `i` (when `r < 3`) and kernel
+    // row `r - 1` of output row `i + 1` (when `r > 0`).
     let zero = [[V::splat(0.0); NV]; 2];
     for c0 in (0..c).step_by(lanes * NV) {
         let mut kv = [[[V::splat(0.0); NV]; 3]; 3];
@@ -343,13 +346,13 @@ fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool>(
                     }
                 }
             }
-            for r in r0..r1 {
+            for r in 0..4 {
                 let src = ((i + r - 1) * w + jj) * c + c0;
                 for v in 0..NV {
                     let at = src + lanes * v;
-                    // SAFETY: r0/r1 keep 0 <= i + r - 1 < h, and jj < w, so with c0 + lanes *
-                    // NV <= c (c a multiple of lanes * NV) `at + lanes <= h * w * c <=
-                    // x.len()`.
+                    // SAFETY: the assert keeps 0 <= i - 1 and i + 2 < h, so i + r - 1 < h; jj <
+                    // w; with c0 + lanes * NV <= c (c a multiple of lanes * NV) `at + lanes <=
+                    // h * w * c <= x.len()`.
                     let xv = V::load(unsafe { x.get_unchecked(at..at + lanes) }, 0);
                     if r < 3 {
                         left[0][v] = left[0][v].madd_v::<FMA>(xv, kv[r][2][v]);
@@ -383,7 +386,8 @@ fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool>(
 multiversion! {
     /// Output rows `i` and `i + 1` of one image into `out` (two rows; `i + 1 < h`).
     fn correlate_row_pair<const FMA: bool>(x: &[f32], k: &[f32], out: &mut [f32], i: usize, g: Geometry) {
-        if g.is_3x3_same() && g.c.is_multiple_of(32) && super::wide_registers() {
+        let interior = i > 0 && i + 2 < g.h;
+        if interior && g.is_3x3_same() && g.c.is_multiple_of(32) && super::wide_registers() {
             correlate_row_pair_3x3::<V16, 2, FMA>(x, k, out, i, g);
         } else {
             let (first, second) = out.split_at_mut(g.w * g.c);
