@@ -22,13 +22,27 @@
 //                 min(1 / norm, inverse_clip)), norm = sqrt(m[0]), NaN when m[0] is not
 //                 finite: the global norm's scale.                      bindings w, g, m
 //   clip_value    w = min(max(g, -clip), clip).                         bindings w, g
-// Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v, 5 s: storage read_write array<f32>.
+//   fused_update  every variable of a step in one dispatch: one workgroup per chunk of at most
+//                 1024 elements of one variable, described by 8 words of `table` at entry
+//                 base + chunk (chunk = wg.x + wg.y * num_workgroups.x; dispatch: n chunks,
+//                 folded into y past 65,535): [len, w, g, a, b, c, regions, 0], each offset in
+//                 elements from the start of the region buffer it lies in, `regions` that
+//                 buffer's binding (0 r0, 1 r1, 2 r2) in two bits per role (w bits 0-1, g 2-3,
+//                 a 4-5, b 6-7, c 8-9). With mode 1 the weight decay first (as weight_decay),
+//                 then `kind`'s update with the same expressions as the entry points above, so
+//                 the results are theirs bit for bit: 0 sgd; 1 sgd_momentum (a = v); 2 adam
+//                 (a = m, b = v); 3 rmsprop (a = velocity); 4 centered (b = average); 5 with
+//                 momentum (c = s); 6 centered with momentum.   bindings table, r0, r1, r2
+// Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v, 5 s: storage read_write array<f32>;
+// 6 table: array<u32>; 7 r0, 8 r1, 9 r2: whole arena regions, array<f32>.
 // Tensors go to the used bindings in ascending order.
 // Params: n, lr, momentum, nesterov (0/1), alpha, one_minus_b1, one_minus_b2, eps, rho,
 // one_minus_rho (1 - rho from Keras' f64), wd, clip, inverse_clip (1 / clip from f64), mode
-// (clip_norm: 0 per tensor, 1 global), two pads.
+// (clip_norm: 0 per tensor, 1 global; fused_update: 1 with weight decay), kind and base (the
+// fused update's rule and first table entry).
 // Limits: four storage buffers per entry point (GL-compatible): hence the two passes of a
-// centered RMSprop step with momentum, which has five tensors.
+// centered RMSprop step with momentum, which has five tensors, and the fused update's three
+// regions (a step whose tensors span more regions takes a dispatch per group of three).
 
 struct Params {
     n: u32,
@@ -45,8 +59,8 @@ struct Params {
     clip: f32,
     inverse_clip: f32,
     mode: u32,
-    pad0: u32,
-    pad1: u32,
+    kind: u32,
+    base: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -185,4 +199,97 @@ fn clip_value(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let i = flat(gid, nwg);
     if (i >= p.n) { return; }
     w[i] = min(max(g[i], -p.clip), p.clip);
+}
+
+// ---- fused update: every variable of a step in one dispatch ----
+
+@group(0) @binding(6) var<storage, read_write> table: array<u32>;
+@group(0) @binding(7) var<storage, read_write> r0: array<f32>;
+@group(0) @binding(8) var<storage, read_write> r1: array<f32>;
+@group(0) @binding(9) var<storage, read_write> r2: array<f32>;
+
+// The region binding `r` is uniform across a workgroup: these branches do not diverge.
+fn ld(r: u32, i: u32) -> f32 {
+    if (r == 0u) { return r0[i]; }
+    if (r == 1u) { return r1[i]; }
+    return r2[i];
+}
+
+fn st(r: u32, i: u32, x: f32) {
+    if (r == 0u) {
+        r0[i] = x;
+    } else if (r == 1u) {
+        r1[i] = x;
+    } else {
+        r2[i] = x;
+    }
+}
+
+@compute @workgroup_size(256)
+fn fused_update(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let chunk = wid.x + wid.y * nwg.x;
+    if (chunk >= p.n) { return; }
+    let e = (p.base + chunk) * 8u;
+    let len = table[e];
+    let ow = table[e + 1u];
+    let og = table[e + 2u];
+    let oa = table[e + 3u];
+    let ob = table[e + 4u];
+    let oc = table[e + 5u];
+    let rs = table[e + 6u];
+    let rw = rs & 3u;
+    let rg = (rs >> 2u) & 3u;
+    let ra = (rs >> 4u) & 3u;
+    let rb = (rs >> 6u) & 3u;
+    let rc = (rs >> 8u) & 3u;
+    for (var k = lid.x; k < len; k += 256u) {
+        var wi = ld(rw, ow + k);
+        if (p.mode == 1u) {
+            wi = wi - wi * p.wd * p.lr;
+        }
+        let gi = ld(rg, og + k);
+        switch p.kind {
+            case 0u: {
+                wi -= p.lr * gi;
+            }
+            case 1u: {
+                let nv = p.momentum * ld(ra, oa + k) - p.lr * gi;
+                st(ra, oa + k, nv);
+                if (p.nesterov == 1u) {
+                    wi += p.momentum * nv - p.lr * gi;
+                } else {
+                    wi += nv;
+                }
+            }
+            case 2u: {
+                let mi = ld(ra, oa + k);
+                let vi = ld(rb, ob + k);
+                let nm = mi + (gi - mi) * p.one_minus_b1;
+                let nv = vi + (gi * gi - vi) * p.one_minus_b2;
+                st(ra, oa + k, nm);
+                st(rb, ob + k, nv);
+                wi -= p.alpha * nm / (sqrt(nv) + p.eps);
+            }
+            default: {
+                let nv = p.rho * ld(ra, oa + k) + p.one_minus_rho * (gi * gi);
+                st(ra, oa + k, nv);
+                var step: f32;
+                if (p.kind == 4u || p.kind == 6u) {
+                    let nm = p.rho * ld(rb, ob + k) + p.one_minus_rho * gi;
+                    st(rb, ob + k, nm);
+                    step = p.lr * gi / sqrt(nv - nm * nm + p.eps);
+                } else {
+                    step = p.lr * gi / sqrt(nv + p.eps);
+                }
+                if (p.kind >= 5u) {
+                    let ns = p.momentum * ld(rc, oc + k) + step;
+                    st(rc, oc + k, ns);
+                    wi -= ns;
+                } else {
+                    wi -= step;
+                }
+            }
+        }
+        st(rw, ow + k, wi);
+    }
 }

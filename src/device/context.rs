@@ -512,6 +512,8 @@ impl GpuContext {
             self.submit(&mut stream)
         };
         self.read_timed();
+        // The profiler names this wait (its own timestamp reads above are not counted).
+        let wait = crate::profiler::wait_begin("read back to the host");
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             // The receiver waits below; if it is gone there is no one to tell.
@@ -527,6 +529,9 @@ impl GpuContext {
         rx.recv()
             .map_err(|_| self.gpu_error("the map callback never ran".into()))?
             .map_err(|e| self.gpu_error(format!("mapping the readback buffer failed: {e}")))?;
+        if let Some(w) = wait {
+            w.end(&self.label);
+        }
         let view = staging
             .get_mapped_range(..)
             .map_err(|e| self.gpu_error(format!("reading the readback buffer failed: {e}")))?;
@@ -552,12 +557,16 @@ impl GpuContext {
             self.submit(&mut stream)
         };
         self.read_timed();
+        let wait = crate::profiler::wait_begin("synchronize");
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: submission,
                 timeout: None,
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        if let Some(w) = wait {
+            w.end(&self.label);
+        }
         self.take_error()
     }
 

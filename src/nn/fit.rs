@@ -213,6 +213,9 @@ impl Sequential {
                 .is_some_and(|n| n > 0 && global.is_multiple_of(n))
         };
         for step in 0..steps {
+            let _span = crate::profiler::is_running().then(|| {
+                crate::profiler::Trace::new(format!("train step {}", steps_before + step as u64 + 1))
+            });
             let batch = next_batch(dataset, train);
             let out = match (batch, workers) {
                 // Across workers a batch that cannot be read (or has the wrong shape) fails the
@@ -230,6 +233,9 @@ impl Sequential {
             let global = steps_before + done as u64;
             let batch_hook = callbacks.iter().any(|cb| wants(&**cb, global));
             if done % self.log_every == 0 || done == steps || batch_hook {
+                // The one host wait of a step: every log_every steps, at the epoch's end, or
+                // for a callback's batch hook.
+                let _cause = crate::profiler::WaitCause::enter("fit: logs (log_every, epoch end)");
                 last_read = acc.read()?;
                 crate::smi::record_step(global, start.elapsed().as_secs_f64() / done as f64);
                 if let Some(bar) = &bar {
@@ -365,6 +371,7 @@ impl Sequential {
             acc.push(out)?;
             if (i + 1) % self.log_every == 0 {
                 // Bounds how far the host runs ahead of the device.
+                let _cause = crate::profiler::WaitCause::enter("evaluate: logs (log_every)");
                 acc.read()?;
             }
         }

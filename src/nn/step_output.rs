@@ -139,6 +139,7 @@ impl StepOutput {
 }
 
 fn read_scalar(t: &Tensor) -> Result<f32> {
+    let _cause = crate::profiler::WaitCause::enter("reading a step's loss or metrics");
     Ok(t.to_vec::<f32>()?.first().copied().unwrap_or(0.0))
 }
 
