@@ -248,12 +248,41 @@ pub fn clip_gradient(g: &Tensor, sum_squares: Option<&Tensor>, mode: ClipMode) -
 // ---- fused optimizer update ----
 
 /// What a GPU's fused update reads besides the tensors: a table of every variable's chunks
-/// and where they lie. Keep one per device across steps: a step whose tensors lie where the
-/// last one's did (the allocator repeats itself) reuses the table without an upload.
+/// and where they lie. Keep one per device across steps: a step whose tensors lie where an
+/// earlier one's did reuses that table without an upload (an upload submits the pending work
+/// first, which some drivers make the host wait for).
 #[derive(Debug, Default)]
 pub struct UpdateTable {
-    words: Vec<u32>,
-    tensor: Option<Tensor>,
+    /// Recent tables, most recently used last: the allocator hands a step the same ranges as
+    /// an earlier one, though not always the last one's (a table allocated in one step moves
+    /// the next step's gradients, and the layouts alternate).
+    recent: Vec<(Vec<u32>, Tensor)>,
+}
+
+/// Tables an [`UpdateTable`] keeps.
+const RECENT_TABLES: usize = 4;
+
+impl UpdateTable {
+    /// The table holding `words`, uploaded to `device` unless a recent one holds them.
+    fn get(&mut self, words: Vec<u32>, device: &crate::device::LogicalDevice) -> Result<()> {
+        if let Some(i) = self.recent.iter().position(|(w, _)| *w == words) {
+            let hit = self.recent.remove(i);
+            self.recent.push(hit);
+            return Ok(());
+        }
+        let ints: &[i32] = bytemuck::cast_slice(&words);
+        let tensor = Tensor::from_slice_on(ints, &[ints.len()], device)?;
+        if self.recent.len() >= RECENT_TABLES {
+            self.recent.remove(0);
+        }
+        self.recent.push((words, tensor));
+        Ok(())
+    }
+
+    /// The table [`UpdateTable::get`] made current.
+    fn current(&self) -> Option<&Tensor> {
+        self.recent.last().map(|(_, t)| t)
+    }
 }
 
 /// Every variable of `vars` (all on one device) updated in place as `rule` says, after the
@@ -303,7 +332,7 @@ pub fn fused_update(
         });
     }
     let _scope = home.scope();
-    let table = table.tensor.as_ref();
+    let table = table.current();
     run(&FUSED_APPLY, &[vars[0].w], |device, _| {
         if !device.same_device(&home) {
             return Err(Error::Unsupported {
@@ -373,18 +402,8 @@ pub fn prepare_fused_update(
             }
         }
     }
-    match gn::update_table(vars) {
-        Some(words) if !words.is_empty() => {
-            if table.tensor.is_none() || table.words != words {
-                let ints: &[i32] = bytemuck::cast_slice(&words);
-                table.tensor = Some(Tensor::from_slice_on(ints, &[ints.len()], home)?);
-                table.words = words;
-            }
-        }
-        _ => {
-            table.tensor = None;
-            table.words.clear();
-        }
+    if let Some(words) = gn::update_table(vars).filter(|w| !w.is_empty()) {
+        table.get(words, home)?;
     }
     Ok(Some(home.clone()))
 }

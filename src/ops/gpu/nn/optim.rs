@@ -187,7 +187,8 @@ impl GpuKernels<'_> {
 
 // ---- fused update: every variable of a step in one dispatch ----
 
-/// Elements of one variable one workgroup of `fused_update` covers (4 per invocation).
+/// Elements of one variable one workgroup of `fused_update` covers (4 per invocation, as a
+/// vec4).
 const CHUNK: usize = 1024;
 /// Region bindings of `fused_update` (r0, r1, r2).
 const REGIONS: usize = 3;
@@ -243,12 +244,13 @@ fn plan<'a>(vars: &'a [UpdateVar<'a>]) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
         for (i, r) in ranges.iter().enumerate() {
             if let Some(r) = r {
                 let region = group.regions.iter().position(|b| *b == r.buffer)?;
-                offsets[i] = u((r.offset / 4) as usize);
+                // In vec4s: allocations are aligned to 256 bytes at least.
+                offsets[i] = u((r.offset / 16) as usize);
                 bits |= u(region) << (2 * i);
             }
         }
         for start in (0..n).step_by(CHUNK) {
-            let s = u(start);
+            let s = u(start / 4);
             words.extend_from_slice(&[
                 u(CHUNK.min(n - start)),
                 offsets[0] + s,
@@ -346,8 +348,13 @@ impl GpuKernels<'_> {
                     size: b.size(),
                 }
             };
-            let ranges = [table, region(0), region(1), region(2)];
-            self.launch_ranges(FUSED_UPDATE, &params, &ranges, grid_1d(g.entries, 1))?;
+            let grid = grid_1d(g.entries, 1);
+            if g.regions.len() == 1 {
+                self.launch_ranges(FUSED_UPDATE, &params, &[table, region(0)], grid)?;
+            } else {
+                let ranges = [table, region(0), region(1), region(2)];
+                self.launch_ranges(FUSED_UPDATE_REGIONS, &params, &ranges, grid)?;
+            }
         }
         Ok(())
     }
