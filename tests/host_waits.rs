@@ -39,8 +39,14 @@ fn profiled_epoch(model: &mut anygpu::nn::Sequential, data: &Dataset, tag: &str)
     let trace = std::fs::read_to_string(dir.join("trace.json")).expect("trace.json");
     std::fs::remove_dir_all(&dir).ok();
     if report.host_wait_count() > 0 {
-        assert!(top.contains("host wait"), "{tag}: top_ops.txt lists the waits:\n{top}");
-        assert!(trace.contains("\"cat\":\"wait\""), "{tag}: trace.json shows them");
+        assert!(
+            top.contains("host wait"),
+            "{tag}: top_ops.txt lists the waits:\n{top}"
+        );
+        assert!(
+            trace.contains("\"cat\":\"wait\""),
+            "{tag}: trace.json shows them"
+        );
     }
     report
 }
@@ -54,7 +60,10 @@ fn a_fit_step_waits_for_the_host_only_where_it_reads_its_logs() {
         .env("ANYGPU_AUTOTUNE", Some("off"))
         .build()
         .expect("a runtime");
-    let gpu = rt.list_logical_devices(KindFilter::Kind(DeviceKind::Gpu)).expect("GPUs")[0].clone();
+    let gpu = rt
+        .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
+        .expect("GPUs")[0]
+        .clone();
     let _scope = gpu.scope();
     let (x, y) = synthetic(16 * STEPS as usize, 3);
     let data = Dataset::from_tensor_slices(x, &[8, 8, 1], y)
@@ -75,7 +84,11 @@ fn a_fit_step_waits_for_the_host_only_where_it_reads_its_logs() {
         model.set_log_every(1000);
         let report = profiled_epoch(&mut model, &data, tag);
         let listed = format!("{tag}: {:?}", report.host_waits());
-        assert_eq!(waits(&report, LOG_CAUSE), READS, "one log read, at the end: {listed}");
+        assert_eq!(
+            waits(&report, LOG_CAUSE),
+            READS,
+            "one log read, at the end: {listed}"
+        );
         assert_eq!(waits(&report, FINITE_CAUSE), finite_checks, "{listed}");
         assert_eq!(
             report.host_wait_count(),
@@ -90,14 +103,21 @@ fn a_fit_step_waits_for_the_host_only_where_it_reads_its_logs() {
         assert_eq!(update.calls, STEPS, "{tag}: one update per step");
         assert_eq!(update.kernels, STEPS, "{tag}: one dispatch per update");
         assert!(
-            report.ops().iter().all(|o| !o.op.starts_with("ResourceApply")),
+            report
+                .ops()
+                .iter()
+                .all(|o| !o.op.starts_with("ResourceApply")),
             "{tag}: no per-variable update: {report}"
         );
 
         model.set_log_every(1);
         let report = profiled_epoch(&mut model, &data, tag);
         let listed = format!("{tag}: {:?}", report.host_waits());
-        assert_eq!(waits(&report, LOG_CAUSE), STEPS * READS, "a log read per step: {listed}");
+        assert_eq!(
+            waits(&report, LOG_CAUSE),
+            STEPS * READS,
+            "a log read per step: {listed}"
+        );
         assert_eq!(
             report.host_wait_count(),
             STEPS * READS + finite_checks,

@@ -214,7 +214,10 @@ impl Sequential {
         };
         for step in 0..steps {
             let _span = crate::profiler::is_running().then(|| {
-                crate::profiler::Trace::new(format!("train step {}", steps_before + step as u64 + 1))
+                crate::profiler::Trace::new(format!(
+                    "train step {}",
+                    steps_before + step as u64 + 1
+                ))
             });
             let batch = next_batch(dataset, train);
             let out = match (batch, workers) {

@@ -222,7 +222,13 @@ impl Report {
         if self.waits.is_empty() {
             return Ok(());
         }
-        let width = self.waits.iter().map(|w| w.cause.len()).max().unwrap_or(5).max(5);
+        let width = self
+            .waits
+            .iter()
+            .map(|w| w.cause.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
         writeln!(
             f,
             "\n{:<width$}  {:>6}  {:>10}  {:>9}  {:>9}  device",

@@ -228,7 +228,11 @@ impl OptimizerState {
     /// device, the update tables — comes before the first weight changes, so an error leaves
     /// every weight as it was unless a device fails mid-update. Then call
     /// [`OptimizerState::finish_step`].
-    pub(crate) fn apply_all(&mut self, weights: &[Vec<&Tensor>], grads: &[Vec<Tensor>]) -> Result<()> {
+    pub(crate) fn apply_all(
+        &mut self,
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
+    ) -> Result<()> {
         let moved = self.prepare_all(weights, grads)?;
         let rule = self.rule()?;
         let decay = self.config.base().options().weight_decay;

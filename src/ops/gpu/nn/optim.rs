@@ -6,8 +6,8 @@ use crate::device::logical::GpuRange;
 use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
-use crate::ops::spec::{AdamParams, SgdParams};
 use crate::ops::nn_kernels::{FusedUpdate, UpdateRule, UpdateVar};
+use crate::ops::spec::{AdamParams, SgdParams};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::tensor::Tensor;
 
