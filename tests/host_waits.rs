@@ -29,7 +29,11 @@ fn waits(report: &Report, cause: &str) -> u64 {
         .sum()
 }
 
-fn profiled_epoch(model: &mut anygpu::nn::Sequential, data: &Dataset, tag: &str) -> Report {
+fn profiled_epoch(
+    model: &mut anygpu::nn::Sequential,
+    data: &Dataset,
+    tag: &str,
+) -> (Report, serde_json::Value) {
     let dir = std::env::temp_dir().join(format!("anygpu-waits-{tag}-{}", std::process::id()));
     profiler::start(&dir).expect("profiler");
     let fitted = model.fit(data, 1, None, None);
@@ -48,7 +52,22 @@ fn profiled_epoch(model: &mut anygpu::nn::Sequential, data: &Dataset, tag: &str)
             "{tag}: trace.json shows them"
         );
     }
-    report
+    let trace = serde_json::from_str(&trace).expect("trace.json is JSON");
+    (report, trace)
+}
+
+/// The (start, end) in µs of the trace events of category `cat` whose name is `name`.
+fn events(trace: &serde_json::Value, cat: &str, name: &str) -> Vec<(f64, f64)> {
+    trace["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter(|e| e["cat"] == cat && e["name"] == name)
+        .map(|e| {
+            let ts = e["ts"].as_f64().expect("ts");
+            (ts, ts + e["dur"].as_f64().expect("dur"))
+        })
+        .collect()
 }
 
 #[test]
@@ -82,7 +101,7 @@ fn a_fit_step_waits_for_the_host_only_where_it_reads_its_logs() {
         model.fit(&data, 1, None, None).expect("warm-up fit");
 
         model.set_log_every(1000);
-        let report = profiled_epoch(&mut model, &data, tag);
+        let (report, _) = profiled_epoch(&mut model, &data, tag);
         let listed = format!("{tag}: {:?}", report.host_waits());
         assert_eq!(
             waits(&report, LOG_CAUSE),
@@ -110,8 +129,28 @@ fn a_fit_step_waits_for_the_host_only_where_it_reads_its_logs() {
             "{tag}: no per-variable update: {report}"
         );
 
+        // A log step's read is finished once the next step is recorded: the host waits for
+        // step 2 inside step 3, while the device has step 3 to run.
+        model.set_log_every(2);
+        let (report, trace) = profiled_epoch(&mut model, &data, tag);
+        let listed = format!("{tag}: {:?}", report.host_waits());
+        assert_eq!(
+            waits(&report, LOG_CAUSE),
+            2 * READS,
+            "steps 2 and 4: {listed}"
+        );
+        let step3 = events(&trace, "span", "train step 3");
+        let log_waits = events(&trace, "wait", &format!("host wait: {LOG_CAUSE}"));
+        assert_eq!(step3.len(), 1, "{tag}: one span per step");
+        let inside = |w: &(f64, f64)| w.0 >= step3[0].0 && w.1 <= step3[0].1;
+        assert_eq!(
+            log_waits.iter().filter(|w| inside(w)).count() as u64,
+            READS,
+            "{tag}: step 2's logs are read during step 3: {log_waits:?} vs {step3:?}"
+        );
+
         model.set_log_every(1);
-        let report = profiled_epoch(&mut model, &data, tag);
+        let (report, _) = profiled_epoch(&mut model, &data, tag);
         let listed = format!("{tag}: {:?}", report.host_waits());
         assert_eq!(
             waits(&report, LOG_CAUSE),
