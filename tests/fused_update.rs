@@ -144,14 +144,20 @@ fn check_devices(rt: &anygpu::Runtime, sizes: &[usize], one_dispatch: bool) {
                 let what = format!("{name}, decay {decay:?}, on {dev}");
                 let (a, b) = (vars(&dev, sizes, &rule), vars(&dev, sizes, &rule));
                 let mut table = UpdateTable::default();
-                for _step in 0..2 {
+                for step in 0..2 {
                     per_variable(&a, &rule, decay);
                     let before = dev.stream_stats();
                     fused(&b, &rule, decay, &mut table);
                     if let (Some(before), Some(after), true) =
                         (before, dev.stream_stats(), one_dispatch)
                     {
-                        assert_eq!((after - before).dispatches, 1, "{what}: one dispatch");
+                        let d = after - before;
+                        assert_eq!(d.dispatches, 1, "{what}: one dispatch");
+                        if step == 1 {
+                            // The tensors lie where they did: the same table, the same
+                            // bindings.
+                            assert_eq!(d.bind_group_hits, 1, "{what}: the table reused");
+                        }
                     }
                 }
                 let (want, got) = (bits(&a), bits(&b));
