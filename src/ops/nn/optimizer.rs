@@ -248,40 +248,34 @@ pub fn clip_gradient(g: &Tensor, sum_squares: Option<&Tensor>, mode: ClipMode) -
 // ---- fused optimizer update ----
 
 /// What a GPU's fused update reads besides the tensors: a table of every variable's chunks
-/// and where they lie. Keep one per device across steps: a step whose tensors lie where an
-/// earlier one's did reuses that table without an upload (an upload submits the pending work
-/// first, which some drivers make the host wait for).
+/// and where they lie. Keep one per device across steps: a step whose tensors lie where the
+/// last one's did (the allocator repeats a step's ranges) reuses the table as it is; otherwise
+/// it is overwritten in place. Only the first step, or one with other variables, allocates
+/// one: a new allocation every step would move the next step's gradients, and the tables would
+/// never repeat (nor the bind groups over them).
 #[derive(Debug, Default)]
 pub struct UpdateTable {
-    /// Recent tables, most recently used last: the allocator hands a step the same ranges as
-    /// an earlier one, though not always the last one's (a table allocated in one step moves
-    /// the next step's gradients, and the layouts alternate).
-    recent: Vec<(Vec<u32>, Tensor)>,
+    words: Vec<u32>,
+    tensor: Option<Tensor>,
 }
 
-/// Tables an [`UpdateTable`] keeps.
-const RECENT_TABLES: usize = 4;
-
 impl UpdateTable {
-    /// The table holding `words`, uploaded to `device` unless a recent one holds them.
-    fn get(&mut self, words: Vec<u32>, device: &crate::device::LogicalDevice) -> Result<()> {
-        if let Some(i) = self.recent.iter().position(|(w, _)| *w == words) {
-            let hit = self.recent.remove(i);
-            self.recent.push(hit);
-            return Ok(());
+    /// Makes the table hold `words` on `device`: as it is, overwritten (an upload, after the
+    /// commands recorded so far, which may still read the old table), or, at another length,
+    /// in a new tensor.
+    fn set(&mut self, words: Vec<u32>, device: &crate::device::LogicalDevice) -> Result<()> {
+        match &self.tensor {
+            Some(_) if self.words == words => return Ok(()),
+            Some(t) if t.len() == words.len() && t.device_handle().same_device(device) => {
+                t.write_words(&words)?;
+            }
+            _ => {
+                let ints: &[i32] = bytemuck::cast_slice(&words);
+                self.tensor = Some(Tensor::from_slice_on(ints, &[ints.len()], device)?);
+            }
         }
-        let ints: &[i32] = bytemuck::cast_slice(&words);
-        let tensor = Tensor::from_slice_on(ints, &[ints.len()], device)?;
-        if self.recent.len() >= RECENT_TABLES {
-            self.recent.remove(0);
-        }
-        self.recent.push((words, tensor));
+        self.words = words;
         Ok(())
-    }
-
-    /// The table [`UpdateTable::get`] made current.
-    fn current(&self) -> Option<&Tensor> {
-        self.recent.last().map(|(_, t)| t)
     }
 }
 
@@ -332,7 +326,7 @@ pub fn fused_update(
         });
     }
     let _scope = home.scope();
-    let table = table.current();
+    let table = table.tensor.as_ref();
     run(&FUSED_APPLY, &[vars[0].w], |device, _| {
         if !device.same_device(&home) {
             return Err(Error::Unsupported {
@@ -403,7 +397,7 @@ pub fn prepare_fused_update(
         }
     }
     if let Some(words) = gn::update_table(vars).filter(|w| !w.is_empty()) {
-        table.get(words, home)?;
+        table.set(words, home)?;
     }
     Ok(Some(home.clone()))
 }
