@@ -72,6 +72,27 @@ fn sub_range(range: GpuRange<'_>, offset: usize, len: usize) -> GpuRange<'_> {
 
 /// Fills `out` from little-endian bytes (a mapped readback: aligned in practice, but not
 /// promised).
+/// A read of a tensor's words started by [`Tensor::words_begin`].
+pub(crate) struct PendingWords {
+    tensor: Tensor,
+    read: Option<crate::device::context::PendingRead>,
+    words: Vec<u32>,
+}
+
+impl PendingWords {
+    /// The words, waiting for the device if they are still on their way.
+    pub(crate) fn finish(self) -> Result<Vec<u32>> {
+        let (Some(read), Some(g)) = (self.read, self.tensor.0.device.gpu()) else {
+            return Ok(self.words);
+        };
+        let len = self.tensor.dtype().words(self.tensor.len());
+        let mut words = host::filled(len, 0u32, || format!("a host copy of {:?}", self.tensor))?;
+        g.ctx
+            .read_finish(read, |bytes| words_from_bytes(bytes, &mut words))?;
+        Ok(words)
+    }
+}
+
 pub(crate) fn words_from_bytes(bytes: &[u8], out: &mut [u32]) {
     match bytemuck::try_cast_slice::<u8, u32>(bytes) {
         Ok(words) => out.copy_from_slice(words),
@@ -345,6 +366,32 @@ impl Tensor {
         Ok(bytemuck::pod_collect_to_vec(
             &bytes[..self.len() * self.dtype().size()],
         ))
+    }
+
+    // ---- reads finished later ----
+    /// Starts reading the raw words: on a GPU the copy is recorded and submitted now, and
+    /// [`PendingWords::finish`] waits for it (only for the commands recorded before it); on
+    /// the CPU the words are taken now.
+    pub(crate) fn words_begin(&self) -> Result<PendingWords> {
+        let read = match &*self.0.storage {
+            Storage::Gpu(alloc) => match (GpuRange::of(alloc), self.0.device.gpu()) {
+                (Some(range), Some(g)) => {
+                    let bytes = (self.dtype().words(self.len()) * 4) as u64;
+                    Some(g.ctx.read_begin(range, bytes))
+                }
+                _ => None,
+            },
+            Storage::Cpu(_) => None,
+        };
+        let words = match read {
+            Some(_) => Vec::new(),
+            None => self.words()?,
+        };
+        Ok(PendingWords {
+            tensor: self.clone(),
+            read,
+            words,
+        })
     }
 
     /// The raw 32-bit words, from wherever they are (two float16 elements a word).

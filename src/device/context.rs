@@ -74,6 +74,14 @@ struct TimedSubmission {
     kernels: Vec<(Option<u64>, &'static str)>,
 }
 
+/// A read back started by [`GpuContext::read_begin`]: its staging buffer (none for zero
+/// bytes) and the submission that fills it.
+pub(crate) struct PendingRead {
+    staging: Option<wgpu::Buffer>,
+    submission: Option<wgpu::SubmissionIndex>,
+    bytes: u64,
+}
+
 /// Bytes of [`GpuContext::uniform_scratch`].
 pub(crate) const UNIFORM_SCRATCH_BYTES: u64 = 32 << 10;
 
@@ -510,9 +518,23 @@ impl GpuContext {
         bytes: u64,
         consume: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
+        let pending = self.read_begin(src, bytes);
+        self.read_finish(pending, consume)
+    }
+
+    // ---- reads finished later ----
+    /// Starts a read back of `bytes` bytes of a device range: the copy into a staging buffer is
+    /// recorded after everything recorded so far and submitted, nothing waits. Finish it with
+    /// [`GpuContext::read_finish`], after recording more work if there is some: the host then
+    /// waits only for the commands before the copy, while the device goes on with the rest.
+    pub(crate) fn read_begin(&self, src: GpuRange<'_>, bytes: u64) -> PendingRead {
         let padded = bytes.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
         if padded == 0 {
-            return Ok(consume(&[]));
+            return PendingRead {
+                staging: None,
+                submission: None,
+                bytes,
+            };
         }
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("anygpu readback"),
@@ -528,6 +550,27 @@ impl GpuContext {
             self.submit(&mut stream)
         };
         self.read_timed();
+        PendingRead {
+            staging: Some(staging),
+            submission,
+            bytes,
+        }
+    }
+
+    /// Finishes a read [`GpuContext::read_begin`] started: submits what was recorded since (so
+    /// the device works on it while the host waits), waits for the copy and hands the bytes to
+    /// `consume`.
+    pub(crate) fn read_finish<R>(
+        &self,
+        pending: PendingRead,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let Some(staging) = pending.staging else {
+            return Ok(consume(&[]));
+        };
+        self.flush();
+        // The profiler names this wait (its own timestamp reads are not counted).
+        let wait = crate::profiler::wait_begin("read back to the host");
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             // The receiver waits below; if it is gone there is no one to tell.
@@ -535,7 +578,7 @@ impl GpuContext {
         });
         self.device
             .poll(wgpu::PollType::Wait {
-                submission_index: submission,
+                submission_index: pending.submission,
                 timeout: None,
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
@@ -543,10 +586,13 @@ impl GpuContext {
         rx.recv()
             .map_err(|_| self.gpu_error("the map callback never ran".into()))?
             .map_err(|e| self.gpu_error(format!("mapping the readback buffer failed: {e}")))?;
+        if let Some(w) = wait {
+            w.end(&self.label);
+        }
         let view = staging
             .get_mapped_range(..)
             .map_err(|e| self.gpu_error(format!("reading the readback buffer failed: {e}")))?;
-        let out = consume(&view[..bytes as usize]);
+        let out = consume(&view[..pending.bytes as usize]);
         drop(view);
         staging.unmap();
         Ok(out)
@@ -568,12 +614,16 @@ impl GpuContext {
             self.submit(&mut stream)
         };
         self.read_timed();
+        let wait = crate::profiler::wait_begin("synchronize");
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: submission,
                 timeout: None,
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        if let Some(w) = wait {
+            w.end(&self.label);
+        }
         self.take_error()
     }
 

@@ -14,7 +14,7 @@ use crate::nn::history::{Evaluation, History};
 use crate::nn::mirrored;
 use crate::nn::pass;
 use crate::nn::sequential::Sequential;
-use crate::nn::step_output::{Accumulator, Means, StepOutput, StepPart};
+use crate::nn::step_output::{Accumulator, Means, PendingMeans, StepOutput, StepPart};
 use crate::nn::verbosity::Verbosity;
 
 impl Sequential {
@@ -28,7 +28,9 @@ impl Sequential {
     ///
     /// The per-step loss and correct count are accumulated on the device with
     /// [`Tensor::add`](crate::Tensor::add) and read every [`set_log_every`](Sequential::set_log_every) steps and at
-    /// the end of the epoch, so the device is not stalled every step. With
+    /// the end of the epoch, so the device is not stalled every step. A read at a log step is
+    /// started there and finished once the next step is recorded: the host waits for the log
+    /// step while the device already runs the next one (the progress bar is a step behind). With
     /// [`Verbosity::ProgressBar`] each epoch shows a progress bar with the running loss,
     /// accuracy and images/s, then a line such as
     /// `429/429 - 12s - 28ms/step - accuracy: 0.8622 - loss: 0.3800 - val_accuracy: 0.8790 - val_loss: 0.3341`.
@@ -212,7 +214,15 @@ impl Sequential {
             cb.train_batch_interval()
                 .is_some_and(|n| n > 0 && global.is_multiple_of(n))
         };
+        // A log read started at a log step (its step, the examples by then).
+        let mut late: Option<(PendingMeans, usize, usize)> = None;
         for step in 0..steps {
+            let _span = crate::profiler::is_running().then(|| {
+                crate::profiler::Trace::new(format!(
+                    "train step {}",
+                    steps_before + step as u64 + 1
+                ))
+            });
             let batch = next_batch(dataset, train);
             let out = match (batch, workers) {
                 // Across workers a batch that cannot be read (or has the wrong shape) fails the
@@ -226,16 +236,34 @@ impl Sequential {
                 (batch, None) => self.train_batch(&batch?)?,
             };
             acc.push(out)?;
+            if let Some((read, at, examples)) = late.take() {
+                // The logs of the last log step, read now that this step is recorded: the
+                // device runs this step while the host waits for that one.
+                let _cause = crate::profiler::WaitCause::enter(LOG_CAUSE);
+                last_read = read.finish()?;
+                shown(
+                    bar.as_ref(),
+                    &last_read,
+                    (steps_before, at, examples),
+                    start,
+                );
+            }
             let done = step + 1;
             let global = steps_before + done as u64;
             let batch_hook = callbacks.iter().any(|cb| wants(&**cb, global));
-            if done % self.log_every == 0 || done == steps || batch_hook {
+            if done == steps || batch_hook {
+                // The epoch's last logs, and those a callback's batch hook reads, at once.
+                let _cause = crate::profiler::WaitCause::enter(LOG_CAUSE);
                 last_read = acc.read()?;
-                crate::smi::record_step(global, start.elapsed().as_secs_f64() / done as f64);
-                if let Some(bar) = &bar {
-                    bar.set_position(done as u64);
-                    bar.set_message(progress_message(&last_read, acc.examples, start.elapsed()));
-                }
+                shown(
+                    bar.as_ref(),
+                    &last_read,
+                    (steps_before, done, acc.examples),
+                    start,
+                );
+            } else if done % self.log_every == 0 {
+                // Started now, finished after the next step is recorded.
+                late = Some((acc.read_begin()?, done, acc.examples));
             }
             if batch_hook {
                 let logs = BatchLogs {
@@ -365,6 +393,7 @@ impl Sequential {
             acc.push(out)?;
             if (i + 1) % self.log_every == 0 {
                 // Bounds how far the host runs ahead of the device.
+                let _cause = crate::profiler::WaitCause::enter("evaluate: logs (log_every)");
                 acc.read()?;
             }
         }
@@ -384,6 +413,27 @@ impl Sequential {
                 .map(|(n, v)| (n.to_string(), v))
                 .collect(),
         })
+    }
+}
+
+/// The cause the profiler gives `fit`'s log reads.
+const LOG_CAUSE: &str = "fit: logs (log_every, epoch end)";
+
+/// Shows logs read at step `done` of the epoch (after `before` steps in earlier epochs, with
+/// `examples` seen): the progress bar and `anygpu-smi`'s step count and time.
+fn shown(
+    bar: Option<&ProgressBar>,
+    read: &Means,
+    (before, done, examples): (u64, usize, usize),
+    start: Instant,
+) {
+    crate::smi::record_step(
+        before + done as u64,
+        start.elapsed().as_secs_f64() / done as f64,
+    );
+    if let Some(bar) = bar {
+        bar.set_position(done as u64);
+        bar.set_message(progress_message(read, examples, start.elapsed()));
     }
 }
 

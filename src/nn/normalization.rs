@@ -190,6 +190,10 @@ impl BatchNormalization {
         v: BatchNormVariables<'_>,
         (group, index): (&ReplicaGroup, usize),
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        // The moments are summed across replicas on the host: the profiler names these waits.
+        let _cause = crate::profiler::WaitCause::enter(
+            "BatchNormalization(synchronized=True): moments summed across replicas",
+        );
         let device = x.device_handle();
         let c = v.gamma.len();
         let (stand_in_mean, stand_in_var) = (zeros(&[c], device)?, ones(&[c], device)?);
@@ -263,6 +267,9 @@ impl BatchNormalization {
         dy: &Tensor,
         (group, index): (&ReplicaGroup, usize),
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let _cause = crate::profiler::WaitCause::enter(
+            "BatchNormalization(synchronized=True): gradient sums summed across replicas",
+        );
         let [x, stats, mean_t, var_t] = saved;
         let (gamma, _) = self.gamma_beta()?;
         let (dx, dgamma, dbeta) =

@@ -2,7 +2,7 @@
 //! nothing is read back to the host until asked.
 
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::tensor::{PendingWords, Tensor};
 
 /// What one training step leaves on the device(s): the sum of the batch's per-example losses
 /// and of each metric — one part per replica under a
@@ -139,6 +139,7 @@ impl StepOutput {
 }
 
 fn read_scalar(t: &Tensor) -> Result<f32> {
+    let _cause = crate::profiler::WaitCause::enter("reading a step's loss or metrics");
     Ok(t.to_vec::<f32>()?.first().copied().unwrap_or(0.0))
 }
 
@@ -187,20 +188,83 @@ impl Accumulator {
 
     /// Reads `(mean loss, metrics)`; waits for the steps so far.
     pub(crate) fn read(&self) -> Result<Means> {
+        self.read_begin()?.finish()
+    }
+
+    // ---- reads finished later ----
+    /// Starts reading `(mean loss, metrics)` of the steps so far without waiting:
+    /// [`PendingMeans::finish`] waits for those steps only, so work recorded in between (the
+    /// next step) keeps the device busy meanwhile. The same sums as [`Accumulator::read`].
+    pub(crate) fn read_begin(&self) -> Result<PendingMeans> {
+        let part_reads = self
+            .parts
+            .iter()
+            .map(|p| {
+                Ok((
+                    p.loss_sum.words_begin()?,
+                    p.metrics
+                        .iter()
+                        .map(Tensor::words_begin)
+                        .collect::<Result<Vec<_>>>()?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PendingMeans {
+            parts: part_reads,
+            host: self.host.clone(),
+            examples: self.examples,
+            names: self.names.clone(),
+        })
+    }
+}
+
+/// The sums of an [`Accumulator`] on their way to the host: [`Accumulator::read_begin`].
+pub(crate) struct PendingMeans {
+    /// Per part, its loss sum and each metric's sum.
+    parts: Vec<(PendingWords, Vec<PendingWords>)>,
+    host: Option<HostPart>,
+    examples: usize,
+    names: Vec<&'static str>,
+}
+
+impl PendingMeans {
+    /// Waits for the sums and returns `(mean loss, metrics)`, added and divided in the order
+    /// [`StepOutput::loss`] and [`StepOutput::metrics`] use.
+    pub(crate) fn finish(self) -> Result<Means> {
         if self.parts.is_empty() && self.host.is_none() {
             return Ok((f64::NAN, Vec::new()));
         }
-        let total = StepOutput {
-            parts: self.parts.clone(),
-            host: self.host.clone(),
-            batch_size: self.examples,
-            names: self.names.clone(),
+        let _cause = crate::profiler::WaitCause::enter("reading a step's loss or metrics");
+        let scalar = |w: PendingWords| -> Result<f32> {
+            Ok(w.finish()?.first().map_or(0.0, |&b| f32::from_bits(b)))
         };
-        let metrics = total
-            .metrics()?
-            .into_iter()
-            .map(|(n, v)| (n, f64::from(v)))
+        let mut loss = self.host.as_ref().map_or(0.0, |h| h.loss_sum as f32);
+        let mut sums: Vec<f32> = self
+            .host
+            .as_ref()
+            .map(|h| h.metrics.iter().map(|&v| v as f32).collect())
+            .unwrap_or_default();
+        for (l, metrics) in self.parts {
+            loss += scalar(l)?;
+            if sums.len() < metrics.len() {
+                sums.resize(metrics.len(), 0.0);
+            }
+            for (s, m) in sums.iter_mut().zip(metrics) {
+                *s += scalar(m)?;
+            }
+        }
+        let n = self.examples.max(1) as f32;
+        let metrics = self
+            .names
+            .iter()
+            .zip(sums)
+            .map(|(&name, s)| (name, f64::from(s / n)))
             .collect();
-        Ok((total.loss()? as f64, metrics))
+        let loss = if self.examples == 0 {
+            f32::NAN
+        } else {
+            loss / n
+        };
+        Ok((f64::from(loss), metrics))
     }
 }

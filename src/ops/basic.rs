@@ -420,6 +420,7 @@ pub(crate) fn unscale_checked(grads: &[Tensor], inverse: f32) -> Result<(Vec<Ten
             Ok(unscaled)
         })?);
     }
+    let _cause = crate::profiler::WaitCause::enter("LossScaleOptimizer: are the gradients finite");
     for f in &flags {
         if f.to_vec::<f32>()?[0] != 0.0 {
             return Ok((out, false));

@@ -160,7 +160,12 @@ pub(crate) fn run<R>(
             Some(g) if g.ctx.has_timestamps() => scope.end(Timing::Device),
             Some(_) => {
                 // No timestamps: the op's time is its call's, waiting for its kernels.
-                let synced = device.synchronize();
+                let synced = {
+                    let _cause = profiler::WaitCause::enter(
+                        "profiler: an op timed on the host (no timestamp queries)",
+                    );
+                    device.synchronize()
+                };
                 scope.end(Timing::HostSynced);
                 synced?;
             }

@@ -248,6 +248,44 @@ pub(crate) trait NnKernels {
     ) -> Result<()>;
     /// `y = sigmoid(x)` element-wise.
     fn sigmoid(&self, x: &Tensor, y: &Tensor) -> Result<()>;
+
+    // ---- fused optimizer update ----
+    /// Every variable of `f.vars` updated in place by `f.rule`, after the decoupled weight
+    /// decay when `f.weight_decay` is set, with exactly the per-variable kernels' results. The
+    /// default runs those kernels one variable after another (the CPU's update is one pass per
+    /// variable already); a GPU overrides it with one dispatch over all of them.
+    fn fused_update(&self, f: &FusedUpdate<'_>) -> Result<()> {
+        for v in f.vars {
+            if let Some(wd) = f.weight_decay {
+                self.weight_decay(v.w, wd, f.rule.learning_rate())?;
+            }
+            let missing = || {
+                crate::error::Error::InvalidArgument(format!(
+                    "FusedApplyGradients: a slot of the {} update is missing",
+                    f.rule.name()
+                ))
+            };
+            match &f.rule {
+                UpdateRule::Sgd(p) => match v.slots[0] {
+                    None => self.sgd(v.w, v.g, p)?,
+                    Some(velocity) => self.sgd_momentum(v.w, v.g, velocity, p)?,
+                },
+                UpdateRule::Adam(p) => {
+                    let (Some(m), Some(s)) = (v.slots[0], v.slots[1]) else {
+                        return Err(missing());
+                    };
+                    self.adam(v.w, v.g, m, s, p)?;
+                }
+                UpdateRule::RmsProp(p) => {
+                    let Some(velocity) = v.slots[0] else {
+                        return Err(missing());
+                    };
+                    self.rmsprop(v.w, v.g, velocity, v.slots[1], v.slots[2], p)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
@@ -458,4 +496,62 @@ pub enum MetricKind {
     Binary(f32),
     /// Mean over the row of `(o − y)²`.
     MeanSquared,
+}
+
+// ---- fused optimizer update ----
+
+/// An optimizer's update rule with the step's hyper-parameters, for
+/// [`fused_update`](crate::ops::fused_update).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UpdateRule {
+    /// SGD; with momentum when the variables carry a velocity slot.
+    Sgd(SgdParams),
+    /// Adam (and AdamW, whose decay is the update's `weight_decay`).
+    Adam(AdamParams),
+    /// RMSprop.
+    RmsProp(RmspropParams),
+}
+
+impl UpdateRule {
+    /// The step's learning rate, which the weight decay uses too.
+    pub fn learning_rate(&self) -> f32 {
+        match self {
+            UpdateRule::Sgd(p) => p.lr,
+            UpdateRule::Adam(p) => p.lr,
+            UpdateRule::RmsProp(p) => p.lr,
+        }
+    }
+
+    /// TensorFlow's name of the per-variable op.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            UpdateRule::Sgd(p) if p.momentum != 0.0 => "ResourceApplyKerasMomentum",
+            UpdateRule::Sgd(_) => "ResourceApplyGradientDescent",
+            UpdateRule::Adam(_) => "ResourceApplyAdam",
+            UpdateRule::RmsProp(p) if p.centered => "ResourceApplyCenteredRMSProp",
+            UpdateRule::RmsProp(_) => "ResourceApplyRMSProp",
+        }
+    }
+}
+
+/// One variable of a fused update: the variable, its float32 gradient (same shape, same
+/// device), and its slots in the rule's order — SGD `[velocity]`; Adam `[m, v]`; RMSprop
+/// `[velocity, average gradient (centered), momentum]` — `None` where the rule has none.
+#[derive(Clone, Copy, Debug)]
+pub struct UpdateVar<'a> {
+    /// The variable, updated in place.
+    pub w: &'a Tensor,
+    /// Its gradient.
+    pub g: &'a Tensor,
+    /// Its slots, updated in place.
+    pub slots: [Option<&'a Tensor>; 3],
+}
+
+/// A fused update as the kernels take it: the variables of one device, and on a GPU the table
+/// describing them (see `fused_update` in `shaders/optim.wgsl`).
+pub(crate) struct FusedUpdate<'a> {
+    pub(crate) rule: UpdateRule,
+    pub(crate) weight_decay: Option<f32>,
+    pub(crate) vars: &'a [UpdateVar<'a>],
+    pub(crate) table: Option<&'a Tensor>,
 }

@@ -37,6 +37,9 @@
 
 mod report;
 mod trace;
+// ---- host waits ----
+mod waits;
+pub(crate) use waits::{wait_begin, WaitCause};
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -47,7 +50,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 
-pub use report::{KernelSummary, OpSummary, Report, Timing};
+pub use report::{KernelSummary, OpSummary, Report, Timing, WaitSummary};
 
 /// Whether a profiler is running: the one check the hot paths make.
 static RUNNING: AtomicBool = AtomicBool::new(false);
@@ -87,6 +90,7 @@ pub fn start(logdir: impl AsRef<Path>) -> Result<()> {
         ops: Vec::new(),
         kernels: Vec::new(),
         spans: Vec::new(),
+        waits: Vec::new(),
         early: HashMap::new(),
     });
     RUNNING.store(true, Ordering::SeqCst);
@@ -111,7 +115,7 @@ pub fn stop() -> Result<Report> {
     let session = session.ok_or_else(|| {
         Error::Unavailable("Cannot export profiling results. No profiler is running.".into())
     })?;
-    let report = Report::new(&session.ops, &session.kernels);
+    let report = Report::new(&session.ops, &session.kernels).with_waits(&session.waits);
     let write = |name: &str, text: String| {
         let path = session.dir.join(name);
         std::fs::write(&path, text).map_err(|source| Error::Io { path, source })
@@ -214,6 +218,8 @@ pub(crate) struct Session {
     pub(crate) ops: Vec<OpRecord>,
     pub(crate) kernels: Vec<KernelRecord>,
     pub(crate) spans: Vec<SpanRecord>,
+    /// Host waits (see `waits.rs`).
+    pub(crate) waits: Vec<waits::WaitRecord>,
     /// Device time and kernels of ops still open when their kernels were read.
     early: HashMap<u64, (u64, usize)>,
 }

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use super::waits::WaitRecord;
 use super::{KernelRecord, OpRecord};
 
 /// How an op's time was taken (see the [module docs](super)).
@@ -78,6 +79,7 @@ pub struct KernelSummary {
 pub struct Report {
     ops: Vec<OpSummary>,
     kernels: Vec<KernelSummary>,
+    waits: Vec<WaitSummary>,
 }
 
 impl Report {
@@ -131,7 +133,50 @@ impl Report {
                 .total_cmp(&a.total_ms)
                 .then_with(|| a.kernel.cmp(b.kernel))
         });
-        Report { ops, kernels }
+        Report {
+            ops,
+            kernels,
+            waits: Vec::new(),
+        }
+    }
+
+    /// The report with its host waits, summed per cause and device, longest total first.
+    pub(crate) fn with_waits(mut self, records: &[WaitRecord]) -> Report {
+        let mut rows: HashMap<(&'static str, &str), WaitSummary> = HashMap::new();
+        for w in records {
+            let row = rows
+                .entry((w.cause, w.device.as_str()))
+                .or_insert_with(|| WaitSummary {
+                    cause: w.cause,
+                    device: w.device.clone(),
+                    waits: 0,
+                    total_ms: 0.0,
+                    max_ms: 0.0,
+                });
+            let ms = w.dur_ns as f64 / 1e6;
+            row.waits += 1;
+            row.total_ms += ms;
+            row.max_ms = row.max_ms.max(ms);
+        }
+        self.waits = rows.into_values().collect();
+        self.waits.sort_by(|a, b| {
+            b.total_ms
+                .total_cmp(&a.total_ms)
+                .then_with(|| a.cause.cmp(b.cause))
+                .then_with(|| a.device.cmp(&b.device))
+        });
+        self
+    }
+
+    /// The host waits, one row per cause and device: each time the host blocked on a device
+    /// (the profiler's own timestamp reads excepted).
+    pub fn host_waits(&self) -> &[WaitSummary] {
+        &self.waits
+    }
+
+    /// How many times the host waited for a device, all causes together.
+    pub fn host_wait_count(&self) -> u64 {
+        self.waits.iter().map(|w| w.waits).sum()
     }
 
     /// The rows, largest total time first.
@@ -152,6 +197,56 @@ impl Report {
     /// The sum of every row's time, in milliseconds.
     pub fn total_ms(&self) -> f64 {
         self.ops.iter().map(|o| o.total_ms).sum()
+    }
+}
+
+/// Host waits of one cause on one device: [`Report::host_waits`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaitSummary {
+    /// Why the host waited: `fit: logs every log_every steps`, `LossScaleOptimizer: are the
+    /// gradients finite`, `read back to the host`, `synchronize`, ...
+    pub cause: &'static str,
+    /// The device waited for (its adapter's name).
+    pub device: String,
+    /// Times the host waited.
+    pub waits: u64,
+    /// Milliseconds waited in all.
+    pub total_ms: f64,
+    /// The longest wait, in milliseconds.
+    pub max_ms: f64,
+}
+
+impl Report {
+    /// The host-wait table of `top_ops.txt` (nothing when there were none).
+    fn fmt_waits(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.waits.is_empty() {
+            return Ok(());
+        }
+        let width = self
+            .waits
+            .iter()
+            .map(|w| w.cause.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        writeln!(
+            f,
+            "\n{:<width$}  {:>6}  {:>10}  {:>9}  {:>9}  device",
+            "host wait", "waits", "total ms", "mean ms", "max ms"
+        )?;
+        for w in &self.waits {
+            writeln!(
+                f,
+                "{:<width$}  {:>6}  {:>10.3}  {:>9.4}  {:>9.3}  {}",
+                w.cause,
+                w.waits,
+                w.total_ms,
+                w.total_ms / w.waits.max(1) as f64,
+                w.max_ms,
+                w.device
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -203,6 +298,7 @@ impl fmt::Display for Report {
             self.ops.iter().map(|o| o.calls).sum::<u64>(),
             self.kernels_timed()
         )?;
+        self.fmt_waits(f)?;
         if self.kernels.is_empty() {
             return Ok(());
         }

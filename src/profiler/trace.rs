@@ -16,6 +16,7 @@ pub(crate) fn chrome_trace(s: &Session) -> String {
     events.push(meta("process_name", host_pid, 0, "host"));
     let mut threads: Vec<u64> = s.ops.iter().map(|o| o.thread).collect();
     threads.extend(s.spans.iter().map(|sp| sp.thread));
+    threads.extend(s.waits.iter().map(|w| w.thread));
     threads.sort_unstable();
     threads.dedup();
     for t in &threads {
@@ -30,6 +31,17 @@ pub(crate) fn chrome_trace(s: &Session) -> String {
             sp.start_ns,
             sp.dur_ns,
             "{}".into(),
+        ));
+    }
+    for w in &s.waits {
+        events.push(complete(
+            &format!("host wait: {}", w.cause),
+            "wait",
+            host_pid,
+            w.thread,
+            w.start_ns,
+            w.dur_ns,
+            format!("{{\"device\":{}}}", quote(&w.device)),
         ));
     }
     for o in &s.ops {

@@ -191,6 +191,8 @@ pub(crate) fn train_step(
     // agreed on (`Distributed`) is theirs alike and ends the step on every worker at once.
     let mut reduced = Vec::with_capacity(packed.len());
     let mut failed = None;
+    // Sums across adapters go through host memory: the profiler names those waits.
+    let _cause = crate::profiler::WaitCause::enter("MirroredStrategy: cross-device gradient sum");
     for values in &packed {
         match ops.reduce_sum(values, &destinations) {
             Ok(sums) => reduced.push(sums),
@@ -373,6 +375,12 @@ fn prepare_update(
             opt.ensure_slots(i, &weights)?;
         }
     }
+    // The fused updates' tables too, so that phase 4 allocates nothing.
+    for (r, dest) in replicas.iter_mut().zip(&grads) {
+        let layers = r.layers.clone();
+        let (weights, layer_grads) = per_layer(&layers, dest);
+        r.optimizer()?.prepare_all(&weights, &layer_grads)?;
+    }
     let state_lens: Vec<usize> = replicas[0].state().iter().map(|t| t.len()).collect();
     let state_packs = packs(&state_lens);
     let carriers = if carry {
@@ -419,13 +427,8 @@ fn update(
 ) -> Result<()> {
     for (r, grads) in replicas.iter_mut().zip(grads) {
         let layers = r.layers.clone();
-        let opt = r.optimizer()?;
-        let mut next = grads.iter();
-        for (i, l) in layers.iter().enumerate() {
-            let weights: Vec<&Tensor> = l.weights().into_iter().map(|(_, t)| t).collect();
-            let layer_grads: Vec<Tensor> = next.by_ref().take(weights.len()).cloned().collect();
-            opt.apply(i, &weights, &layer_grads)?;
-        }
+        let (weights, layer_grads) = per_layer(&layers, grads);
+        r.optimizer()?.apply_all(&weights, &layer_grads)?;
     }
     if !carriers.is_empty() {
         let states: Vec<Vec<&Tensor>> = replicas.iter().map(ReplicaView::state).collect();
@@ -449,6 +452,22 @@ fn update(
         r.optimizer()?.finish_step(true);
     }
     Ok(())
+}
+
+/// A replica's weights per layer and its flat gradients cut to match.
+fn per_layer<'a>(
+    layers: &[&'a dyn crate::nn::layers::Layer],
+    grads: &[Tensor],
+) -> (Vec<Vec<&'a Tensor>>, Vec<Vec<Tensor>>) {
+    let mut next = grads.iter();
+    layers
+        .iter()
+        .map(|&l| {
+            let weights: Vec<&Tensor> = l.weights().into_iter().map(|(_, t)| t).collect();
+            let layer_grads: Vec<Tensor> = next.by_ref().take(weights.len()).cloned().collect();
+            (weights, layer_grads)
+        })
+        .unzip()
 }
 
 #[cfg(test)]

@@ -27,6 +27,21 @@ enum Slots {
 }
 
 impl Slots {
+    /// The tensors in a fused update's order: SGD `[velocity]`, Adam `[m, v]`, RMSprop
+    /// `[velocity, average, momentum]`.
+    fn in_update_order(&self) -> [Option<&Tensor>; 3] {
+        match self {
+            Slots::None => [None; 3],
+            Slots::Velocity(v) => [Some(v), None, None],
+            Slots::Moments(m, v) => [Some(m), Some(v), None],
+            Slots::Rms {
+                velocity,
+                momentum,
+                average,
+            } => [Some(velocity), average.as_ref(), momentum.as_ref()],
+        }
+    }
+
     /// The tensors with Keras 3's slot names, in [`slot_names`] order.
     fn named(&self) -> Vec<(&'static str, &Tensor)> {
         match self {
@@ -68,6 +83,8 @@ pub(crate) struct OptimizerState {
     /// The constant learning rate (Keras' `learning_rate` variable, which callbacks assign);
     /// unused under a schedule.
     learning_rate: f32,
+    /// The fused update's table per device group (see [`ops::UpdateTable`]).
+    tables: Vec<ops::UpdateTable>,
 }
 
 impl OptimizerState {
@@ -80,6 +97,7 @@ impl OptimizerState {
                 counter: 0,
             }),
             learning_rate: config.constant_learning_rate(),
+            tables: Vec::new(),
             config,
         }
     }
@@ -203,88 +221,104 @@ impl OptimizerState {
             .collect()
     }
 
-    /// Updates the weights of layer `layer` in place with their gradients, on each weight's
-    /// device: the weight decay first (Keras' `_apply_weight_decay`), then the optimizer's
-    /// step, both at the step's learning rate. Call once per layer per step, then
+    /// Updates every weight in place with its gradient (`weights[i]` and `grads[i]` are layer
+    /// `i`'s): the weight decay first (Keras' `_apply_weight_decay`), then the optimizer's
+    /// step, both at the step's learning rate, as one fused update per device (one dispatch
+    /// on a GPU). Everything it allocates — the slots, gradients moved to their weight's
+    /// device, the update tables — comes before the first weight changes, so an error leaves
+    /// every weight as it was unless a device fails mid-update. Then call
     /// [`OptimizerState::finish_step`].
-    pub(crate) fn apply(
+    pub(crate) fn apply_all(
         &mut self,
-        layer: usize,
-        weights: &[&Tensor],
-        grads: &[Tensor],
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
     ) -> Result<()> {
+        let moved = self.prepare_all(weights, grads)?;
+        let rule = self.rule()?;
+        let decay = self.config.base().options().weight_decay;
+        let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
+        for (vars, table) in groups.iter().zip(self.tables.iter_mut()) {
+            ops::fused_update(vars, rule, decay, table)?;
+        }
+        Ok(())
+    }
+
+    /// What [`OptimizerState::apply_all`] allocates, made now: the slots, the gradients on
+    /// their weights' devices (returned), the update tables. A mirrored step calls it in its
+    /// allocation phase so that its update phase allocates nothing.
+    pub(crate) fn prepare_all(
+        &mut self,
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
+    ) -> Result<Vec<Vec<Tensor>>> {
         if weights.len() != grads.len() {
             return Err(Error::Model(format!(
-                "optimizer: {} gradients for {} weights",
+                "optimizer: gradients of {} layers for {} layers",
                 grads.len(),
                 weights.len()
             )));
         }
-        self.ensure_slots(layer, weights)?;
+        for (i, (w, g)) in weights.iter().zip(grads).enumerate() {
+            if w.len() != g.len() {
+                return Err(Error::Model(format!(
+                    "optimizer: {} gradients for {} weights",
+                    g.len(),
+                    w.len()
+                )));
+            }
+            self.ensure_slots(i, w)?;
+        }
+        let moved = weights
+            .iter()
+            .zip(grads)
+            .map(|(ws, gs)| {
+                ws.iter()
+                    .zip(gs)
+                    .map(|(w, g)| g.to_device(w.device_handle()))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let rule = self.rule()?;
+        let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
+        self.tables
+            .resize_with(groups.len(), ops::UpdateTable::default);
+        for (vars, table) in groups.iter().zip(self.tables.iter_mut()) {
+            ops::prepare_fused_update(vars, &rule, table)?;
+        }
+        drop(groups);
+        Ok(moved)
+    }
+
+    /// The update rule of the next step, at its learning rate and step count.
+    fn rule(&self) -> Result<ops::UpdateRule> {
         let lr = self.learning_rate();
         let step = u32::try_from(self.iterations + 1).unwrap_or(u32::MAX);
-        let base = self.config.base();
-        let decay = base.options().weight_decay;
-        for ((w, g), slot) in weights.iter().zip(grads).zip(self.slots[layer].iter()) {
-            let _scope = w.device_handle().scope();
-            if let Some(wd) = decay {
-                ops::weight_decay_update(w, wd, lr)?;
-            }
-            let adam = |a: &Adam| AdamParams {
+        let adam = |a: &Adam| AdamParams {
+            lr,
+            beta1: a.beta_1,
+            beta2: a.beta_2,
+            epsilon: a.epsilon,
+            step,
+        };
+        Ok(match self.config.base() {
+            Optimizer::Sgd(s) => ops::UpdateRule::Sgd(SgdParams {
                 lr,
-                beta1: a.beta_1,
-                beta2: a.beta_2,
-                epsilon: a.epsilon,
-                step,
-            };
-            match (base, slot) {
-                (Optimizer::Sgd(s), slot) => {
-                    let p = SgdParams {
-                        lr,
-                        momentum: s.momentum,
-                        nesterov: s.nesterov,
-                    };
-                    let velocity = match slot {
-                        Slots::Velocity(v) => Some(v),
-                        _ => None,
-                    };
-                    ops::sgd_update(w, g, velocity, &p)?;
-                }
-                (Optimizer::Adam(a), Slots::Moments(m, v)) => {
-                    ops::adam_update(w, g, m, v, &adam(a))?;
-                }
-                (Optimizer::AdamW(a), Slots::Moments(m, v)) => {
-                    ops::adam_update(w, g, m, v, &adam(&a.adam()))?;
-                }
-                (
-                    Optimizer::RmsProp(r),
-                    Slots::Rms {
-                        velocity,
-                        momentum,
-                        average,
-                    },
-                ) => {
-                    let p = RmspropParams {
-                        lr,
-                        rho: r.rho,
-                        momentum: r.momentum,
-                        epsilon: r.epsilon,
-                        centered: r.centered,
-                    };
-                    ops::rmsprop_update(w, g, velocity, average.as_ref(), momentum.as_ref(), &p)?;
-                }
-                (Optimizer::LossScale(_), _) => {
-                    return Err(Error::Model("optimizer: nested loss scaling".into()))
-                }
-                (other, _) => {
-                    return Err(Error::Model(format!(
-                        "optimizer: {} slots missing",
-                        other.name()
-                    )))
-                }
+                momentum: s.momentum,
+                nesterov: s.nesterov,
+            }),
+            Optimizer::Adam(a) => ops::UpdateRule::Adam(adam(a)),
+            Optimizer::AdamW(a) => ops::UpdateRule::Adam(adam(&a.adam())),
+            Optimizer::RmsProp(r) => ops::UpdateRule::RmsProp(RmspropParams {
+                lr,
+                rho: r.rho,
+                momentum: r.momentum,
+                epsilon: r.epsilon,
+                centered: r.centered,
+            }),
+            Optimizer::LossScale(_) => {
+                return Err(Error::Model("optimizer: nested loss scaling".into()))
             }
-        }
-        Ok(())
+        })
     }
 
     /// Creates the slots of layer `layer` (zeros on each weight's device) unless they exist:
@@ -366,6 +400,42 @@ pub(crate) fn slot_names(config: &Optimizer) -> &'static [&'static str] {
             (true, true) => &["velocity", "momentum", "average_gradient"],
         },
     }
+}
+
+/// The variables of a step grouped by device, in order of first appearance, each with its
+/// gradient and slots in [`ops::UpdateVar`]'s order.
+fn update_groups<'a>(
+    slots: &'a [Vec<Slots>],
+    config: &Optimizer,
+    weights: &'a [Vec<&'a Tensor>],
+    grads: &'a [Vec<Tensor>],
+) -> Result<Vec<Vec<ops::UpdateVar<'a>>>> {
+    let mut groups: Vec<Vec<ops::UpdateVar<'a>>> = Vec::new();
+    for (layer, (ws, gs)) in weights.iter().zip(grads).enumerate() {
+        let layer_slots = slots.get(layer).map_or(&[][..], Vec::as_slice);
+        if layer_slots.len() != ws.len() {
+            return Err(Error::Model(format!(
+                "optimizer: {} slots missing",
+                config.base().name()
+            )));
+        }
+        for ((w, g), slot) in ws.iter().zip(gs).zip(layer_slots) {
+            let var = ops::UpdateVar {
+                w,
+                g,
+                slots: slot.in_update_order(),
+            };
+            let device = w.device_handle();
+            match groups
+                .iter_mut()
+                .find(|group| group[0].w.device_handle().same_device(device))
+            {
+                Some(group) => group.push(var),
+                None => groups.push(vec![var]),
+            }
+        }
+    }
+    Ok(groups)
 }
 
 fn new_slots(config: &Optimizer, w: &Tensor) -> Result<Slots> {

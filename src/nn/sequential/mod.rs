@@ -205,6 +205,34 @@ impl Sequential {
         self.log_every = steps.max(1);
     }
 
+    // ---- steps_per_execution ----
+    /// Keras' `steps_per_execution` (a `compile` argument there): the steps between two host
+    /// reads of the logs, the same setting as [`set_log_every`](Sequential::set_log_every).
+    ///
+    /// Differences from Keras: Keras runs that many steps in one compiled call and calls the
+    /// batch callbacks once per call; here every step is recorded as it comes and none waits
+    /// for the device, so the setting only decides how often the host waits to read the loss
+    /// and metrics (and moves the progress bar). A callback with a batch interval of its own
+    /// is still called at that interval (and the logs read for it).
+    ///
+    /// ```
+    /// let mut model = anygpu::nn::Sequential::new();
+    /// model.set_steps_per_execution(32);
+    /// assert_eq!(model.steps_per_execution(), 32);
+    /// ```
+    pub fn set_steps_per_execution(&mut self, steps: usize) {
+        self.set_log_every(steps);
+    }
+
+    /// The steps between two host reads of the logs: [`set_steps_per_execution`] and
+    /// [`set_log_every`] set it (default 10).
+    ///
+    /// [`set_steps_per_execution`]: Sequential::set_steps_per_execution
+    /// [`set_log_every`]: Sequential::set_log_every
+    pub fn steps_per_execution(&self) -> usize {
+        self.log_every
+    }
+
     /// Number of layers.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -95,13 +95,8 @@ impl Sequential {
             .iter()
             .map(|e| e.layer.weights().into_iter().map(|(_, t)| t).collect())
             .collect();
-        for (i, weights) in layer_weights.iter().enumerate() {
-            compiled.optimizer.ensure_slots(i, weights)?;
-        }
         debug_assert_eq!(grads.len(), layer_weights.len(), "gradients of every layer");
-        for (i, (weights, g)) in layer_weights.iter().zip(&grads).enumerate() {
-            compiled.optimizer.apply(i, weights, g)?;
-        }
+        compiled.optimizer.apply_all(&layer_weights, &grads)?;
         compiled.optimizer.finish_step(true);
         Ok(())
     }
@@ -227,6 +222,9 @@ impl Sequential {
             .require_built("fit")
             .and_then(|()| self.check_batch("fit", x, Some(y)))
             .and_then(|_| {
+                let _cause = crate::profiler::WaitCause::enter(
+                    "MirroredStrategy: train_step reads the batch to split it",
+                );
                 let xs = x.to_vec::<f32>()?;
                 Ok(match y.dtype() {
                     DType::I32 => (xs, y.to_vec::<i32>()?, Vec::new()),

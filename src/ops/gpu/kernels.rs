@@ -551,7 +551,11 @@ impl GpuKernels<'_> {
         if crate::ops::computing_in_half() {
             choice.class.push_str(" f16");
         }
-        ctx.tuner.run(&choice, &|| ctx.wait_idle(), run)
+        let wait = || {
+            let _cause = crate::profiler::WaitCause::enter("autotune: timing a candidate");
+            ctx.wait_idle()
+        };
+        ctx.tuner.run(&choice, &wait, run)
     }
 
     fn scale_fill_zero(&self, out: &Tensor) -> Result<()> {

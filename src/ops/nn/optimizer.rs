@@ -3,7 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::ops::gpu::nn as gn;
-use crate::ops::nn_kernels::NnKernels;
+use crate::ops::nn_kernels::{FusedUpdate, NnKernels};
+pub use crate::ops::nn_kernels::{UpdateRule, UpdateVar};
 use crate::ops::spec::{AdamParams, SgdParams};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{run, with_kernels};
@@ -21,6 +22,8 @@ const CENTERED_RMSPROP_UPDATE: OpInfo = op("ResourceApplyCenteredRMSProp", gn::R
 const WEIGHT_DECAY: OpInfo = op("AssignSubVariableOp", gn::WEIGHT_DECAY_UPDATE);
 const CLIP_BY_NORM: OpInfo = op("ClipByNorm", gn::CLIP);
 const CLIP_BY_VALUE: OpInfo = op("ClipByValue", gn::CLIP);
+// ---- fused optimizer update ----
+const FUSED_APPLY: OpInfo = op("FusedApplyGradients", gn::FUSED_APPLY);
 
 /// Whether two tensors are views of the same memory. Empty ones count too: on the CPU a
 /// variable's write guard and its own gradient's read guard would deadlock whatever the size.
@@ -39,6 +42,31 @@ fn update_in_place(
     f: impl FnOnce(&dyn NnKernels, &Tensor) -> Result<()> + Send,
 ) -> Result<()> {
     let name = info.name;
+    check_variable(name, w, g, slots)?;
+    let home = w.device_handle();
+    if let Err(missing) = crate::placement::can_run(home, info) {
+        return Err(Error::Unsupported {
+            op: name,
+            device: home.full_name().to_string(),
+            missing,
+        });
+    }
+    let _scope = home.scope();
+    run(info, &[w, g], |device, moved| {
+        if !device.same_device(home) {
+            return Err(Error::Unsupported {
+                op: name,
+                device: home.full_name().to_string(),
+                missing: format!("the update was placed on {} instead", device.name()),
+            });
+        }
+        with_kernels(device, |_, nk| f(nk, &moved[1]))
+    })
+}
+
+/// What every in-place update checks of one variable: float32, the gradient and the slots of
+/// its shape, no two of them sharing memory, the slots on the variable's device.
+fn check_variable(name: &'static str, w: &Tensor, g: &Tensor, slots: &[&Tensor]) -> Result<()> {
     expect_f32(name, &[w, g])?;
     expect_f32(name, slots)?;
     for t in std::iter::once(&g).chain(slots) {
@@ -74,24 +102,7 @@ fn update_in_place(
             )));
         }
     }
-    if let Err(missing) = crate::placement::can_run(home, info) {
-        return Err(Error::Unsupported {
-            op: name,
-            device: home.full_name().to_string(),
-            missing,
-        });
-    }
-    let _scope = home.scope();
-    run(info, &[w, g], |device, moved| {
-        if !device.same_device(home) {
-            return Err(Error::Unsupported {
-                op: name,
-                device: home.full_name().to_string(),
-                missing: format!("the update was placed on {} instead", device.name()),
-            });
-        }
-        with_kernels(device, |_, nk| f(nk, &moved[1]))
-    })
+    Ok(())
 }
 
 /// One Keras SGD step on `w`, in place, on `w`'s device (`tf.raw_ops.ResourceApplyGradientDescent`,
@@ -232,4 +243,161 @@ pub fn clip_gradient(g: &Tensor, sum_squares: Option<&Tensor>, mode: ClipMode) -
         with_kernels(device, |_, nk| nk.clip(&moved[0], moved.get(1), &out, mode))?;
         Ok(out)
     })
+}
+
+// ---- fused optimizer update ----
+
+/// What a GPU's fused update reads besides the tensors: a table of every variable's chunks
+/// and where they lie. Keep one per device across steps: a step whose tensors lie where the
+/// last one's did (the allocator repeats a step's ranges) reuses the table as it is; otherwise
+/// it is overwritten in place. Only the first step, or one with other variables, allocates
+/// one: a new allocation every step would move the next step's gradients, and the tables would
+/// never repeat (nor the bind groups over them).
+#[derive(Debug, Default)]
+pub struct UpdateTable {
+    words: Vec<u32>,
+    tensor: Option<Tensor>,
+}
+
+impl UpdateTable {
+    /// Makes the table hold `words` on `device`: as it is, overwritten (an upload, after the
+    /// commands recorded so far, which may still read the old table), or, at another length,
+    /// in a new tensor.
+    fn set(&mut self, words: Vec<u32>, device: &crate::device::LogicalDevice) -> Result<()> {
+        match &self.tensor {
+            Some(_) if self.words == words => return Ok(()),
+            Some(t) if t.len() == words.len() && t.device_handle().same_device(device) => {
+                t.write_words(&words)?;
+            }
+            _ => {
+                let ints: &[i32] = bytemuck::cast_slice(&words);
+                self.tensor = Some(Tensor::from_slice_on(ints, &[ints.len()], device)?);
+            }
+        }
+        self.words = words;
+        Ok(())
+    }
+}
+
+/// Every variable of `vars` (all on one device) updated in place as `rule` says, after the
+/// decoupled weight decay `w -= w * wd * lr` when `weight_decay` is set: on a GPU one dispatch
+/// over all of them (one per three arena regions their tensors span), on the CPU one pass per
+/// variable. The results are those of [`weight_decay_update`] followed by [`sgd_update`],
+/// [`adam_update`] or [`rmsprop_update`] per variable, bit for bit (the same expressions, in
+/// the same order, per element).
+///
+/// ```
+/// use anygpu::ops::spec::SgdParams;
+/// use anygpu::ops::{fused_update, UpdateRule, UpdateTable, UpdateVar};
+/// use anygpu::Tensor;
+/// let w = [Tensor::from_vec(vec![1.0f32, 2.0], &[2])?, Tensor::from_vec(vec![3.0f32], &[1])?];
+/// let g = [Tensor::from_vec(vec![1.0f32, 1.0], &[2])?, Tensor::from_vec(vec![-2.0f32], &[1])?];
+/// let vars: Vec<UpdateVar> = w
+///     .iter()
+///     .zip(&g)
+///     .map(|(w, g)| UpdateVar { w, g, slots: [None; 3] })
+///     .collect();
+/// let sgd = UpdateRule::Sgd(SgdParams { lr: 0.5, momentum: 0.0, nesterov: false });
+/// fused_update(&vars, sgd, None, &mut UpdateTable::default())?;
+/// assert_eq!(w[0].to_vec::<f32>()?, [0.5, 1.5]);
+/// assert_eq!(w[1].to_vec::<f32>()?, [4.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// What the per-variable updates refuse (dtypes, shapes, shared memory, slots elsewhere or
+/// missing, Adam's step 0); variables on more than one device, or a gradient on another
+/// device than its variable; out of memory for the table.
+pub fn fused_update(
+    vars: &[UpdateVar<'_>],
+    rule: UpdateRule,
+    weight_decay: Option<f32>,
+    table: &mut UpdateTable,
+) -> Result<()> {
+    let Some(home) = prepare_fused_update(vars, &rule, table)? else {
+        return Ok(());
+    };
+    let name = FUSED_APPLY.name;
+    if let Err(missing) = crate::placement::can_run(&home, &FUSED_APPLY) {
+        return Err(Error::Unsupported {
+            op: name,
+            device: home.full_name().to_string(),
+            missing,
+        });
+    }
+    let _scope = home.scope();
+    let table = table.tensor.as_ref();
+    run(&FUSED_APPLY, &[vars[0].w], |device, _| {
+        if !device.same_device(&home) {
+            return Err(Error::Unsupported {
+                op: name,
+                device: home.full_name().to_string(),
+                missing: format!("the update was placed on {} instead", device.name()),
+            });
+        }
+        let f = FusedUpdate {
+            rule,
+            weight_decay,
+            vars,
+            table,
+        };
+        with_kernels(device, |_, nk| nk.fused_update(&f))
+    })
+}
+
+/// Checks a fused update and brings its table up to date (the only allocation of the update,
+/// and only when the tensors moved since the last step): call it for every device before the
+/// first [`fused_update`] of a step, so that a failure changes no variable. Returns the
+/// variables' device, `None` when there are none.
+///
+/// # Errors
+/// As [`fused_update`].
+pub fn prepare_fused_update(
+    vars: &[UpdateVar<'_>],
+    rule: &UpdateRule,
+    table: &mut UpdateTable,
+) -> Result<Option<crate::device::LogicalDevice>> {
+    let name = FUSED_APPLY.name;
+    let Some(first) = vars.first() else {
+        return Ok(None);
+    };
+    let home = first.w.device_handle();
+    // Every variable has the rule's slots (the GPU picks its kernel once for all of them).
+    let (need, op) = match rule {
+        UpdateRule::Sgd(p) => ([p.momentum != 0.0, false, false], rule.name()),
+        UpdateRule::Adam(p) if p.step == 0 => {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the step count is 1-based; step 0 has no bias correction",
+                ADAM_UPDATE.name
+            )))
+        }
+        UpdateRule::Adam(_) => ([true, true, false], rule.name()),
+        UpdateRule::RmsProp(p) => ([true, p.centered, p.momentum != 0.0], rule.name()),
+    };
+    for v in vars {
+        let slots: Vec<&Tensor> = v.slots.iter().flatten().copied().collect();
+        check_variable(name, v.w, v.g, &slots)?;
+        if v.slots.iter().map(Option::is_some).ne(need) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: {op} takes the slots {need:?} (velocity/moments, average, momentum), \
+                 a variable of shape {:?} has {:?}",
+                v.w.shape(),
+                v.slots.map(|s| s.is_some())
+            )));
+        }
+        for t in [v.w, v.g] {
+            if !t.device_handle().same_device(home) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: a variable or gradient is on {} but the first variable is on {}; \
+                     one fused update per device, with each gradient on its variable's device",
+                    t.device_handle().name(),
+                    home.name()
+                )));
+            }
+        }
+    }
+    if let Some(words) = gn::update_table(vars).filter(|w| !w.is_empty()) {
+        table.set(words, home)?;
+    }
+    Ok(Some(home.clone()))
 }

@@ -59,6 +59,9 @@ pub(crate) const MOMENTUM_APPLY: Kernel = opt("momentum_apply");
 pub(crate) const WEIGHT_DECAY: Kernel = opt("weight_decay");
 pub(crate) const CLIP_NORM: Kernel = opt("clip_norm");
 pub(crate) const CLIP_VALUE: Kernel = opt("clip_value");
+// ---- fused optimizer update ----
+pub(crate) const FUSED_UPDATE: Kernel = opt("fused_update");
+pub(crate) const FUSED_UPDATE_REGIONS: Kernel = opt("fused_update_regions");
 
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[
@@ -284,3 +287,5 @@ pub(crate) const RMSPROP_UPDATE: &[Kernel] = &[
 pub(crate) const WEIGHT_DECAY_UPDATE: &[Kernel] = &[WEIGHT_DECAY];
 /// Kernels of `ClipByNorm` / `ClipByValue`.
 pub(crate) const CLIP: &[Kernel] = &[CLIP_NORM, CLIP_VALUE];
+/// Kernels of `FusedApplyGradients` (every variable of a step in one dispatch).
+pub(crate) const FUSED_APPLY: &[Kernel] = &[FUSED_UPDATE, FUSED_UPDATE_REGIONS];

@@ -53,6 +53,8 @@ mod optim;
 mod pool;
 mod softmax;
 pub(crate) use kernel_lists::*;
+// ---- fused optimizer update ----
+pub(crate) use optim::update_table;
 
 /// Invocations a partial-sum pass aims for on a GPU: enough to fill it, few enough that the
 /// partials stay small.
@@ -491,6 +493,11 @@ impl NnKernels for GpuKernels<'_> {
         mode: ClipMode,
     ) -> Result<()> {
         self.clip_impl(g, sum_squares, out, mode)
+    }
+
+    // ---- fused optimizer update ----
+    fn fused_update(&self, f: &crate::ops::nn_kernels::FusedUpdate<'_>) -> Result<()> {
+        self.fused_update_impl(f)
     }
 }
 

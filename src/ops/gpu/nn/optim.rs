@@ -2,15 +2,25 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::Result;
+use crate::device::logical::GpuRange;
+use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
+use crate::ops::nn_kernels::{FusedUpdate, UpdateRule, UpdateVar};
 use crate::ops::spec::{AdamParams, SgdParams};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::tensor::Tensor;
 
 use super::kernel_lists::*;
 use super::u;
+
+/// Adam's step size with the bias correction, computed in f64 as the CPU kernel and Keras
+/// compute it.
+fn adam_alpha(p: &AdamParams) -> f32 {
+    let t = i32::try_from(p.step).unwrap_or(i32::MAX);
+    let (b1, b2) = (f64::from(p.beta1), f64::from(p.beta2));
+    (f64::from(p.lr) * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t))) as f32
+}
 
 /// Mirror of `Params` in optim.wgsl.
 #[repr(C)]
@@ -30,8 +40,8 @@ struct OptimParams {
     clip: f32,
     inverse_clip: f32,
     mode: u32,
-    pad0: u32,
-    pad1: u32,
+    kind: u32,
+    base: u32,
 }
 
 impl GpuKernels<'_> {
@@ -81,14 +91,10 @@ impl GpuKernels<'_> {
         if n == 0 {
             return Ok(());
         }
-        // The bias correction in f64, as the CPU kernel and Keras compute it.
-        let t = i32::try_from(p.step).unwrap_or(i32::MAX);
-        let (b1, b2) = (f64::from(p.beta1), f64::from(p.beta2));
-        let alpha = f64::from(p.lr) * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
         let params = OptimParams {
             n: u(n),
             lr: p.lr,
-            alpha: alpha as f32,
+            alpha: adam_alpha(p),
             one_minus_b1: 1.0 - p.beta1,
             one_minus_b2: 1.0 - p.beta2,
             eps: p.epsilon,
@@ -172,9 +178,184 @@ impl GpuKernels<'_> {
         match (mode, sum_squares) {
             (ClipMode::Value(_), _) => self.launch(CLIP_VALUE, &params, &[out, g], grid),
             (_, Some(ss)) => self.launch(CLIP_NORM, &params, &[out, g, ss], grid),
-            (_, None) => Err(crate::error::Error::InvalidArgument(
+            (_, None) => Err(Error::InvalidArgument(
                 "ClipByNorm: no sum of squares to take the norm of".into(),
             )),
         }
+    }
+}
+
+// ---- fused update: every variable of a step in one dispatch ----
+
+/// Elements of one variable one workgroup of `fused_update` covers (4 per invocation, as a
+/// vec4).
+const CHUNK: usize = 1024;
+/// Region bindings of `fused_update` (r0, r1, r2).
+const REGIONS: usize = 3;
+
+/// Variables whose tensors lie in at most [`REGIONS`] arena regions, and their table entries.
+struct Group<'a> {
+    regions: Vec<&'a wgpu::Buffer>,
+    entries: usize,
+}
+
+/// The table of a fused update over `vars` (see `fused_update` in optim.wgsl) and its groups,
+/// in order: consecutive variables share a dispatch while their tensors lie in at most three
+/// regions. `None` when a tensor is not on a GPU.
+fn plan<'a>(vars: &'a [UpdateVar<'a>]) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
+    let mut words = Vec::new();
+    let mut groups: Vec<Group<'a>> = Vec::new();
+    for v in vars {
+        let n = v.w.len();
+        if n == 0 {
+            continue;
+        }
+        let tensors = [Some(v.w), Some(v.g), v.slots[0], v.slots[1], v.slots[2]];
+        let mut ranges = [None; 5];
+        for (r, t) in ranges.iter_mut().zip(tensors) {
+            if let Some(t) = t {
+                *r = Some(t.gpu_range()?);
+            }
+        }
+        let mut mine: Vec<&'a wgpu::Buffer> = Vec::new();
+        for r in ranges.iter().flatten() {
+            if !mine.contains(&r.buffer) {
+                mine.push(r.buffer);
+            }
+        }
+        let fits = |g: &Group<'a>| {
+            let new = mine.iter().filter(|b| !g.regions.contains(b)).count();
+            g.regions.len() + new <= REGIONS
+        };
+        if !groups.last().is_some_and(fits) {
+            groups.push(Group {
+                regions: Vec::new(),
+                entries: 0,
+            });
+        }
+        let group = groups.last_mut()?;
+        for b in mine {
+            if !group.regions.contains(&b) {
+                group.regions.push(b);
+            }
+        }
+        let mut offsets = [0u32; 5];
+        let mut bits = 0u32;
+        for (i, r) in ranges.iter().enumerate() {
+            if let Some(r) = r {
+                let region = group.regions.iter().position(|b| *b == r.buffer)?;
+                // In vec4s: allocations are aligned to 256 bytes at least.
+                offsets[i] = u((r.offset / 16) as usize);
+                bits |= u(region) << (2 * i);
+            }
+        }
+        for start in (0..n).step_by(CHUNK) {
+            let s = u(start / 4);
+            words.extend_from_slice(&[
+                u(CHUNK.min(n - start)),
+                offsets[0] + s,
+                offsets[1] + s,
+                offsets[2] + s,
+                offsets[3] + s,
+                offsets[4] + s,
+                bits,
+                0,
+            ]);
+            group.entries += 1;
+        }
+    }
+    Some((words, groups))
+}
+
+/// The table words of a fused update over `vars` on a GPU (`None` elsewhere): what
+/// [`GpuKernels::fused_update_impl`] expects in `FusedUpdate::table`.
+pub(crate) fn update_table(vars: &[UpdateVar<'_>]) -> Option<Vec<u32>> {
+    plan(vars).map(|(words, _)| words)
+}
+
+impl GpuKernels<'_> {
+    /// Every variable of `f` updated by one `fused_update` dispatch per group of regions.
+    pub(super) fn fused_update_impl(&self, f: &FusedUpdate<'_>) -> Result<()> {
+        let Some((words, groups)) = plan(f.vars) else {
+            return Err(Error::InvalidArgument(
+                "FusedApplyGradients: a variable, gradient or slot is not on this GPU".into(),
+            ));
+        };
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let table = f.table.and_then(|t| t.gpu_range());
+        let Some(table) = table.filter(|t| t.size >= (words.len() * 4) as u64) else {
+            return Err(Error::InvalidArgument(format!(
+                "FusedApplyGradients: the update table holds fewer than the {} words of its \
+                 variables",
+                words.len()
+            )));
+        };
+        let first = &f.vars[0];
+        let (kind, mut params) = match &f.rule {
+            UpdateRule::Sgd(p) => (
+                u32::from(first.slots[0].is_some()),
+                OptimParams {
+                    lr: p.lr,
+                    momentum: p.momentum,
+                    nesterov: u32::from(p.nesterov),
+                    ..Default::default()
+                },
+            ),
+            UpdateRule::Adam(p) => (
+                2,
+                OptimParams {
+                    lr: p.lr,
+                    alpha: adam_alpha(p),
+                    one_minus_b1: 1.0 - p.beta1,
+                    one_minus_b2: 1.0 - p.beta2,
+                    eps: p.epsilon,
+                    ..Default::default()
+                },
+            ),
+            UpdateRule::RmsProp(p) => (
+                3 + u32::from(p.centered) + 2 * u32::from(p.momentum != 0.0),
+                OptimParams {
+                    lr: p.lr,
+                    momentum: p.momentum,
+                    eps: p.epsilon,
+                    rho: p.rho,
+                    one_minus_rho: (1.0 - f64::from(p.rho)) as f32,
+                    ..Default::default()
+                },
+            ),
+        };
+        params.kind = kind;
+        if let Some(wd) = f.weight_decay {
+            params.wd = wd;
+            params.mode = 1;
+        }
+        let mut base = 0;
+        for g in &groups {
+            params.n = u(g.entries);
+            params.base = u(base);
+            base += g.entries;
+            // Unused region bindings repeat the first region (never read through them).
+            let Some(first_region) = g.regions.first() else {
+                continue;
+            };
+            let region = |i: usize| {
+                let b = g.regions.get(i).unwrap_or(first_region);
+                GpuRange {
+                    buffer: b,
+                    offset: 0,
+                    size: b.size(),
+                }
+            };
+            let grid = grid_1d(g.entries, 1);
+            if g.regions.len() == 1 {
+                self.launch_ranges(FUSED_UPDATE, &params, &[table, region(0)], grid)?;
+            } else {
+                let ranges = [table, region(0), region(1), region(2)];
+                self.launch_ranges(FUSED_UPDATE_REGIONS, &params, &ranges, grid)?;
+            }
+        }
+        Ok(())
     }
 }
