@@ -110,19 +110,41 @@ const CLOSE_CALL: f64 = 1.3;
 /// ...this many more times each, in turns (each contender then has its best of two).
 const REMATCH_ROUNDS: u32 = 1;
 
+/// The tuner's time: the monotonic clock, or in unit tests a virtual one that the test's
+/// candidates advance, so that what a test asserts does not depend on the machine's load.
+#[derive(Default)]
+struct Clock {
+    /// Virtual nanoseconds.
+    #[cfg(test)]
+    virtual_nanos: Option<std::sync::Arc<AtomicU64>>,
+}
+
+impl Clock {
+    /// The time since an arbitrary origin.
+    fn now(&self) -> Duration {
+        #[cfg(test)]
+        if let Some(nanos) = &self.virtual_nanos {
+            return Duration::from_nanos(nanos.load(Ordering::Relaxed));
+        }
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed()
+    }
+}
+
 /// The time per run of `reps` runs of `candidate` back to back, then one wait.
 fn time_block(
+    clock: &Clock,
     run: &mut dyn FnMut(&str) -> Result<()>,
     sync: &dyn Fn() -> Result<()>,
     candidate: &str,
     reps: u32,
 ) -> Result<Duration> {
-    let start = Instant::now();
+    let start = clock.now();
     for _ in 0..reps {
         run(candidate)?;
     }
     sync()?;
-    Ok(start.elapsed() / reps)
+    Ok(clock.now().saturating_sub(start) / reps)
 }
 
 /// What the runtime hands each adapter's tuner.
@@ -210,6 +232,7 @@ pub(crate) struct Tuner {
     /// as a product) tunes that op inside its own warm-up; this count tells the warm-up to
     /// run again, so the nested tuning's time is not charged to the candidate.
     measurements: AtomicU64,
+    clock: Clock,
 }
 
 #[derive(Default)]
@@ -316,6 +339,7 @@ impl Tuner {
             state: Mutex::new(state),
             tuned: Condvar::new(),
             measurements: AtomicU64::new(0),
+            clock: Clock::default(),
         }
     }
 
@@ -505,26 +529,26 @@ impl Tuner {
             let created = PIPELINES_CREATED.load(Ordering::Relaxed);
             let mut warm_up = loop {
                 let nested = self.measurements.load(Ordering::Relaxed);
-                let start = Instant::now();
+                let start = self.clock.now();
                 run(candidate)?;
                 sync()?;
                 if self.measurements.load(Ordering::Relaxed) == nested {
-                    break start.elapsed();
+                    break self.clock.now().saturating_sub(start);
                 }
             };
             let over_cutoff = |t: Duration| best.is_some_and(|(_, b)| t > b * WARM_UP_CUTOFF);
             let compiled = PIPELINES_CREATED.load(Ordering::Relaxed) != created;
             if over_cutoff(warm_up) && compiled {
-                let start = Instant::now();
+                let start = self.clock.now();
                 run(candidate)?;
                 sync()?;
-                warm_up = start.elapsed();
+                warm_up = self.clock.now().saturating_sub(start);
             }
             if over_cutoff(warm_up) {
                 timings.push((candidate.to_string(), warm_up.as_secs_f64() * 1e3));
                 continue;
             }
-            let probe = time_block(&mut *run, sync, candidate, 1)?;
+            let probe = time_block(&self.clock, &mut *run, sync, candidate, 1)?;
             let reps = (BLOCK.as_secs_f64() / probe.as_secs_f64().max(1e-9)).ceil();
             let reps = reps.clamp(1.0, f64::from(MAX_REPS)) as u32;
             let mut per_run = probe;
@@ -540,7 +564,7 @@ impl Tuner {
                 if best.is_some_and(|(_, b)| per_run > b * 2) {
                     break;
                 }
-                per_run = per_run.min(time_block(&mut *run, sync, candidate, reps)?);
+                per_run = per_run.min(time_block(&self.clock, &mut *run, sync, candidate, reps)?);
             }
             timed.push((candidate, per_run, reps));
             if best.is_none_or(|(_, b)| per_run < b) {
@@ -557,7 +581,7 @@ impl Tuner {
                 for _ in 0..REMATCH_ROUNDS {
                     for (candidate, per_run, reps) in timed.iter_mut() {
                         if close(*per_run) {
-                            let t = time_block(&mut *run, sync, candidate, *reps)?;
+                            let t = time_block(&self.clock, &mut *run, sync, candidate, *reps)?;
                             *per_run = (*per_run).min(t);
                         }
                     }
@@ -610,6 +634,23 @@ mod tests {
         }
     }
 
+    /// A tuner for `dir` whose time is virtual: candidates take the time they `spend`, whatever
+    /// the machine's load (a test that slept measured the load too, and failed under it).
+    fn test_tuner(dir: &std::path::Path) -> Tuner {
+        virtual_time(Tuner::new(config(dir), &info()))
+    }
+
+    fn virtual_time(mut tuner: Tuner) -> Tuner {
+        tuner.clock.virtual_nanos = Some(std::sync::Arc::new(AtomicU64::new(0)));
+        tuner
+    }
+
+    /// Lets `ms` virtual milliseconds pass on `tuner`'s clock.
+    fn spend(tuner: &Tuner, ms: u64) {
+        let nanos = tuner.clock.virtual_nanos.as_ref().expect("a test tuner");
+        nanos.fetch_add(ms * 1_000_000, Ordering::Relaxed);
+    }
+
     fn temp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("anygpu-tune-{name}-{}", std::process::id()));
         std::fs::remove_dir_all(&d).ok();
@@ -630,7 +671,7 @@ mod tests {
                 &|| Ok(()),
                 &mut |c| {
                     if c == "slow" {
-                        std::thread::sleep(Duration::from_millis(3));
+                        spend(tuner, 3);
                     }
                     ran.push(c.to_string());
                     Ok(())
@@ -643,7 +684,7 @@ mod tests {
     #[test]
     fn the_fastest_candidate_is_measured_kept_and_run_last() {
         let dir = temp("measure");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         let ran = tune_once(&tuner);
         assert_eq!(ran.last().map(String::as_str), Some("fast"));
         assert!(ran.iter().filter(|c| *c == "slow").count() >= 2);
@@ -661,14 +702,14 @@ mod tests {
     #[test]
     fn a_candidate_whose_warm_up_is_far_slower_is_not_timed_further() {
         let dir = temp("cutoff");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         let mut ran = Vec::new();
         // Listed first, but the heuristic (fast) is measured first, and slow is cut.
         let choice = Choice::new("sum_rows", "1024x32".into(), &["slow", "fast"], "fast");
         tuner
             .run(&choice, &|| Ok(()), &mut |c| {
                 if c == "slow" {
-                    std::thread::sleep(Duration::from_millis(3));
+                    spend(&tuner, 3);
                 }
                 ran.push(c.to_string());
                 Ok(())
@@ -688,7 +729,7 @@ mod tests {
         // `better` is faster, but its one timed block (the second run) lands in a burst of
         // load: within CLOSE_CALL of `heuristic`, it is timed again and wins.
         let dir = temp("rematch");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         let mut runs_of_better = 0;
         let pick = std::cell::Cell::new("");
         let choice = Choice::new(
@@ -709,7 +750,7 @@ mod tests {
                 } else {
                     10
                 };
-                std::thread::sleep(Duration::from_millis(ms));
+                spend(&tuner, ms);
                 pick.set(if c == "better" { "better" } else { "heuristic" });
                 Ok(())
             })
@@ -727,7 +768,7 @@ mod tests {
         // A driver that compiles at the first dispatch makes the first run of every candidate
         // slow; the faster kernel must not be cut for it.
         let dir = temp("compile");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         let mut first_runs = std::collections::HashSet::new();
         let choice = Choice::new("conv2d", "3x3".into(), &["direct", "better"], "direct");
         let pick = std::cell::Cell::new("");
@@ -740,7 +781,7 @@ mod tests {
                     0
                 };
                 let kernel = if c == "better" { 1 } else { 2 };
-                std::thread::sleep(Duration::from_millis(compiling + kernel));
+                spend(&tuner, compiling + kernel);
                 pick.set(if c == "better" { "better" } else { "direct" });
                 Ok(())
             })
@@ -754,8 +795,8 @@ mod tests {
         // `product` runs another tuned op; its first warm-up tunes that op (slowly), and that
         // must not count against it.
         let dir = temp("nested");
-        let tuner = Tuner::new(config(&dir), &info());
-        let sleep = |ms| std::thread::sleep(Duration::from_millis(ms));
+        let tuner = test_tuner(&dir);
+        let sleep = |ms| spend(&tuner, ms);
         let outer = Choice::new(
             "pointwise_conv",
             "fwd 8x8x8".into(),
@@ -787,12 +828,12 @@ mod tests {
     #[test]
     fn a_second_process_reads_the_choice_from_the_cache() {
         let dir = temp("cache");
-        tune_once(&Tuner::new(config(&dir), &info()));
-        let again = Tuner::new(config(&dir), &info());
+        tune_once(&test_tuner(&dir));
+        let again = test_tuner(&dir);
         assert_eq!(tune_once(&again), ["fast"]);
         assert_eq!(again.decisions()[0].source, DecisionSource::Cached);
         // Another build's entries are never used.
-        let other = Tuner::with_build(config(&dir), &info(), "0.0.0+0".into());
+        let other = virtual_time(Tuner::with_build(config(&dir), &info(), "0.0.0+0".into()));
         assert!(tune_once(&other).len() > 1);
         std::fs::remove_dir_all(dir).ok();
     }
@@ -800,7 +841,7 @@ mod tests {
     #[test]
     fn a_corrupt_or_unwritable_cache_means_tuning_in_memory() {
         let dir = temp("corrupt");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         tune_once(&tuner);
         let file = tuner.file.clone().unwrap();
         for garbage in [
@@ -809,16 +850,16 @@ mod tests {
             b"# anygpu autotune cache v1: key<TAB>candidate\nno tab here\n",
         ] {
             std::fs::write(&file, garbage).unwrap();
-            let t = Tuner::new(config(&dir), &info());
+            let t = test_tuner(&dir);
             assert!(tune_once(&t).len() > 1, "tuned again after {garbage:?}");
             // ... and the file is whole again.
-            let next = Tuner::new(config(&dir), &info());
+            let next = test_tuner(&dir);
             assert_eq!(tune_once(&next), ["fast"], "after {garbage:?}");
         }
         // A file where the directory should be: nothing can be written, tuning still works.
         let blocked = temp("blocked");
         std::fs::write(&blocked, b"not a directory").unwrap();
-        let t = Tuner::new(config(&blocked.join("sub")), &info());
+        let t = virtual_time(Tuner::new(config(&blocked.join("sub")), &info()));
         assert_eq!(tune_once(&t).last().map(String::as_str), Some("fast"));
         assert_eq!(tune_once(&t), ["fast"]);
         std::fs::remove_file(blocked).ok();
@@ -838,7 +879,7 @@ mod tests {
     #[test]
     fn a_fifo_a_link_to_dev_zero_or_a_huge_file_as_the_cache_is_ignored_at_once() {
         let dir = private_temp("special");
-        let file = Tuner::new(config(&dir), &info()).file.unwrap();
+        let file = test_tuner(&dir).file.unwrap();
         let plant: [(&str, &dyn Fn()); 3] = [
             ("a FIFO", &|| {
                 let made = std::process::Command::new("mkfifo").arg(&file).status();
@@ -860,14 +901,14 @@ mod tests {
             let cfg = config(&dir);
             std::thread::spawn(move || {
                 // The test may have given up waiting.
-                let _ = tx.send(Tuner::new(cfg, &info()));
+                let _ = tx.send(virtual_time(Tuner::new(cfg, &info())));
             });
             let tuner = rx
                 .recv_timeout(Duration::from_millis(300))
                 .unwrap_or_else(|_| panic!("{what} as the cache file was read or waited on"));
             assert!(tune_once(&tuner).len() > 1, "{what}: tuned again");
             // The save replaced it with a real cache file.
-            let next = Tuner::new(config(&dir), &info());
+            let next = test_tuner(&dir);
             assert_eq!(tune_once(&next), ["fast"], "after {what}");
             std::fs::remove_file(&file).unwrap();
         }
@@ -879,14 +920,14 @@ mod tests {
     fn a_cache_directory_others_can_write_to_is_not_used() {
         use std::os::unix::fs::PermissionsExt;
         let dir = temp("shared");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         tune_once(&tuner);
         let file = tuner.file.clone().unwrap();
         let saved = std::fs::read(&file).unwrap();
         for mode in [0o777, 0o770] {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
             // Anyone could have written this file: it is neither read nor written.
-            let t = Tuner::new(config(&dir), &info());
+            let t = test_tuner(&dir);
             assert!(tune_once(&t).len() > 1, "mode {mode:o}: tuned again");
             assert_eq!(std::fs::read(&file).unwrap(), saved, "mode {mode:o}");
         }
@@ -901,7 +942,7 @@ mod tests {
         let victim_dir = private_temp("victim");
         let victim = victim_dir.join("precious");
         std::fs::write(&victim, b"precious").unwrap();
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         let file = tuner.file.clone().unwrap();
         // The name saves went through before: `<file>.tmp<pid>`.
         let old_temp = file.with_extension(format!("tmp{}", std::process::id()));
@@ -910,7 +951,7 @@ mod tests {
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         let meta = std::fs::symlink_metadata(&file).unwrap();
         assert!(meta.file_type().is_file(), "the cache file is no link");
-        assert_eq!(tune_once(&Tuner::new(config(&dir), &info())), ["fast"]);
+        assert_eq!(tune_once(&test_tuner(&dir)), ["fast"]);
         std::fs::remove_dir_all(dir).ok();
         std::fs::remove_dir_all(victim_dir).ok();
     }
@@ -919,11 +960,11 @@ mod tests {
     fn processes_saving_different_keys_merge_their_choices() {
         // Two processes, both started before either saved.
         let dir = temp("merge");
-        let first = Tuner::new(config(&dir), &info());
-        let second = Tuner::new(config(&dir), &info());
+        let first = test_tuner(&dir);
+        let second = test_tuner(&dir);
         assert!(tune_class(&first, "8x8x8").len() > 1);
         assert!(tune_class(&second, "16x16x16").len() > 1);
-        let third = Tuner::new(config(&dir), &info());
+        let third = test_tuner(&dir);
         assert_eq!(tune_class(&third, "8x8x8"), ["fast"], "the first's choice");
         assert_eq!(tune_class(&third, "16x16x16"), ["fast"], "the second's");
         std::fs::remove_dir_all(dir).ok();
@@ -932,7 +973,7 @@ mod tests {
     #[test]
     fn threads_tuning_one_key_at_once_measure_it_once() {
         let dir = temp("threads");
-        let tuner = Tuner::new(config(&dir), &info());
+        let tuner = test_tuner(&dir);
         let start = std::sync::Barrier::new(2);
         let mut ran: Vec<Vec<String>> = std::thread::scope(|s| {
             let threads: Vec<_> = (0..2)
@@ -959,22 +1000,22 @@ mod tests {
     #[test]
     fn off_and_forced_modes_measure_nothing() {
         let dir = temp("off");
-        let off = Tuner::new(
+        let off = virtual_time(Tuner::new(
             TuneConfig {
                 mode: TuneMode::Off,
                 ..config(&dir)
             },
             &info(),
-        );
+        ));
         assert_eq!(tune_once(&off), ["slow"]);
         assert_eq!(off.decisions()[0].source, DecisionSource::Heuristic);
-        let forced = Tuner::new(
+        let forced = virtual_time(Tuner::new(
             TuneConfig {
                 force: Some("fast".into()),
                 ..config(&dir)
             },
             &info(),
-        );
+        ));
         assert_eq!(tune_once(&forced), ["fast"]);
         assert!(!dir.exists(), "nothing written");
     }
