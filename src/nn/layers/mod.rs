@@ -260,8 +260,6 @@ pub trait Layer: fmt::Debug + Send + Sync {
     }
 }
 
-/// Number of elements of the weights of a layer, trainable and not (Keras'
-/// `count_params()`).
 /// What a model asks of [`Layer::backward_fused`]: the work at the seams between this layer
 /// and its neighbours, done while the data is in cache instead of in passes of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,6 +289,8 @@ pub struct FusedGrads {
     pub dx_preactivated: bool,
 }
 
+/// Number of elements of the weights of a layer, trainable and not (Keras'
+/// `count_params()`).
 pub(crate) fn count_params(layer: &dyn Layer) -> usize {
     variables(layer).iter().map(|(_, t)| t.len()).sum()
 }
