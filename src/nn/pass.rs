@@ -122,12 +122,8 @@ pub(crate) fn backward_from(
         let s = stages[i];
         let _scope = s.device.scope();
         let dy_here = dy.arrive(s.dtype, s.device)?;
-        let fused = if dy_preactivated || fusable_seam(stages, i, input_grad) {
-            let at = (i, &dy_here, dy_preactivated);
-            through_fused(stages, &mut saved, at, input_grad)?
-        } else {
-            None
-        };
+        let at = (i, &dy_here, dy_preactivated);
+        let fused = through_fused(stages, &mut saved, at, input_grad)?;
         // `layer`: the stage that ran (`i - 1` when it took over the pool at `i`).
         let (layer, dx, grads, dx_preactivated) = match fused {
             Some((layer, g)) => (layer, g.dx, g.weights, g.dx_preactivated),
@@ -173,8 +169,7 @@ pub(crate) fn backward_from(
 /// The stage whose backward pass starts at stage `i` (the layer before a pool it takes over,
 /// or `i`), and whether that pass computes its input's gradient.
 fn backward_target(stages: &[Stage<'_>], i: usize, input_grad: bool) -> (usize, bool, bool) {
-    let pooled =
-        i > 0 && stages[i].layer.is_max_pool_2x2() && same_place(&stages[i - 1], &stages[i]);
+    let pooled = i > 0 && pool_follows(stages, i - 1);
     let layer = if pooled { i - 1 } else { i };
     (layer, pooled, layer > 0 || input_grad)
 }
@@ -188,16 +183,11 @@ fn input_activation(stages: &[Stage<'_>], layer: usize, need_dx: bool) -> Option
     stages[layer - 1].layer.preactivation_grad()
 }
 
-/// Whether the backward pass from stage `i` could hand an activation gradient down.
-fn fusable_seam(stages: &[Stage<'_>], i: usize, input_grad: bool) -> bool {
-    let (layer, _, need_dx) = backward_target(stages, i, input_grad);
-    input_activation(stages, layer, need_dx).is_some()
-}
-
 /// The backward pass from stage `i` through [`Layer::backward_fused`]: `(layer, grads)`, the
 /// stage that ran (`i`, or `i - 1` when it took over the pool at `i`) and what it returned;
-/// `None` when it has no such pass (its saved tensors are then left alone). `dy_preactivated`:
-/// `dy` already carries the activation gradient of stage `i`.
+/// `None` when there is nothing to fuse at the seams beyond the pool (that is
+/// [`through_max_pool`]'s) or the layer has no such pass; its saved tensors are then left
+/// alone. `dy_preactivated`: `dy` already carries the activation gradient of stage `i`.
 fn through_fused(
     stages: &[Stage<'_>],
     saved: &mut [Vec<Tensor>],
@@ -205,11 +195,15 @@ fn through_fused(
     input_grad: bool,
 ) -> Result<Option<(usize, FusedGrads)>> {
     let (layer, pooled, need_dx) = backward_target(stages, i, input_grad);
+    let below = input_activation(stages, layer, need_dx);
+    if !dy_preactivated && below.is_none() {
+        return Ok(None);
+    }
     let plan = BackwardPlan {
         need_dx,
         through_max_pool: pooled,
         dy_preactivated,
-        input_activation: input_activation(stages, layer, need_dx).unwrap_or(OpActivation::Linear),
+        input_activation: below.unwrap_or(OpActivation::Linear),
     };
     let fused = stages[layer]
         .layer
@@ -235,19 +229,15 @@ fn through_max_pool(
     dpooled: &Tensor,
     input_grad: bool,
 ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
-    if i == 0 || !stages[i].layer.is_max_pool_2x2() {
+    let (layer, pooled, need_dx) = backward_target(stages, i, input_grad);
+    if !pooled {
         return Ok(None);
     }
-    let before = stages[i - 1];
-    if !before.device.same_device(stages[i].device) || before.dtype != stages[i].dtype {
-        return Ok(None);
-    }
-    let fused =
-        before
-            .layer
-            .backward_through_max_pool(&saved[i - 1], dpooled, i - 1 > 0 || input_grad)?;
+    let fused = stages[layer]
+        .layer
+        .backward_through_max_pool(&saved[layer], dpooled, need_dx)?;
     if fused.is_some() {
-        saved[i - 1].clear();
+        saved[layer].clear();
     }
     Ok(fused)
 }
