@@ -399,14 +399,21 @@ pub(super) mod tests {
                 let mut y = vec![f32::NAN; rows * f];
                 separable_forward(&x, &dk, &pk, Some(&bias), &mut y, None, &s, f, act);
                 assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
-                // With the max-pool taken on the way: the same `y`, and its pool.
+                // With the max-pool taken on the way: `y` again, and its pool. (Not bit for
+                // bit the first `y`: `kernels_match_the_reference`, running beside this test,
+                // forces other SIMD levels on every thread while it runs.)
                 let pool = PoolShape { n, h, w, c: f };
                 let mut y_again = vec![f32::NAN; y.len()];
                 let mut pooled = vec![f32::NAN; pool.output_len()];
                 let out = (&mut y_again[..], Some(&mut pooled[..]));
                 separable_forward(&x, &dk, &pk, Some(&bias), out.0, out.1, &s, f, act);
-                assert_eq!(y_again, y, "{what}: forward with the pool");
-                let pooled64 = r::maxpool_forward(&to_f64(&y), &pool);
+                assert_close(
+                    &y_again,
+                    &y64,
+                    1e-4,
+                    &format!("{what}: forward with the pool"),
+                );
+                let pooled64 = r::maxpool_forward(&to_f64(&y_again), &pool);
                 assert_close(&pooled, &pooled64, 0.0, &format!("{what}: pooled"));
 
                 // The gradients, from the f32 forward output as the layer passes it: from the
