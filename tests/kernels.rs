@@ -535,6 +535,151 @@ fn fused_separable_conv2d_max_pool_gradients() {
     }
 }
 
+#[test]
+fn fused_conv2d_separable_conv2d_max_pool_gradients() {
+    let _g = serial();
+    use Padding::{Same, Valid};
+    // (n, h, w, c_in, c, filters, k, padding): the tutorial's stem in enough blocks for the
+    // CPU's fused loop; a batch too small for it; a patch too large for the small-K product
+    // (im2col) with 'valid' padding; a 1×1 convolution.
+    let cases = [
+        (9, 28, 28, 1, 32, 32, 3, Same),
+        (3, 7, 7, 1, 8, 16, 3, Same),
+        (40, 9, 11, 3, 8, 5, 5, Valid),
+        (40, 6, 6, 16, 16, 8, 1, Same),
+    ];
+    for dev in &env().devices {
+        let _s = dev.scope();
+        for (t, &(n, h, w, c_in, c, f, k, padding)) in cases.iter().enumerate() {
+            let cs = Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out: c,
+                kh: k,
+                kw: k,
+                padding,
+                strides: [1, 1],
+                dilation: [1, 1],
+            };
+            let (oh, ow) = cs.out_hw();
+            let s = DepthwiseShape::same(n, oh, ow, c, 3, 3);
+            let pool = PoolShape {
+                n,
+                h: oh,
+                w: ow,
+                c: f,
+            };
+            let (act0, act) = (ACTS[(t + 2) % 3], ACTS[t % 3]);
+            let seed = 480 + 10 * t as u64;
+            let x = random_vec(cs.input_len(), seed);
+            let ck = random_vec(cs.kernel_len(), seed + 1);
+            let cb = random_vec(c, seed + 2);
+            let dk = random_vec(s.kernel_len(), seed + 3);
+            let pk = random_vec(c * f, seed + 4);
+            let b = random_vec(f, seed + 5);
+            let dp = random_vec(pool.output_len(), seed + 6);
+            let xt = put(dev, &x, &[n, h, w, c_in]);
+            let ckt = put(dev, &ck, &[k, k, c_in, c]);
+            let cbt = put(dev, &cb, &[c]);
+            let dkt = put(dev, &dk, &[3, 3, c, 1]);
+            let pkt = put(dev, &pk, &[1, 1, c, f]);
+            let bt = put(dev, &b, &[f]);
+            let (ph, pw) = pool.out_hw();
+            let dpt = put(dev, &dp, &[n, ph, pw, f]);
+            let what = format!("{} {cs:?} filters {f} {act0:?} {act:?}", label(dev));
+            let stem = ops::ConvStem {
+                kernel: &ckt,
+                bias: Some(&cbt),
+                options: padding.into(),
+                act: act0,
+            };
+
+            trap(dev, &[n * oh * ow * f, pool.output_len()]);
+            let (y, pooled) =
+                ops::conv2d_separable_conv2d_max_pool(&xt, stem, &dkt, &pkt, Some(&bt), act)
+                    .unwrap();
+            on(&y, dev);
+            on(&pooled, dev);
+            let (x64, dk64, pk64) = (to_f64(&x), to_f64(&dk), to_f64(&pk));
+            let a64 = r::conv2d_forward(&x64, &to_f64(&ck), Some(&to_f64(&cb)), &cs, act0);
+            let d64 = r::depthwise_forward(&a64, &dk64, &s);
+            let rows = n * oh * ow;
+            let y64 = r::matmul_bias_act(&d64, &pk64, Some(&to_f64(&b)), rows, c, f, act);
+            assert_close(&get(&y), &y64, TOL, &format!("stem y {what}"));
+            let expected = r::maxpool_forward(&to_f64(&get(&y)), &pool);
+            assert_close(
+                &get(&pooled),
+                &expected,
+                0.0,
+                &format!("stem pooled {what}"),
+            );
+
+            trap(dev, &[ck.len(), c, dk.len(), pk.len(), f]);
+            let g = ops::conv2d_separable_conv2d_max_pool_backward(
+                &xt,
+                stem,
+                [&dkt, &pkt],
+                &y,
+                &dpt,
+                act,
+            )
+            .unwrap();
+            // The reference: the pool's gradient, the separable layer's, the convolution's.
+            let y32 = to_f64(&get(&y));
+            let dy = r::maxpool_backward(&y32, &to_f64(&dp), &pool);
+            let dz = r::activation_backward(&dy, &y32, act);
+            let dd = r::matmul(&dz, &pk64, rows, f, c, false, true);
+            let da = r::depthwise_backward_input(&dd, &dk64, &s);
+            let dza = r::activation_backward(&da, &a64, act0);
+            let checks = [
+                (
+                    g.conv_kernel,
+                    r::conv2d_backward_kernel(&x64, &dza, &cs),
+                    "conv kernel",
+                ),
+                (g.conv_bias, r::bias_grad(&dza, c), "conv bias"),
+                (
+                    g.depthwise,
+                    r::depthwise_backward_kernel(&a64, &dd, &s),
+                    "depthwise",
+                ),
+                (
+                    g.pointwise,
+                    r::matmul(&d64, &dz, c, rows, f, true, false),
+                    "pointwise",
+                ),
+                (g.bias, r::sum_rows(&dz, rows, f), "bias"),
+            ];
+            for (got, expected, name) in checks {
+                on(&got, dev);
+                assert_close(&get(&got), &expected, TOL, &format!("stem d {name} {what}"));
+            }
+        }
+        // A strided convolution is refused, naming the op.
+        let x = put(dev, &random_vec(2 * 8 * 8, 1), &[2, 8, 8, 1]);
+        let kernel = put(dev, &random_vec(9 * 4, 2), &[3, 3, 1, 4]);
+        let (dk, pk) = (
+            put(dev, &random_vec(9 * 4, 3), &[3, 3, 4, 1]),
+            put(dev, &random_vec(4 * 4, 4), &[1, 1, 4, 4]),
+        );
+        let stem = ops::ConvStem {
+            kernel: &kernel,
+            bias: None,
+            options: ops::spec::ConvOptions::new(Padding::Same).strides(2),
+            act: Activation::Relu,
+        };
+        let err = ops::conv2d_separable_conv2d_max_pool(&x, stem, &dk, &pk, None, Activation::Relu)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("FusedConv2DSeparableConv2DMaxPool"),
+            "{err}"
+        );
+    }
+}
+
 /// `op(A) · op(B)` of shape `m × n` over `k`, for the four combinations of transposes.
 fn matmul_every_transpose(dev: &LogicalDevice, (m, kk, nn): (usize, usize, usize), seed: u64) {
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {

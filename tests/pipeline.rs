@@ -388,3 +388,84 @@ fn one_f_one_b_keeps_less_activation_memory_alive_than_gpipe() {
         );
     }
 }
+
+#[test]
+fn a_stage_starting_with_a_stem_recomputes_it_for_its_input_gradient() {
+    // Stage 1 starts with a convolution, a separable layer and a pool: its forward pass runs
+    // them as one op (the convolution's output is not kept), and its backward pass, which
+    // must hand stage 0 its input gradient, runs the convolution again. Serially nothing is
+    // fused there (the model's first layer is on the other device).
+    let (rt, cpus) = two_cpus();
+    let selu = Activation::Selu;
+    let build = || {
+        let layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(
+                Conv2D::new(3, 3)
+                    .padding(Padding::Same)
+                    .activation(selu)
+                    .input_shape(&[8, 8, 1]),
+            ),
+            Box::new(Conv2D::new(4, 3).padding(Padding::Same).activation(selu)),
+            Box::new(
+                SeparableConv2D::new(6, 3)
+                    .padding(Padding::Same)
+                    .activation(selu),
+            ),
+            Box::new(MaxPool2D::new()),
+            Box::new(Flatten::new()),
+            Box::new(Dense::new(3).activation(Activation::Softmax)),
+        ];
+        let mut m = Sequential::with_seed(6);
+        for (i, layer) in layers.into_iter().enumerate() {
+            m.add_boxed(&cpus[usize::from(i > 0)], layer)
+                .expect("builds");
+        }
+        m.compile(
+            Loss::sparse_categorical_crossentropy(),
+            Adam::new(0.01),
+            &[],
+        )
+        .expect("compiles");
+        m.set_verbose(Verbosity::Silent);
+        m
+    };
+    let data = batches(16, 3, &cpus[0], &cpus[1]);
+    let run = |pipeline: Option<Pipeline>| {
+        let mut m = build();
+        m.set_pipeline(pipeline).expect("a valid pipeline");
+        let losses: Vec<f32> = data
+            .iter()
+            .map(|(x, y)| m.train_on_batch(x, y).expect("a step"))
+            .collect();
+        (losses, m.get_weights().expect("weights"))
+    };
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&ops);
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().expect("log lock").push(r.op)
+    }));
+    rt.set_log_device_placement(true);
+    let (serial_losses, serial_weights) = run(None);
+    let fused_serially = ops.lock().expect("log lock").len();
+    let (losses, weights) = run(Some(Pipeline::gpipe(2)));
+    rt.set_log_device_placement(false);
+    let ops = ops.lock().expect("log lock");
+    let stem = |name| ops.iter().filter(|&&op| op == name).count();
+    assert_eq!(
+        stem("FusedConv2DSeparableConv2DMaxPool"),
+        2 * 3,
+        "a forward per micro-batch"
+    );
+    assert_eq!(
+        stem("FusedConv2DSeparableConv2DMaxPoolGrad"),
+        0,
+        "the stem runs again"
+    );
+    assert!(ops[..fused_serially]
+        .iter()
+        .all(|&op| op != "FusedConv2DSeparableConv2DMaxPool"));
+    assert_close("losses", &losses, &serial_losses, 1e-4);
+    for (i, (g, w)) in weights.iter().zip(&serial_weights).enumerate() {
+        assert_close(&format!("weight {i}"), g, w, 1e-4);
+    }
+}

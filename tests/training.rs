@@ -578,18 +578,7 @@ fn layers_fused_at_their_seams_give_the_unfused_gradients() {
         "no seam on one device"
     );
 
-    assert!((loss_f - loss_u).abs() <= 1e-6, "{loss_f} vs {loss_u}");
-    assert_eq!(grads_f.len(), grads_u.len());
-    for (i, (f, u)) in grads_f.iter().zip(&grads_u).enumerate() {
-        let (f, u) = (f.to_vec::<f32>().unwrap(), u.to_vec::<f32>().unwrap());
-        assert!(f.iter().any(|&v| v != 0.0), "gradient {i} is all zeros");
-        for (j, (f, u)) in f.iter().zip(&u).enumerate() {
-            assert!(
-                (f - u).abs() <= 1e-6 * u.abs().max(1.0),
-                "gradient {i}[{j}]: fused {f} vs unfused {u}"
-            );
-        }
-    }
+    assert_fused_matches_unfused((loss_f, &grads_f), (loss_u, &grads_u));
 }
 
 #[test]
@@ -923,4 +912,98 @@ fn misuse_is_an_error_not_a_panic() {
         )
         .is_err());
     assert!("mish".parse::<Activation>().is_err());
+}
+
+#[test]
+fn a_first_convolution_run_inside_the_separable_layer_after_it_gives_the_unfused_gradients() {
+    // On one CPU the first Conv2D, the SeparableConv2D after it and the pool run as one op
+    // each way, the convolution's output never stored; with the separable layer on another
+    // (virtual) CPU they run one by one. Batch 12 of 14×14 images: enough images for the
+    // kernels' block-by-block paths.
+    let rt = cpu_runtime(2);
+    let cpus = rt.list_logical_devices("CPU").unwrap();
+    let selu = Activation::Selu;
+    let build = |second: &LogicalDevice| {
+        let layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(
+                Conv2D::new(8, 3)
+                    .padding(Padding::Same)
+                    .activation(selu)
+                    .input_shape(&[14, 14, 2]),
+            ),
+            Box::new(
+                SeparableConv2D::new(16, 3)
+                    .padding(Padding::Same)
+                    .activation(Activation::Relu),
+            ),
+            Box::new(MaxPool2D::new()),
+            Box::new(Flatten::new()),
+            Box::new(Dense::new(5).activation(Activation::Softmax)),
+        ];
+        let mut m = Sequential::with_seed(9);
+        for (k, layer) in layers.into_iter().enumerate() {
+            m.add_boxed(if k == 1 { second } else { &cpus[0] }, layer)
+                .unwrap();
+        }
+        m.compile(Loss::sparse_categorical_crossentropy(), Sgd::default(), &[])
+            .unwrap();
+        m
+    };
+    let (mut fused, mut unfused) = (build(&cpus[0]), build(&cpus[1]));
+    let x = common::values(12 * 14 * 14 * 2, 5);
+    let x = Tensor::from_slice_on(&x, &[12, 14, 14, 2], &cpus[0]).unwrap();
+    let labels: Vec<i32> = (0..12).map(|i| i % 5).collect();
+    let y = Tensor::from_slice_on(&labels, &[12], &cpus[0]).unwrap();
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&ops);
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().unwrap().push(r.op)
+    }));
+    rt.set_log_device_placement(true);
+    let ran = |model: &mut Sequential| {
+        ops.lock().unwrap().clear();
+        let out = model.loss_and_gradients(&x, &y).unwrap();
+        let ops = ops.lock().unwrap();
+        let count = |name| ops.iter().filter(|&&op| op == name).count();
+        let stems = (
+            count("FusedConv2DSeparableConv2DMaxPool"),
+            count("FusedConv2DSeparableConv2DMaxPoolGrad"),
+        );
+        (out, stems)
+    };
+    let ((loss_f, grads_f), stems_f) = ran(&mut fused);
+    let ((loss_u, grads_u), stems_u) = ran(&mut unfused);
+    let predicted = fused.predict(&x).unwrap();
+    rt.set_log_device_placement(false);
+    assert_eq!(
+        (stems_f, stems_u),
+        ((1, 1), (0, 0)),
+        "one op each way, on one device only"
+    );
+    assert_eq!(
+        predicted.to_vec::<f32>().unwrap(),
+        unfused.predict(&x).unwrap().to_vec::<f32>().unwrap(),
+        "inference runs the same kernels"
+    );
+
+    assert_fused_matches_unfused((loss_f, &grads_f), (loss_u, &grads_u));
+}
+
+/// A fused model's loss and gradients against the unfused one's: within 1e-6, none all zeros.
+fn assert_fused_matches_unfused(
+    (loss_f, grads_f): (f32, &[Tensor]),
+    (loss_u, grads_u): (f32, &[Tensor]),
+) {
+    assert!((loss_f - loss_u).abs() <= 1e-6, "{loss_f} vs {loss_u}");
+    assert_eq!(grads_f.len(), grads_u.len());
+    for (i, (f, u)) in grads_f.iter().zip(grads_u).enumerate() {
+        let (f, u) = (f.to_vec::<f32>().unwrap(), u.to_vec::<f32>().unwrap());
+        assert!(f.iter().any(|&v| v != 0.0), "gradient {i} is all zeros");
+        for (j, (f, u)) in f.iter().zip(&u).enumerate() {
+            assert!(
+                (f - u).abs() <= 1e-6 * u.abs().max(1.0),
+                "gradient {i}[{j}]: fused {f} vs unfused {u}"
+            );
+        }
+    }
 }

@@ -79,7 +79,7 @@ pub use checkpoint::BackupAndRestore;
 pub use depthwise::DepthwiseConv2D;
 pub use history::{Evaluation, History};
 pub use layers::{
-    BackwardPlan, Conv2D, Dense, Flatten, FusedGrads, Layer, MaxPool2D, SeparableConv2D,
+    BackwardPlan, Conv2D, Dense, Flatten, FusedGrads, Layer, MaxPool2D, SeparableConv2D, StemConv,
 };
 pub use loss::Loss;
 pub use metrics::Metric;

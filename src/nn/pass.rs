@@ -3,7 +3,7 @@
 
 use crate::device::LogicalDevice;
 use crate::error::Result;
-use crate::nn::layers::{BackwardPlan, FusedGrads, Layer};
+use crate::nn::layers::{BackwardPlan, FusedGrads, Layer, StemConv};
 use crate::nn::objective::Objective;
 use crate::ops::spec::Activation as OpActivation;
 use crate::tensor::{DType, Tensor};
@@ -35,6 +35,18 @@ pub(crate) fn forward(
         let s = stages[i];
         let _scope = s.device.scope();
         let input = h.arrive(s.dtype, s.device)?;
+        if let Some(stem) = stem_at(stages, i)? {
+            let next = stages[i + 1].layer;
+            if let Some((pooled, kept, y)) = next.call_through_stem(&stem, &input, training)? {
+                // The stem keeps nothing: the next layer keeps its input.
+                if keep {
+                    saved.extend([Vec::new(), kept, vec![y]]);
+                }
+                h = pooled;
+                i += 3;
+                continue;
+            }
+        }
         if pool_follows(stages, i) {
             if let Some((pooled, kept, y)) = s.layer.call_through_max_pool(&input, training)? {
                 // The pool keeps its input, as its own forward pass would.
@@ -55,6 +67,17 @@ pub(crate) fn forward(
         i += 1;
     }
     Ok((h, saved))
+}
+
+/// The convolution the first stage offers the second to run inside its pass through the 2×2
+/// max-pool after it ([`Layer::call_through_stem`]), all three in one place; only at `i == 0`
+/// (the model's first layer, whose input gradient is not needed).
+fn stem_at(stages: &[Stage<'_>], i: usize) -> Result<Option<StemConv>> {
+    let fits = i == 0 && stages.len() > 2 && same_place(&stages[0], &stages[1]);
+    if !fits || !pool_follows(stages, 1) {
+        return Ok(None);
+    }
+    stages[0].layer.as_stem(stages[0].dtype)
 }
 
 /// Whether stage `i + 1` is a 2×2 max-pool on stage `i`'s device and dtype, which stage `i`
@@ -122,6 +145,31 @@ pub(crate) fn backward_from(
         let s = stages[i];
         let _scope = s.device.scope();
         let dy_here = dy.arrive(s.dtype, s.device)?;
+        if i == 2 && saved[0].is_empty() {
+            if let Some(stem) = stem_at(stages, 0)? {
+                if input_grad {
+                    // The stem ran inside the next layer's pass and kept nothing; the input's
+                    // gradient needs its output: run it again and go through the layers.
+                    recompute_stem(stages, &mut saved)?;
+                } else {
+                    let layer = stages[1].layer;
+                    let grads = layer.backward_through_stem(&stem, &saved[1], &dy_here)?;
+                    let Some((stem_grads, grads)) = grads else {
+                        return Err(crate::Error::Model(format!(
+                            "{}: call_through_stem ran but backward_through_stem gave nothing",
+                            layer.class_name()
+                        )));
+                    };
+                    saved.clear();
+                    on_grads(2, Vec::new())?;
+                    for (j, g) in [(1, grads), (0, stem_grads)] {
+                        let g = g.iter().map(|g| g.cast(DType::F32));
+                        on_grads(j, g.collect::<Result<Vec<_>>>()?)?;
+                    }
+                    return Ok(None);
+                }
+            }
+        }
         let at = (i, &dy_here, dy_preactivated);
         let fused = through_fused(stages, &mut saved, at, input_grad)?;
         // `layer`: the stage that ran (`i - 1` when it took over the pool at `i`).
@@ -164,6 +212,23 @@ pub(crate) fn backward_from(
         }
     }
     Ok(input_grad.then_some(dy))
+}
+
+/// Runs the stem again from its input (what the next layer kept, see [`stem_at`]) and leaves
+/// `saved` as the layers' own passes would have: the stem's, and the next layer's with the
+/// stem's output as its input.
+fn recompute_stem(stages: &[Stage<'_>], saved: &mut [Vec<Tensor>]) -> Result<()> {
+    let Some(x) = saved[1].first().cloned() else {
+        return Err(crate::Error::Model(format!(
+            "{}: nothing kept by call_through_stem",
+            stages[1].layer.class_name()
+        )));
+    };
+    let _scope = stages[0].device.scope();
+    let (out, kept) = stages[0].layer.call(&x, true)?;
+    saved[0] = kept;
+    saved[1][0] = out;
+    Ok(())
 }
 
 /// The stage whose backward pass starts at stage `i` (the layer before a pool it takes over,

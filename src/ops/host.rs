@@ -319,10 +319,26 @@ impl NnKernels for HostKernels {
     }
 
     fn separable(&self, f: &SeparableForward<'_>) -> Result<()> {
-        let r = Inputs::lock(&with_optional(&[f.x, f.depthwise, f.pointwise], f.bias));
+        let mut inputs = with_optional(&[f.x, f.depthwise, f.pointwise], f.bias);
+        let stem_at = inputs.len();
+        if let Some(stem) = &f.stem {
+            inputs.push(stem.kernel);
+            inputs.extend(stem.bias);
+        }
+        let r = Inputs::lock(&inputs);
+        let stem = f.stem.as_ref().map(|t| cpu::Stem {
+            kernel: r.f32(stem_at),
+            bias: t.bias.map(|_| r.f32(stem_at + 1)),
+            s: t.s,
+            act: t.act,
+        });
+        let src = match &stem {
+            Some(stem) => cpu::Source::Stem(r.f32(0), stem),
+            None => cpu::Source::Input(r.f32(0)),
+        };
         let mut pooled = f.pooled.map(write);
         cpu::separable_forward(
-            r.f32(0),
+            src,
             r.f32(1),
             r.f32(2),
             f.bias.map(|_| r.f32(3)),
@@ -336,12 +352,27 @@ impl NnKernels for HostKernels {
     }
 
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
-        let r = Inputs::lock(&[g.x, g.depthwise, g.pointwise, g.y, g.dy]);
+        let mut inputs = vec![g.x, g.depthwise, g.pointwise, g.y, g.dy];
+        if let Some((stem, _)) = &g.stem {
+            inputs.push(stem.kernel);
+            inputs.extend(stem.bias);
+        }
+        let r = Inputs::lock(&inputs);
+        let stem = g.stem.as_ref().map(|(t, _)| cpu::Stem {
+            kernel: r.f32(5),
+            bias: t.bias.map(|_| r.f32(6)),
+            s: t.s,
+            act: t.act,
+        });
         let (mut ddk, mut dpk, mut db) =
             (write(g.d_depthwise), write(g.d_pointwise), write(g.d_bias));
         let mut dx = g.dx.map(write);
+        let mut d_stem = g.stem.as_ref().map(|(_, [dk, db])| (write(dk), write(db)));
         let grads = cpu::SeparableGrads {
-            x: r.f32(0),
+            src: match &stem {
+                Some(stem) => cpu::Source::Stem(r.f32(0), stem),
+                None => cpu::Source::Input(r.f32(0)),
+            },
             dk: r.f32(1),
             pk: r.f32(2),
             y: r.f32(3),
@@ -355,6 +386,7 @@ impl NnKernels for HostKernels {
             ddk: ddk.f32(),
             dpk: dpk.f32(),
             db: db.f32(),
+            stem: d_stem.as_mut().map(|(dk, db)| (dk.f32(), db.f32())),
         };
         cpu::separable_backward(&grads, out, &g.s, g.filters);
         Ok(())

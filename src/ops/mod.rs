@@ -176,5 +176,5 @@ pub(crate) fn run<R>(
 
 pub(crate) use basic::unscale_checked;
 pub(crate) use nn_kernels::{
-    ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward,
+    ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward, StemConv,
 };

@@ -317,6 +317,20 @@ pub(crate) struct SeparableForward<'a> {
     pub(crate) s: DepthwiseShape,
     pub(crate) filters: usize,
     pub(crate) act: Activation,
+    /// A convolution whose output is the separable convolution's input; `x` is then the
+    /// convolution's input.
+    pub(crate) stem: Option<StemConv<'a>>,
+}
+
+/// A stride-1 convolution in front of a separable one (see
+/// [`conv2d_separable_conv2d_max_pool`](crate::ops::conv2d_separable_conv2d_max_pool)):
+/// `act(conv2d(x, kernel) + bias)`, the separable convolution's input.
+#[derive(Clone, Copy)]
+pub(crate) struct StemConv<'a> {
+    pub(crate) kernel: &'a Tensor,
+    pub(crate) bias: Option<&'a Tensor>,
+    pub(crate) s: Conv2dShape,
+    pub(crate) act: Activation,
 }
 
 /// The tensors of [`NnKernels::separable_backward`]: the forward tensors (`y` the activated
@@ -338,6 +352,9 @@ pub(crate) struct SeparableBackward<'a> {
     pub(crate) act: Activation,
     /// The activation whose output `x` is: `dx` is multiplied by its gradient (`Linear`: not).
     pub(crate) input_act: Activation,
+    /// The stem convolution (see [`SeparableForward::stem`]), whose output is recomputed, and
+    /// its kernel's and bias' gradients; `dx` is then `None` and `input_act` unused.
+    pub(crate) stem: Option<(StemConv<'a>, [&'a Tensor; 2])>,
 }
 
 /// The 1×1 convolution after a depthwise one of shape `s` (the pointwise half of a separable

@@ -9,12 +9,12 @@ use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::nn::layer_config;
 use crate::ops;
 use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 use super::{
     activate_separately, activation_and_bias_grad, backward_weights, cpu_preactivation_grad,
-    image_shape, in_dtype, not_built, replace, saved, through_separate, weights_of, BackwardPlan,
-    FusedGrads, Layer,
+    image_shape, in_dtype, not_built, on_gpu, replace, saved, through_separate, weights_of,
+    BackwardPlan, FusedGrads, Layer, StemConv,
 };
 
 /// 2-D convolution (`keras.layers.Conv2D(filters, kernel_size, strides, padding,
@@ -213,6 +213,31 @@ impl Layer for Conv2D {
 
     fn preactivation_grad(&self) -> Option<OpActivation> {
         cpu_preactivation_grad(self.activation, self.weights.first())
+    }
+
+    /// On the CPU, a stride-1 undilated convolution with a fused activation.
+    fn as_stem(&self, dtype: DType) -> Result<Option<StemConv>> {
+        let on_cpu = self.weights.first().is_some_and(|w| !on_gpu(w));
+        let fused = matches!(
+            self.activation,
+            Activation::Linear | Activation::Relu | Activation::Selu
+        );
+        let unit = self.window.options.strides == [1, 1] && self.window.options.dilation == [1, 1];
+        if !on_cpu || !fused || !unit {
+            return Ok(None);
+        }
+        let w = in_dtype("Conv2D", &self.weights, dtype)?;
+        let (kernel, bias) = match &w[..] {
+            [kernel, bias] => (kernel.clone(), Some(bias.clone())),
+            [kernel] => (kernel.clone(), None),
+            _ => return Err(not_built("Conv2D")),
+        };
+        Ok(Some(StemConv {
+            kernel,
+            bias,
+            options: self.window.options,
+            activation: self.activation.fused(),
+        }))
     }
 
     /// From a pre-activated `dy` (the layer after applied this one's activation gradient);

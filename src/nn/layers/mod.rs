@@ -228,6 +228,56 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// This layer as a stride-1 convolution computing in `dtype` that the layer after it may
+    /// run inside its own passes (see [`call_through_stem`](Layer::call_through_stem)): its
+    /// weights in `dtype`, its options and activation. Provided: `None`; `Conv2D` on the CPU
+    /// answers.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn as_stem(&self, dtype: DType) -> Result<Option<StemConv>> {
+        let _ = dtype;
+        Ok(None)
+    }
+
+    /// The layer before's convolution `stem` (from [`as_stem`](Layer::as_stem)), this layer
+    /// and the 2×2 max-pool after it in one pass from the stem's input `x`:
+    /// `(pooled, saved, y)` as [`call_through_max_pool`](Layer::call_through_max_pool) gives
+    /// them, the stem's output computed on the way and not kept. `Ok(None)` when the layer has
+    /// no such pass where it runs; the model then runs the layers one by one. Provided:
+    /// `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    #[allow(clippy::type_complexity)] // the three outputs, named above
+    fn call_through_stem(
+        &self,
+        stem: &StemConv,
+        x: &Tensor,
+        training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+        let _ = (stem, x, training);
+        Ok(None)
+    }
+
+    /// The backward pass of [`call_through_stem`](Layer::call_through_stem) from `dpooled`,
+    /// the gradient w.r.t. the pool's output, and what that pass saved: `(stem's weight
+    /// gradients, this layer's)`, each in its layer's [`weights`](Layer::weights) order. The
+    /// stem's input gradient is not computed (the stem is a model's first layer). Provided:
+    /// `Ok(None)` (allowed only for a layer whose `call_through_stem` gives `None`).
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    fn backward_through_stem(
+        &self,
+        stem: &StemConv,
+        saved: &[Tensor],
+        dpooled: &Tensor,
+    ) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
+        let _ = (stem, saved, dpooled);
+        Ok(None)
+    }
+
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
     /// replicas this way, then gives each copy its own weights on its replica's device through
@@ -276,6 +326,33 @@ pub struct BackwardPlan {
     /// from its [`preactivation_grad`](Layer::preactivation_grad)); `dx` should come
     /// multiplied by its gradient at the input, and [`FusedGrads::dx_preactivated`] say so.
     pub input_activation: OpActivation,
+}
+
+/// A layer seen as a stride-1 convolution that the layer after it runs inside its own passes
+/// ([`Layer::as_stem`]): a model's first layer, whose output, the model's largest activation,
+/// then never goes through memory.
+#[derive(Clone, Debug)]
+pub struct StemConv {
+    /// Kernel `[kh, kw, c_in, filters]`, in the dtype asked for.
+    pub kernel: Tensor,
+    /// Bias `[filters]`, if the layer has one.
+    pub bias: Option<Tensor>,
+    /// Padding (strides and dilation 1).
+    pub options: ops::spec::ConvOptions,
+    /// The activation, fused.
+    pub activation: OpActivation,
+}
+
+impl StemConv {
+    /// The convolution as [`ops::conv2d_separable_conv2d_max_pool`] takes it.
+    pub(crate) fn op(&self) -> ops::ConvStem<'_> {
+        ops::ConvStem {
+            kernel: &self.kernel,
+            bias: self.bias.as_ref(),
+            options: self.options,
+            act: self.activation,
+        }
+    }
 }
 
 /// What [`Layer::backward_fused`] returns.

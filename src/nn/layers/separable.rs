@@ -15,7 +15,7 @@ use crate::tensor::Tensor;
 use super::{
     activate_separately, activation_and_bias_grad, backward_weights, cpu_preactivation_grad,
     image_shape, in_dtype, not_built, on_gpu, replace, saved, through_separate, weights_of,
-    BackwardPlan, FusedGrads, Layer,
+    BackwardPlan, FusedGrads, Layer, StemConv,
 };
 
 /// Depthwise-separable 2-D convolution (`keras.layers.SeparableConv2D(filters, kernel_size,
@@ -149,6 +149,39 @@ impl SeparableConv2D {
     }
 }
 
+impl SeparableConv2D {
+    /// [`Layer::call_through_max_pool`], behind `stem` when given (`x` is then its input): one
+    /// op on the CPU, `None` elsewhere.
+    #[allow(clippy::type_complexity)] // the three outputs of call_through_max_pool
+    fn pooled_forward(
+        &self,
+        x: &Tensor,
+        stem: Option<&StemConv>,
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+        let on_cpu = self.weights.first().is_some_and(|w| !on_gpu(w));
+        if !on_cpu || !self.fused() || self.activation.separate().is_some() {
+            return Ok(None);
+        }
+        let w = in_dtype("SeparableConv2D", &self.weights, x.dtype())?;
+        let [depthwise, pointwise, bias] = &w[..] else {
+            return Err(not_built("SeparableConv2D"));
+        };
+        let act = self.activation.fused();
+        let (y, pooled) = match stem {
+            Some(stem) => ops::conv2d_separable_conv2d_max_pool(
+                x,
+                stem.op(),
+                depthwise,
+                pointwise,
+                Some(bias),
+                act,
+            )?,
+            None => ops::separable_conv2d_max_pool(x, depthwise, pointwise, Some(bias), act)?,
+        };
+        Ok(Some((pooled, vec![x.clone(), y.clone()], y)))
+    }
+}
+
 impl Layer for SeparableConv2D {
     fn dtype_policy(&self) -> Option<Policy> {
         self.policy
@@ -272,17 +305,48 @@ impl Layer for SeparableConv2D {
         x: &Tensor,
         _training: bool,
     ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
-        let on_cpu = self.weights.first().is_some_and(|w| !on_gpu(w));
-        if !on_cpu || !self.fused() || self.activation.separate().is_some() {
+        self.pooled_forward(x, None)
+    }
+
+    /// On the CPU one op: each block of images goes through the stem, this layer and the pool
+    /// in cache.
+    fn call_through_stem(
+        &self,
+        stem: &StemConv,
+        x: &Tensor,
+        _training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+        self.pooled_forward(x, Some(stem))
+    }
+
+    /// The stem's output recomputed block by block (see [`ops::conv2d_separable_conv2d_max_pool_backward`]).
+    fn backward_through_stem(
+        &self,
+        stem: &StemConv,
+        saved_tensors: &[Tensor],
+        dpooled: &Tensor,
+    ) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
+        let [x, y] = saved_tensors else {
             return Ok(None);
-        }
-        let w = in_dtype("SeparableConv2D", &self.weights, x.dtype())?;
-        let [depthwise, pointwise, bias] = &w[..] else {
+        };
+        let w = backward_weights("SeparableConv2D", &self.weights, dpooled.dtype())?;
+        let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
         let act = self.activation.fused();
-        let (y, pooled) = ops::separable_conv2d_max_pool(x, depthwise, pointwise, Some(bias), act)?;
-        Ok(Some((pooled, vec![x.clone(), y.clone()], y)))
+        let g = ops::conv2d_separable_conv2d_max_pool_backward(
+            x,
+            stem.op(),
+            [depthwise, pointwise],
+            y,
+            dpooled,
+            act,
+        )?;
+        let mut stem_grads = vec![g.conv_kernel];
+        if stem.bias.is_some() {
+            stem_grads.push(g.conv_bias);
+        }
+        Ok(Some((stem_grads, vec![g.depthwise, g.pointwise, g.bias])))
     }
 
     fn preactivation_grad(&self) -> Option<OpActivation> {

@@ -278,14 +278,20 @@ fn correlate(
     if out.is_empty() || out_row == 0 {
         return;
     }
-    let k = g.patch_len();
     // Two tasks per thread: each writes its own rows, so how they are cut changes nothing.
     let rows_per_task = g.rows_per_task(2 * rayon::current_num_threads());
-    let rhs = Strided::row_major(kmat, g.c_out);
-    let small = k <= SMALL_K;
-    // Patch offsets: within the input block (pointwise) or within the padded rows.
+    let offs = patch_offsets(g);
+    out.par_chunks_mut(rows_per_task * out_row)
+        .enumerate()
+        .for_each(|(t, out)| correlate_rows(x, kmat, bias, out, g, act, &offs, t * rows_per_task));
+}
+
+/// Where each element of a patch sits: within the input block (pointwise) or within the rows
+/// [`Geometry::pad_rows`] copies.
+fn patch_offsets(g: &Geometry) -> Vec<usize> {
+    let k = g.patch_len();
     let padded_w = g.ow + g.kw - 1;
-    let offs: Vec<usize> = if g.is_pointwise() {
+    if g.is_pointwise() {
         (0..k).collect()
     } else {
         (0..k)
@@ -294,72 +300,75 @@ fn correlate(
                     + t % g.c_in
             })
             .collect()
-    };
-    out.par_chunks_mut(rows_per_task * out_row)
-        .enumerate()
-        .for_each(|(t, out)| {
-            let r0 = t * rows_per_task;
-            let rows = out.len() / out_row;
-            let pixels = rows * g.ow;
-            if g.is_pointwise() {
-                let lhs = &x[r0 * g.ow * k..(r0 * g.ow + pixels) * k];
-                if small {
-                    let p = SmallK {
-                        lhs,
-                        ps: k,
-                        offs: &offs,
-                        rhs: kmat,
-                        bias,
-                        n: g.c_out,
-                        act,
-                    };
-                    small_k_bias_act(&p, out);
-                } else {
-                    gemm_strided(
-                        out,
-                        pixels,
-                        g.c_out,
-                        k,
-                        Strided::row_major(lhs, k),
-                        rhs,
-                        false,
-                        false,
-                    );
-                    bias_act_rows(out, bias, g.c_out, act);
-                }
-            } else if small {
-                with_scratch(g.kh * padded_w * g.c_in, |pad| {
-                    for (r, out) in (r0..).zip(out.chunks_exact_mut(out_row)) {
-                        g.pad_rows(x, r, pad);
-                        let p = SmallK {
-                            lhs: pad,
-                            ps: g.c_in,
-                            offs: &offs,
-                            rhs: kmat,
-                            bias,
-                            n: g.c_out,
-                            act,
-                        };
-                        small_k_bias_act(&p, out);
-                    }
-                });
-            } else {
-                with_scratch(pixels * k, |col| {
-                    g.im2col(x, r0, rows, col);
-                    gemm_strided(
-                        out,
-                        pixels,
-                        g.c_out,
-                        k,
-                        Strided::row_major(col, k),
-                        rhs,
-                        false,
-                        false,
-                    );
-                    bias_act_rows(out, bias, g.c_out, act);
-                });
+    }
+}
+
+/// [`correlate`]'s work on output rows `r0..` (batch-flattened; as many as `out` holds), on
+/// the calling thread.
+#[allow(clippy::too_many_arguments)] // correlate's arguments, the offsets and the first row
+fn correlate_rows(
+    x: &[f32],
+    kmat: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    g: &Geometry,
+    act: Activation,
+    offs: &[usize],
+    r0: usize,
+) {
+    let (k, out_row) = (g.patch_len(), g.ow * g.c_out);
+    let rows = out.len() / out_row;
+    let pixels = rows * g.ow;
+    let small = k <= SMALL_K;
+    let padded_w = g.ow + g.kw - 1;
+    if g.is_pointwise() {
+        let lhs = &x[r0 * g.ow * k..(r0 * g.ow + pixels) * k];
+        if small {
+            let p = SmallK {
+                lhs,
+                ps: k,
+                offs,
+                rhs: kmat,
+                bias,
+                n: g.c_out,
+                act,
+            };
+            small_k_bias_act(&p, out);
+        } else {
+            let (lhs, rhs) = (
+                Strided::row_major(lhs, k),
+                Strided::row_major(kmat, g.c_out),
+            );
+            gemm_strided(out, pixels, g.c_out, k, lhs, rhs, false, false);
+            bias_act_rows(out, bias, g.c_out, act);
+        }
+    } else if small {
+        with_scratch(g.kh * padded_w * g.c_in, |pad| {
+            for (r, out) in (r0..).zip(out.chunks_exact_mut(out_row)) {
+                g.pad_rows(x, r, pad);
+                let p = SmallK {
+                    lhs: pad,
+                    ps: g.c_in,
+                    offs,
+                    rhs: kmat,
+                    bias,
+                    n: g.c_out,
+                    act,
+                };
+                small_k_bias_act(&p, out);
             }
         });
+    } else {
+        with_scratch(pixels * k, |col| {
+            g.im2col(x, r0, rows, col);
+            let (lhs, rhs) = (
+                Strided::row_major(col, k),
+                Strided::row_major(kmat, g.c_out),
+            );
+            gemm_strided(out, pixels, g.c_out, k, lhs, rhs, false, false);
+            bias_act_rows(out, bias, g.c_out, act);
+        });
+    }
 }
 
 /// Panics unless the slices match the shape, each length computed without wrapping (a shape
@@ -540,6 +549,66 @@ pub(crate) fn conv2d_backward_weights(
         act => OutputGrad::Activated { dy, y, act },
     };
     weight_grads(x, grad, dk, Some(db), s);
+}
+
+/// [`conv2d_forward`] of a stride-1 shape on the calling thread: for a fused op that runs the
+/// convolution block by block inside its own parallel loop (`separable.rs`'s stem), where a
+/// parallel loop of its own would only fight it for the threads.
+pub(crate) fn conv2d_forward_serial(
+    x: &[f32],
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    s: &Conv2dShape,
+    act: Activation,
+) {
+    check(s, x.len(), kernel.len(), y.len(), "conv2d_forward_serial");
+    assert!(
+        s.is_unit_stride(),
+        "conv2d_forward_serial: stride-1 shapes only"
+    );
+    let g = Geometry::forward(s);
+    if !y.is_empty() && g.ow * g.c_out > 0 {
+        correlate_rows(x, kernel, bias, y, &g, act, &patch_offsets(&g), 0);
+    }
+}
+
+/// Adds `patches(x)ᵀ · dz` to `dk` and the column sums of `dz` to `db`, for a stride-1 shape on
+/// the calling thread (a block of images inside a fused op's parallel loop, as
+/// [`conv2d_forward_serial`]). `dz` is the gradient w.r.t. the pre-activation output.
+pub(crate) fn conv2d_weight_grads_serial(
+    x: &[f32],
+    dz: &[f32],
+    (dk, db): (&mut [f32], &mut [f64]),
+    s: &Conv2dShape,
+) {
+    check(s, x.len(), dk.len(), dz.len(), "conv2d_weight_grads_serial");
+    assert!(
+        s.is_unit_stride(),
+        "conv2d_weight_grads_serial: stride-1 shapes only"
+    );
+    assert_eq!(
+        db.len(),
+        s.c_out,
+        "conv2d_weight_grads_serial: db must have c_out elements"
+    );
+    let g = Geometry::forward(s);
+    if dz.is_empty() || dk.is_empty() {
+        return;
+    }
+    sum_rows_leaf(dz, g.c_out, db);
+    let (k, pixels) = (g.patch_len(), dz.len() / g.c_out);
+    let rhs = Strided::row_major(dz, g.c_out);
+    if g.is_pointwise() {
+        let lhs = Strided::transposed(&x[..pixels * k], k);
+        gemm_strided(dk, k, g.c_out, pixels, lhs, rhs, true, false);
+    } else {
+        with_scratch(pixels * k, |col| {
+            g.im2col(x, 0, pixels / g.ow, col);
+            let lhs = Strided::transposed(col, k);
+            gemm_strided(dk, k, g.c_out, pixels, lhs, rhs, true, false);
+        });
+    }
 }
 
 /// Where [`weight_grads`] takes the gradient w.r.t. the pre-activation output from.

@@ -127,7 +127,7 @@ pub(crate) use optim::{adam, clip, rmsprop, sgd, sgd_momentum, weight_decay};
 pub(crate) use pool::{maxpool_backward, maxpool_forward};
 pub(crate) use reduce::{argmax_rows, sum_all, sum_rows};
 pub(crate) use separable::{
-    separable_backward, separable_forward, SeparableGrads, SeparableGradsOut,
+    separable_backward, separable_forward, SeparableGrads, SeparableGradsOut, Source, Stem,
 };
 pub(crate) use softmax::{accuracy_count, softmax, softmax_cross_entropy};
 
@@ -531,6 +531,7 @@ mod tests {
         super::optim::tests::steps_match_reference();
         super::reduce::tests::sums_match_reference();
         super::separable::tests::matches_reference();
+        super::separable::tests::stem_matches_reference();
     }
 
     /// One test for both levels: the forcing is global, so two tests in parallel would race.

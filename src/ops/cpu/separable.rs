@@ -10,10 +10,14 @@
 //! holds every activation of the tutorial model this runs as fast as the separate ops (the
 //! traffic it saves was L3 traffic); what it always saves is memory: `d` is never kept.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
-use crate::ops::spec::{Activation, DepthwiseShape, PoolShape};
+use crate::ops::spec::{Activation, Conv2dShape, DepthwiseShape, PoolShape};
+use crate::shape::product;
 
+use super::conv::{conv2d_forward, conv2d_forward_serial, conv2d_weight_grads_serial};
 use super::depthwise::{self, correlate_image, flipped, kernel_grad_image, Geometry};
 use super::elementwise::{act_backward_in_place, act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, Strided};
@@ -29,6 +33,86 @@ fn images_per_block(pixels: usize) -> usize {
     MIN_BLOCK_PIXELS.div_ceil(pixels.max(1))
 }
 
+/// A stride-1 convolution whose output is the separable convolution's input, computed block
+/// by block in front of it (a model's first two layers: `Conv2D`, then `SeparableConv2D`). Its
+/// output never goes through memory: the forward pass computes each block from the stem's
+/// input and the backward pass recomputes it, so the 12.8 MB the tutorial's first layer
+/// writes at batch 128, and the reads of it and of its gradient, are gone.
+pub(crate) struct Stem<'a> {
+    /// Kernel `[kh, kw, c_in, c]`.
+    pub kernel: &'a [f32],
+    /// Bias `[c]`.
+    pub bias: Option<&'a [f32]>,
+    /// The convolution's shape over the whole batch: stride 1, output `[n, h, w, c]` (the
+    /// separable convolution's input).
+    pub s: Conv2dShape,
+    /// Its activation.
+    pub act: Activation,
+}
+
+/// Where the separable convolution's input comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// The input itself, `[n, h, w, c]`.
+    Input(&'a [f32]),
+    /// A [`Stem`]'s input `[n, h0, w0, c_in]`: the stem's output is the input.
+    Stem(&'a [f32], &'a Stem<'a>),
+}
+
+impl<'a> Source<'a> {
+    /// Checks the source against the separable convolution's shape; the length its input
+    /// would have (the input's own length for [`Source::Input`]).
+    fn input_len(&self, s: &DepthwiseShape, what: &str) -> usize {
+        match *self {
+            Source::Input(x) => x.len(),
+            Source::Stem(x0, stem) => {
+                let c = &stem.s;
+                assert!(c.is_unit_stride(), "{what}: the stem must have stride 1");
+                assert_eq!(
+                    (c.n, c.out_hw(), c.c_out),
+                    (s.n, (s.h, s.w), s.c),
+                    "{what}: the stem's output is not the separable convolution's input"
+                );
+                assert_eq!(
+                    product(&[c.n, c.h, c.w, c.c_in]),
+                    Some(x0.len()),
+                    "{what}: the stem's input length does not match its shape"
+                );
+                s.input_len()
+            }
+        }
+    }
+
+    /// The input of `images`: a slice of it, or the stem's output computed into `buf` (at
+    /// least as long as those images' input).
+    fn block<'b>(&self, images: Range<usize>, image_in: usize, buf: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match *self {
+            Source::Input(x) => &x[images.start * image_in..images.end * image_in],
+            Source::Stem(x0, stem) => {
+                let (x0, s) = stem.block(x0, images.clone());
+                let out = &mut buf[..images.len() * image_in];
+                conv2d_forward_serial(x0, stem.kernel, stem.bias, out, &s, stem.act);
+                out
+            }
+        }
+    }
+}
+
+impl Stem<'_> {
+    /// The stem's input of `images` and the shape of that block.
+    fn block<'x>(&self, x0: &'x [f32], images: Range<usize>) -> (&'x [f32], Conv2dShape) {
+        let image = self.s.h * self.s.w * self.s.c_in;
+        let s = Conv2dShape {
+            n: images.len(),
+            ..self.s
+        };
+        (&x0[images.start * image..images.end * image], s)
+    }
+}
+
 /// The depthwise geometry of one layer and its sizes.
 struct Layer {
     g: Geometry,
@@ -38,8 +122,8 @@ struct Layer {
 }
 
 impl Layer {
-    /// Checks the lengths of `x`, the depthwise kernel, the pointwise kernel and `y` against
-    /// the shape.
+    /// Checks the lengths of the input, the depthwise kernel, the pointwise kernel and `y`
+    /// against the shape.
     fn new(s: &DepthwiseShape, f: usize, lens: [usize; 4], what: &str) -> Layer {
         let [x, dk, pk, y] = lens;
         let g = depthwise::geometry(s, x, dk, x, what);
@@ -69,13 +153,14 @@ impl Layer {
     }
 }
 
-/// `y = act(depthwise(x, dk) · pk + bias)`: `x` `[n, h, w, c]`, `dk` `[kh, kw, c]`, `pk`
-/// `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`; and, when `pooled` is given, its 2×2 max-pool
-/// `[n, h / 2, w / 2, f]`, taken block by block while `y` is in cache (the separate pool would
-/// read all of `y` back: 12.8 MB for the tutorial's first separable layer at batch 128).
+/// `y = act(depthwise(x, dk) · pk + bias)`: `x` `[n, h, w, c]` (or a [`Stem`]'s output), `dk`
+/// `[kh, kw, c]`, `pk` `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`; and, when `pooled` is given,
+/// its 2×2 max-pool `[n, h / 2, w / 2, f]`, taken block by block while `y` is in cache (the
+/// separate pool would read all of `y` back: 12.8 MB for the tutorial's first separable layer
+/// at batch 128).
 #[allow(clippy::too_many_arguments)] // the layer's three weights, its input and outputs
 pub(crate) fn separable_forward(
-    x: &[f32],
+    src: Source<'_>,
     dk: &[f32],
     pk: &[f32],
     bias: Option<&[f32]>,
@@ -85,18 +170,15 @@ pub(crate) fn separable_forward(
     f: usize,
     act: Activation,
 ) {
+    let what = "separable_forward";
     let layer = Layer::new(
         s,
         f,
-        [x.len(), dk.len(), pk.len(), y.len()],
-        "separable_forward",
+        [src.input_len(s, what), dk.len(), pk.len(), y.len()],
+        what,
     );
     if let Some(bias) = bias {
-        assert_eq!(
-            bias.len(),
-            f,
-            "separable_forward: bias must have f elements"
-        );
+        assert_eq!(bias.len(), f, "{what}: bias must have f elements");
     }
     let (c, pixels) = (layer.c, layer.pixels);
     let pool = PoolShape {
@@ -109,13 +191,10 @@ pub(crate) fn separable_forward(
         assert_eq!(
             p.len(),
             pool.output_len(),
-            "separable_forward: pooled output length does not match the shape"
+            "{what}: pooled output length does not match the shape"
         );
     }
-    assert!(
-        c > 0 || y.is_empty(),
-        "separable_forward: no input channels"
-    );
+    assert!(c > 0 || y.is_empty(), "{what}: no input channels");
     if y.is_empty() {
         return;
     }
@@ -123,8 +202,15 @@ pub(crate) fn separable_forward(
     let pk_view = Strided::row_major(pk, f);
     // With fewer blocks than threads (a small batch), the unfused ops parallelise better.
     if s.n.div_ceil(per_block) < 2 * rayon::current_num_threads() {
-        let mut d = vec![0.0f32; x.len()];
-        depthwise::depthwise_forward(x, dk, &mut d, s);
+        let mut d = vec![0.0f32; s.input_len()];
+        match src {
+            Source::Input(x) => depthwise::depthwise_forward(x, dk, &mut d, s),
+            Source::Stem(x0, stem) => {
+                let mut x = vec![0.0f32; s.input_len()];
+                conv2d_forward(x0, stem.kernel, stem.bias, &mut x, &stem.s, stem.act);
+                depthwise::depthwise_forward(&x, dk, &mut d, s);
+            }
+        }
         super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
         if let Some(p) = pooled {
             pool::maxpool_forward(y, p, &pool);
@@ -137,12 +223,20 @@ pub(crate) fn separable_forward(
         Some(p) if image_pooled > 0 => p.chunks_mut(per_block * image_pooled).map(Some).collect(),
         _ => (0..s.n.div_ceil(per_block)).map(|_| None).collect(),
     };
+    // Scratch per block: `d`, and the stem's output before it.
+    let stem_len = |rows: usize| match src {
+        Source::Input(_) => 0,
+        Source::Stem(..) => rows * c,
+    };
     y.par_chunks_mut(per_block * pixels * f)
-        .zip(x.par_chunks(per_block * pixels * c))
         .zip(pooled_blocks)
-        .for_each(|((y, x), pooled)| {
+        .enumerate()
+        .for_each(|(b, (y, pooled))| {
             let rows = y.len() / f;
-            with_scratch(rows * c, |d| {
+            let images = b * per_block..b * per_block + rows / pixels;
+            with_scratch(rows * c + stem_len(rows), |buf| {
+                let (d, stem_out) = buf.split_at_mut(rows * c);
+                let x = src.block(images, pixels * c, stem_out);
                 layer.depthwise(x, dk, d);
                 gemm_strided(
                     y,
@@ -176,12 +270,15 @@ pub(crate) fn separable_forward(
 /// routed to each window's maximum block by block: the layer's full-size `dy` is never written
 /// to memory, and `y` is read once for both the routing and `act'`.
 ///
+/// With a [`Stem`], its output is recomputed block by block, and the input gradient, through
+/// the stem's activation, gives the stem's kernel and bias gradients in the same block.
+///
 /// Image ranges run in parallel, each with its own partial `dpk`, `db` and `ddk` (the last in
 /// f64, as in `depthwise_backward_kernel`), added in range order at the end: the same result on
 /// every run with the same number of threads.
 pub(crate) struct SeparableGrads<'a> {
-    /// The layer's input `[n, h, w, c]`.
-    pub x: &'a [f32],
+    /// The layer's input `[n, h, w, c]`, or its stem's input.
+    pub src: Source<'a>,
     /// Depthwise kernel `[kh, kw, c]`.
     pub dk: &'a [f32],
     /// Pointwise kernel `[c, f]`.
@@ -196,13 +293,14 @@ pub(crate) struct SeparableGrads<'a> {
     pub pooled: bool,
     /// The activation whose output `x` is (the layer before's): `dx` is multiplied by its
     /// gradient as it is written, so that layer's backward pass starts from its `dz` without
-    /// reading its output again. `Linear` for a plain `dx`.
+    /// reading its output again. `Linear` for a plain `dx`. (A stem's activation is its own.)
     pub input_act: Activation,
 }
 
 /// The outputs of [`separable_backward`].
 pub(crate) struct SeparableGradsOut<'a> {
-    /// Gradient w.r.t. `x` (skipped when `None`).
+    /// Gradient w.r.t. `x` (skipped when `None`; always `None` with a stem, whose input
+    /// gradient is not computed).
     pub dx: Option<&'a mut [f32]>,
     /// Gradient w.r.t. the depthwise kernel.
     pub ddk: &'a mut [f32],
@@ -210,6 +308,19 @@ pub(crate) struct SeparableGradsOut<'a> {
     pub dpk: &'a mut [f32],
     /// Gradient w.r.t. the bias.
     pub db: &'a mut [f32],
+    /// With a stem: the gradients w.r.t. its kernel and its bias (`[c]`, given even when the
+    /// stem has no bias).
+    pub stem: Option<(&'a mut [f32], &'a mut [f32])>,
+}
+
+/// One task's partial sums of [`separable_backward`]'s weight gradients.
+struct Partial {
+    dpk: Vec<f32>,
+    db: Vec<f32>,
+    ddk: Vec<f64>,
+    /// The stem's kernel and bias gradients (empty without a stem).
+    stem_dk: Vec<f32>,
+    stem_db: Vec<f64>,
 }
 
 /// See [`SeparableGrads`].
@@ -220,7 +331,8 @@ pub(crate) fn separable_backward(
     f: usize,
 ) {
     let what = "separable_backward";
-    let layer = Layer::new(s, f, [a.x.len(), a.dk.len(), a.pk.len(), a.y.len()], what);
+    let x_len = a.src.input_len(s, what);
+    let layer = Layer::new(s, f, [x_len, a.dk.len(), a.pk.len(), a.y.len()], what);
     // Per image: the gradient of the max-pool of `y` when `pooled`.
     let image_pooled = (s.h / 2) * (s.w / 2) * f;
     assert_eq!(
@@ -237,17 +349,39 @@ pub(crate) fn separable_backward(
         out.ddk.len() == a.dk.len()
             && out.dpk.len() == a.pk.len()
             && out.db.len() == f
-            && out.dx.as_ref().is_none_or(|dx| dx.len() == a.x.len()),
+            && out.dx.as_ref().is_none_or(|dx| dx.len() == x_len),
         "{what}: gradient lengths do not match the shape"
     );
+    let stem = match (a.src, out.stem) {
+        (Source::Stem(x0, stem), Some((dk, db))) => {
+            assert!(
+                out.dx.is_none(),
+                "{what}: a stem's input gradient is not computed"
+            );
+            assert!(
+                dk.len() == stem.kernel.len() && db.len() == stem.s.c_out,
+                "{what}: the stem's gradient lengths do not match its shape"
+            );
+            Some((x0, stem, dk, db))
+        }
+        (Source::Input(_), None) => None,
+        _ => panic!("{what}: a stem needs its gradients, and only a stem has them"),
+    };
     let (c, pixels) = (layer.c, layer.pixels);
     let (image_in, image_out) = (pixels * c, pixels * f);
+    let (stem_k, stem_c) = stem
+        .as_ref()
+        .map_or((0, 0), |(_, t, ..)| (t.kernel.len(), c));
     if image_in == 0 || s.n == 0 || f == 0 {
         out.ddk.fill(0.0);
         out.dpk.fill(0.0);
         out.db.fill(0.0);
         if let Some(dx) = out.dx {
             dx.fill(0.0);
+        }
+        if let Some((_, _, dk, db)) = stem {
+            dk.fill(0.0);
+            db.fill(0.0);
         }
         return;
     }
@@ -262,23 +396,30 @@ pub(crate) fn separable_backward(
             .collect(),
         None => (0..s.n.div_ceil(images_per_task)).map(|_| None).collect(),
     };
-    let partials: Vec<(Vec<f32>, Vec<f32>, Vec<f64>)> = dx_parts
+    let partials: Vec<Partial> = dx_parts
         .into_par_iter()
         .enumerate()
         .map(|(t, mut dx)| {
             let images = t * images_per_task..((t + 1) * images_per_task).min(s.n);
-            let mut dpk = vec![0.0f32; c * f];
-            let mut db = vec![0.0f32; f];
-            let mut ddk = vec![0.0f64; a.dk.len()];
+            let mut p = Partial {
+                dpk: vec![0.0f32; c * f],
+                db: vec![0.0f32; f],
+                ddk: vec![0.0f64; a.dk.len()],
+                stem_dk: vec![0.0f32; stem_k],
+                stem_db: vec![0.0f64; stem_c],
+            };
             let mut ddk_image = vec![0.0f32; a.dk.len()];
             let block = per_block * pixels;
-            // `d`, then its gradient in the same buffer; `dz`.
+            // `d`, then its gradient in the same buffer; `dz`; with a stem, its output and
+            // the gradient of its pre-activation output.
             let (mut d, mut dz) = (vec![0.0f32; block * c], vec![0.0f32; block * f]);
+            let (mut stem_out, mut stem_dz) =
+                (vec![0.0f32; block * stem_c], vec![0.0f32; block * stem_c]);
             for (b, n0) in images.clone().step_by(per_block).enumerate() {
                 let n1 = (n0 + per_block).min(images.end);
                 let rows = (n1 - n0) * pixels;
                 let (d, dz) = (&mut d[..rows * c], &mut dz[..rows * f]);
-                let x = &a.x[n0 * image_in..n1 * image_in];
+                let x = a.src.block(n0..n1, image_in, &mut stem_out);
                 layer.depthwise(x, a.dk, d);
                 let outs = n0 * image_out..n1 * image_out;
                 let dz: &[f32] = if a.pooled {
@@ -302,13 +443,13 @@ pub(crate) fn separable_backward(
                     dz
                 };
                 for row in dz.chunks_exact(f) {
-                    for (acc, &v) in db.iter_mut().zip(row) {
+                    for (acc, &v) in p.db.iter_mut().zip(row) {
                         *acc += v;
                     }
                 }
                 let dz_view = Strided::row_major(dz, f);
                 gemm_strided(
-                    &mut dpk,
+                    &mut p.dpk,
                     c,
                     f,
                     rows,
@@ -324,37 +465,61 @@ pub(crate) fn separable_backward(
                 for (x, dd) in x.chunks_exact(image_in).zip(dd.chunks_exact(image_in)) {
                     ddk_image.fill(0.0);
                     kernel_grad_image(x, dd, &mut ddk_image, layer.g);
-                    for (t, &v) in ddk.iter_mut().zip(&ddk_image) {
+                    for (t, &v) in p.ddk.iter_mut().zip(&ddk_image) {
                         *t += f64::from(v);
                     }
                 }
-                if let Some(dx) = dx.as_deref_mut() {
-                    let at = (n0 - images.start) * image_in;
-                    let dx = &mut dx[at..at + rows * c];
-                    let images = dx.chunks_exact_mut(image_in).zip(dd.chunks_exact(image_in));
-                    for ((dx, dd), x) in images.zip(x.chunks_exact(image_in)) {
-                        correlate_image(dd, &flipped_dk, dx, flipped_g);
-                        if a.input_act != Activation::Linear {
-                            act_backward_in_place(dx, x, a.input_act);
-                        }
+                let (dx, input_act) = match (&stem, dx.as_deref_mut()) {
+                    (Some((.., t, _, _)), _) => (&mut stem_dz[..rows * c], t.act),
+                    (None, Some(dx)) => {
+                        let at = (n0 - images.start) * image_in;
+                        (&mut dx[at..at + rows * c], a.input_act)
+                    }
+                    (None, None) => continue,
+                };
+                let images_dx = dx.chunks_exact_mut(image_in).zip(dd.chunks_exact(image_in));
+                for ((dx, dd), x) in images_dx.zip(x.chunks_exact(image_in)) {
+                    correlate_image(dd, &flipped_dk, dx, flipped_g);
+                    if input_act != Activation::Linear {
+                        act_backward_in_place(dx, x, input_act);
                     }
                 }
+                if let Some((x0, stem, ..)) = &stem {
+                    let (x0, shape) = stem.block(x0, n0..n1);
+                    let grads = (&mut p.stem_dk[..], &mut p.stem_db[..]);
+                    conv2d_weight_grads_serial(x0, dx, grads, &shape);
+                }
             }
-            (dpk, db, ddk)
+            p
         })
         .collect();
     out.dpk.fill(0.0);
     out.db.fill(0.0);
     let mut ddk = vec![0.0f64; a.dk.len()];
-    for (dpk_t, db_t, ddk_t) in &partials {
-        out.dpk.iter_mut().zip(dpk_t).for_each(|(a, b)| *a += b);
-        out.db.iter_mut().zip(db_t).for_each(|(a, b)| *a += b);
-        ddk.iter_mut().zip(ddk_t).for_each(|(a, b)| *a += b);
+    let (mut stem_dk, mut stem_db) = (vec![0.0f32; stem_k], vec![0.0f64; stem_c]);
+    for p in &partials {
+        out.dpk.iter_mut().zip(&p.dpk).for_each(|(a, b)| *a += b);
+        out.db.iter_mut().zip(&p.db).for_each(|(a, b)| *a += b);
+        ddk.iter_mut().zip(&p.ddk).for_each(|(a, b)| *a += b);
+        stem_dk
+            .iter_mut()
+            .zip(&p.stem_dk)
+            .for_each(|(a, b)| *a += b);
+        stem_db
+            .iter_mut()
+            .zip(&p.stem_db)
+            .for_each(|(a, b)| *a += b);
     }
     out.ddk
         .iter_mut()
         .zip(&ddk)
         .for_each(|(d, &t)| *d = t as f32);
+    if let Some((_, _, dk, db)) = stem {
+        dk.copy_from_slice(&stem_dk);
+        db.iter_mut()
+            .zip(&stem_db)
+            .for_each(|(d, &t)| *d = t as f32);
+    }
 }
 
 #[cfg(test)]
@@ -397,7 +562,17 @@ pub(super) mod tests {
                 let (pk64, bias64) = (to_f64(&pk), to_f64(&bias));
                 let y64 = r::matmul_bias_act(&d64, &pk64, Some(&bias64), rows, c, f, act);
                 let mut y = vec![f32::NAN; rows * f];
-                separable_forward(&x, &dk, &pk, Some(&bias), &mut y, None, &s, f, act);
+                separable_forward(
+                    Source::Input(&x),
+                    &dk,
+                    &pk,
+                    Some(&bias),
+                    &mut y,
+                    None,
+                    &s,
+                    f,
+                    act,
+                );
                 assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
                 // With the max-pool taken on the way: `y` again, and its pool. (Not bit for
                 // bit the first `y`: `kernels_match_the_reference`, running beside this test,
@@ -406,7 +581,8 @@ pub(super) mod tests {
                 let mut y_again = vec![f32::NAN; y.len()];
                 let mut pooled = vec![f32::NAN; pool.output_len()];
                 let out = (&mut y_again[..], Some(&mut pooled[..]));
-                separable_forward(&x, &dk, &pk, Some(&bias), out.0, out.1, &s, f, act);
+                let src = Source::Input(&x);
+                separable_forward(src, &dk, &pk, Some(&bias), out.0, out.1, &s, f, act);
                 assert_close(
                     &y_again,
                     &y64,
@@ -435,7 +611,7 @@ pub(super) mod tests {
                     let mut dpk = vec![f32::NAN; pk.len()];
                     let mut db = vec![f32::NAN; f];
                     let grads = SeparableGrads {
-                        x: &x,
+                        src: Source::Input(&x),
                         dk: &dk,
                         pk: &pk,
                         y: &y,
@@ -449,6 +625,7 @@ pub(super) mod tests {
                         ddk: &mut ddk,
                         dpk: &mut dpk,
                         db: &mut db,
+                        stem: None,
                     };
                     separable_backward(&grads, out, &s, f);
                     assert_close(&dx, &dx64, 1e-4, &format!("{what}: dx"));
@@ -456,6 +633,118 @@ pub(super) mod tests {
                     assert_close(&dpk, &dpk64, 1e-4, &format!("{what}: d pointwise"));
                     assert_close(&db, &db64, 1e-4, &format!("{what}: d bias"));
                 }
+            }
+        }
+    }
+
+    /// With a stem: the convolution's output recomputed block by block, against the f64
+    /// reference of the three layers, its weight gradients included (both loops: a batch in
+    /// blocks and one too small for them; the small-K, im2col and 1×1 products).
+    #[test]
+    pub(in crate::ops::cpu) fn stem_matches_reference() {
+        use crate::ops::spec::{Conv2dShape, Padding};
+        for (t, (n, h, w, c_in, c, f, k, padding)) in [
+            (9, 28, 28, 1, 32, 16, 3, Padding::Same),
+            (2, 5, 6, 1, 4, 3, 3, Padding::Same),
+            (12, 9, 11, 3, 8, 5, 5, Padding::Valid),
+            (40, 6, 6, 16, 16, 8, 1, Padding::Same),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cs = Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out: c,
+                kh: k,
+                kw: k,
+                padding,
+                strides: [1, 1],
+                dilation: [1, 1],
+            };
+            let (oh, ow) = cs.out_hw();
+            let s = DepthwiseShape::same(n, oh, ow, c, 3, 3);
+            let pool = PoolShape {
+                n,
+                h: oh,
+                w: ow,
+                c: f,
+            };
+            let (act0, act) = [
+                (Activation::Selu, Activation::Selu),
+                (Activation::Relu, Activation::Linear),
+            ][t % 2];
+            let seed = 950 + 10 * t as u64;
+            let x = random_vec(cs.input_len(), seed);
+            let ck = random_vec(cs.kernel_len(), seed + 1);
+            let cb = random_vec(c, seed + 2);
+            let dk = random_vec(s.kernel_len(), seed + 3);
+            let pk = random_vec(c * f, seed + 4);
+            let dp = random_vec(pool.output_len(), seed + 5);
+            let stem = Stem {
+                kernel: &ck,
+                bias: Some(&cb),
+                s: cs,
+                act: act0,
+            };
+            let what = format!("stem {cs:?} f {f} {act0:?} {act:?}");
+            let src = Source::Stem(&x, &stem);
+            let mut y = vec![f32::NAN; n * oh * ow * f];
+            let mut pooled = vec![f32::NAN; pool.output_len()];
+            separable_forward(src, &dk, &pk, None, &mut y, Some(&mut pooled), &s, f, act);
+            let x64 = to_f64(&x);
+            let a64 = r::conv2d_forward(&x64, &to_f64(&ck), Some(&to_f64(&cb)), &cs, act0);
+            let d64 = r::depthwise_forward(&a64, &to_f64(&dk), &s);
+            let rows = n * oh * ow;
+            let y64 = r::matmul_bias_act(&d64, &to_f64(&pk), None, rows, c, f, act);
+            assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
+            let pooled64 = r::maxpool_forward(&to_f64(&y), &pool);
+            assert_close(&pooled, &pooled64, 0.0, &format!("{what}: pooled"));
+
+            let y32 = to_f64(&y);
+            let dy64 = r::maxpool_backward(&y32, &to_f64(&dp), &pool);
+            let dz64 = r::activation_backward(&dy64, &y32, act);
+            let dd64 = r::matmul(&dz64, &to_f64(&pk), rows, f, c, false, true);
+            let da64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
+            let dza64 = r::activation_backward(&da64, &a64, act0);
+            let mut grads = [dk.len(), pk.len(), f, ck.len(), c].map(|l| vec![f32::NAN; l]);
+            let [ddk, dpk, db, dck, dcb] = &mut grads;
+            let a = SeparableGrads {
+                src,
+                dk: &dk,
+                pk: &pk,
+                y: &y,
+                dy: &dp,
+                act,
+                pooled: true,
+                input_act: Activation::Linear,
+            };
+            let out = SeparableGradsOut {
+                dx: None,
+                ddk,
+                dpk,
+                db,
+                stem: Some((dck, dcb)),
+            };
+            separable_backward(&a, out, &s, f);
+            let expected = [
+                r::depthwise_backward_kernel(&a64, &dd64, &s),
+                r::matmul(&d64, &dz64, c, rows, f, true, false),
+                r::sum_rows(&dz64, rows, f),
+                r::conv2d_backward_kernel(&x64, &dza64, &cs),
+                r::bias_grad(&dza64, c),
+            ];
+            let names = [
+                "d depthwise",
+                "d pointwise",
+                "d bias",
+                "d conv",
+                "d conv bias",
+            ];
+            for ((got, expected), name) in grads.iter().zip(&expected).zip(names) {
+                assert_close(got, expected, 1e-4, &format!("{what}: {name}"));
             }
         }
     }

@@ -19,7 +19,7 @@ const CONV2D_BACKWARD_WEIGHTS: OpInfo = op("FusedConv2DWeightGrad", gn::CONV2D_B
 
 /// A convolution's shape from its input `[n, h, w, c_in]` and kernel `[kh, kw, c_in, c_out]`
 /// shapes, checked.
-fn conv_shape(
+pub(super) fn conv_shape(
     op: &'static str,
     x: &[usize],
     k: &[usize],

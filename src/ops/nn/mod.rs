@@ -20,6 +20,7 @@ mod max_pool;
 mod optimizer;
 mod separable;
 mod softmax;
+mod stem;
 pub use bias_act::*;
 pub use conv::*;
 pub use dense::*;
@@ -28,6 +29,7 @@ pub use max_pool::*;
 pub use optimizer::*;
 pub use separable::*;
 pub use softmax::*;
+pub use stem::*;
 
 // ---- activations and pooling layers ----
 mod activations;

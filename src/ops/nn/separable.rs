@@ -3,8 +3,8 @@
 
 use crate::error::Result;
 use crate::ops::gpu::nn as gn;
-use crate::ops::nn_kernels::{SeparableBackward, SeparableForward};
-use crate::ops::spec::{Activation, DepthwiseShape, Padding};
+use crate::ops::nn_kernels::{SeparableBackward, SeparableForward, StemConv};
+use crate::ops::spec::{Activation, Conv2dShape, DepthwiseShape, Padding};
 use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::Tensor;
@@ -24,15 +24,15 @@ const SEPARABLE_MAX_POOL_BACKWARD: OpInfo = op(
 /// the depthwise kernel and the pointwise kernel.
 fn separable_shape(
     op: &'static str,
-    x: &Tensor,
+    x: &[usize],
     depthwise: &Tensor,
     pointwise: &Tensor,
 ) -> Result<(DepthwiseShape, usize)> {
-    let s = depthwise_shape(op, x.shape(), depthwise.shape(), Padding::Same.into())?;
+    let s = depthwise_shape(op, x, depthwise.shape(), Padding::Same.into())?;
     if s.multiplier != 1 {
         return Err(mismatch(
             op,
-            x.shape(),
+            x,
             depthwise.shape(),
             ": the fused separable convolution takes depth multiplier 1 (run \
              depthwise_conv2d_with and pointwise_conv2d for others)",
@@ -41,7 +41,7 @@ fn separable_shape(
     if s.c == 0 {
         return Err(mismatch(
             op,
-            x.shape(),
+            x,
             depthwise.shape(),
             ": the input has no channels",
         ));
@@ -50,7 +50,7 @@ fn separable_shape(
         [1, 1, c, filters] if c == s.c => Ok((s, filters)),
         _ => Err(mismatch(
             op,
-            x.shape(),
+            x,
             pointwise.shape(),
             format!(
                 ": the pointwise kernel must be [1, 1, {}, filters] for {} channels",
@@ -91,7 +91,15 @@ pub fn separable_conv2d(
     bias: Option<&Tensor>,
     act: Activation,
 ) -> Result<Tensor> {
-    separable_forward(false, x, [depthwise, pointwise], bias, act).map(|(y, _)| y)
+    separable_forward(
+        (&SEPARABLE, false),
+        x,
+        None,
+        [depthwise, pointwise],
+        bias,
+        act,
+    )
+    .map(|(y, _)| y)
 }
 
 /// [`separable_conv2d`] and the 2×2 max-pool of its output
@@ -125,28 +133,37 @@ pub fn separable_conv2d_max_pool(
     bias: Option<&Tensor>,
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
-    match separable_forward(true, x, [depthwise, pointwise], bias, act)? {
+    let info = (&SEPARABLE_MAX_POOL, true);
+    match separable_forward(info, x, None, [depthwise, pointwise], bias, act)? {
         (y, Some(pooled)) => Ok((y, pooled)),
         (_, None) => unreachable!("separable_forward(pool: true) returns the pool"),
     }
 }
 
-/// [`separable_conv2d`], and with `pool` its max-pool too.
-fn separable_forward(
-    pool: bool,
+/// A stride-1 convolution in front of a separable one, checked: its output has the shape
+/// `out` (the separable convolution's input).
+pub(super) struct Stem<'a> {
+    pub(super) kernel: &'a Tensor,
+    pub(super) bias: Option<&'a Tensor>,
+    pub(super) s: Conv2dShape,
+    pub(super) act: Activation,
+    pub(super) out: [usize; 4],
+}
+
+/// [`separable_conv2d`] as the op `info`, with its max-pool when `pool`, and behind a `stem`
+/// when given (`x` is then the stem's input).
+pub(super) fn separable_forward(
+    (info, pool): (&OpInfo, bool),
     x: &Tensor,
+    stem: Option<&Stem<'_>>,
     [depthwise, pointwise]: [&Tensor; 2],
     bias: Option<&Tensor>,
     act: Activation,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    let info = if pool {
-        &SEPARABLE_MAX_POOL
-    } else {
-        &SEPARABLE
-    };
     let name = info.name;
     let dtype = float_dtype(name, &[x, depthwise, pointwise])?;
-    let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
+    let x_shape = stem.map_or(x.shape(), |t| &t.out[..]);
+    let (s, filters) = separable_shape(name, x_shape, depthwise, pointwise)?;
     if let Some(b) = bias {
         b.expect_dtype("BiasAdd", dtype)?;
         if b.shape() != [filters] {
@@ -160,6 +177,11 @@ fn separable_forward(
     }
     let mut inputs = vec![x, depthwise, pointwise];
     inputs.extend(bias);
+    let stem_at = inputs.len();
+    if let Some(t) = stem {
+        inputs.push(t.kernel);
+        inputs.extend(t.bias);
+    }
     run(info, &inputs, |device, moved| {
         let y = Tensor::uninit(&[s.n, s.h, s.w, filters], dtype, device)?;
         let pooled = if pool {
@@ -175,12 +197,18 @@ fn separable_forward(
             x: &moved[0],
             depthwise: &moved[1],
             pointwise: &moved[2],
-            bias: moved.get(3),
+            bias: bias.map(|_| &moved[3]),
             y: &y,
             pooled: pooled.as_ref(),
             s,
             filters,
             act,
+            stem: stem.map(|t| StemConv {
+                kernel: &moved[stem_at],
+                bias: t.bias.map(|_| &moved[stem_at + 1]),
+                s: t.s,
+                act: t.act,
+            }),
         };
         with_kernels(device, |_, nk| nk.separable(&f))?;
         Ok((y, pooled))
@@ -303,7 +331,20 @@ pub fn separable_conv2d_backward_with(
     act: Activation,
     options: SeparableBackwardOptions,
 ) -> Result<SeparableConv2dGrads> {
-    separable_grads(options, x, [depthwise, pointwise], y, dy, act)
+    let info = if options.pooled {
+        &SEPARABLE_MAX_POOL_BACKWARD
+    } else {
+        &SEPARABLE_BACKWARD
+    };
+    let (grads, _) = separable_grads(
+        (info, options),
+        x,
+        None,
+        [depthwise, pointwise],
+        (y, dy),
+        act,
+    )?;
+    Ok(grads)
 }
 
 /// The gradients of `max_pool2d(separable_conv2d(x, ...))` from `dpooled`, the gradient w.r.t.
@@ -352,28 +393,26 @@ pub fn separable_conv2d_max_pool_backward(
     separable_conv2d_backward_with(x, [depthwise, pointwise], y, dpooled, act, options)
 }
 
-/// See [`separable_conv2d_backward_with`].
-fn separable_grads(
-    options: SeparableBackwardOptions,
+/// The gradients of the op `info` as `options` asks (see [`separable_conv2d_backward_with`]);
+/// with a `stem` (`x` is then its input, and `options.need_dx` must be false) its kernel's and
+/// bias' gradients too.
+pub(super) fn separable_grads(
+    (info, options): (&OpInfo, SeparableBackwardOptions),
     x: &Tensor,
+    stem: Option<&Stem<'_>>,
     [depthwise, pointwise]: [&Tensor; 2],
-    y: &Tensor,
-    dy: &Tensor,
+    (y, dy): (&Tensor, &Tensor),
     act: Activation,
-) -> Result<SeparableConv2dGrads> {
+) -> Result<(SeparableConv2dGrads, Option<[Tensor; 2]>)> {
     let SeparableBackwardOptions {
         pooled,
         need_dx,
         input_activation,
     } = options;
-    let info = if pooled {
-        &SEPARABLE_MAX_POOL_BACKWARD
-    } else {
-        &SEPARABLE_BACKWARD
-    };
     let name = info.name;
     let dtype = float_dtype(name, &[x, depthwise, pointwise, y, dy])?;
-    let (s, filters) = separable_shape(name, x, depthwise, pointwise)?;
+    let x_shape = stem.map_or(x.shape(), |t| &t.out[..]);
+    let (s, filters) = separable_shape(name, x_shape, depthwise, pointwise)?;
     let out_shape = [s.n, s.h, s.w, filters];
     if y.shape() != out_shape {
         return Err(mismatch(
@@ -396,8 +435,13 @@ fn separable_grads(
         };
         return Err(mismatch(name, dy.shape(), &dy_shape, hint));
     }
-    run(info, &[x, depthwise, pointwise, y, dy], |device, moved| {
-        let dx = if need_dx {
+    let mut inputs = vec![x, depthwise, pointwise, y, dy];
+    if let Some(t) = stem {
+        inputs.push(t.kernel);
+        inputs.extend(t.bias);
+    }
+    run(info, &inputs, |device, moved| {
+        let dx = if need_dx && stem.is_none() {
             Some(Tensor::uninit(x.shape(), dtype, device)?)
         } else {
             None
@@ -405,6 +449,13 @@ fn separable_grads(
         let d_depthwise = Tensor::uninit(depthwise.shape(), dtype, device)?;
         let d_pointwise = Tensor::uninit(pointwise.shape(), dtype, device)?;
         let d_bias = Tensor::uninit(&[filters], dtype, device)?;
+        let d_stem = match stem {
+            Some(t) => Some([
+                Tensor::uninit(t.kernel.shape(), dtype, device)?,
+                Tensor::uninit(&[t.s.c_out], dtype, device)?,
+            ]),
+            None => None,
+        };
         let g = SeparableBackward {
             x: &moved[0],
             depthwise: &moved[1],
@@ -420,13 +471,23 @@ fn separable_grads(
             filters,
             act,
             input_act: input_activation,
+            stem: stem.zip(d_stem.as_ref()).map(|(t, [dk, db])| {
+                let conv = StemConv {
+                    kernel: &moved[5],
+                    bias: t.bias.map(|_| &moved[6]),
+                    s: t.s,
+                    act: t.act,
+                };
+                (conv, [dk, db])
+            }),
         };
         with_kernels(device, |_, nk| nk.separable_backward(&g))?;
-        Ok(SeparableConv2dGrads {
+        let grads = SeparableConv2dGrads {
             dx,
             depthwise: d_depthwise,
             pointwise: d_pointwise,
             bias: d_bias,
-        })
+        };
+        Ok((grads, d_stem))
     })
 }

@@ -10,7 +10,9 @@ use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::nn_kernels::pointwise_shape;
 use crate::ops::spec::ConvGeometry;
 use crate::ops::spec::{Activation, DepthwiseShape, PoolShape};
-use crate::ops::{Kernels, NnKernels, SeparableBackward, SeparableForward};
+use crate::ops::{
+    ConvWeightGrads, Kernels, NnKernels, SeparableBackward, SeparableForward, StemConv,
+};
 use crate::tensor::Tensor;
 
 use super::kernel_lists::*;
@@ -224,8 +226,12 @@ impl GpuKernels<'_> {
 
     pub(super) fn separable_impl(&self, f: &SeparableForward<'_>) -> Result<()> {
         // Unfused: on a GPU each step is its own dispatch anyway.
-        let d = self.scratch(f.x.shape(), f.x)?;
-        self.depthwise(f.x, f.depthwise, &d, &f.s)?;
+        let x = match &f.stem {
+            Some(stem) => &self.stem_output(f.x, stem, &f.s)?,
+            None => f.x,
+        };
+        let d = self.scratch(x.shape(), x)?;
+        self.depthwise(x, f.depthwise, &d, &f.s)?;
         self.conv2d(
             &d,
             f.pointwise,
@@ -240,7 +246,38 @@ impl GpuKernels<'_> {
         }
     }
 
+    /// The output of a separable convolution's stem: its input `s.input_len()` elements.
+    fn stem_output(&self, x0: &Tensor, stem: &StemConv<'_>, s: &DepthwiseShape) -> Result<Tensor> {
+        let x = self.scratch(&[s.n, s.h, s.w, s.c], x0)?;
+        self.conv2d(x0, stem.kernel, stem.bias, &x, &stem.s, stem.act)?;
+        Ok(x)
+    }
+
     pub(super) fn separable_backward_impl(&self, g: &SeparableBackward<'_>) -> Result<()> {
+        // With a stem: its output recomputed, the gradient of its pre-activation output
+        // written where `dx` would be, then its weight gradients from that.
+        if let Some((stem, [dk, db])) = &g.stem {
+            let x = self.stem_output(g.x, stem, &g.s)?;
+            let dz = self.scratch(x.shape(), &x)?;
+            let inner = SeparableBackward {
+                x: &x,
+                dx: Some(&dz),
+                input_act: stem.act,
+                stem: None,
+                ..*g
+            };
+            self.separable_backward_impl(&inner)?;
+            let w = ConvWeightGrads {
+                x: g.x,
+                y: &x,
+                dy: &dz,
+                dk,
+                db,
+                s: stem.s,
+                act: Activation::Linear,
+            };
+            return self.conv2d_backward_weights_impl(&w);
+        }
         let d = self.scratch(g.x.shape(), g.x)?;
         self.depthwise(g.x, g.depthwise, &d, &g.s)?;
         // A pooled gradient goes through the max-pool's own gradient first (unfused here).
