@@ -7,6 +7,7 @@ use crate::ops::spec::Activation;
 use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, act_in_place, bias_act_rows};
+use super::reduce::add_rows_leaf;
 use super::{madd, Vector, V8};
 
 /// Rows per block of a fused product (`k` inputs and `n` outputs per row): about 64 KiB of
@@ -283,9 +284,7 @@ pub(crate) fn dense_backward(
         // products instead, each parallel inside.
         let mut dz = vec![0.0f32; m * n];
         act_backward_leaf(dy, y, &mut dz, act);
-        for row in dz.chunks_exact(n) {
-            db.iter_mut().zip(row).for_each(|(acc, &v)| *acc += v);
-        }
+        add_rows_leaf(&dz, n, db);
         let dz_view = Strided::row_major(&dz, n);
         gemm_strided(dw, k, n, m, Strided::transposed(x, k), dz_view, false, true);
         if let Some(dx) = dx {
@@ -317,11 +316,7 @@ pub(crate) fn dense_backward(
                 let len = r1 - r0;
                 let dz = &mut dz[..len * n];
                 act_backward_leaf(&dy[r0 * n..r1 * n], &y[r0 * n..r1 * n], dz, act);
-                for row in dz.chunks_exact(n) {
-                    for (acc, &v) in db_t.iter_mut().zip(row) {
-                        *acc += v;
-                    }
-                }
+                add_rows_leaf(dz, n, &mut db_t);
                 let x_rows = &x[r0 * k..r1 * k];
                 let dz = &*dz;
                 gemm_strided(

@@ -48,6 +48,18 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `acc[c] += Σ_r x[r, c]` over the rows of a row-major block, in f32, row after row (the
+    /// bias sums of fused backward passes, whose partials are added in a fixed order after).
+    pub(super) fn add_rows_leaf(x: &[f32], cols: usize, acc: &mut [f32]) {
+        for row in x.chunks_exact(cols) {
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += v;
+            }
+        }
+    }
+}
+
 /// Column sums of a row-major `[rows, cols]` matrix: `out[c] = Σ_r x[r, c]` (bias gradients),
 /// accumulated in f64.
 pub(crate) fn sum_rows(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {

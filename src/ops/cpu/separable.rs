@@ -22,6 +22,7 @@ use super::depthwise::{self, correlate_image, flipped, kernel_grad_image, Geomet
 use super::elementwise::{act_backward_in_place, act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, Strided};
 use super::pool;
+use super::reduce::add_rows_leaf;
 use super::with_scratch;
 
 /// Pixels a block should hold at least: as in the fused dense product (`gemm.rs`), below a
@@ -442,11 +443,7 @@ pub(crate) fn separable_backward(
                     act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
                     dz
                 };
-                for row in dz.chunks_exact(f) {
-                    for (acc, &v) in p.db.iter_mut().zip(row) {
-                        *acc += v;
-                    }
-                }
+                add_rows_leaf(dz, f, &mut p.db);
                 let dz_view = Strided::row_major(dz, f);
                 gemm_strided(
                     &mut p.dpk,
