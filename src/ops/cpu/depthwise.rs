@@ -212,8 +212,7 @@ fn correlate_row_any<const FMA: bool>(
 multiversion! {
     /// Output rows `i` and `i + 1` of one image into `out` (two rows; `i + 1 < h`).
     fn correlate_row_pair<const FMA: bool>(x: &[f32], k: &[f32], out: &mut [f32], i: usize, g: Geometry) {
-        let interior = i > 0 && i + 2 < g.h;
-        if interior && g.is_3x3_same() && g.c.is_multiple_of(32) && super::wide_registers() {
+        if g.is_3x3_same() && g.c.is_multiple_of(32) && super::wide_registers() {
             correlate_row_pair_3x3::<V16, 2, FMA>(x, k, out, i, g);
         } else {
             let (first, second) = out.split_at_mut(g.w * g.c);

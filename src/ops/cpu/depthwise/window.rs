@@ -29,18 +29,44 @@ pub(super) fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     i: usize,
     g: Geometry,
 ) {
+    // Kernel rows whose input row `i + a - 1` is inside the image, as constants: with the
+    // bounds known the loop over the rows unrolls and the kernel stays in registers (with
+    // them in a variable, the edge rows read it from memory at every multiply-add).
+    match g.rows(i) {
+        (0, 3) => correlate_row_in::<V, NV, FMA, 0, 3>(x, k, out, i, g),
+        (1, 3) => correlate_row_in::<V, NV, FMA, 1, 3>(x, k, out, i, g),
+        (0, 2) => correlate_row_in::<V, NV, FMA, 0, 2>(x, k, out, i, g),
+        _ => correlate_row_in::<V, NV, FMA, 1, 2>(x, k, out, i, g),
+    }
+}
+
+/// [`correlate_row_3x3`] for a row whose kernel rows inside the image are `[A0, A1)`.
+#[inline(always)]
+fn correlate_row_in<
+    V: Vector,
+    const NV: usize,
+    const FMA: bool,
+    const A0: usize,
+    const A1: usize,
+>(
+    x: &[f32],
+    k: &[f32],
+    out: &mut [f32],
+    i: usize,
+    g: Geometry,
+) {
     let (w, c, lanes) = (g.w, g.c, V::LANES);
     assert!(
         g.is_3x3_same()
             && c % (lanes * NV) == 0
             && w > 0
+            && g.rows(i) == (A0, A1)
             && g.holds_image(x.len())
             && g.holds_kernel(k.len())
             && g.holds_row(out.len()),
         "depthwise: 3x3 row out of range"
     );
-    // Kernel rows whose input row `i + a - 1` is inside the image.
-    let (a0, a1) = g.rows(i);
+    let (a0, a1) = (A0, A1);
     let zero = [V::splat(0.0); NV];
     for c0 in (0..c).step_by(lanes * NV) {
         let mut kv = [[zero; 3]; 3];
@@ -98,14 +124,39 @@ pub(super) fn correlate_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
 /// `V16`, `NV = 2` (31). In cache on a Zen 4 core this ran 84 GFLOP/s against the single
 /// row's 68 (32 channels, 28×28).
 ///
-/// Interior rows only (`0 < i`, `i + 2 < h`): with the four input rows always there, the loop
-/// over them has constant bounds and unrolls, so the kernel vectors stay in registers (with
-/// the image's edges in the loop they were read from memory at every multiply-add).
+/// Whether the pair touches the image's top or bottom edge is a constant of each version:
+/// with the input rows known the loop over them unrolls, so the kernel vectors stay in
+/// registers (with the edges in the loop's bounds they were read from memory at every
+/// multiply-add).
 ///
-/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, the rows
-/// are interior, and the slices hold a whole image, kernel and two output rows.
+/// Panics unless `c` is a multiple of `V::LANES * NV`, `g` is such a 3×3 geometry, `i + 1 <
+/// h`, and the slices hold a whole image, kernel and two output rows.
 #[inline(always)]
 pub(super) fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool>(
+    x: &[f32],
+    k: &[f32],
+    out: &mut [f32],
+    i: usize,
+    g: Geometry,
+) {
+    match (i == 0, i + 2 == g.h) {
+        (false, false) => correlate_pair_in::<V, NV, FMA, false, false>(x, k, out, i, g),
+        (true, false) => correlate_pair_in::<V, NV, FMA, true, false>(x, k, out, i, g),
+        (false, true) => correlate_pair_in::<V, NV, FMA, false, true>(x, k, out, i, g),
+        (true, true) => correlate_pair_in::<V, NV, FMA, true, true>(x, k, out, i, g),
+    }
+}
+
+/// [`correlate_row_pair_3x3`] for a pair at the top edge (`TOP`: `i == 0`, no input row above)
+/// or the bottom one (`BOTTOM`: `i + 2 == h`, none below), or neither.
+#[inline(always)]
+fn correlate_pair_in<
+    V: Vector,
+    const NV: usize,
+    const FMA: bool,
+    const TOP: bool,
+    const BOTTOM: bool,
+>(
     x: &[f32],
     k: &[f32],
     out: &mut [f32],
@@ -118,8 +169,9 @@ pub(super) fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool
         g.is_3x3_same()
             && c % (lanes * NV) == 0
             && w > 0
-            && i > 0
-            && i + 2 < g.h
+            && i + 1 < g.h
+            && TOP == (i == 0)
+            && BOTTOM == (i + 2 == g.h)
             && g.holds_image(x.len())
             && g.holds_kernel(k.len())
             && g.holds_row(out.len())
@@ -148,12 +200,17 @@ pub(super) fn correlate_row_pair_3x3<V: Vector, const NV: usize, const FMA: bool
                 }
             }
             for r in 0..4 {
+                // Input rows `i - 1` and `i + 2` when they exist.
+                if (TOP && r == 0) || (BOTTOM && r == 3) {
+                    continue;
+                }
                 let src = ((i + r - 1) * w + jj) * c + c0;
                 for v in 0..NV {
                     let at = src + lanes * v;
-                    // SAFETY: the assert keeps 0 <= i - 1 and i + 2 < h, so i + r - 1 < h; jj <
-                    // w; with c0 + lanes * NV <= c (c a multiple of lanes * NV) `at + lanes <=
-                    // h * w * c <= x.len()`.
+                    // SAFETY: the assert keeps i - 1 >= 0 unless TOP (then r > 0) and i + 2 < h
+                    // unless BOTTOM (then r < 3), so 0 <= i + r - 1 < h; jj < w; with c0 +
+                    // lanes * NV <= c (c a multiple of lanes * NV) `at + lanes <= h * w * c <=
+                    // x.len()`.
                     let xv = V::load(unsafe { x.get_unchecked(at..at + lanes) }, 0);
                     if r < 3 {
                         left[0][v] = left[0][v].madd_v::<FMA>(xv, kv[r][2][v]);
@@ -200,16 +257,41 @@ pub(super) fn kernel_grad_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     i: usize,
     g: Geometry,
 ) {
+    // The rows inside the image as constants, as in `correlate_row_3x3`.
+    match g.rows(i) {
+        (0, 3) => kernel_grad_row_in::<V, NV, FMA, 0, 3>(x, dy_row, acc, i, g),
+        (1, 3) => kernel_grad_row_in::<V, NV, FMA, 1, 3>(x, dy_row, acc, i, g),
+        (0, 2) => kernel_grad_row_in::<V, NV, FMA, 0, 2>(x, dy_row, acc, i, g),
+        _ => kernel_grad_row_in::<V, NV, FMA, 1, 2>(x, dy_row, acc, i, g),
+    }
+}
+
+/// [`kernel_grad_row_3x3`] for a row whose kernel rows inside the image are `[A0, A1)`.
+#[inline(always)]
+fn kernel_grad_row_in<
+    V: Vector,
+    const NV: usize,
+    const FMA: bool,
+    const A0: usize,
+    const A1: usize,
+>(
+    x: &[f32],
+    dy_row: &[f32],
+    acc: &mut [f32],
+    i: usize,
+    g: Geometry,
+) {
     let (w, c, lanes) = (g.w, g.c, V::LANES);
     assert!(
         g.is_3x3_same()
             && c % (lanes * NV) == 0
+            && g.rows(i) == (A0, A1)
             && g.holds_image(x.len())
             && g.holds_row(dy_row.len())
             && g.holds_kernel(acc.len()),
         "depthwise: 3x3 kernel-gradient row out of range"
     );
-    let (a0, a1) = g.rows(i);
+    let (a0, a1) = (A0, A1);
     let zero = [V::splat(0.0); NV];
     for c0 in (0..c).step_by(lanes * NV) {
         let mut sums = [[zero; 3]; 3];
