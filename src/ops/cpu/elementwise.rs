@@ -146,6 +146,16 @@ pub(crate) fn act_in_place<const FMA: bool>(y: &mut [f32], act: Activation) {
     }
 }
 
+/// `dy * act'` from the activated output `y` (inline into a multiversioned caller).
+#[inline(always)]
+pub(crate) fn act_grad(dy: f32, y: f32, act: Activation) -> f32 {
+    match act {
+        Activation::Linear => dy,
+        Activation::Relu => relu_grad(dy, y),
+        Activation::Selu => selu_grad(dy, y),
+    }
+}
+
 /// `dy * relu'` from ReLU's output `y`.
 #[inline(always)]
 fn relu_grad(dy: f32, y: f32) -> f32 {

@@ -432,9 +432,8 @@ pub(crate) fn separable_backward(
                     {
                         let at = (n0 + j) * image_pooled;
                         let dp = &a.dy[at..at + image_pooled];
-                        pool::backward_image(y, dp, dz, (s.h, s.w, f));
+                        pool::backward_image(y, dp, dz, (s.h, s.w, f), a.act);
                     }
-                    act_backward_in_place(dz, y, a.act);
                     dz
                 } else if a.act == Activation::Linear {
                     // `dy` is `dz` (a pre-activated gradient, or no activation).
