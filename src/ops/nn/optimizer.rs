@@ -260,6 +260,13 @@ pub struct UpdateTable {
 }
 
 impl UpdateTable {
+    /// The table's tensor (none on the CPU, or before the first update).
+    pub(crate) fn tensor(&self) -> Option<&Tensor> {
+        self.tensor.as_ref()
+    }
+}
+
+impl UpdateTable {
     /// Makes the table hold `words` on `device`: as it is, overwritten (an upload, after the
     /// commands recorded so far, which may still read the old table), or, at another length,
     /// in a new tensor.
@@ -340,6 +347,7 @@ pub fn fused_update(
             weight_decay,
             vars,
             table,
+            scaled: None,
         };
         with_kernels(device, |_, nk| nk.fused_update(&f))
     })
@@ -356,6 +364,17 @@ pub fn prepare_fused_update(
     vars: &[UpdateVar<'_>],
     rule: &UpdateRule,
     table: &mut UpdateTable,
+) -> Result<Option<crate::device::LogicalDevice>> {
+    prepare_fused_update_for(vars, rule, table, false)
+}
+
+/// [`prepare_fused_update`] for the plain update or, with `scaled`, the loss-scaled one
+/// (whose dispatches take two regions at most).
+pub(crate) fn prepare_fused_update_for(
+    vars: &[UpdateVar<'_>],
+    rule: &UpdateRule,
+    table: &mut UpdateTable,
+    scaled: bool,
 ) -> Result<Option<crate::device::LogicalDevice>> {
     let name = FUSED_APPLY.name;
     let Some(first) = vars.first() else {
@@ -396,7 +415,7 @@ pub fn prepare_fused_update(
             }
         }
     }
-    if let Some(words) = gn::update_table(vars).filter(|w| !w.is_empty()) {
+    if let Some(words) = gn::update_table(vars, scaled).filter(|w| !w.is_empty()) {
         table.set(words, home)?;
     }
     Ok(Some(home.clone()))
