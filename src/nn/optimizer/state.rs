@@ -85,6 +85,9 @@ pub(crate) struct OptimizerState {
     loss_scale: Option<LossScale>,
     /// The loss scale and iteration count kept on the device, when the steps decide there.
     device: Option<DeviceScale>,
+    /// Whether the host decides loss scaling even where the device could (the reference the
+    /// device's decisions are tested against).
+    pub(crate) host_decides: bool,
     /// The constant learning rate (Keras' `learning_rate` variable, which callbacks assign);
     /// unused under a schedule.
     learning_rate: f32,
@@ -104,6 +107,7 @@ impl OptimizerState {
             learning_rate: config.constant_learning_rate(),
             tables: Vec::new(),
             device: None,
+            host_decides: false,
             config,
         }
     }
@@ -193,7 +197,7 @@ impl OptimizerState {
     /// Whether steps may decide loss scaling on the device: under a [`LossScaleOptimizer`]
     /// without gradient clipping (whose unscaled gradients the host path makes).
     pub(crate) fn scales_on_device(&self) -> bool {
-        self.loss_scale.is_some() && self.config.options().clip().is_none()
+        !self.host_decides && self.loss_scale.is_some() && self.config.options().clip().is_none()
     }
 
     /// The loss factor of the next step as the device reads it: `(base, state)`, the gradient

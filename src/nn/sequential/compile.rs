@@ -95,6 +95,29 @@ impl Sequential {
             .and_then(|c| c.optimizer.loss_scale_state().map(|l| l.scale))
     }
 
+    /// The counter of the loss scale (Keras' `step_counter`: finite steps in a row since the
+    /// scale last changed), read as [`loss_scale`](Sequential::loss_scale) is.
+    #[doc(hidden)]
+    pub fn loss_scale_counter(&self) -> Option<u64> {
+        self.loss_scale_state().map(|l| l.counter)
+    }
+
+    /// Makes the training steps decide dynamic loss scaling on the host, reading each step's
+    /// finiteness flags back (`true`), or on the device where they can (`false`, the default):
+    /// the reference the device's decisions are tested against.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; a device error bringing the scale back to the host.
+    #[doc(hidden)]
+    pub fn set_loss_scaling_on_host(&mut self, on_host: bool) -> Result<()> {
+        let compiled = self.compiled.as_mut().ok_or_else(|| {
+            Error::Model("set_loss_scaling_on_host: the model is not compiled".into())
+        })?;
+        compiled.optimizer.sync_to_host()?;
+        compiled.optimizer.host_decides = on_host;
+        Ok(())
+    }
+
     /// The loss scale and its counter, for checkpoints.
     pub(crate) fn loss_scale_state(&self) -> Option<LossScale> {
         self.compiled
