@@ -80,7 +80,12 @@ struct Snapshot {
 fn snapshot(m: &Sequential) -> Snapshot {
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
     Snapshot {
-        weights: m.get_weights().expect("weights").into_iter().map(bits).collect(),
+        weights: m
+            .get_weights()
+            .expect("weights")
+            .into_iter()
+            .map(bits)
+            .collect(),
         slots: m
             .optimizer_variables()
             .into_iter()
@@ -106,7 +111,10 @@ fn run_both(
         host.train_step(&x, &y).expect("host-side step");
     }
     let (d, h) = (snapshot(device), snapshot(host));
-    assert_eq!(d, h, "{what}: steps {steps:?}, device-side against host-side");
+    assert_eq!(
+        d, h,
+        "{what}: steps {steps:?}, device-side against host-side"
+    );
     d
 }
 
@@ -250,7 +258,11 @@ fn device_loss_scale_survives_a_checkpoint_mid_way() {
                 m.train_step(&x, &y).expect("step");
             }
         }
-        assert_eq!(snapshot(&first), snapshot(&resumed), "{what}: after resuming");
+        assert_eq!(
+            snapshot(&first),
+            snapshot(&resumed),
+            "{what}: after resuming"
+        );
         assert_eq!(first.loss_scale(), Some(12000.0), "{what}");
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -302,8 +314,7 @@ fn device_loss_scale_needs_no_device_where_the_model_spans_several() {
 #[test]
 fn device_loss_scale_dispatches_of_a_mixed_tutorial_step() {
     let _g = serial();
-    if common::gpus_at_least(1, "device_loss_scale_dispatches_of_a_mixed_tutorial_step").is_none()
-    {
+    if common::gpus_at_least(1, "device_loss_scale_dispatches_of_a_mixed_tutorial_step").is_none() {
         return;
     }
     // One arena region (the default), and several under memory growth: the loss-scaled

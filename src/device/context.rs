@@ -596,9 +596,7 @@ impl GpuContext {
         let outcome = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
         match outcome {
             None => Ok(None),
-            Some(Err(e)) => {
-                Err(self.gpu_error(format!("mapping the readback buffer failed: {e}")))
-            }
+            Some(Err(e)) => Err(self.gpu_error(format!("mapping the readback buffer failed: {e}"))),
             Some(Ok(())) => {
                 let view = staging.get_mapped_range(..).map_err(|e| {
                     self.gpu_error(format!("reading the readback buffer failed: {e}"))

@@ -704,7 +704,11 @@ impl NnKernels for HostKernels {
     }
 
     // ---- loss scaling on the device ----
-    fn loss_scale_check(&self, f: &crate::ops::nn_kernels::FusedUpdate<'_>, state: &Tensor) -> Result<()> {
+    fn loss_scale_check(
+        &self,
+        f: &crate::ops::nn_kernels::FusedUpdate<'_>,
+        state: &Tensor,
+    ) -> Result<()> {
         let bad = f
             .vars
             .iter()

@@ -307,13 +307,7 @@ impl OptimizerState {
         let decay = self.config.base().options().weight_decay;
         let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
         if let (Some(vars), Some(table)) = (groups.first(), self.tables.first_mut()) {
-            ops::fused_update_scaled(
-                vars,
-                (&rules, known),
-                decay,
-                table,
-                (&state, inverse_base),
-            )?;
+            ops::fused_update_scaled(vars, (&rules, known), decay, table, (&state, inverse_base))?;
         }
         ops::loss_scale_advance(&state, growth)?;
         if let Some(d) = self.device.as_mut() {

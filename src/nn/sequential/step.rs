@@ -54,17 +54,14 @@ impl Sequential {
     /// pipelined nor mirrored), else the host's.
     fn step_loss_factor(&mut self, what: &str) -> Result<LossFactor> {
         let home = self.entries.last().map(|e| e.device.clone());
-        let one_device = home
-            .as_ref()
-            .is_some_and(|home| self.entries.iter().all(|e| e.device.same_device(home)));
-        let serial = self.pipeline.is_none() && self.mirrors.is_none();
+        let on_device = self.decides_on_device();
         let compiled = self
             .compiled
             .as_mut()
             .ok_or_else(|| Error::Model(format!("{what}: the model is not compiled")))?;
         let opt = &mut compiled.optimizer;
         match home {
-            Some(home) if one_device && serial && opt.scales_on_device() => {
+            Some(home) if on_device && opt.scales_on_device() => {
                 let (base, state) = opt.device_seed(&home)?;
                 Ok(LossFactor::Device(base, state))
             }
@@ -73,6 +70,18 @@ impl Sequential {
                 Ok(LossFactor::Host(opt.loss_factor()))
             }
         }
+    }
+
+    /// Whether the steps may decide loss scaling on the device: every layer on one device,
+    /// neither pipelined nor mirrored (the loss gradient's seed and the update then meet the
+    /// state there).
+    fn decides_on_device(&self) -> bool {
+        let one_device = self.entries.last().is_some_and(|last| {
+            self.entries
+                .iter()
+                .all(|e| e.device.same_device(&last.device))
+        });
+        one_device && self.pipeline.is_none() && self.mirrors.is_none()
     }
 
     /// Forward, loss and backward of the whole batch, layer after layer.
@@ -109,10 +118,10 @@ impl Sequential {
     /// The optimizer step from every layer's gradients: the slots are allocated first (the only
     /// allocation of an update), then every weight is updated in place and the step counted.
     /// Under loss scaling the gradients are checked and unscaled first; a step whose gradients
-    /// are not all finite updates nothing and only moves the scale. Unpipelined, a model on
-    /// one device decides that on the device (see `OptimizerState::apply_step`).
+    /// are not all finite updates nothing and only moves the scale. A model on one device,
+    /// unpipelined, decides that on the device (see `OptimizerState::apply_step`).
     fn apply_layer_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
-        let on_device = self.pipeline.is_none();
+        let on_device = self.decides_on_device();
         let compiled = self
             .compiled
             .as_mut()

@@ -64,8 +64,7 @@ fn on_home<R>(
 
 /// The state checked: four int32 words on `home`.
 fn check_state(op: &str, state: &Tensor, home: &LogicalDevice) -> Result<()> {
-    if state.dtype() != DType::I32 || state.len() != 4 || !state.device_handle().same_device(home)
-    {
+    if state.dtype() != DType::I32 || state.len() != 4 || !state.device_handle().same_device(home) {
         return Err(Error::InvalidArgument(format!(
             "{op}: the loss-scale state must be four int32 words on {}, got {state:?}",
             home.name()

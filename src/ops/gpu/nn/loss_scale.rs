@@ -17,15 +17,12 @@ use super::u;
 
 /// The state's range, checked: four words on this GPU.
 fn state_range(state: &Tensor) -> Result<GpuRange<'_>> {
-    state
-        .gpu_range()
-        .filter(|r| r.size >= 16)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "LossScaleOptimizer: the loss-scale state must be four words on the GPU, got \
+    state.gpu_range().filter(|r| r.size >= 16).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "LossScaleOptimizer: the loss-scale state must be four words on the GPU, got \
                  {state:?}"
-            ))
-        })
+        ))
+    })
 }
 
 impl GpuKernels<'_> {
@@ -106,7 +103,12 @@ impl GpuKernels<'_> {
     }
 
     /// `x = ldexp(x * factor, e)` in place.
-    pub(super) fn loss_scale_seed_impl(&self, x: &Tensor, factor: f32, state: &Tensor) -> Result<()> {
+    pub(super) fn loss_scale_seed_impl(
+        &self,
+        x: &Tensor,
+        factor: f32,
+        state: &Tensor,
+    ) -> Result<()> {
         let n = x.len();
         let ls = state_range(state)?;
         let Some(xr) = x.gpu_range() else {
