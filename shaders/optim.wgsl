@@ -46,7 +46,9 @@
 //                 flag is set, with the gradient times ldexp(inverse_base, -e) when `unscale` is
 //                 1, and lr, alpha from `lrs`, `alphas` at entry ls[3] - t_base (at most
 //                 `count`); loss_scale_seed: w = ldexp(w * factor, e) (bindings w, ls; grid over
-//                 n); loss_scale_advance: Keras' rules with `growth` (binding ls; one invocation).
+//                 n); loss_scale_unscale: w = g * ldexp(inverse_base, -e), flagging a g that is
+//                 not finite (bindings w, g, ls; grid over n); loss_scale_advance: Keras' rules
+//                 with `growth` (binding ls; one invocation).
 // Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v, 5 s: storage read_write array<f32>;
 // 6 table: array<u32>; 7 r0, 8 r1, 9 r2: whole arena regions, array<vec4<f32>>; 10 ls:
 // array<u32>.
@@ -492,6 +494,19 @@ fn fused_update_ls_regions(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     if (uses_a()) { st2(ra, t.a + k, o.a); }
     if (uses_b()) { st2(rb, t.b + k, o.b); }
     if (uses_c()) { st2(rc, t.c + k, o.c); }
+}
+
+// A gradient unscaled into a new tensor, flagging the step when an element is not finite (the
+// check of a step whose gradients are clipped after unscaling): w = g * ldexp(inverse_base, -e).
+@compute @workgroup_size(256)
+fn loss_scale_unscale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let x = g[i];
+    w[i] = x * ldexp(p.inverse_base, -bitcast<i32>(ls[1]));
+    if ((bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
+        ls[0] = 1u;
+    }
 }
 
 // The loss gradient's seed: w = ldexp(w * factor, e), which is w * ldexp(factor, e) exactly

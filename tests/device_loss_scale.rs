@@ -2,7 +2,7 @@
 //! CPU:0 and every GPU: the same weights, optimizer slots, iterations, loss scale and counter
 //! after steps that include skipped ones (an infinity in the input makes every gradient NaN),
 //! with SGD with momentum, Adam under a learning-rate schedule, AdamW (weight decay) and a
-//! dense loss; more unread steps than the update's table of rules holds; growth after
+//! dense loss, and each kind of gradient clipping; more unread steps than the update's table of rules holds; growth after
 //! `dynamic_growth_steps`; and a checkpoint saved mid-way. Every test name has `loss_scale`.
 
 mod common;
@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use anygpu::mixed_precision::{self, Policy};
 use anygpu::nn::{
     Adam, AdamW, ExponentialDecay, Loss, LossScaleOptimizer, Metric, Optimizer,
-    PiecewiseConstantDecay, Sequential, Sgd, Verbosity,
+    PiecewiseConstantDecay, RmsProp, Sequential, Sgd, Verbosity,
 };
 use anygpu::{KindFilter, LogicalDevice, Runtime, Tensor};
 
@@ -154,6 +154,29 @@ fn device_loss_scale_matches_the_host_path_bit_for_bit() {
                 .into(),
             dense,
             true,
+        ),
+        // Clipping after unscaling: each gradient unscaled (and checked) on the device first.
+        (
+            "sgd clipnorm",
+            Sgd::new(0.05).momentum(0.9).clipnorm(0.5).into(),
+            sparse,
+            false,
+        ),
+        (
+            "adam global_clipnorm",
+            Adam::new(1e-2).global_clipnorm(0.3).into(),
+            sparse,
+            false,
+        ),
+        (
+            "rmsprop centered momentum clipvalue",
+            RmsProp::new(1e-3)
+                .centered(true)
+                .momentum(0.5)
+                .clipvalue(0.01)
+                .into(),
+            sparse,
+            false,
         ),
     ];
     // Skipped steps early and late, two in a row; growth every 3 finite steps in a row.

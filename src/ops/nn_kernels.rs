@@ -298,6 +298,15 @@ pub(crate) trait NnKernels {
     /// `x = x * factor * 2^e` in place, `e` the exponent of the loss-scale `state`: the loss
     /// gradient's seed.
     fn loss_scale_seed(&self, x: &Tensor, factor: f32, state: &Tensor) -> Result<()>;
+    /// `out = g * inverse_base * 2^-e` (`g` unscaled by the state's scale), setting the
+    /// state's flag when some element of `g` is infinite or NaN.
+    fn loss_scale_unscale(
+        &self,
+        g: &Tensor,
+        out: &Tensor,
+        inverse_base: f32,
+        state: &Tensor,
+    ) -> Result<()>;
     /// Moves the loss-scale `state` after a step's update by Keras' rules (a skipped step
     /// halves the scale and restarts the count; an applied one counts, in `iterations` too,
     /// and doubles the scale after `growth_steps` in a row) and clears the flag.
@@ -593,6 +602,9 @@ pub(crate) struct ScaledUpdate<'a> {
     /// `1 / base`: each gradient is multiplied by `inverse_base * 2^-e`, exactly the inverse of
     /// the scale.
     pub(crate) inverse_base: f32,
+    /// Whether the update unscales the gradients (`false`: they were unscaled, and clipped,
+    /// before).
+    pub(crate) unscale: bool,
 }
 
 /// Rules a [`ScaledUpdate`] may carry (a GPU passes them in its uniform params).

@@ -194,10 +194,10 @@ impl OptimizerState {
 
     // ---- loss scaling on the device ----
 
-    /// Whether steps may decide loss scaling on the device: under a [`LossScaleOptimizer`]
-    /// without gradient clipping (whose unscaled gradients the host path makes).
+    /// Whether steps may decide loss scaling on the device: under a [`LossScaleOptimizer`],
+    /// unless the host was asked to.
     pub(crate) fn scales_on_device(&self) -> bool {
-        !self.host_decides && self.loss_scale.is_some() && self.config.options().clip().is_none()
+        !self.host_decides && self.loss_scale.is_some()
     }
 
     /// The loss factor of the next step as the device reads it: `(base, state)`, the gradient
@@ -281,9 +281,11 @@ impl OptimizerState {
 
     /// The step of [`OptimizerState::apply_step`] with loss scaling decided on the device:
     /// the check, the update (one dispatch each on a GPU) and Keras' rules, reading the
-    /// device's state. `false` (nothing done) when the weights lie on several devices.
+    /// device's state. Under clipping, each gradient is unscaled (and checked) on the device
+    /// first and clipped as the host path clips it. `false` (nothing done) when the weights
+    /// lie on several devices.
     fn apply_on_device(&mut self, weights: &[Vec<&Tensor>], grads: &[Vec<Tensor>]) -> Result<bool> {
-        let moved = self.prepare(weights, grads, true)?;
+        let moved = self.prepare(weights, grads, false)?;
         let home = {
             let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
             match groups.as_slice() {
@@ -305,9 +307,33 @@ impl OptimizerState {
             .map(|j| self.rule_at(known + j))
             .collect::<Result<Vec<_>>>()?;
         let decay = self.config.base().options().weight_decay;
-        let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
+        let clip = self.config.options().clip().is_some();
+        let grads = if clip {
+            let unscaled = moved
+                .iter()
+                .map(|layer| {
+                    layer
+                        .iter()
+                        .map(|g| ops::loss_scale_unscale(g, inverse_base, &state))
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Clipped after unscaling, as Keras clips.
+            self.clipped(&unscaled)?
+        } else {
+            moved
+        };
+        let groups = update_groups(&self.slots, &self.config, weights, &grads)?;
+        self.tables.resize_with(1, ops::UpdateTable::default);
         if let (Some(vars), Some(table)) = (groups.first(), self.tables.first_mut()) {
-            ops::fused_update_scaled(vars, (&rules, known), decay, table, (&state, inverse_base))?;
+            ops::fused_update_scaled(
+                vars,
+                (&rules, known),
+                decay,
+                table,
+                (&state, inverse_base),
+                clip,
+            )?;
         }
         ops::loss_scale_advance(&state, growth)?;
         if let Some(d) = self.device.as_mut() {
@@ -427,17 +453,17 @@ impl OptimizerState {
         weights: &[Vec<&Tensor>],
         grads: &[Vec<Tensor>],
     ) -> Result<Vec<Vec<Tensor>>> {
-        self.prepare(weights, grads, false)
+        self.prepare(weights, grads, true)
     }
 
-    /// [`OptimizerState::prepare_all`] for the plain update or, with `scaled`, the one that
-    /// decides loss scaling on the device (whose tables differ where the tensors span more
-    /// than two regions).
+    /// [`OptimizerState::prepare_all`], with the plain update's `tables` or without (the
+    /// update that decides loss scaling on the device makes its own, for the gradients it
+    /// takes: clipping makes them anew).
     fn prepare(
         &mut self,
         weights: &[Vec<&Tensor>],
         grads: &[Vec<Tensor>],
-        scaled: bool,
+        tables: bool,
     ) -> Result<Vec<Vec<Tensor>>> {
         if weights.len() != grads.len() {
             return Err(Error::Model(format!(
@@ -466,12 +492,15 @@ impl OptimizerState {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
+        if !tables {
+            return Ok(moved);
+        }
         let rule = self.rule_at(self.iterations)?;
         let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
         self.tables
             .resize_with(groups.len(), ops::UpdateTable::default);
         for (vars, table) in groups.iter().zip(self.tables.iter_mut()) {
-            ops::prepare_fused_update_for(vars, &rule, table, scaled)?;
+            ops::prepare_fused_update(vars, &rule, table)?;
         }
         drop(groups);
         Ok(moved)

@@ -96,6 +96,13 @@ pub(crate) fn resolved_update<K: NnKernels + ?Sized>(
         ));
     };
     let inverse = ldexp(s.inverse_base, -e);
+    if !s.unscale {
+        return k.fused_update(&FusedUpdate {
+            rule,
+            scaled: None,
+            ..*f
+        });
+    }
     let grads = f
         .vars
         .iter()

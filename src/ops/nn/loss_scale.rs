@@ -18,6 +18,7 @@ const CHECK: OpInfo = op("IsFinite", gn::LOSS_SCALE_CHECK);
 const FUSED_APPLY_SCALED: OpInfo = op("FusedApplyGradients", gn::FUSED_APPLY_SCALED);
 const SEED: OpInfo = op("ScaleLoss", gn::LOSS_SCALE_SEED_KERNELS);
 const ADVANCE: OpInfo = op("LossScaleUpdate", gn::LOSS_SCALE_UPDATE);
+const UNSCALE: OpInfo = op("IsFinite", gn::LOSS_SCALE_UNSCALE_KERNELS);
 
 /// A new loss-scale state on `device`: no flag, exponent 0 (the scale is the host's base),
 /// `counter` finite steps in a row and `iterations` applied steps (kept modulo 2^32).
@@ -76,8 +77,10 @@ fn check_state(op: &str, state: &Tensor, home: &LogicalDevice) -> Result<()> {
 /// One step of a loss-scaled fused update over `vars` (one device): the finiteness check of
 /// every gradient into the state's flag, then the update (nothing when the flag is set; the
 /// gradients times `inverse_base * 2^-e`; `rules[j]` when the state counts `t_base + j`
-/// iterations). Call [`loss_scale_advance`] after it. The table is brought up to date first,
-/// the only allocation.
+/// iterations). With `unscaled`, the gradients were unscaled (and checked) by
+/// [`loss_scale_unscale`] already: no check, and the update takes them as they are. Call
+/// [`loss_scale_advance`] after it. The table is brought up to date first, the only
+/// allocation.
 ///
 /// # Errors
 /// As [`super::fused_update`]; no rules or more than 16; a state that is not four int32 words
@@ -88,6 +91,7 @@ pub(crate) fn fused_update_scaled(
     weight_decay: Option<f32>,
     table: &mut UpdateTable,
     (state, inverse_base): (&Tensor, f32),
+    unscaled: bool,
 ) -> Result<()> {
     let Some(&rule) = rules.first() else {
         return Err(Error::InvalidArgument(
@@ -114,11 +118,14 @@ pub(crate) fn fused_update_scaled(
             rules,
             t_base: t_base as u32,
             inverse_base,
+            unscale: !unscaled,
         }),
     };
-    on_home(&CHECK, &home, vars[0].g, |device| {
-        with_kernels(device, |_, nk| nk.loss_scale_check(&f, state))
-    })?;
+    if !unscaled {
+        on_home(&CHECK, &home, vars[0].g, |device| {
+            with_kernels(device, |_, nk| nk.loss_scale_check(&f, state))
+        })?;
+    }
     on_home(&FUSED_APPLY_SCALED, &home, vars[0].w, |device| {
         with_kernels(device, |_, nk| nk.fused_update(&f))
     })
@@ -142,6 +149,33 @@ pub(crate) fn loss_scale_seed(x: &Tensor, factor: f32, state: &Tensor) -> Result
     }
     on_home(&SEED, &home, x, |device| {
         with_kernels(device, |_, nk| nk.loss_scale_seed(x, factor, state))
+    })
+}
+
+/// `g` unscaled by the state's scale into a new tensor (`g * inverse_base * 2^-e`, exactly
+/// `g / scale`'s inverse product as the host path computes it), setting the state's flag when
+/// some element of `g` is not finite: the check of a step whose gradients are clipped after
+/// unscaling. `g` is float32 on the state's device.
+///
+/// # Errors
+/// A gradient that is not float32 or not on the state's device; a state that is not four int32
+/// words; out of memory.
+pub(crate) fn loss_scale_unscale(g: &Tensor, inverse_base: f32, state: &Tensor) -> Result<Tensor> {
+    let home = state.device_handle().clone();
+    check_state(UNSCALE.name, state, &home)?;
+    if g.dtype() != DType::F32 || !g.device_handle().same_device(&home) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the gradient must be float32 on {}, got {g:?}",
+            UNSCALE.name,
+            home.name()
+        )));
+    }
+    on_home(&UNSCALE, &home, g, |device| {
+        let out = Tensor::uninit(g.shape(), DType::F32, device)?;
+        with_kernels(device, |_, nk| {
+            nk.loss_scale_unscale(g, &out, inverse_base, state)
+        })?;
+        Ok(out)
     })
 }
 

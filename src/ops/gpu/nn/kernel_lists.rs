@@ -68,6 +68,7 @@ pub(crate) const FUSED_UPDATE_LS: Kernel = opt("fused_update_ls");
 pub(crate) const FUSED_UPDATE_LS_REGIONS: Kernel = opt("fused_update_ls_regions");
 pub(crate) const LOSS_SCALE_SEED: Kernel = opt("loss_scale_seed");
 pub(crate) const LOSS_SCALE_ADVANCE: Kernel = opt("loss_scale_advance");
+pub(crate) const LOSS_SCALE_UNSCALE: Kernel = opt("loss_scale_unscale");
 
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[
@@ -302,5 +303,7 @@ pub(crate) const FUSED_APPLY_SCALED: &[Kernel] = &[FUSED_UPDATE_LS, FUSED_UPDATE
 pub(crate) const LOSS_SCALE_CHECK: &[Kernel] = &[FINITE_CHECK];
 /// Kernels of the loss gradient's seed.
 pub(crate) const LOSS_SCALE_SEED_KERNELS: &[Kernel] = &[LOSS_SCALE_SEED];
+/// Kernels of unscaling a gradient by the device's scale.
+pub(crate) const LOSS_SCALE_UNSCALE_KERNELS: &[Kernel] = &[LOSS_SCALE_UNSCALE];
 /// Kernels of Keras' loss-scale rules.
 pub(crate) const LOSS_SCALE_UPDATE: &[Kernel] = &[LOSS_SCALE_ADVANCE];

@@ -79,7 +79,7 @@ impl GpuKernels<'_> {
                 _ => 0.0,
             };
         }
-        params.unscale = 1;
+        params.unscale = u32::from(s.unscale);
         params.t_base = s.t_base;
         params.count = u(s.rules.len());
         params.inverse_base = s.inverse_base;
@@ -123,6 +123,31 @@ impl GpuKernels<'_> {
             ..Default::default()
         };
         self.launch_ranges(LOSS_SCALE_SEED, &params, &[xr, ls], grid_1d(n, 256))
+    }
+
+    /// `out = g * ldexp(inverse_base, -e)`, flagging a `g` that is not finite.
+    pub(super) fn loss_scale_unscale_impl(
+        &self,
+        g: &Tensor,
+        out: &Tensor,
+        inverse_base: f32,
+        state: &Tensor,
+    ) -> Result<()> {
+        let n = g.len();
+        let ls = state_range(state)?;
+        let (Some(o), Some(gr)) = (out.gpu_range(), g.gpu_range()) else {
+            return Ok(());
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let params = OptimParams {
+            n: u(n),
+            inverse_base,
+            ..Default::default()
+        };
+        // Bindings 1 (w: out), 2 (g), 10 (ls).
+        self.launch_ranges(LOSS_SCALE_UNSCALE, &params, &[o, gr, ls], grid_1d(n, 256))
     }
 
     /// Keras' rules on the state, one invocation.

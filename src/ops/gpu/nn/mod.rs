@@ -515,6 +515,16 @@ impl NnKernels for GpuKernels<'_> {
         self.loss_scale_seed_impl(x, factor, state)
     }
 
+    fn loss_scale_unscale(
+        &self,
+        g: &Tensor,
+        out: &Tensor,
+        inverse_base: f32,
+        state: &Tensor,
+    ) -> Result<()> {
+        self.loss_scale_unscale_impl(g, out, inverse_base, state)
+    }
+
     fn loss_scale_advance(&self, state: &Tensor, growth_steps: u64) -> Result<()> {
         self.loss_scale_advance_impl(state, growth_steps)
     }
