@@ -31,6 +31,7 @@
 //                 elements, each offset in vec4s from the start of the region buffer it lies
 //                 in, `regions` that buffer's binding (0 r0, 1 r1, 2 r2) in two bits per role
 //                 (w bits 0-1, g 2-3, a 4-5, b 6-7, c 8-9). Lanes past len keep their values.
+//                 The gradient clipped first with clip_value 1 (as clip_value: Keras' clipvalue).
 //                 With mode 1 the weight decay first (as weight_decay), then `kind`'s update
 //                 with the same expressions as the entry points above, so the results are
 //                 theirs bit for bit: 0 sgd; 1 sgd_momentum (a = v); 2 adam (a = m, b = v);
@@ -57,7 +58,8 @@
 // one_minus_rho (1 - rho from Keras' f64), wd, clip, inverse_clip (1 / clip from f64), mode
 // (clip_norm: 0 per tensor, 1 global; fused_update: 1 with weight decay), kind and base (the
 // fused update's rule and first table entry); the loss-scaled entries' unscale, t_base,
-// count, inverse_base, factor, growth, and 16 learning rates and Adam step sizes (lrs, alphas).
+// count, inverse_base, factor, growth, the fused updates' clip_value (0/1, with clip), and 16
+// learning rates and Adam step sizes (lrs, alphas).
 // Limits: four storage buffers per entry point (GL-compatible): hence the two passes of a
 // centered RMSprop step with momentum, which has five tensors, and the fused update's three
 // regions (a step whose tensors span more regions takes a dispatch per group of three).
@@ -86,7 +88,7 @@ struct Params {
     inverse_base: f32,
     factor: f32,
     growth: u32,
-    _pad0: u32,
+    clip_value: u32,
     _pad1: u32,
     lrs: array<vec4<f32>, 4>,
     alphas: array<vec4<f32>, 4>,
@@ -252,6 +254,13 @@ fn uses_c() -> bool { return p.kind >= 5u; }
 
 // The update of four elements: the weight decay, then `p.kind`'s rule, with the expressions
 // of the per-variable entry points above (vector operations round per component, as those do).
+// The gradient as the fused update takes it: clipped to [-clip, clip] with `clip_value` (the
+// clip_value entry point's expression), as it is otherwise.
+fn clip_grad(g: vec4<f32>) -> vec4<f32> {
+    if (p.clip_value == 0u) { return g; }
+    return min(max(g, vec4<f32>(-p.clip)), vec4<f32>(p.clip));
+}
+
 fn update(v0: Vals, gi: vec4<f32>) -> Vals {
     return update_at(v0, gi, p.lr, p.alpha);
 }
@@ -345,7 +354,7 @@ fn fused_update(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (uses_a()) { v.a = r0[t.a + k]; }
     if (uses_b()) { v.b = r0[t.b + k]; }
     if (uses_c()) { v.c = r0[t.c + k]; }
-    let o = keep_tail(v, update(v, r0[t.g + k]), first, t.len);
+    let o = keep_tail(v, update(v, clip_grad(r0[t.g + k])), first, t.len);
     r0[t.w + k] = o.w;
     if (uses_a()) { r0[t.a + k] = o.a; }
     if (uses_b()) { r0[t.b + k] = o.b; }
@@ -387,7 +396,7 @@ fn fused_update_regions(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     if (uses_a()) { v.a = ld(ra, t.a + k); }
     if (uses_b()) { v.b = ld(rb, t.b + k); }
     if (uses_c()) { v.c = ld(rc, t.c + k); }
-    let o = keep_tail(v, update(v, ld(rg, t.g + k)), first, t.len);
+    let o = keep_tail(v, update(v, clip_grad(ld(rg, t.g + k))), first, t.len);
     st(rw, t.w + k, o.w);
     if (uses_a()) { st(ra, t.a + k, o.a); }
     if (uses_b()) { st(rb, t.b + k, o.b); }
@@ -464,7 +473,8 @@ fn fused_update_ls(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     if (uses_a()) { v.a = r0[t.a + k]; }
     if (uses_b()) { v.b = r0[t.b + k]; }
     if (uses_c()) { v.c = r0[t.c + k]; }
-    let o = keep_tail(v, update_at(v, unscaled(r0[t.g + k]), h.x, h.y), first, t.len);
+    let gi = clip_grad(unscaled(r0[t.g + k]));
+    let o = keep_tail(v, update_at(v, gi, h.x, h.y), first, t.len);
     r0[t.w + k] = o.w;
     if (uses_a()) { r0[t.a + k] = o.a; }
     if (uses_b()) { r0[t.b + k] = o.b; }
@@ -489,7 +499,8 @@ fn fused_update_ls_regions(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     if (uses_a()) { v.a = ld2(ra, t.a + k); }
     if (uses_b()) { v.b = ld2(rb, t.b + k); }
     if (uses_c()) { v.c = ld2(rc, t.c + k); }
-    let o = keep_tail(v, update_at(v, unscaled(ld2(rg, t.g + k)), h.x, h.y), first, t.len);
+    let gi = clip_grad(unscaled(ld2(rg, t.g + k)));
+    let o = keep_tail(v, update_at(v, gi, h.x, h.y), first, t.len);
     st2(rw, t.w + k, o.w);
     if (uses_a()) { st2(ra, t.a + k, o.a); }
     if (uses_b()) { st2(rb, t.b + k, o.b); }

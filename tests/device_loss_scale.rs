@@ -404,3 +404,80 @@ fn tutorial_step_dispatches(gpu: &LogicalDevice) -> ([u64; 2], usize) {
     }
     (counts, weights)
 }
+
+#[test]
+fn device_loss_scale_and_clipvalue_folded_into_the_update_match_clipping_first() {
+    let _g = serial();
+    let rt = runtime();
+    let devices = common::all_devices(&rt, "clipvalue_folded_into_the_update");
+    // Gradients applied directly: a model with `clipvalue` (folded into a GPU's fused update,
+    // with and without loss scaling) against one without, given the clipped gradients.
+    let build = |dev: &LogicalDevice, opt: Optimizer| {
+        let _s = dev.scope();
+        let mut m = Sequential::with_seed(12);
+        m.add(
+            anygpu::nn::Dense::new(5)
+                .activation(anygpu::nn::Activation::Relu)
+                .input_shape(&[7]),
+        )
+        .expect("dense");
+        m.add(anygpu::nn::Dense::new(3)).expect("dense");
+        m.compile(Loss::MeanSquaredError, opt, &[])
+            .expect("compile");
+        m
+    };
+    let clip = 0.05f32;
+    for dev in &devices {
+        let what = label(dev);
+        let momentum = || Sgd::new(0.1).momentum(0.9);
+        let mut plain = build(dev, momentum().into());
+        let mut folded = build(dev, momentum().clipvalue(clip).into());
+        let mut scaled = build(
+            dev,
+            LossScaleOptimizer::new(momentum().clipvalue(clip))
+                .initial_scale(8.0)
+                .into(),
+        );
+        for step in 0..3u64 {
+            let shapes: Vec<Vec<usize>> =
+                plain.weights().iter().map(|w| w.shape().to_vec()).collect();
+            let grads: Vec<Vec<f32>> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| common::values(s.iter().product(), 40 + 10 * step + i as u64))
+                .collect();
+            let tensors = |f: &dyn Fn(f32) -> f32| -> Vec<Tensor> {
+                grads
+                    .iter()
+                    .zip(&shapes)
+                    .map(|(g, s)| {
+                        let v: Vec<f32> = g.iter().map(|&x| f(x)).collect();
+                        Tensor::from_slice_on(&v, s, dev).expect("gradient")
+                    })
+                    .collect()
+            };
+            plain
+                .apply_gradients(&tensors(&|x| x.clamp(-clip, clip)))
+                .expect("plain");
+            folded.apply_gradients(&tensors(&|x| x)).expect("folded");
+            // Taken as scaled: 8 g, unscaled exactly.
+            scaled
+                .apply_gradients(&tensors(&|x| 8.0 * x))
+                .expect("scaled");
+        }
+        let bits = |m: &Sequential| {
+            m.get_weights()
+                .expect("weights")
+                .into_iter()
+                .map(|w| w.into_iter().map(f32::to_bits).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&folded), bits(&plain), "{what}: clipvalue");
+        assert_eq!(
+            bits(&scaled),
+            bits(&plain),
+            "{what}: loss scale and clipvalue"
+        );
+        assert_eq!(scaled.iterations(), 3, "{what}");
+    }
+}

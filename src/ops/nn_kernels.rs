@@ -259,6 +259,29 @@ pub(crate) trait NnKernels {
             // Resolved against the state here, then this update again without it.
             return crate::ops::cpu::loss_scale::resolved_update(self, f, scaled);
         }
+        if let Some(c) = f.clip_value {
+            // Every clipped copy before any variable changes, then this update on them.
+            let clipped = f
+                .vars
+                .iter()
+                .map(|v| {
+                    let out = Tensor::uninit(v.g.shape(), v.g.dtype(), v.g.device_handle())?;
+                    self.clip(v.g, None, &out, crate::ops::spec::ClipMode::Value(c))?;
+                    Ok(out)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let vars: Vec<UpdateVar<'_>> = f
+                .vars
+                .iter()
+                .zip(&clipped)
+                .map(|(v, g)| UpdateVar { g, ..*v })
+                .collect();
+            return self.fused_update(&FusedUpdate {
+                vars: &vars,
+                clip_value: None,
+                ..*f
+            });
+        }
         for v in f.vars {
             if let Some(wd) = f.weight_decay {
                 self.weight_decay(v.w, wd, f.rule.learning_rate())?;
@@ -579,6 +602,9 @@ pub(crate) struct FusedUpdate<'a> {
     pub(crate) weight_decay: Option<f32>,
     pub(crate) vars: &'a [UpdateVar<'a>],
     pub(crate) table: Option<&'a Tensor>,
+    /// Keras' `clipvalue`: each gradient element clipped to `[-c, c]` first (after unscaling),
+    /// exactly as [`NnKernels::clip`] clips it.
+    pub(crate) clip_value: Option<f32>,
     /// Under dynamic loss scaling decided on the device: the state the update reads (`rule` is
     /// then ignored for the rules of the table).
     pub(crate) scaled: Option<ScaledUpdate<'a>>,

@@ -272,9 +272,16 @@ impl OptimizerState {
             self.finish_step(false);
             return Ok(());
         };
-        // Clipped after unscaling and after the pipeline's per-layer sums, as Keras clips.
-        let grads = self.clipped(&grads)?;
-        self.apply_all(weights, &grads)?;
+        // Clipped after unscaling and after the pipeline's per-layer sums, as Keras clips; by
+        // value in the update where every weight is on a GPU (one dispatch fewer a gradient).
+        let all_on_gpus = weights.iter().flatten().all(|w| on_gpu(w.device_handle()));
+        let clip_value = self.clip_value().filter(|_| all_on_gpus);
+        let grads = if clip_value.is_some() {
+            grads
+        } else {
+            self.clipped(&grads)?
+        };
+        self.apply_all_clipped(weights, &grads, clip_value)?;
         self.finish_step(true);
         Ok(())
     }
@@ -307,7 +314,11 @@ impl OptimizerState {
             .map(|j| self.rule_at(known + j))
             .collect::<Result<Vec<_>>>()?;
         let decay = self.config.base().options().weight_decay;
-        let clip = self.config.options().clip().is_some();
+        // A GPU's update clips each element by value as it reads it (after unscaling). Other
+        // clipping takes the unscaled gradients: those are made first, each checked as it is
+        // unscaled, and clipped as the host path clips them.
+        let clip_value = self.clip_value().filter(|_| on_gpu(&home));
+        let clip = self.config.options().clip().is_some() && clip_value.is_none();
         let grads = if clip {
             let unscaled = moved
                 .iter()
@@ -329,7 +340,7 @@ impl OptimizerState {
             ops::fused_update_scaled(
                 vars,
                 (&rules, known),
-                decay,
+                (decay, clip_value),
                 table,
                 (&state, inverse_base),
                 clip,
@@ -435,12 +446,24 @@ impl OptimizerState {
         weights: &[Vec<&Tensor>],
         grads: &[Vec<Tensor>],
     ) -> Result<()> {
+        self.apply_all_clipped(weights, grads, None)
+    }
+
+    /// [`OptimizerState::apply_all`] with each gradient element clipped to
+    /// `[-clip_value, clip_value]` in the fused update (Keras' `clipvalue`, exactly as
+    /// [`OptimizerState::clipped`] clips it).
+    fn apply_all_clipped(
+        &mut self,
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
+        clip_value: Option<f32>,
+    ) -> Result<()> {
         let moved = self.prepare_all(weights, grads)?;
         let rule = self.rule_at(self.iterations)?;
         let decay = self.config.base().options().weight_decay;
         let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
         for (vars, table) in groups.iter().zip(self.tables.iter_mut()) {
-            ops::fused_update(vars, rule, decay, table)?;
+            ops::fused_update_clipped(vars, rule, (decay, clip_value), table)?;
         }
         Ok(())
     }
@@ -504,6 +527,14 @@ impl OptimizerState {
         }
         drop(groups);
         Ok(moved)
+    }
+
+    /// Keras' `clipvalue`, which the fused update applies to each gradient element.
+    fn clip_value(&self) -> Option<f32> {
+        match self.config.options().clip() {
+            Some(ClipMode::Value(c)) => Some(c),
+            _ => None,
+        }
     }
 
     /// The update rule of a step after `iterations` applied ones, at its learning rate and
@@ -601,6 +632,11 @@ impl OptimizerState {
             }
         }
     }
+}
+
+/// Whether `device` is a GPU, whose fused update clips by value as it reads each gradient.
+fn on_gpu(device: &LogicalDevice) -> bool {
+    device.device_type() == crate::device::DeviceKind::Gpu
 }
 
 /// The slot names of each weight under `config`, in [`OptimizerState::named_slots`] order.

@@ -121,10 +121,9 @@ pub(crate) fn resolved_update<K: NnKernels + ?Sized>(
         .collect();
     k.fused_update(&FusedUpdate {
         rule,
-        weight_decay: f.weight_decay,
         vars: &vars,
-        table: f.table,
         scaled: None,
+        ..*f
     })
 }
 

@@ -77,7 +77,8 @@ fn check_state(op: &str, state: &Tensor, home: &LogicalDevice) -> Result<()> {
 /// One step of a loss-scaled fused update over `vars` (one device): the finiteness check of
 /// every gradient into the state's flag, then the update (nothing when the flag is set; the
 /// gradients times `inverse_base * 2^-e`; `rules[j]` when the state counts `t_base + j`
-/// iterations). With `unscaled`, the gradients were unscaled (and checked) by
+/// iterations), clipped first with `clip_value` as [`super::fused_update_clipped`] clips them.
+/// With `unscaled`, the gradients were unscaled (and checked) by
 /// [`loss_scale_unscale`] already: no check, and the update takes them as they are. Call
 /// [`loss_scale_advance`] after it. The table is brought up to date first, the only
 /// allocation.
@@ -88,7 +89,7 @@ fn check_state(op: &str, state: &Tensor, home: &LogicalDevice) -> Result<()> {
 pub(crate) fn fused_update_scaled(
     vars: &[UpdateVar<'_>],
     (rules, t_base): (&[UpdateRule], u64),
-    weight_decay: Option<f32>,
+    (weight_decay, clip_value): (Option<f32>, Option<f32>),
     table: &mut UpdateTable,
     (state, inverse_base): (&Tensor, f32),
     unscaled: bool,
@@ -113,6 +114,7 @@ pub(crate) fn fused_update_scaled(
         weight_decay,
         vars,
         table: table.tensor(),
+        clip_value,
         scaled: Some(ScaledUpdate {
             state,
             rules,

@@ -321,6 +321,26 @@ pub fn fused_update(
     weight_decay: Option<f32>,
     table: &mut UpdateTable,
 ) -> Result<()> {
+    fused_update_clipped(vars, rule, (weight_decay, None), table)
+}
+
+/// [`fused_update`] with Keras' `clipvalue` (each gradient element clipped to `[-c, c]`, as
+/// [`clip_gradient`] clips it) folded in: `(weight_decay, clip_value)`.
+///
+/// # Errors
+/// As [`fused_update`]; a clip value that is not a finite number > 0.
+pub(crate) fn fused_update_clipped(
+    vars: &[UpdateVar<'_>],
+    rule: UpdateRule,
+    (weight_decay, clip_value): (Option<f32>, Option<f32>),
+    table: &mut UpdateTable,
+) -> Result<()> {
+    if let Some(c) = clip_value.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the clip value must be a finite number > 0, got {c}",
+            CLIP_BY_VALUE.name
+        )));
+    }
     let Some(home) = prepare_fused_update(vars, &rule, table)? else {
         return Ok(());
     };
@@ -347,6 +367,7 @@ pub fn fused_update(
             weight_decay,
             vars,
             table,
+            clip_value,
             scaled: None,
         };
         with_kernels(device, |_, nk| nk.fused_update(&f))

@@ -49,7 +49,8 @@ pub(super) struct OptimParams {
     pub(super) inverse_base: f32,
     pub(super) factor: f32,
     pub(super) growth: u32,
-    pub(super) _pad: [u32; 2],
+    pub(super) clip_value: u32,
+    pub(super) _pad: u32,
     pub(super) lrs: [f32; SCALED_RULES],
     pub(super) alphas: [f32; SCALED_RULES],
 }
@@ -368,6 +369,10 @@ impl GpuKernels<'_> {
         if let Some(wd) = f.weight_decay {
             params.wd = wd;
             params.mode = 1;
+        }
+        if let Some(c) = f.clip_value {
+            params.clip = c;
+            params.clip_value = 1;
         }
         if let Some(s) = &f.scaled {
             return self.fused_update_scaled(s, params, table, &groups);
