@@ -31,19 +31,35 @@
 //                 elements, each offset in vec4s from the start of the region buffer it lies
 //                 in, `regions` that buffer's binding (0 r0, 1 r1, 2 r2) in two bits per role
 //                 (w bits 0-1, g 2-3, a 4-5, b 6-7, c 8-9). Lanes past len keep their values.
+//                 The gradient clipped first with clip_value 1 (as clip_value: Keras' clipvalue).
 //                 With mode 1 the weight decay first (as weight_decay), then `kind`'s update
 //                 with the same expressions as the entry points above, so the results are
 //                 theirs bit for bit: 0 sgd; 1 sgd_momentum (a = v); 2 adam (a = m, b = v);
 //                 3 rmsprop (a = velocity); 4 centered (b = average); 5 with momentum (c = s);
 //                 6 centered with momentum. fused_update: every tensor in r0 (bindings table,
 //                 r0); fused_update_regions: bindings table, r0, r1, r2.
+//   finite_check, fused_update_ls, fused_update_ls_regions, loss_scale_seed, loss_scale_advance
+//                 dynamic loss scaling decided on the device, over the state `ls` (4 u32: flag,
+//                 exponent e, counter, iterations; see its declaration): finite_check sets the
+//                 flag when a gradient element of the table's chunks is not finite (bindings
+//                 table, r0, r1, ls; the table's regions are at most two); fused_update_ls[_regions]
+//                 are the fused update (bindings table, r0[, r1], ls) doing nothing while the
+//                 flag is set, with the gradient times ldexp(inverse_base, -e) when `unscale` is
+//                 1, and lr, alpha from `lrs`, `alphas` at entry ls[3] - t_base (at most
+//                 `count`); loss_scale_seed: w = ldexp(w * factor, e) (bindings w, ls; grid over
+//                 n); loss_scale_unscale: w = g * ldexp(inverse_base, -e), flagging a g that is
+//                 not finite (bindings w, g, ls; grid over n); loss_scale_advance: Keras' rules
+//                 with `growth` (binding ls; one invocation).
 // Bindings (group 0): 0 uniform Params; 1 w, 2 g, 3 m, 4 v, 5 s: storage read_write array<f32>;
-// 6 table: array<u32>; 7 r0, 8 r1, 9 r2: whole arena regions, array<vec4<f32>>.
+// 6 table: array<u32>; 7 r0, 8 r1, 9 r2: whole arena regions, array<vec4<f32>>; 10 ls:
+// array<u32>.
 // Tensors go to the used bindings in ascending order.
 // Params: n, lr, momentum, nesterov (0/1), alpha, one_minus_b1, one_minus_b2, eps, rho,
 // one_minus_rho (1 - rho from Keras' f64), wd, clip, inverse_clip (1 / clip from f64), mode
 // (clip_norm: 0 per tensor, 1 global; fused_update: 1 with weight decay), kind and base (the
-// fused update's rule and first table entry).
+// fused update's rule and first table entry); the loss-scaled entries' unscale, t_base,
+// count, inverse_base, factor, growth, the fused updates' clip_value (0/1, with clip), and 16
+// learning rates and Adam step sizes (lrs, alphas).
 // Limits: four storage buffers per entry point (GL-compatible): hence the two passes of a
 // centered RMSprop step with momentum, which has five tensors, and the fused update's three
 // regions (a step whose tensors span more regions takes a dispatch per group of three).
@@ -65,6 +81,17 @@ struct Params {
     mode: u32,
     kind: u32,
     base: u32,
+    // Loss scaling on the device (the `_ls` entry points; zero elsewhere).
+    unscale: u32,
+    t_base: u32,
+    count: u32,
+    inverse_base: f32,
+    factor: f32,
+    growth: u32,
+    clip_value: u32,
+    _pad1: u32,
+    lrs: array<vec4<f32>, 4>,
+    alphas: array<vec4<f32>, 4>,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -227,20 +254,33 @@ fn uses_c() -> bool { return p.kind >= 5u; }
 
 // The update of four elements: the weight decay, then `p.kind`'s rule, with the expressions
 // of the per-variable entry points above (vector operations round per component, as those do).
+// The gradient as the fused update takes it: clipped to [-clip, clip] with `clip_value` (the
+// clip_value entry point's expression), as it is otherwise.
+fn clip_grad(g: vec4<f32>) -> vec4<f32> {
+    if (p.clip_value == 0u) { return g; }
+    return min(max(g, vec4<f32>(-p.clip)), vec4<f32>(p.clip));
+}
+
 fn update(v0: Vals, gi: vec4<f32>) -> Vals {
+    return update_at(v0, gi, p.lr, p.alpha);
+}
+
+// `update` at the learning rate `lr` and Adam step size `alpha` (the step's, from `p` or from
+// the loss-scaled update's table).
+fn update_at(v0: Vals, gi: vec4<f32>, lr: f32, alpha: f32) -> Vals {
     var v = v0;
     if (p.mode == 1u) {
-        v.w = v.w - v.w * p.wd * p.lr;
+        v.w = v.w - v.w * p.wd * lr;
     }
     switch p.kind {
         case 0u: {
-            v.w -= p.lr * gi;
+            v.w -= lr * gi;
         }
         case 1u: {
-            let nv = p.momentum * v.a - p.lr * gi;
+            let nv = p.momentum * v.a - lr * gi;
             v.a = nv;
             if (p.nesterov == 1u) {
-                v.w += p.momentum * nv - p.lr * gi;
+                v.w += p.momentum * nv - lr * gi;
             } else {
                 v.w += nv;
             }
@@ -250,7 +290,7 @@ fn update(v0: Vals, gi: vec4<f32>) -> Vals {
             let nv = v.b + (gi * gi - v.b) * p.one_minus_b2;
             v.a = nm;
             v.b = nv;
-            v.w -= p.alpha * nm / (sqrt(nv) + p.eps);
+            v.w -= alpha * nm / (sqrt(nv) + p.eps);
         }
         default: {
             let nv = p.rho * v.a + p.one_minus_rho * (gi * gi);
@@ -259,9 +299,9 @@ fn update(v0: Vals, gi: vec4<f32>) -> Vals {
             if (p.kind == 4u || p.kind == 6u) {
                 let nm = p.rho * v.b + p.one_minus_rho * gi;
                 v.b = nm;
-                step = p.lr * gi / sqrt(nv - nm * nm + p.eps);
+                step = lr * gi / sqrt(nv - nm * nm + p.eps);
             } else {
-                step = p.lr * gi / sqrt(nv + p.eps);
+                step = lr * gi / sqrt(nv + p.eps);
             }
             if (p.kind >= 5u) {
                 let ns = p.momentum * v.c + step;
@@ -314,7 +354,7 @@ fn fused_update(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (uses_a()) { v.a = r0[t.a + k]; }
     if (uses_b()) { v.b = r0[t.b + k]; }
     if (uses_c()) { v.c = r0[t.c + k]; }
-    let o = keep_tail(v, update(v, r0[t.g + k]), first, t.len);
+    let o = keep_tail(v, update(v, clip_grad(r0[t.g + k])), first, t.len);
     r0[t.w + k] = o.w;
     if (uses_a()) { r0[t.a + k] = o.a; }
     if (uses_b()) { r0[t.b + k] = o.b; }
@@ -356,9 +396,157 @@ fn fused_update_regions(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     if (uses_a()) { v.a = ld(ra, t.a + k); }
     if (uses_b()) { v.b = ld(rb, t.b + k); }
     if (uses_c()) { v.c = ld(rc, t.c + k); }
-    let o = keep_tail(v, update(v, ld(rg, t.g + k)), first, t.len);
+    let o = keep_tail(v, update(v, clip_grad(ld(rg, t.g + k))), first, t.len);
     st(rw, t.w + k, o.w);
     if (uses_a()) { st(ra, t.a + k, o.a); }
     if (uses_b()) { st(rb, t.b + k, o.b); }
     if (uses_c()) { st(rc, t.c + k, o.c); }
+}
+
+// ---- loss scaling on the device ----
+
+// The loss-scale state (one per device group): [0] the step's flag (non-zero once some
+// gradient element is not finite), [1] the scale's exponent e (i32 bits: the scale is
+// ldexp(base, e), base the host's), [2] finite steps in a row, [3] applied steps
+// (optimizer.iterations, low 32 bits). Integers only: every backend keeps their bits.
+@group(0) @binding(10) var<storage, read_write> ls: array<u32>;
+
+// Whether lane k of the chunk at vec4 offset `at` in region `r` (r0 or r1) holds an element
+// that is not finite. The exponent bits rather than x != x: WGSL lets a compiler assume floats
+// are finite.
+fn not_finite(x: vec4<f32>) -> bool {
+    return any((bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u)) == vec4<u32>(0x7f800000u));
+}
+
+fn ld2(r: u32, i: u32) -> vec4<f32> {
+    if (r == 0u) { return r0[i]; }
+    return r1[i];
+}
+
+fn st2(r: u32, i: u32, x: vec4<f32>) {
+    if (r == 0u) {
+        r0[i] = x;
+    } else {
+        r1[i] = x;
+    }
+}
+
+@compute @workgroup_size(256)
+fn finite_check(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (wid.x + wid.y * nwg.x >= p.n) { return; }
+    let t = entry(wid, nwg);
+    let first = 4u * lid.x;
+    if (first >= t.len) { return; }
+    let g = ld2((t.regions >> 2u) & 3u, t.g + lid.x);
+    // Lanes past the chunk's end hold the allocation's rounding (NaN under the trap).
+    let inside = vec4<u32>(first, first + 1u, first + 2u, first + 3u) < vec4<u32>(t.len);
+    if (not_finite(select(vec4<f32>(0.0), g, inside))) {
+        // Every writer writes 1: the races agree.
+        ls[0] = 1u;
+    }
+}
+
+// The step's learning rate and Adam step size: entry ls[3] - t_base of the table (the host
+// fills one per iteration count the device may be at).
+fn lr_alpha() -> vec2<f32> {
+    let j = min(ls[3] - p.t_base, p.count - 1u);
+    return vec2<f32>(p.lrs[j >> 2u][j & 3u], p.alphas[j >> 2u][j & 3u]);
+}
+
+// The gradient the update sees: times the inverse scale ldexp(inverse_base, -e), which is
+// 1 / ldexp(base, e) exactly (a power of two apart), as the host's unscale computes it.
+fn unscaled(g: vec4<f32>) -> vec4<f32> {
+    if (p.unscale == 0u) { return g; }
+    return g * ldexp(p.inverse_base, -bitcast<i32>(ls[1]));
+}
+
+@compute @workgroup_size(256)
+fn fused_update_ls(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (wid.x + wid.y * nwg.x >= p.n || ls[0] != 0u) { return; }
+    let t = entry(wid, nwg);
+    let first = 4u * lid.x;
+    if (first >= t.len) { return; }
+    let k = lid.x;
+    let h = lr_alpha();
+    var v: Vals;
+    v.w = r0[t.w + k];
+    if (uses_a()) { v.a = r0[t.a + k]; }
+    if (uses_b()) { v.b = r0[t.b + k]; }
+    if (uses_c()) { v.c = r0[t.c + k]; }
+    let gi = clip_grad(unscaled(r0[t.g + k]));
+    let o = keep_tail(v, update_at(v, gi, h.x, h.y), first, t.len);
+    r0[t.w + k] = o.w;
+    if (uses_a()) { r0[t.a + k] = o.a; }
+    if (uses_b()) { r0[t.b + k] = o.b; }
+    if (uses_c()) { r0[t.c + k] = o.c; }
+}
+
+@compute @workgroup_size(256)
+fn fused_update_ls_regions(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (wid.x + wid.y * nwg.x >= p.n || ls[0] != 0u) { return; }
+    let t = entry(wid, nwg);
+    let first = 4u * lid.x;
+    if (first >= t.len) { return; }
+    let k = lid.x;
+    let rw = t.regions & 3u;
+    let rg = (t.regions >> 2u) & 3u;
+    let ra = (t.regions >> 4u) & 3u;
+    let rb = (t.regions >> 6u) & 3u;
+    let rc = (t.regions >> 8u) & 3u;
+    let h = lr_alpha();
+    var v: Vals;
+    v.w = ld2(rw, t.w + k);
+    if (uses_a()) { v.a = ld2(ra, t.a + k); }
+    if (uses_b()) { v.b = ld2(rb, t.b + k); }
+    if (uses_c()) { v.c = ld2(rc, t.c + k); }
+    let gi = clip_grad(unscaled(ld2(rg, t.g + k)));
+    let o = keep_tail(v, update_at(v, gi, h.x, h.y), first, t.len);
+    st2(rw, t.w + k, o.w);
+    if (uses_a()) { st2(ra, t.a + k, o.a); }
+    if (uses_b()) { st2(rb, t.b + k, o.b); }
+    if (uses_c()) { st2(rc, t.c + k, o.c); }
+}
+
+// A gradient unscaled into a new tensor, flagging the step when an element is not finite (the
+// check of a step whose gradients are clipped after unscaling): w = g * ldexp(inverse_base, -e).
+@compute @workgroup_size(256)
+fn loss_scale_unscale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    let x = g[i];
+    w[i] = x * ldexp(p.inverse_base, -bitcast<i32>(ls[1]));
+    if ((bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
+        ls[0] = 1u;
+    }
+}
+
+// The loss gradient's seed: w = ldexp(w * factor, e), which is w * ldexp(factor, e) exactly
+// (a power of two apart), the host's `w * scale`.
+@compute @workgroup_size(256)
+fn loss_scale_seed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i >= p.n) { return; }
+    w[i] = ldexp(w[i] * p.factor, bitcast<i32>(ls[1]));
+}
+
+// Keras' rules, after the update: a skipped step halves the scale and restarts the count; an
+// applied one counts (iterations too) and doubles the scale after `growth` in a row. Clears
+// the flag for the next step. One invocation.
+@compute @workgroup_size(1)
+fn loss_scale_advance() {
+    var e = bitcast<i32>(ls[1]);
+    if (ls[0] != 0u) {
+        e -= 1;
+        ls[2] = 0u;
+    } else {
+        ls[3] += 1u;
+        if (ls[2] + 1u >= p.growth) {
+            e += 1;
+            ls[2] = 0u;
+        } else {
+            ls[2] += 1u;
+        }
+    }
+    ls[1] = bitcast<u32>(e);
+    ls[0] = 0u;
 }

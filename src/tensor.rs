@@ -91,6 +91,20 @@ impl PendingWords {
             .read_finish(read, |bytes| words_from_bytes(bytes, &mut words))?;
         Ok(words)
     }
+
+    /// The words if the device is done with them, without waiting (not a host wait);
+    /// `Ok(None)` while they are on their way. Once it answered `Some`, the words are taken.
+    pub(crate) fn try_finish(&mut self) -> Result<Option<Vec<u32>>> {
+        let (Some(read), Some(g)) = (self.read.as_mut(), self.tensor.0.device.gpu()) else {
+            return Ok(Some(std::mem::take(&mut self.words)));
+        };
+        let len = self.tensor.dtype().words(self.tensor.len());
+        let mut words = host::filled(len, 0u32, || format!("a host copy of {:?}", self.tensor))?;
+        let done = g
+            .ctx
+            .read_try(read, |bytes| words_from_bytes(bytes, &mut words))?;
+        Ok(done.map(|()| words))
+    }
 }
 
 pub(crate) fn words_from_bytes(bytes: &[u8], out: &mut [u32]) {

@@ -80,6 +80,21 @@ pub(crate) struct PendingRead {
     staging: Option<wgpu::Buffer>,
     submission: Option<wgpu::SubmissionIndex>,
     bytes: u64,
+    /// The map's outcome once its callback ran, after [`GpuContext::read_try`] asked for it.
+    mapping: Option<MapSlot>,
+}
+
+/// Where a staging buffer's map callback leaves its outcome.
+type MapSlot = Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>>;
+
+/// Asks for `staging` to be mapped; the outcome lands in the returned slot.
+fn map_into_slot(staging: &wgpu::Buffer) -> MapSlot {
+    let slot: MapSlot = Arc::default();
+    let theirs = Arc::clone(&slot);
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        *theirs.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    });
+    slot
 }
 
 /// Bytes of [`GpuContext::uniform_scratch`].
@@ -534,6 +549,7 @@ impl GpuContext {
                 staging: None,
                 submission: None,
                 bytes,
+                mapping: None,
             };
         }
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -554,6 +570,43 @@ impl GpuContext {
             staging: Some(staging),
             submission,
             bytes,
+            mapping: None,
+        }
+    }
+
+    /// Finishes a read [`GpuContext::read_begin`] started if the device is done with it,
+    /// without waiting: `Ok(None)` while the copy is on its way (call again later, or
+    /// [`GpuContext::read_finish`]), else the bytes handed to `consume`. Not a host wait.
+    pub(crate) fn read_try<R>(
+        &self,
+        pending: &mut PendingRead,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let Some(staging) = &pending.staging else {
+            return Ok(Some(consume(&[])));
+        };
+        let slot = Arc::clone(
+            pending
+                .mapping
+                .get_or_insert_with(|| map_into_slot(staging)),
+        );
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| self.gpu_error(format!("polling the device failed: {e}")))?;
+        let outcome = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match outcome {
+            None => Ok(None),
+            Some(Err(e)) => Err(self.gpu_error(format!("mapping the readback buffer failed: {e}"))),
+            Some(Ok(())) => {
+                let view = staging.get_mapped_range(..).map_err(|e| {
+                    self.gpu_error(format!("reading the readback buffer failed: {e}"))
+                })?;
+                let out = consume(&view[..pending.bytes as usize]);
+                drop(view);
+                staging.unmap();
+                pending.staging = None;
+                Ok(Some(out))
+            }
         }
     }
 
@@ -571,11 +624,11 @@ impl GpuContext {
         self.flush();
         // The profiler names this wait (its own timestamp reads are not counted).
         let wait = crate::profiler::wait_begin("read back to the host");
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            // The receiver waits below; if it is gone there is no one to tell.
-            let _ = tx.send(r);
-        });
+        // A read `read_try` polled has asked for its map already.
+        let slot = match pending.mapping {
+            Some(slot) => slot,
+            None => map_into_slot(&staging),
+        };
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: pending.submission,
@@ -583,8 +636,9 @@ impl GpuContext {
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
         self.take_error()?;
-        rx.recv()
-            .map_err(|_| self.gpu_error("the map callback never ran".into()))?
+        let outcome = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        outcome
+            .ok_or_else(|| self.gpu_error("the map callback never ran".into()))?
             .map_err(|e| self.gpu_error(format!("mapping the readback buffer failed: {e}")))?;
         if let Some(w) = wait {
             w.end(&self.label);

@@ -305,3 +305,25 @@ pub(crate) fn loss_terms_on(
     let z = z.arrive(DType::F32, device)?;
     loss_terms(obj, &z, &y, factor)
 }
+
+// ---- loss scaling on the device ----
+
+/// [`loss_terms_on`] under a loss scale read on the device: the gradient times `base * 2^e`,
+/// `e` the exponent of the loss-scale `state` (on `device`), bit for bit what a host factor of
+/// that scale gives. The sparse loss multiplies its mean gradient by the factor, the others
+/// fold `factor / rows` into theirs; either way one more exact multiplication by `2^e`
+/// (a power of two) on the device finishes it, so nothing waits for the scale.
+pub(crate) fn loss_terms_scaled(
+    device: &LogicalDevice,
+    obj: &Objective,
+    z: &Tensor,
+    y: &Tensor,
+    (base, state): (f32, &Tensor),
+) -> Result<LossTerms> {
+    let sparse = matches!(obj.loss, Loss::SparseCategoricalCrossentropy { .. });
+    let (host, seed) = if sparse { (1.0, base) } else { (base, 1.0) };
+    let terms = loss_terms_on(device, obj, z, y, host)?;
+    let _scope = device.scope();
+    ops::loss_scale_seed(&terms.dlogits, seed, state)?;
+    Ok(terms)
+}

@@ -734,4 +734,55 @@ impl NnKernels for HostKernels {
         cpu::clip(Inputs::lock(&[g]).f32(0), write(out).f32(), mode, ss);
         Ok(())
     }
+
+    // ---- loss scaling on the device ----
+    fn loss_scale_check(
+        &self,
+        f: &crate::ops::nn_kernels::FusedUpdate<'_>,
+        state: &Tensor,
+    ) -> Result<()> {
+        let bad = f
+            .vars
+            .iter()
+            .any(|v| cpu::loss_scale::any_not_finite(Inputs::lock(&[v.g]).f32(0)));
+        if bad {
+            if let Some(flag) = write(state).i32().first_mut() {
+                *flag = 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn loss_scale_seed(&self, x: &Tensor, factor: f32, state: &Tensor) -> Result<()> {
+        let e = Inputs::lock(&[state]).i32(0).get(1).copied().unwrap_or(0);
+        cpu::loss_scale::seed(write(x).f32(), factor, e);
+        Ok(())
+    }
+
+    fn loss_scale_unscale(
+        &self,
+        g: &Tensor,
+        out: &Tensor,
+        inverse_base: f32,
+        state: &Tensor,
+    ) -> Result<()> {
+        let e = Inputs::lock(&[state]).i32(0).get(1).copied().unwrap_or(0);
+        let inverse = cpu::loss_scale::ldexp(inverse_base, -e);
+        let bad = {
+            let r = Inputs::lock(&[g]);
+            cpu::scale(r.f32(0), inverse, write(out).f32());
+            cpu::loss_scale::any_not_finite(r.f32(0))
+        };
+        if bad {
+            if let Some(flag) = write(state).i32().first_mut() {
+                *flag = 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn loss_scale_advance(&self, state: &Tensor, growth_steps: u64) -> Result<()> {
+        cpu::loss_scale::advance(write(state).i32(), growth_steps);
+        Ok(())
+    }
 }

@@ -255,6 +255,33 @@ pub(crate) trait NnKernels {
     /// default runs those kernels one variable after another (the CPU's update is one pass per
     /// variable already); a GPU overrides it with one dispatch over all of them.
     fn fused_update(&self, f: &FusedUpdate<'_>) -> Result<()> {
+        if let Some(scaled) = f.scaled {
+            // Resolved against the state here, then this update again without it.
+            return crate::ops::cpu::loss_scale::resolved_update(self, f, scaled);
+        }
+        if let Some(c) = f.clip_value {
+            // Every clipped copy before any variable changes, then this update on them.
+            let clipped = f
+                .vars
+                .iter()
+                .map(|v| {
+                    let out = Tensor::uninit(v.g.shape(), v.g.dtype(), v.g.device_handle())?;
+                    self.clip(v.g, None, &out, crate::ops::spec::ClipMode::Value(c))?;
+                    Ok(out)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let vars: Vec<UpdateVar<'_>> = f
+                .vars
+                .iter()
+                .zip(&clipped)
+                .map(|(v, g)| UpdateVar { g, ..*v })
+                .collect();
+            return self.fused_update(&FusedUpdate {
+                vars: &vars,
+                clip_value: None,
+                ..*f
+            });
+        }
         for v in f.vars {
             if let Some(wd) = f.weight_decay {
                 self.weight_decay(v.w, wd, f.rule.learning_rate())?;
@@ -286,6 +313,27 @@ pub(crate) trait NnKernels {
         }
         Ok(())
     }
+
+    // ---- loss scaling on the device ----
+    /// Sets the flag of the loss-scale `state` (see [`ScaledUpdate::state`]) when some element
+    /// of some gradient of `f.vars` is infinite or NaN; leaves it otherwise.
+    fn loss_scale_check(&self, f: &FusedUpdate<'_>, state: &Tensor) -> Result<()>;
+    /// `x = x * factor * 2^e` in place, `e` the exponent of the loss-scale `state`: the loss
+    /// gradient's seed.
+    fn loss_scale_seed(&self, x: &Tensor, factor: f32, state: &Tensor) -> Result<()>;
+    /// `out = g * inverse_base * 2^-e` (`g` unscaled by the state's scale), setting the
+    /// state's flag when some element of `g` is infinite or NaN.
+    fn loss_scale_unscale(
+        &self,
+        g: &Tensor,
+        out: &Tensor,
+        inverse_base: f32,
+        state: &Tensor,
+    ) -> Result<()>;
+    /// Moves the loss-scale `state` after a step's update by Keras' rules (a skipped step
+    /// halves the scale and restarts the count; an applied one counts, in `iterations` too,
+    /// and doubles the scale after `growth_steps` in a row) and clears the flag.
+    fn loss_scale_advance(&self, state: &Tensor, growth_steps: u64) -> Result<()>;
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
@@ -571,4 +619,36 @@ pub(crate) struct FusedUpdate<'a> {
     pub(crate) weight_decay: Option<f32>,
     pub(crate) vars: &'a [UpdateVar<'a>],
     pub(crate) table: Option<&'a Tensor>,
+    /// Keras' `clipvalue`: each gradient element clipped to `[-c, c]` first (after unscaling),
+    /// exactly as [`NnKernels::clip`] clips it.
+    pub(crate) clip_value: Option<f32>,
+    /// Under dynamic loss scaling decided on the device: the state the update reads (`rule` is
+    /// then ignored for the rules of the table).
+    pub(crate) scaled: Option<ScaledUpdate<'a>>,
 }
+
+// ---- loss scaling on the device ----
+
+/// What a fused update under dynamic loss scaling reads on the device besides its variables:
+/// nothing applies while the state's flag is set, the gradients are unscaled by the state's
+/// scale, and the rule (learning rate, Adam's bias correction) is the one of the device's
+/// iteration count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScaledUpdate<'a> {
+    /// Four int32 words on the variables' device: the step's flag (non-zero: some gradient
+    /// element is not finite), the exponent `e` of the scale `base * 2^e`, the finite steps in
+    /// a row, and the applied steps (`optimizer.iterations`, low 32 bits).
+    pub(crate) state: &'a Tensor,
+    /// `rules[j]`: the update when the state's iteration count is `t_base + j` (at most 16).
+    pub(crate) rules: &'a [UpdateRule],
+    pub(crate) t_base: u32,
+    /// `1 / base`: each gradient is multiplied by `inverse_base * 2^-e`, exactly the inverse of
+    /// the scale.
+    pub(crate) inverse_base: f32,
+    /// Whether the update unscales the gradients (`false`: they were unscaled, and clipped,
+    /// before).
+    pub(crate) unscale: bool,
+}
+
+/// Rules a [`ScaledUpdate`] may carry (a GPU passes them in its uniform params).
+pub(crate) const SCALED_RULES: usize = 16;

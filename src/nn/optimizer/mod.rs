@@ -16,6 +16,8 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
+// ---- loss scaling on the device ----
+mod device_scale;
 mod options;
 mod state;
 pub use options::{Adam, AdamW, BaseOptions, LossScaleOptimizer, RmsProp, Sgd};

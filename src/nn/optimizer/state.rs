@@ -2,11 +2,13 @@
 //! averages), created on the weight's device at its first update, the loss scale, and the update
 //! step itself (unscaling, clipping, weight decay, the optimizer's kernel).
 
+use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::ops::spec::{AdamParams, ClipMode, RmspropParams, SgdParams};
 use crate::tensor::{DType, Tensor};
 
+use super::device_scale::{DeviceScale, SCALED_RULES};
 use super::{Adam, Optimizer};
 
 /// The slots of one weight.
@@ -76,10 +78,16 @@ pub(crate) struct OptimizerState {
     pub(crate) config: Optimizer,
     slots: Vec<Vec<Slots>>,
     /// Completed steps (Keras' `optimizer.iterations`; steps that loss scaling skipped are not
-    /// counted).
-    pub(crate) iterations: u64,
-    /// The loss scale, under a [`LossScaleOptimizer`].
-    pub(crate) loss_scale: Option<LossScale>,
+    /// counted); while `device` holds the loss scale, as of when it took it.
+    iterations: u64,
+    /// The loss scale, under a [`LossScaleOptimizer`]; while `device` holds it, as of when it
+    /// took it.
+    loss_scale: Option<LossScale>,
+    /// The loss scale and iteration count kept on the device, when the steps decide there.
+    device: Option<DeviceScale>,
+    /// Whether the host decides loss scaling even where the device could (the reference the
+    /// device's decisions are tested against).
+    pub(crate) host_decides: bool,
     /// The constant learning rate (Keras' `learning_rate` variable, which callbacks assign);
     /// unused under a schedule.
     learning_rate: f32,
@@ -98,6 +106,8 @@ impl OptimizerState {
             }),
             learning_rate: config.constant_learning_rate(),
             tables: Vec::new(),
+            device: None,
+            host_decides: false,
             config,
         }
     }
@@ -105,8 +115,13 @@ impl OptimizerState {
     /// The learning rate of the next step: the schedule's value at `iterations`, or the
     /// constant rate (Keras' `optimizer.learning_rate`).
     pub(crate) fn learning_rate(&self) -> f32 {
+        self.learning_rate_at(self.iterations())
+    }
+
+    /// The learning rate of a step after `iterations` applied ones.
+    fn learning_rate_at(&self, iterations: u64) -> f32 {
         match &self.config.options().schedule {
-            Some(s) => s.value(self.iterations),
+            Some(s) => s.value(iterations),
             None => self.learning_rate,
         }
     }
@@ -135,9 +150,207 @@ impl OptimizerState {
         Ok(())
     }
 
-    /// The factor the next step multiplies its loss by: the loss scale, or 1.
+    /// The factor the next step multiplies its loss by: the loss scale, or 1 (read from the
+    /// device, waiting for it, while the device holds the scale).
     pub(crate) fn loss_factor(&self) -> f32 {
-        self.loss_scale.map_or(1.0, |l| l.scale)
+        self.loss_scale_state().map_or(1.0, |l| l.scale)
+    }
+
+    /// Completed steps (Keras' `optimizer.iterations`): read from the device, waiting for the
+    /// steps recorded so far, while it holds the count and the host has not read them all.
+    pub(crate) fn iterations(&self) -> u64 {
+        self.synced().0
+    }
+
+    /// The loss scale and its counter (`None` without loss scaling); read as
+    /// [`OptimizerState::iterations`] is.
+    pub(crate) fn loss_scale_state(&self) -> Option<LossScale> {
+        self.synced().1
+    }
+
+    /// The iteration count and loss scale as of the last step recorded. A device that fails
+    /// to answer leaves the last values the host read (logged): reporting never fails a step.
+    fn synced(&self) -> (u64, Option<LossScale>) {
+        let Some(d) = &self.device else {
+            return (self.iterations, self.loss_scale);
+        };
+        let k = match d.read_now() {
+            Ok(k) => k,
+            Err(e) => {
+                log::warn!("LossScaleOptimizer: reading the loss scale failed ({e})");
+                return (self.iterations, self.loss_scale);
+            }
+        };
+        (k.iterations, Some(d.loss_scale(k)))
+    }
+
+    /// Puts back a checkpoint's iteration count and loss scale (on the host: the next step
+    /// takes them to its device).
+    pub(crate) fn set_training_state(&mut self, iterations: u64, loss_scale: Option<LossScale>) {
+        self.device = None;
+        self.iterations = iterations;
+        self.loss_scale = loss_scale;
+    }
+
+    // ---- loss scaling on the device ----
+
+    /// Whether steps may decide loss scaling on the device: under a [`LossScaleOptimizer`],
+    /// unless the host was asked to.
+    pub(crate) fn scales_on_device(&self) -> bool {
+        !self.host_decides && self.loss_scale.is_some()
+    }
+
+    /// The loss factor of the next step as the device reads it: `(base, state)`, the gradient
+    /// seed multiplied by `base * 2^e` with `e` the state's exponent. Moves the loss scale to
+    /// `device` first if it is elsewhere (reading it back from another device waits).
+    ///
+    /// # Errors
+    /// Device errors, out of memory.
+    pub(crate) fn device_seed(&mut self, device: &LogicalDevice) -> Result<(f32, Tensor)> {
+        let d = self.device_scale_on(device)?;
+        Ok((d.base, d.state.clone()))
+    }
+
+    /// The device's loss scale on `device`, made from the host's if there is none there.
+    fn device_scale_on(&mut self, device: &LogicalDevice) -> Result<&mut DeviceScale> {
+        if self
+            .device
+            .as_ref()
+            .is_some_and(|d| !d.device().same_device(device))
+        {
+            self.sync_to_host()?;
+        }
+        if self.device.is_none() {
+            let Some(ls) = self.loss_scale else {
+                return Err(Error::Model(
+                    "LossScaleOptimizer: no loss scale to keep on the device".into(),
+                ));
+            };
+            self.device = Some(DeviceScale::new(device, ls, self.iterations)?);
+        }
+        self.device
+            .as_mut()
+            .ok_or_else(|| Error::Model("LossScaleOptimizer: the device state is gone".into()))
+    }
+
+    /// Brings the loss scale and iteration count back to the host (waiting for the steps
+    /// recorded so far): the host decides the next steps.
+    ///
+    /// # Errors
+    /// Device errors (the state stays on the device).
+    pub(crate) fn sync_to_host(&mut self) -> Result<()> {
+        if let Some(d) = &self.device {
+            let k = d.read_now()?;
+            self.iterations = k.iterations;
+            self.loss_scale = Some(d.loss_scale(k));
+            self.device = None;
+        }
+        Ok(())
+    }
+
+    /// One optimizer step from every layer's gradients (`weights[i]` and `grads[i]` are layer
+    /// `i`'s): under loss scaling the gradients are checked and unscaled first, and a step
+    /// whose gradients are not all finite updates nothing and only moves the scale; then
+    /// clipping, weight decay, the update, the count. With `on_device`, a model whose weights
+    /// all lie on one device decides loss scaling there, and nothing waits; otherwise the host
+    /// reads the finiteness flags.
+    ///
+    /// # Errors
+    /// Device errors, out of memory: every weight is as it was unless a device fails
+    /// mid-update.
+    pub(crate) fn apply_step(
+        &mut self,
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
+        on_device: bool,
+    ) -> Result<()> {
+        if on_device && self.scales_on_device() && self.apply_on_device(weights, grads)? {
+            return Ok(());
+        }
+        self.sync_to_host()?;
+        let Some(grads) = self.unscaled(grads)? else {
+            self.finish_step(false);
+            return Ok(());
+        };
+        // Clipped after unscaling and after the pipeline's per-layer sums, as Keras clips; by
+        // value in the update where every weight is on a GPU (one dispatch fewer a gradient).
+        let all_on_gpus = weights.iter().flatten().all(|w| on_gpu(w.device_handle()));
+        let clip_value = self.clip_value().filter(|_| all_on_gpus);
+        let grads = if clip_value.is_some() {
+            grads
+        } else {
+            self.clipped(&grads)?
+        };
+        self.apply_all_clipped(weights, &grads, clip_value)?;
+        self.finish_step(true);
+        Ok(())
+    }
+
+    /// The step of [`OptimizerState::apply_step`] with loss scaling decided on the device:
+    /// the check, the update (one dispatch each on a GPU) and Keras' rules, reading the
+    /// device's state. Under clipping, each gradient is unscaled (and checked) on the device
+    /// first and clipped as the host path clips it. `false` (nothing done) when the weights
+    /// lie on several devices.
+    fn apply_on_device(&mut self, weights: &[Vec<&Tensor>], grads: &[Vec<Tensor>]) -> Result<bool> {
+        let moved = self.prepare(weights, grads, false)?;
+        let home = {
+            let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
+            match groups.as_slice() {
+                [one] => one[0].w.device_handle().clone(),
+                _ => return Ok(false),
+            }
+        };
+        let growth = self
+            .config
+            .loss_scaling()
+            .map_or(u64::MAX, |l| l.dynamic_growth_steps);
+        let d = self.device_scale_on(&home)?;
+        d.poll()?;
+        d.read_until(SCALED_RULES - 1)?;
+        let (known, unread) = d.known_iterations();
+        let (state, inverse_base) = (d.state.clone(), d.inverse_base());
+        // One rule per iteration count the device may be at when it runs this step.
+        let rules = (0..=unread as u64)
+            .map(|j| self.rule_at(known + j))
+            .collect::<Result<Vec<_>>>()?;
+        let decay = self.config.base().options().weight_decay;
+        // A GPU's update clips each element by value as it reads it (after unscaling). Other
+        // clipping takes the unscaled gradients: those are made first, each checked as it is
+        // unscaled, and clipped as the host path clips them.
+        let clip_value = self.clip_value().filter(|_| on_gpu(&home));
+        let clip = self.config.options().clip().is_some() && clip_value.is_none();
+        let grads = if clip {
+            let unscaled = moved
+                .iter()
+                .map(|layer| {
+                    layer
+                        .iter()
+                        .map(|g| ops::loss_scale_unscale(g, inverse_base, &state))
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Clipped after unscaling, as Keras clips.
+            self.clipped(&unscaled)?
+        } else {
+            moved
+        };
+        let groups = update_groups(&self.slots, &self.config, weights, &grads)?;
+        self.tables.resize_with(1, ops::UpdateTable::default);
+        if let (Some(vars), Some(table)) = (groups.first(), self.tables.first_mut()) {
+            ops::fused_update_scaled(
+                vars,
+                (&rules, known),
+                (decay, clip_value),
+                table,
+                (&state, inverse_base),
+                clip,
+            )?;
+        }
+        ops::loss_scale_advance(&state, growth)?;
+        if let Some(d) = self.device.as_mut() {
+            d.snapshot()?;
+        }
+        Ok(true)
     }
 
     /// The gradients the update applies: without loss scaling, `grads` as they are; under it,
@@ -233,12 +446,24 @@ impl OptimizerState {
         weights: &[Vec<&Tensor>],
         grads: &[Vec<Tensor>],
     ) -> Result<()> {
+        self.apply_all_clipped(weights, grads, None)
+    }
+
+    /// [`OptimizerState::apply_all`] with each gradient element clipped to
+    /// `[-clip_value, clip_value]` in the fused update (Keras' `clipvalue`, exactly as
+    /// [`OptimizerState::clipped`] clips it).
+    fn apply_all_clipped(
+        &mut self,
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
+        clip_value: Option<f32>,
+    ) -> Result<()> {
         let moved = self.prepare_all(weights, grads)?;
-        let rule = self.rule()?;
+        let rule = self.rule_at(self.iterations)?;
         let decay = self.config.base().options().weight_decay;
         let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
         for (vars, table) in groups.iter().zip(self.tables.iter_mut()) {
-            ops::fused_update(vars, rule, decay, table)?;
+            ops::fused_update_clipped(vars, rule, (decay, clip_value), table)?;
         }
         Ok(())
     }
@@ -250,6 +475,18 @@ impl OptimizerState {
         &mut self,
         weights: &[Vec<&Tensor>],
         grads: &[Vec<Tensor>],
+    ) -> Result<Vec<Vec<Tensor>>> {
+        self.prepare(weights, grads, true)
+    }
+
+    /// [`OptimizerState::prepare_all`], with the plain update's `tables` or without (the
+    /// update that decides loss scaling on the device makes its own, for the gradients it
+    /// takes: clipping makes them anew).
+    fn prepare(
+        &mut self,
+        weights: &[Vec<&Tensor>],
+        grads: &[Vec<Tensor>],
+        tables: bool,
     ) -> Result<Vec<Vec<Tensor>>> {
         if weights.len() != grads.len() {
             return Err(Error::Model(format!(
@@ -278,7 +515,10 @@ impl OptimizerState {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        let rule = self.rule()?;
+        if !tables {
+            return Ok(moved);
+        }
+        let rule = self.rule_at(self.iterations)?;
         let groups = update_groups(&self.slots, &self.config, weights, &moved)?;
         self.tables
             .resize_with(groups.len(), ops::UpdateTable::default);
@@ -289,10 +529,19 @@ impl OptimizerState {
         Ok(moved)
     }
 
-    /// The update rule of the next step, at its learning rate and step count.
-    fn rule(&self) -> Result<ops::UpdateRule> {
-        let lr = self.learning_rate();
-        let step = u32::try_from(self.iterations + 1).unwrap_or(u32::MAX);
+    /// Keras' `clipvalue`, which the fused update applies to each gradient element.
+    fn clip_value(&self) -> Option<f32> {
+        match self.config.options().clip() {
+            Some(ClipMode::Value(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The update rule of a step after `iterations` applied ones, at its learning rate and
+    /// step count.
+    fn rule_at(&self, iterations: u64) -> Result<ops::UpdateRule> {
+        let lr = self.learning_rate_at(iterations);
+        let step = u32::try_from(iterations + 1).unwrap_or(u32::MAX);
         let adam = |a: &Adam| AdamParams {
             lr,
             beta1: a.beta_1,
@@ -383,6 +632,11 @@ impl OptimizerState {
             }
         }
     }
+}
+
+/// Whether `device` is a GPU, whose fused update clips by value as it reads each gradient.
+fn on_gpu(device: &LogicalDevice) -> bool {
+    device.device_type() == crate::device::DeviceKind::Gpu
 }
 
 /// The slot names of each weight under `config`, in [`OptimizerState::named_slots`] order.

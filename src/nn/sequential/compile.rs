@@ -86,16 +86,43 @@ impl Sequential {
     }
 
     /// The current loss scale under a [`LossScaleOptimizer`] (Keras' `optimizer.dynamic_scale`):
-    /// what the next step multiplies its loss by. `None` without loss scaling.
+    /// what the next step multiplies its loss by. `None` without loss scaling. Where the steps
+    /// decide loss scaling on their device, this reads it there (waiting for the steps
+    /// recorded so far; the steps themselves never wait for it).
     pub fn loss_scale(&self) -> Option<f32> {
         self.compiled
             .as_ref()
-            .and_then(|c| c.optimizer.loss_scale.map(|l| l.scale))
+            .and_then(|c| c.optimizer.loss_scale_state().map(|l| l.scale))
+    }
+
+    /// The counter of the loss scale (Keras' `step_counter`: finite steps in a row since the
+    /// scale last changed), read as [`loss_scale`](Sequential::loss_scale) is.
+    #[doc(hidden)]
+    pub fn loss_scale_counter(&self) -> Option<u64> {
+        self.loss_scale_state().map(|l| l.counter)
+    }
+
+    /// Makes the training steps decide dynamic loss scaling on the host, reading each step's
+    /// finiteness flags back (`true`), or on the device where they can (`false`, the default):
+    /// the reference the device's decisions are tested against.
+    ///
+    /// # Errors
+    /// [`Error::Model`] before `compile`; a device error bringing the scale back to the host.
+    #[doc(hidden)]
+    pub fn set_loss_scaling_on_host(&mut self, on_host: bool) -> Result<()> {
+        let compiled = self.compiled.as_mut().ok_or_else(|| {
+            Error::Model("set_loss_scaling_on_host: the model is not compiled".into())
+        })?;
+        compiled.optimizer.sync_to_host()?;
+        compiled.optimizer.host_decides = on_host;
+        Ok(())
     }
 
     /// The loss scale and its counter, for checkpoints.
     pub(crate) fn loss_scale_state(&self) -> Option<LossScale> {
-        self.compiled.as_ref().and_then(|c| c.optimizer.loss_scale)
+        self.compiled
+            .as_ref()
+            .and_then(|c| c.optimizer.loss_scale_state())
     }
 
     /// The learning rate the next training step uses (Keras' `optimizer.learning_rate`): a
@@ -155,9 +182,12 @@ impl Sequential {
     }
 
     /// Training steps run since `compile` (Keras' `optimizer.iterations`; steps that loss
-    /// scaling skipped are not counted).
+    /// scaling skipped are not counted). Under loss scaling decided on the device, read there
+    /// as [`loss_scale`](Sequential::loss_scale) is.
     pub fn iterations(&self) -> u64 {
-        self.compiled.as_ref().map_or(0, |c| c.optimizer.iterations)
+        self.compiled
+            .as_ref()
+            .map_or(0, |c| c.optimizer.iterations())
     }
 
     /// The optimizer's slot variables (Keras' `optimizer.variables` without `iterations`),
@@ -262,8 +292,7 @@ impl Sequential {
             for (t, v) in tensors.into_iter().zip(slots) {
                 t.write_words(bytemuck::cast_slice(v))?;
             }
-            opt.iterations = iterations;
-            opt.loss_scale = loss_scale;
+            opt.set_training_state(iterations, loss_scale);
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use crate::data::Batch;
 use crate::distribute::MirroredStrategy;
 use crate::error::{Error, Result};
 use crate::nn::mirrored::{self, HostBatch};
-use crate::nn::objective::Objective;
+use crate::nn::objective::{self, Objective};
 use crate::nn::pass;
 use crate::nn::pipeline::Examples;
 use crate::nn::step_output::{StepOutput, StepPart};
@@ -25,28 +25,63 @@ impl Sequential {
     fn step(&mut self, x: &Tensor, y: &Tensor, update: bool) -> Result<(StepOutput, Vec<Tensor>)> {
         let what = if update { "fit" } else { "loss_and_gradients" };
         self.require_built(what)?;
-        let compiled = self.compiled(what)?;
+        self.compiled(what)?;
         let objective = self.objective(what)?;
+        let n = self.check_batch(what, x, Some(y))?;
         // Gradients handed to the caller are the loss's own, unscaled.
         let factor = if update {
-            compiled.optimizer.loss_factor()
+            self.step_loss_factor(what)?
         } else {
-            1.0
+            LossFactor::Host(1.0)
         };
-        let n = self.check_batch(what, x, Some(y))?;
         // An empty batch has no micro-batches to pipeline; the serial pass answers for it.
-        let (part, grads) = match self.pipeline.filter(|_| n > 0) {
-            Some(p) => {
+        let (part, grads) = match (self.pipeline.filter(|_| n > 0), factor) {
+            (Some(p), LossFactor::Host(factor)) => {
                 let out = self.pipelined(p, Examples::Device { x, y }, (&objective, factor))?;
                 (out.part, out.grads)
             }
-            None => self.serial_gradients(x, y, (&objective, factor))?,
+            (_, factor) => self.serial_gradients(x, y, (&objective, factor))?,
         };
         if update {
             self.apply_layer_gradients(&grads)?;
         }
         let out = StepOutput::new(vec![part], n).named(objective.metric_names());
         Ok((out, grads.into_iter().flatten().collect()))
+    }
+
+    /// The factor of the loss gradient of a training step (the loss scale): read on the
+    /// device, where the step decides loss scaling there (the model on one device, neither
+    /// pipelined nor mirrored), else the host's.
+    fn step_loss_factor(&mut self, what: &str) -> Result<LossFactor> {
+        let home = self.entries.last().map(|e| e.device.clone());
+        let on_device = self.decides_on_device();
+        let compiled = self
+            .compiled
+            .as_mut()
+            .ok_or_else(|| Error::Model(format!("{what}: the model is not compiled")))?;
+        let opt = &mut compiled.optimizer;
+        match home {
+            Some(home) if on_device && opt.scales_on_device() => {
+                let (base, state) = opt.device_seed(&home)?;
+                Ok(LossFactor::Device(base, state))
+            }
+            _ => {
+                opt.sync_to_host()?;
+                Ok(LossFactor::Host(opt.loss_factor()))
+            }
+        }
+    }
+
+    /// Whether the steps may decide loss scaling on the device: every layer on one device,
+    /// neither pipelined nor mirrored (the loss gradient's seed and the update then meet the
+    /// state there).
+    fn decides_on_device(&self) -> bool {
+        let one_device = self.entries.last().is_some_and(|last| {
+            self.entries
+                .iter()
+                .all(|e| e.device.same_device(&last.device))
+        });
+        one_device && self.pipeline.is_none() && self.mirrors.is_none()
     }
 
     /// Forward, loss and backward of the whole batch, layer after layer.
@@ -56,12 +91,17 @@ impl Sequential {
         &self,
         x: &Tensor,
         y: &Tensor,
-        (objective, factor): (&Objective, f32),
+        (objective, factor): (&Objective, LossFactor),
     ) -> Result<(StepPart, Vec<Vec<Tensor>>)> {
         let stages = self.stages();
         let last = stages[stages.len() - 1].device;
         let (logits, saved) = pass::forward(&stages, x, true)?;
-        let terms = pass::loss_terms(last, &logits, y, objective, factor)?;
+        let terms = match factor {
+            LossFactor::Host(factor) => pass::loss_terms(last, &logits, y, objective, factor)?,
+            LossFactor::Device(base, state) => {
+                objective::loss_terms_scaled(last, objective, &logits, y, (base, &state))?
+            }
+        };
         drop(logits);
         let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); stages.len()];
         pass::backward(&stages, saved, terms.dlogits, |i, g| {
@@ -78,27 +118,23 @@ impl Sequential {
     /// The optimizer step from every layer's gradients: the slots are allocated first (the only
     /// allocation of an update), then every weight is updated in place and the step counted.
     /// Under loss scaling the gradients are checked and unscaled first; a step whose gradients
-    /// are not all finite updates nothing and only moves the scale.
+    /// are not all finite updates nothing and only moves the scale. A model on one device,
+    /// unpipelined, decides that on the device (see `OptimizerState::apply_step`).
     fn apply_layer_gradients(&mut self, grads: &[Vec<Tensor>]) -> Result<()> {
+        let on_device = self.decides_on_device();
         let compiled = self
             .compiled
             .as_mut()
             .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?;
-        let Some(grads) = compiled.optimizer.unscaled(grads)? else {
-            compiled.optimizer.finish_step(false);
-            return Ok(());
-        };
-        // Clipped after unscaling and after the pipeline's per-layer sums, as Keras clips.
-        let grads = compiled.optimizer.clipped(&grads)?;
         let layer_weights: Vec<Vec<&Tensor>> = self
             .entries
             .iter()
             .map(|e| e.layer.weights().into_iter().map(|(_, t)| t).collect())
             .collect();
         debug_assert_eq!(grads.len(), layer_weights.len(), "gradients of every layer");
-        compiled.optimizer.apply_all(&layer_weights, &grads)?;
-        compiled.optimizer.finish_step(true);
-        Ok(())
+        compiled
+            .optimizer
+            .apply_step(&layer_weights, grads, on_device)
     }
 
     /// One optimizer step with the given gradients, one per weight in
@@ -261,7 +297,14 @@ impl Sequential {
         if let (Some(p), false) = (self.pipeline, batch.batch_size() == 0) {
             // Each micro-batch goes from the host straight to its stage's device.
             self.require_built("fit")?;
-            let factor = self.compiled("fit")?.optimizer.loss_factor();
+            let optimizer = &mut self
+                .compiled
+                .as_mut()
+                .ok_or_else(|| Error::Model("fit: the model is not compiled".into()))?
+                .optimizer;
+            // Pipelined steps decide loss scaling on the host.
+            optimizer.sync_to_host()?;
+            let factor = optimizer.loss_factor();
             let objective = self.objective("fit")?;
             self.check_host_batch("fit", batch)?;
             let examples = Examples::Host(HostBatch::from(batch));
@@ -312,4 +355,11 @@ impl Sequential {
         let (out, grads) = self.step(x, y, false)?;
         Ok((out.loss()?, grads))
     }
+}
+
+/// The factor of a step's loss gradient (the loss scale): a host float, or `(base, state)` read
+/// on the device (`base * 2^e`, `e` the state's exponent).
+enum LossFactor {
+    Host(f32),
+    Device(f32, Tensor),
 }

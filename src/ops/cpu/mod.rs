@@ -114,6 +114,8 @@ pub(crate) mod softmax;
 // ---- activations and pooling layers ----
 pub(crate) mod activation;
 pub(crate) mod pooling;
+// ---- loss scaling on the device ----
+pub(crate) mod loss_scale;
 
 pub(crate) use conv::{
     conv2d_backward_input, conv2d_backward_kernel, conv2d_backward_weights, conv2d_forward,

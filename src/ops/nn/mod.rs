@@ -36,6 +36,9 @@ mod activations;
 mod pooling;
 pub use activations::*;
 pub use pooling::*;
+// ---- loss scaling on the device ----
+mod loss_scale;
+pub(crate) use loss_scale::*;
 
 const fn op(name: &'static str, gpu: &'static [Kernel]) -> OpInfo {
     OpInfo {

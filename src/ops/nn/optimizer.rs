@@ -260,6 +260,13 @@ pub struct UpdateTable {
 }
 
 impl UpdateTable {
+    /// The table's tensor (none on the CPU, or before the first update).
+    pub(crate) fn tensor(&self) -> Option<&Tensor> {
+        self.tensor.as_ref()
+    }
+}
+
+impl UpdateTable {
     /// Makes the table hold `words` on `device`: as it is, overwritten (an upload, after the
     /// commands recorded so far, which may still read the old table), or, at another length,
     /// in a new tensor.
@@ -314,6 +321,26 @@ pub fn fused_update(
     weight_decay: Option<f32>,
     table: &mut UpdateTable,
 ) -> Result<()> {
+    fused_update_clipped(vars, rule, (weight_decay, None), table)
+}
+
+/// [`fused_update`] with Keras' `clipvalue` (each gradient element clipped to `[-c, c]`, as
+/// [`clip_gradient`] clips it) folded in: `(weight_decay, clip_value)`.
+///
+/// # Errors
+/// As [`fused_update`]; a clip value that is not a finite number > 0.
+pub(crate) fn fused_update_clipped(
+    vars: &[UpdateVar<'_>],
+    rule: UpdateRule,
+    (weight_decay, clip_value): (Option<f32>, Option<f32>),
+    table: &mut UpdateTable,
+) -> Result<()> {
+    if let Some(c) = clip_value.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the clip value must be a finite number > 0, got {c}",
+            CLIP_BY_VALUE.name
+        )));
+    }
     let Some(home) = prepare_fused_update(vars, &rule, table)? else {
         return Ok(());
     };
@@ -340,6 +367,8 @@ pub fn fused_update(
             weight_decay,
             vars,
             table,
+            clip_value,
+            scaled: None,
         };
         with_kernels(device, |_, nk| nk.fused_update(&f))
     })
@@ -356,6 +385,17 @@ pub fn prepare_fused_update(
     vars: &[UpdateVar<'_>],
     rule: &UpdateRule,
     table: &mut UpdateTable,
+) -> Result<Option<crate::device::LogicalDevice>> {
+    prepare_fused_update_for(vars, rule, table, false)
+}
+
+/// [`prepare_fused_update`] for the plain update or, with `scaled`, the loss-scaled one
+/// (whose dispatches take two regions at most).
+pub(crate) fn prepare_fused_update_for(
+    vars: &[UpdateVar<'_>],
+    rule: &UpdateRule,
+    table: &mut UpdateTable,
+    scaled: bool,
 ) -> Result<Option<crate::device::LogicalDevice>> {
     let name = FUSED_APPLY.name;
     let Some(first) = vars.first() else {
@@ -396,7 +436,7 @@ pub fn prepare_fused_update(
             }
         }
     }
-    if let Some(words) = gn::update_table(vars).filter(|w| !w.is_empty()) {
+    if let Some(words) = gn::update_table(vars, scaled).filter(|w| !w.is_empty()) {
         table.set(words, home)?;
     }
     Ok(Some(home.clone()))

@@ -62,6 +62,13 @@ pub(crate) const CLIP_VALUE: Kernel = opt("clip_value");
 // ---- fused optimizer update ----
 pub(crate) const FUSED_UPDATE: Kernel = opt("fused_update");
 pub(crate) const FUSED_UPDATE_REGIONS: Kernel = opt("fused_update_regions");
+// ---- loss scaling on the device ----
+pub(crate) const FINITE_CHECK: Kernel = opt("finite_check");
+pub(crate) const FUSED_UPDATE_LS: Kernel = opt("fused_update_ls");
+pub(crate) const FUSED_UPDATE_LS_REGIONS: Kernel = opt("fused_update_ls_regions");
+pub(crate) const LOSS_SCALE_SEED: Kernel = opt("loss_scale_seed");
+pub(crate) const LOSS_SCALE_ADVANCE: Kernel = opt("loss_scale_advance");
+pub(crate) const LOSS_SCALE_UNSCALE: Kernel = opt("loss_scale_unscale");
 
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[
@@ -289,3 +296,14 @@ pub(crate) const WEIGHT_DECAY_UPDATE: &[Kernel] = &[WEIGHT_DECAY];
 pub(crate) const CLIP: &[Kernel] = &[CLIP_NORM, CLIP_VALUE];
 /// Kernels of `FusedApplyGradients` (every variable of a step in one dispatch).
 pub(crate) const FUSED_APPLY: &[Kernel] = &[FUSED_UPDATE, FUSED_UPDATE_REGIONS];
+// ---- loss scaling on the device ----
+/// Kernels of the fused update under loss scaling decided on the device.
+pub(crate) const FUSED_APPLY_SCALED: &[Kernel] = &[FUSED_UPDATE_LS, FUSED_UPDATE_LS_REGIONS];
+/// Kernels of the finiteness check over a fused update's gradients.
+pub(crate) const LOSS_SCALE_CHECK: &[Kernel] = &[FINITE_CHECK];
+/// Kernels of the loss gradient's seed.
+pub(crate) const LOSS_SCALE_SEED_KERNELS: &[Kernel] = &[LOSS_SCALE_SEED];
+/// Kernels of unscaling a gradient by the device's scale.
+pub(crate) const LOSS_SCALE_UNSCALE_KERNELS: &[Kernel] = &[LOSS_SCALE_UNSCALE];
+/// Kernels of Keras' loss-scale rules.
+pub(crate) const LOSS_SCALE_UPDATE: &[Kernel] = &[LOSS_SCALE_ADVANCE];

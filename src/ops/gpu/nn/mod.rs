@@ -49,6 +49,8 @@ mod conv_general;
 mod conv;
 mod depthwise;
 mod kernel_lists;
+// ---- loss scaling on the device ----
+mod loss_scale;
 mod optim;
 mod pool;
 mod softmax;
@@ -498,6 +500,33 @@ impl NnKernels for GpuKernels<'_> {
     // ---- fused optimizer update ----
     fn fused_update(&self, f: &crate::ops::nn_kernels::FusedUpdate<'_>) -> Result<()> {
         self.fused_update_impl(f)
+    }
+
+    // ---- loss scaling on the device ----
+    fn loss_scale_check(
+        &self,
+        f: &crate::ops::nn_kernels::FusedUpdate<'_>,
+        state: &Tensor,
+    ) -> Result<()> {
+        self.loss_scale_check_impl(f, state)
+    }
+
+    fn loss_scale_seed(&self, x: &Tensor, factor: f32, state: &Tensor) -> Result<()> {
+        self.loss_scale_seed_impl(x, factor, state)
+    }
+
+    fn loss_scale_unscale(
+        &self,
+        g: &Tensor,
+        out: &Tensor,
+        inverse_base: f32,
+        state: &Tensor,
+    ) -> Result<()> {
+        self.loss_scale_unscale_impl(g, out, inverse_base, state)
+    }
+
+    fn loss_scale_advance(&self, state: &Tensor, growth_steps: u64) -> Result<()> {
+        self.loss_scale_advance_impl(state, growth_steps)
     }
 }
 

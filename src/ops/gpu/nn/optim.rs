@@ -6,7 +6,7 @@ use crate::device::logical::GpuRange;
 use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
-use crate::ops::nn_kernels::{FusedUpdate, UpdateRule, UpdateVar};
+use crate::ops::nn_kernels::{FusedUpdate, UpdateRule, UpdateVar, SCALED_RULES};
 use crate::ops::spec::{AdamParams, SgdParams};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::tensor::Tensor;
@@ -16,7 +16,7 @@ use super::u;
 
 /// Adam's step size with the bias correction, computed in f64 as the CPU kernel and Keras
 /// compute it.
-fn adam_alpha(p: &AdamParams) -> f32 {
+pub(super) fn adam_alpha(p: &AdamParams) -> f32 {
     let t = i32::try_from(p.step).unwrap_or(i32::MAX);
     let (b1, b2) = (f64::from(p.beta1), f64::from(p.beta2));
     (f64::from(p.lr) * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t))) as f32
@@ -25,23 +25,34 @@ fn adam_alpha(p: &AdamParams) -> f32 {
 /// Mirror of `Params` in optim.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Pod, Zeroable)]
-struct OptimParams {
-    n: u32,
-    lr: f32,
-    momentum: f32,
-    nesterov: u32,
-    alpha: f32,
-    one_minus_b1: f32,
-    one_minus_b2: f32,
-    eps: f32,
-    rho: f32,
-    one_minus_rho: f32,
-    wd: f32,
-    clip: f32,
-    inverse_clip: f32,
-    mode: u32,
-    kind: u32,
-    base: u32,
+pub(super) struct OptimParams {
+    pub(super) n: u32,
+    pub(super) lr: f32,
+    pub(super) momentum: f32,
+    pub(super) nesterov: u32,
+    pub(super) alpha: f32,
+    pub(super) one_minus_b1: f32,
+    pub(super) one_minus_b2: f32,
+    pub(super) eps: f32,
+    pub(super) rho: f32,
+    pub(super) one_minus_rho: f32,
+    pub(super) wd: f32,
+    pub(super) clip: f32,
+    pub(super) inverse_clip: f32,
+    pub(super) mode: u32,
+    pub(super) kind: u32,
+    pub(super) base: u32,
+    // ---- loss scaling on the device ----
+    pub(super) unscale: u32,
+    pub(super) t_base: u32,
+    pub(super) count: u32,
+    pub(super) inverse_base: f32,
+    pub(super) factor: f32,
+    pub(super) growth: u32,
+    pub(super) clip_value: u32,
+    pub(super) _pad: u32,
+    pub(super) lrs: [f32; SCALED_RULES],
+    pub(super) alphas: [f32; SCALED_RULES],
 }
 
 impl GpuKernels<'_> {
@@ -193,16 +204,37 @@ const CHUNK: usize = 1024;
 /// Region bindings of `fused_update` (r0, r1, r2).
 const REGIONS: usize = 3;
 
+/// Region bindings of the loss-scaled entry points (r0, r1: the state takes the fourth storage
+/// binding).
+pub(super) const SCALED_REGIONS: usize = 2;
+
 /// Variables whose tensors lie in at most [`REGIONS`] arena regions, and their table entries.
-struct Group<'a> {
-    regions: Vec<&'a wgpu::Buffer>,
-    entries: usize,
+pub(super) struct Group<'a> {
+    pub(super) regions: Vec<&'a wgpu::Buffer>,
+    pub(super) entries: usize,
+}
+
+impl Group<'_> {
+    /// Region binding `i` of the group's dispatch: unused ones repeat the first region (never
+    /// read through them). `None` for a group without regions.
+    pub(super) fn region(&self, i: usize) -> Option<GpuRange<'_>> {
+        let b = self.regions.get(i).or(self.regions.first())?;
+        Some(GpuRange {
+            buffer: b,
+            offset: 0,
+            size: b.size(),
+        })
+    }
 }
 
 /// The table of a fused update over `vars` (see `fused_update` in optim.wgsl) and its groups,
-/// in order: consecutive variables share a dispatch while their tensors lie in at most three
-/// regions. `None` when a tensor is not on a GPU.
-fn plan<'a>(vars: &'a [UpdateVar<'a>]) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
+/// in order: consecutive variables share a dispatch while their tensors lie in at most
+/// `max_regions` regions (three; two for the loss-scaled entry points). `None` when a tensor is
+/// not on a GPU.
+pub(super) fn plan<'a>(
+    vars: &'a [UpdateVar<'a>],
+    max_regions: usize,
+) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
     let mut words = Vec::new();
     let mut groups: Vec<Group<'a>> = Vec::new();
     for v in vars {
@@ -225,7 +257,7 @@ fn plan<'a>(vars: &'a [UpdateVar<'a>]) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
         }
         let fits = |g: &Group<'a>| {
             let new = mine.iter().filter(|b| !g.regions.contains(b)).count();
-            g.regions.len() + new <= REGIONS
+            g.regions.len() + new <= max_regions
         };
         if !groups.last().is_some_and(fits) {
             groups.push(Group {
@@ -268,15 +300,22 @@ fn plan<'a>(vars: &'a [UpdateVar<'a>]) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
 }
 
 /// The table words of a fused update over `vars` on a GPU (`None` elsewhere): what
-/// [`GpuKernels::fused_update_impl`] expects in `FusedUpdate::table`.
-pub(crate) fn update_table(vars: &[UpdateVar<'_>]) -> Option<Vec<u32>> {
-    plan(vars).map(|(words, _)| words)
+/// [`GpuKernels::fused_update_impl`] expects in `FusedUpdate::table`; `scaled` for the
+/// loss-scaled entry points (at most two regions a dispatch).
+pub(crate) fn update_table(vars: &[UpdateVar<'_>], scaled: bool) -> Option<Vec<u32>> {
+    let regions = if scaled { SCALED_REGIONS } else { REGIONS };
+    plan(vars, regions).map(|(words, _)| words)
 }
 
 impl GpuKernels<'_> {
     /// Every variable of `f` updated by one `fused_update` dispatch per group of regions.
     pub(super) fn fused_update_impl(&self, f: &FusedUpdate<'_>) -> Result<()> {
-        let Some((words, groups)) = plan(f.vars) else {
+        let regions = if f.scaled.is_some() {
+            SCALED_REGIONS
+        } else {
+            REGIONS
+        };
+        let Some((words, groups)) = plan(f.vars, regions) else {
             return Err(Error::InvalidArgument(
                 "FusedApplyGradients: a variable, gradient or slot is not on this GPU".into(),
             ));
@@ -331,28 +370,26 @@ impl GpuKernels<'_> {
             params.wd = wd;
             params.mode = 1;
         }
+        if let Some(c) = f.clip_value {
+            params.clip = c;
+            params.clip_value = 1;
+        }
+        if let Some(s) = &f.scaled {
+            return self.fused_update_scaled(s, params, table, &groups);
+        }
         let mut base = 0;
         for g in &groups {
             params.n = u(g.entries);
             params.base = u(base);
             base += g.entries;
-            // Unused region bindings repeat the first region (never read through them).
-            let Some(first_region) = g.regions.first() else {
+            let (Some(r0), Some(r1), Some(r2)) = (g.region(0), g.region(1), g.region(2)) else {
                 continue;
-            };
-            let region = |i: usize| {
-                let b = g.regions.get(i).unwrap_or(first_region);
-                GpuRange {
-                    buffer: b,
-                    offset: 0,
-                    size: b.size(),
-                }
             };
             let grid = grid_1d(g.entries, 1);
             if g.regions.len() == 1 {
-                self.launch_ranges(FUSED_UPDATE, &params, &[table, region(0)], grid)?;
+                self.launch_ranges(FUSED_UPDATE, &params, &[table, r0], grid)?;
             } else {
-                let ranges = [table, region(0), region(1), region(2)];
+                let ranges = [table, r0, r1, r2];
                 self.launch_ranges(FUSED_UPDATE_REGIONS, &params, &ranges, grid)?;
             }
         }

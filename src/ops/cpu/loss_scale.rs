@@ -1,0 +1,160 @@
+//! Dynamic loss scaling decided where the update runs, on `CPU:0`: the same state and steps as
+//! the GPU's `optim.wgsl` entry points (`finite_check`, `fused_update_ls`, `loss_scale_seed`,
+//! `loss_scale_advance`). The state is four int32 words: the step's flag, the exponent `e` of
+//! the scale `base * 2^e`, the finite steps in a row, and the applied steps (low 32 bits).
+
+use crate::error::{Error, Result};
+use crate::ops::nn_kernels::{FusedUpdate, NnKernels, ScaledUpdate, UpdateVar};
+use crate::tensor::Tensor;
+
+/// `x * 2^e`, exact while the result is a normal float (WGSL's `ldexp`).
+pub(crate) fn ldexp(x: f32, e: i32) -> f32 {
+    let (mut x, mut e) = (x, e);
+    // 2^±126 are normal floats: larger steps in several exact multiplications.
+    while e > 126 {
+        x *= 2f32.powi(126);
+        e -= 126;
+    }
+    while e < -126 {
+        x *= 2f32.powi(-126);
+        e += 126;
+    }
+    x * 2f32.powi(e)
+}
+
+/// Whether some element is infinite or NaN.
+pub(crate) fn any_not_finite(x: &[f32]) -> bool {
+    x.iter().any(|v| !v.is_finite())
+}
+
+/// `x = x * factor * 2^e` in place: the loss gradient's seed, `x * scale` bit for bit.
+pub(crate) fn seed(x: &mut [f32], factor: f32, e: i32) {
+    // x * factor rounds once; times a power of two it stays exact.
+    if (-126..=126).contains(&e) {
+        let p = 2f32.powi(e);
+        for v in x {
+            *v = (*v * factor) * p;
+        }
+    } else {
+        for v in x {
+            *v = ldexp(*v * factor, e);
+        }
+    }
+}
+
+/// Keras' rules after a step (`loss_scale_advance` in optim.wgsl): a flagged step halves the
+/// scale and restarts the count; an applied one counts, in the iterations too, and doubles the
+/// scale after `growth_steps` in a row. Clears the flag.
+pub(crate) fn advance(state: &mut [i32], growth_steps: u64) {
+    let growth = u32::try_from(growth_steps).unwrap_or(u32::MAX);
+    let [flag, e, counter, iterations] = state else {
+        return;
+    };
+    if *flag != 0 {
+        *e -= 1;
+        *counter = 0;
+    } else {
+        *iterations = (*iterations as u32).wrapping_add(1) as i32;
+        let next = (*counter as u32).saturating_add(1);
+        if next >= growth {
+            *e += 1;
+            *counter = 0;
+        } else {
+            *counter = next as i32;
+        }
+    }
+    *flag = 0;
+}
+
+/// A loss-scaled fused update resolved against its state, read here (on the CPU the state is
+/// host memory: nothing waits): nothing when the flag is set; otherwise the gradients times
+/// the inverse scale, in new tensors made before any variable changes, then the update of the
+/// state's iteration count as `k`'s per-variable kernels run it.
+///
+/// # Errors
+/// A state that is not four words, an iteration count the rules do not cover; what the update
+/// refuses; out of memory.
+pub(crate) fn resolved_update<K: NnKernels + ?Sized>(
+    k: &K,
+    f: &FusedUpdate<'_>,
+    s: ScaledUpdate<'_>,
+) -> Result<()> {
+    let words = s.state.to_vec::<i32>()?;
+    let &[flag, e, _, iterations] = words.as_slice() else {
+        return Err(Error::InvalidArgument(format!(
+            "FusedApplyGradients: the loss-scale state must be four words, got {}",
+            words.len()
+        )));
+    };
+    if flag != 0 {
+        return Ok(());
+    }
+    let j = (iterations as u32).wrapping_sub(s.t_base) as usize;
+    let Some(&rule) = s.rules.get(j.min(s.rules.len().saturating_sub(1))) else {
+        return Err(Error::InvalidArgument(
+            "FusedApplyGradients: a loss-scaled update without rules".into(),
+        ));
+    };
+    let inverse = ldexp(s.inverse_base, -e);
+    if !s.unscale {
+        return k.fused_update(&FusedUpdate {
+            rule,
+            scaled: None,
+            ..*f
+        });
+    }
+    let grads = f
+        .vars
+        .iter()
+        .map(|v| {
+            let g = v.g.to_vec::<f32>()?;
+            let mut out = vec![0.0f32; g.len()];
+            crate::ops::cpu::elementwise::scale(&g, inverse, &mut out);
+            Tensor::from_slice_on(&out, v.g.shape(), v.g.device_handle())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let vars: Vec<UpdateVar<'_>> = f
+        .vars
+        .iter()
+        .zip(&grads)
+        .map(|(v, g)| UpdateVar { g, ..*v })
+        .collect();
+    k.fused_update(&FusedUpdate {
+        rule,
+        vars: &vars,
+        scaled: None,
+        ..*f
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldexp_is_exact_scaling() {
+        assert_eq!(ldexp(3.0, 4), 48.0);
+        assert_eq!(ldexp(1.0, -3), 0.125);
+        assert_eq!(ldexp(1.5, 127), 1.5 * 2f32.powi(127));
+        assert_eq!(ldexp(1.0, 130), f32::INFINITY);
+        // Same bits as multiplying by the scale the host keeps.
+        let scale = 1000.0f32 * 8.0;
+        assert_eq!(ldexp(0.3f32 * 1000.0, 3), 0.3f32 * scale);
+        assert_eq!(ldexp(1.0 / 1000.0, -3), 1.0 / scale);
+    }
+
+    #[test]
+    fn advance_follows_keras_rules() {
+        let mut s = [0, 0, 0, 7];
+        advance(&mut s, 2);
+        assert_eq!(s, [0, 0, 1, 8]);
+        advance(&mut s, 2);
+        assert_eq!(s, [0, 1, 0, 9], "doubled after two finite steps");
+        s[0] = 1;
+        advance(&mut s, 2);
+        assert_eq!(s, [0, 0, 0, 9], "halved, not counted, flag cleared");
+        let mut s = [0, 0, 0, -1];
+        advance(&mut s, 1);
+        assert_eq!(s, [0, 1, 0, 0], "the count wraps at 32 bits");
+    }
+}
