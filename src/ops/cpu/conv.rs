@@ -24,7 +24,9 @@ use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry};
 use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, bias_act_rows};
-use super::gemm::{gemm_strided, small_k_bias_act, SmallK, Strided, SMALL_K};
+use super::gemm::{
+    gemm_strided, small_k_bias_act, small_k_kernel_grad, SmallK, SmallKGrad, Strided, SMALL_K,
+};
 use super::reduce::sum_rows_leaf;
 use super::{conv_general, ordered_reduce, with_scratch};
 
@@ -166,6 +168,28 @@ impl Geometry {
         }
     }
 
+    /// Copies one image `x` (`[h, w, c_in]`) into `padded` (`[oh + kh - 1, ow + kw - 1,
+    /// c_in]`), shifted by the top and left padding, zeros outside the image: every patch of
+    /// the image is then a window of `padded`.
+    fn pad_image(&self, x: &[f32], padded: &mut [f32]) {
+        let (wp, c) = (self.ow + self.kw - 1, self.c_in);
+        for (ii, prow) in padded.chunks_exact_mut(wp * c).enumerate() {
+            match ii.checked_sub(self.pt).filter(|&i| i < self.h) {
+                None => prow.fill(0.0),
+                Some(i) => {
+                    // Input columns [0, w) land at padded columns [pl, pl + w), clipped.
+                    let len = (self.w * c).min((wp * c).saturating_sub(self.pl * c));
+                    let (dst0, end) = (self.pl * c, prow.len());
+                    prow[..dst0.min(end)].fill(0.0);
+                    if len > 0 {
+                        prow[dst0..dst0 + len].copy_from_slice(&x[i * self.w * c..][..len]);
+                    }
+                    prow[(dst0 + len).min(end)..].fill(0.0);
+                }
+            }
+        }
+    }
+
     /// Gathers the patches of output rows `[r0, r0 + rows)` (batch-flattened) into `col`
     /// (`[rows * ow, patch_len]`, row-major).
     fn im2col(&self, x: &[f32], r0: usize, rows: usize, col: &mut [f32]) {
@@ -289,18 +313,20 @@ fn correlate(
 /// Where each element of a patch sits: within the input block (pointwise) or within the rows
 /// [`Geometry::pad_rows`] copies.
 fn patch_offsets(g: &Geometry) -> Vec<usize> {
-    let k = g.patch_len();
-    let padded_w = g.ow + g.kw - 1;
     if g.is_pointwise() {
-        (0..k).collect()
+        (0..g.patch_len()).collect()
     } else {
-        (0..k)
-            .map(|t| {
-                (t / (g.kw * g.c_in) * padded_w + t % (g.kw * g.c_in) / g.c_in) * g.c_in
-                    + t % g.c_in
-            })
-            .collect()
+        patch_offsets_in(g, g.ow + g.kw - 1)
     }
+}
+
+/// Where each element of a patch sits in zero-padded rows of `padded_w` pixels.
+fn patch_offsets_in(g: &Geometry, padded_w: usize) -> Vec<usize> {
+    (0..g.patch_len())
+        .map(|t| {
+            (t / (g.kw * g.c_in) * padded_w + t % (g.kw * g.c_in) / g.c_in) * g.c_in + t % g.c_in
+        })
+        .collect()
 }
 
 /// [`correlate`]'s work on output rows `r0..` (batch-flattened; as many as `out` holds), on
@@ -599,7 +625,27 @@ pub(crate) fn conv2d_weight_grads_serial(
     sum_rows_leaf(dz, g.c_out, db);
     let (k, pixels) = (g.patch_len(), dz.len() / g.c_out);
     let rhs = Strided::row_major(dz, g.c_out);
-    if g.is_pointwise() {
+    if k <= SMALL_K && !g.is_pointwise() {
+        // Image by image from a zero-padded copy, the sums in registers.
+        let (hp, wp) = (g.oh + g.kh - 1, g.ow + g.kw - 1);
+        let offs = patch_offsets_in(&g, wp);
+        let (image_in, image_out) = (g.h * g.w * g.c_in, g.oh * g.ow * g.c_out);
+        with_scratch(hp * wp * g.c_in, |padded| {
+            for (x, dz) in x.chunks_exact(image_in).zip(dz.chunks_exact(image_out)) {
+                g.pad_image(x, padded);
+                let p = SmallKGrad {
+                    lhs: padded,
+                    rs: wp * g.c_in,
+                    ps: g.c_in,
+                    w: g.ow,
+                    offs: &offs,
+                    dz,
+                    n: g.c_out,
+                };
+                small_k_kernel_grad(&p, dk);
+            }
+        });
+    } else if g.is_pointwise() {
         let lhs = Strided::transposed(&x[..pixels * k], k);
         gemm_strided(dk, k, g.c_out, pixels, lhs, rhs, true, false);
     } else {

@@ -475,6 +475,141 @@ multiversion! {
     }
 }
 
+/// Operands of [`small_k_kernel_grad`]: `dk[t, c] += Σ_{i,j} lhs(i, j, t) * dz[i * w + j, c]`
+/// with `lhs(i, j, t) = lhs[i * rs + j * ps + offs[t]]`, the patches of an image's `rows × w`
+/// output pixels read in place from a zero-padded copy of it: the kernel gradient of a
+/// convolution with a small patch, without the patch matrix (im2col) and a product whose `m`
+/// is the patch length (9 for the tutorial's first layer, which the gemm crate's tiles of 16
+/// rows fill half).
+pub(crate) struct SmallKGrad<'a> {
+    /// Left operand storage (the padded image).
+    pub lhs: &'a [f32],
+    /// Distance between consecutive output rows' operands in `lhs`.
+    pub rs: usize,
+    /// Distance between consecutive pixels' operands in a row.
+    pub ps: usize,
+    /// Pixels per output row.
+    pub w: usize,
+    /// Offset of each of the `k` taps.
+    pub offs: &'a [usize],
+    /// Row-major `[rows * w, n]`.
+    pub dz: &'a [f32],
+    /// Columns of `dz` and `dk`.
+    pub n: usize,
+}
+
+impl SmallKGrad<'_> {
+    /// Output rows.
+    fn rows(&self) -> usize {
+        self.dz.len() / (self.w * self.n).max(1)
+    }
+
+    /// Panics unless `dk` is `k × n`, `dz` whole rows, and every operand inside `lhs` (the
+    /// bounds the unchecked reads rely on, each computed without wrapping).
+    fn check(&self, dk: &[f32]) {
+        let (rows, k) = (self.rows(), self.offs.len());
+        let max_off = self.offs.iter().copied().max().unwrap_or(0);
+        let last = (rows.max(1) - 1)
+            .checked_mul(self.rs)
+            .zip((self.w.max(1) - 1).checked_mul(self.ps))
+            .and_then(|(r, p)| r.checked_add(p)?.checked_add(max_off));
+        assert!(
+            product(&[k, self.n]) == Some(dk.len())
+                && product(&[rows, self.w, self.n]) == Some(self.dz.len())
+                && (rows == 0 || self.w == 0 || k == 0 || last.is_some_and(|l| l < self.lhs.len())),
+            "small_k_kernel_grad: operands do not match"
+        );
+    }
+}
+
+/// Taps `[t0, t0 + NT)` and columns `[c0, c0 + 8 * NV)` of [`small_k_kernel_grad`]: `NT * NV`
+/// sums in registers over every pixel, each `dz` vector feeding `NT` multiply-adds.
+#[inline(always)]
+fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool>(
+    p: &SmallKGrad<'_>,
+    (t0, c0): (usize, usize),
+    dk: &mut [f32],
+) {
+    let n = p.n;
+    assert!(
+        t0 + NT <= p.offs.len() && c0 + 8 * NV <= n,
+        "small_k_grad: tile out of range"
+    );
+    let mut offs = [0usize; NT];
+    offs.copy_from_slice(&p.offs[t0..t0 + NT]);
+    let mut acc = [[V8::splat(0.0); NV]; NT];
+    for i in 0..p.rows() {
+        for j in 0..p.w {
+            let dz = V8::load_n::<NV>(p.dz, (i * p.w + j) * n + c0);
+            let base = i * p.rs + j * p.ps;
+            for (acc, &o) in acc.iter_mut().zip(&offs) {
+                // SAFETY: `check` proved `(rows - 1) * rs + (w - 1) * ps + max(offs) <
+                // lhs.len()`, and i < rows, j < w.
+                let a = unsafe { *p.lhs.get_unchecked(base + o) };
+                for v in 0..NV {
+                    acc[v] = acc[v].madd::<FMA>(a, dz[v]);
+                }
+            }
+        }
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        for (v, sum) in acc.iter().enumerate() {
+            let at = (t0 + t) * n + c0 + 8 * v;
+            V8::load(dk, at).add(*sum).store(dk, at);
+        }
+    }
+}
+
+/// Taps `[t0, t0 + NT)` of [`small_k_kernel_grad`], every column.
+#[inline(always)]
+fn small_k_grad_taps<const NT: usize, const FMA: bool>(
+    p: &SmallKGrad<'_>,
+    t0: usize,
+    dk: &mut [f32],
+) {
+    let n = p.n;
+    let mut c0 = 0;
+    while c0 + 32 <= n {
+        small_k_grad_tile::<NT, 4, FMA>(p, (t0, c0), dk);
+        c0 += 32;
+    }
+    while c0 + 8 <= n {
+        small_k_grad_tile::<NT, 1, FMA>(p, (t0, c0), dk);
+        c0 += 8;
+    }
+    for c in c0..n {
+        for t in t0..t0 + NT {
+            let mut sum = 0.0f32;
+            for i in 0..p.rows() {
+                for j in 0..p.w {
+                    let a = p.lhs[i * p.rs + j * p.ps + p.offs[t]];
+                    sum = madd::<FMA>(a, p.dz[(i * p.w + j) * n + c], sum);
+                }
+            }
+            dk[t * n + c] += sum;
+        }
+    }
+}
+
+multiversion! {
+    /// `dk += lhsᵀ · dz` for a small patch (see [`SmallKGrad`]): three taps at a time meet
+    /// every pixel's `dz` with their sums in registers (12 of them for 32 columns).
+    pub(crate) fn small_k_kernel_grad<const FMA: bool>(p: &SmallKGrad<'_>, dk: &mut [f32]) {
+        p.check(dk);
+        let k = p.offs.len();
+        let mut t0 = 0;
+        while t0 + 3 <= k {
+            small_k_grad_taps::<3, FMA>(p, t0, dk);
+            t0 += 3;
+        }
+        match k - t0 {
+            2 => small_k_grad_taps::<2, FMA>(p, t0, dk),
+            1 => small_k_grad_taps::<1, FMA>(p, t0, dk),
+            _ => {}
+        }
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -551,6 +686,51 @@ pub(super) mod tests {
                 act,
             );
             assert_close(&out, &expected, 1e-5, &format!("small_k {act:?}"));
+        }
+    }
+
+    /// The kernel gradient of a small patch against the reference's `patchesᵀ · dz`, added to
+    /// what `dk` held: 3-tap groups and a 2- and 1-tap rest, every column split, rows with a
+    /// stride of their own.
+    #[test]
+    pub(in crate::ops::cpu) fn small_k_kernel_grad_handles_every_split() {
+        for (k, n) in [(5, 43), (9, 32), (7, 8), (1, 3)] {
+            let (rows, w, ps, rs) = (3, 5, 2, 13);
+            let offs: Vec<usize> = (0..k).map(|t| t % 3 + 4 * (t / 3)).collect();
+            let max_off = offs.iter().copied().max().unwrap_or(0);
+            let lhs = random_vec((rows - 1) * rs + (w - 1) * ps + max_off + 1, 4);
+            let dz = random_vec(rows * w * n, 5);
+            let start = random_vec(k * n, 6);
+            // `patches[p, t]`, pixel by pixel.
+            let patches: Vec<f64> = (0..rows * w * k)
+                .map(|e| {
+                    let (p, t) = (e / k, e % k);
+                    f64::from(lhs[(p / w) * rs + (p % w) * ps + offs[t]])
+                })
+                .collect();
+            let product = r::matmul(&patches, &to_f64(&dz), k, rows * w, n, true, false);
+            let expected: Vec<f64> = product
+                .iter()
+                .zip(&start)
+                .map(|(p, &s)| p + f64::from(s))
+                .collect();
+            let mut dk = start.clone();
+            let p = SmallKGrad {
+                lhs: &lhs,
+                rs,
+                ps,
+                w,
+                offs: &offs,
+                dz: &dz,
+                n,
+            };
+            small_k_kernel_grad(&p, &mut dk);
+            assert_close(
+                &dk,
+                &expected,
+                1e-5,
+                &format!("small_k_kernel_grad k {k} n {n}"),
+            );
         }
     }
 

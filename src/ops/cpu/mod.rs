@@ -528,6 +528,7 @@ mod tests {
         super::depthwise::tests::matches_reference();
         super::elementwise::tests::activations_match_reference();
         super::gemm::tests::small_k_handles_every_column_split();
+        super::gemm::tests::small_k_kernel_grad_handles_every_split();
         super::pool::tests::matches_reference();
         super::softmax::tests::matches_reference();
         super::optim::tests::steps_match_reference();
