@@ -89,7 +89,11 @@ struct Params {
     factor: f32,
     growth: u32,
     clip_value: u32,
+    e_min: i32,
+    e_max: i32,
     _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
     lrs: array<vec4<f32>, 4>,
     alphas: array<vec4<f32>, 4>,
 }
@@ -525,23 +529,26 @@ fn loss_scale_unscale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
 @compute @workgroup_size(256)
 fn loss_scale_seed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
+    // A new step: a flag that a failed step left set must not skip it.
+    if (i == 0u) { ls[0] = 0u; }
     if (i >= p.n) { return; }
     w[i] = ldexp(w[i] * p.factor, bitcast<i32>(ls[1]));
 }
 
 // Keras' rules, after the update: a skipped step halves the scale and restarts the count; an
-// applied one counts (iterations too) and doubles the scale after `growth` in a row. Clears
-// the flag for the next step. One invocation.
+// applied one counts (iterations too) and doubles the scale after `growth` in a row, the
+// exponent kept in [e_min, e_max] (a normal scale). Clears the flag for the next step (the
+// seed clears it too, after a step that failed before this ran). One invocation.
 @compute @workgroup_size(1)
 fn loss_scale_advance() {
     var e = bitcast<i32>(ls[1]);
     if (ls[0] != 0u) {
-        e -= 1;
+        if (e > p.e_min) { e -= 1; }
         ls[2] = 0u;
     } else {
         ls[3] += 1u;
         if (ls[2] + 1u >= p.growth) {
-            e += 1;
+            if (e < p.e_max) { e += 1; }
             ls[2] = 0u;
         } else {
             ls[2] += 1u;

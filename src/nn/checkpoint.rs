@@ -198,6 +198,8 @@ fn save(
     (epochs_done, position, data): (usize, Position, &str),
     path: &Path,
 ) -> Result<()> {
+    // Read once, from the device where it holds them: a checkpoint must not be stale.
+    let (iterations, loss_scale) = model.training_state()?;
     let mut blobs = Vec::new();
     for (name, t) in model.named_weights() {
         blobs.push(Blob::from_tensor(name, t)?);
@@ -214,7 +216,7 @@ fn save(
         ("version".to_string(), VERSION.to_string()),
         ("model".to_string(), model.name().to_string()),
         ("optimizer".to_string(), optimizer_description(model)),
-        ("iterations".to_string(), model.iterations().to_string()),
+        ("iterations".to_string(), iterations.to_string()),
         // The constant rate as callbacks left it (empty under a schedule, whose rate follows
         // from the iterations).
         (
@@ -229,15 +231,11 @@ fn save(
         // Keras' dynamic_scale and step_counter (empty without loss scaling).
         (
             "loss_scale".to_string(),
-            model
-                .loss_scale_state()
-                .map(|l| l.scale.to_string())
-                .unwrap_or_default(),
+            loss_scale.map(|l| l.scale.to_string()).unwrap_or_default(),
         ),
         (
             "loss_scale_counter".to_string(),
-            model
-                .loss_scale_state()
+            loss_scale
                 .map(|l| l.counter.to_string())
                 .unwrap_or_default(),
         ),

@@ -15,7 +15,7 @@ use crate::ops::spec::{
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
-    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
+    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules, SeparableBackward,
     SeparableForward,
 };
 use crate::tensor::{DType, Tensor};
@@ -756,6 +756,10 @@ impl NnKernels for HostKernels {
     fn loss_scale_seed(&self, x: &Tensor, factor: f32, state: &Tensor) -> Result<()> {
         let e = Inputs::lock(&[state]).i32(0).get(1).copied().unwrap_or(0);
         cpu::loss_scale::seed(write(x).f32(), factor, e);
+        // A new step: a flag that a failed step left set must not skip it.
+        if let Some(flag) = write(state).i32().first_mut() {
+            *flag = 0;
+        }
         Ok(())
     }
 
@@ -781,8 +785,8 @@ impl NnKernels for HostKernels {
         Ok(())
     }
 
-    fn loss_scale_advance(&self, state: &Tensor, growth_steps: u64) -> Result<()> {
-        cpu::loss_scale::advance(write(state).i32(), growth_steps);
+    fn loss_scale_advance(&self, state: &Tensor, rules: ScaleRules) -> Result<()> {
+        cpu::loss_scale::advance(write(state).i32(), rules);
         Ok(())
     }
 }

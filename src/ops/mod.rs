@@ -176,5 +176,6 @@ pub(crate) fn run<R>(
 
 pub(crate) use basic::unscale_checked;
 pub(crate) use nn_kernels::{
-    ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward, StemConv,
+    ConvWeightGrads, DenseGrads, NnKernels, ScaleRules, SeparableBackward, SeparableForward,
+    StemConv,
 };

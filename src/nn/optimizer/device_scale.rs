@@ -40,8 +40,12 @@ pub(super) struct DeviceScale {
     pub(super) base: f32,
     /// The state after the last step whose snapshot the host read.
     known: Known,
-    /// Snapshots of the steps after it, oldest first, on their way to the host.
-    pending: VecDeque<PendingWords>,
+    /// The steps recorded on the device so far, and how many of them `known` includes.
+    steps: u64,
+    known_steps: u64,
+    /// Snapshots of the steps after it, oldest first, each with the steps it includes, on
+    /// their way to the host (a step that failed after moving the state may have none).
+    pending: VecDeque<(u64, PendingWords)>,
 }
 
 impl std::fmt::Debug for DeviceScale {
@@ -50,7 +54,7 @@ impl std::fmt::Debug for DeviceScale {
             .field("state", &self.state)
             .field("base", &self.base)
             .field("known", &self.known)
-            .field("unread", &self.pending.len())
+            .field("unread", &(self.steps - self.known_steps))
             .finish()
     }
 }
@@ -75,6 +79,8 @@ impl DeviceScale {
                 counter: scale.counter,
                 iterations,
             },
+            steps: 0,
+            known_steps: 0,
             pending: VecDeque::new(),
         })
     }
@@ -90,7 +96,17 @@ impl DeviceScale {
 
     /// The known iteration count, and the steps recorded since that the host has not read.
     pub(super) fn known_iterations(&self) -> (u64, usize) {
-        (self.known.iterations, self.pending.len())
+        let unread = self.steps - self.known_steps;
+        (
+            self.known.iterations,
+            usize::try_from(unread).unwrap_or(usize::MAX),
+        )
+    }
+
+    /// Counts a step whose rules were recorded on the device (before its snapshot is asked
+    /// for: a step that fails in between still counts as unread).
+    pub(super) fn recorded(&mut self) {
+        self.steps += 1;
     }
 
     /// The state of the words of a snapshot or of the live state, `after` the known one.
@@ -118,36 +134,56 @@ impl DeviceScale {
         }
     }
 
-    /// Takes the snapshots the device has finished, oldest first, without waiting.
+    /// Takes the snapshots the device has finished, oldest first, without waiting. A
+    /// snapshot whose read failed is dropped (the error returned); a later one, or the live
+    /// state, answers for its steps.
     pub(super) fn poll(&mut self) -> Result<()> {
-        while let Some(front) = self.pending.front_mut() {
-            let Some(words) = front.try_finish()? else {
-                break;
+        while let Some((steps, front)) = self.pending.front_mut() {
+            let steps = *steps;
+            let words = match front.try_finish() {
+                Ok(Some(words)) => words,
+                Ok(None) => break,
+                Err(e) => {
+                    self.pending.pop_front();
+                    return Err(e);
+                }
             };
-            self.known = self.decode(&words)?;
             self.pending.pop_front();
+            self.known = self.decode(&words)?;
+            self.known_steps = steps;
         }
         Ok(())
     }
 
-    /// Waits for the oldest snapshots while more than `unread` steps are unread.
+    /// Waits for the oldest snapshots while more than `unread` steps are unread; reads the
+    /// live state when no snapshot is left to bring it down (a step that failed after moving
+    /// the state).
     pub(super) fn read_until(&mut self, unread: usize) -> Result<()> {
+        let too_many = |d: &Self| d.steps - d.known_steps > unread as u64;
+        if !too_many(self) {
+            return Ok(());
+        }
         let _cause = crate::profiler::WaitCause::enter(
-            "LossScaleOptimizer: the host is 16 steps ahead of the device",
+            "LossScaleOptimizer: the host is more steps ahead of the device than an update \
+             carries rules for (SCALED_RULES)",
         );
-        while self.pending.len() > unread {
-            let Some(front) = self.pending.pop_front() else {
+        while too_many(self) {
+            let Some((steps, front)) = self.pending.pop_front() else {
+                self.known = self.read_now()?;
+                self.known_steps = self.steps;
                 break;
             };
             let words = front.finish()?;
             self.known = self.decode(&words)?;
+            self.known_steps = steps;
         }
         Ok(())
     }
 
     /// Starts reading a snapshot of the state as the steps recorded so far leave it.
     pub(super) fn snapshot(&mut self) -> Result<()> {
-        self.pending.push_back(self.state.words_begin()?);
+        self.pending
+            .push_back((self.steps, self.state.words_begin()?));
         Ok(())
     }
 

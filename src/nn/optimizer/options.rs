@@ -404,7 +404,10 @@ impl Default for RmsProp {
 /// divided by it before the inner optimizer's update (and its clipping). A step whose gradients
 /// hold an infinity or a NaN updates nothing (the inner optimizer's `iterations` do not count
 /// it) and halves the scale; after `dynamic_growth_steps` finite steps in a row the scale
-/// doubles. Keras puts no floor under the scale, and neither do we.
+/// doubles. Unlike Keras, the scale stays a normal float: it does not double past the largest
+/// one (Keras' would become infinite, every step would be skipped and the scale stay infinite)
+/// nor halve below the smallest (Keras' would go through subnormals to zero, where no gradient
+/// is left).
 ///
 /// Under `mixed_float16`, [`Sequential::compile`](crate::nn::Sequential::compile) wraps its
 /// optimizer in one by itself, as Keras 3 does. Under a [`MirroredStrategy`](crate::distribute::MirroredStrategy),

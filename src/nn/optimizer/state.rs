@@ -115,7 +115,12 @@ impl OptimizerState {
     /// The learning rate of the next step: the schedule's value at `iterations`, or the
     /// constant rate (Keras' `optimizer.learning_rate`).
     pub(crate) fn learning_rate(&self) -> f32 {
-        self.learning_rate_at(self.iterations())
+        // Only a schedule needs the count (read from the device, waiting, under loss scaling
+        // decided there).
+        match &self.config.options().schedule {
+            Some(s) => s.value(self.iterations()),
+            None => self.learning_rate,
+        }
     }
 
     /// The learning rate of a step after `iterations` applied ones.
@@ -169,19 +174,26 @@ impl OptimizerState {
     }
 
     /// The iteration count and loss scale as of the last step recorded. A device that fails
-    /// to answer leaves the last values the host read (logged): reporting never fails a step.
+    /// to answer leaves the last values the host read (logged): reporting never fails a step;
+    /// what must not be stale (a checkpoint) reads [`OptimizerState::training_state`].
     fn synced(&self) -> (u64, Option<LossScale>) {
+        self.training_state().unwrap_or_else(|e| {
+            log::warn!("LossScaleOptimizer: reading the loss scale failed ({e})");
+            (self.iterations, self.loss_scale)
+        })
+    }
+
+    /// The iteration count and loss scale as of the last step recorded, read from the device
+    /// while it holds them (waiting for it).
+    ///
+    /// # Errors
+    /// The device's, reading the state back.
+    pub(crate) fn training_state(&self) -> Result<(u64, Option<LossScale>)> {
         let Some(d) = &self.device else {
-            return (self.iterations, self.loss_scale);
+            return Ok((self.iterations, self.loss_scale));
         };
-        let k = match d.read_now() {
-            Ok(k) => k,
-            Err(e) => {
-                log::warn!("LossScaleOptimizer: reading the loss scale failed ({e})");
-                return (self.iterations, self.loss_scale);
-            }
-        };
-        (k.iterations, Some(d.loss_scale(k)))
+        let k = d.read_now()?;
+        Ok((k.iterations, Some(d.loss_scale(k))))
     }
 
     /// Puts back a checkpoint's iteration count and loss scale (on the host: the next step
@@ -309,6 +321,7 @@ impl OptimizerState {
         d.read_until(SCALED_RULES - 1)?;
         let (known, unread) = d.known_iterations();
         let (state, inverse_base) = (d.state.clone(), d.inverse_base());
+        let scale_rules = ops::ScaleRules::new(growth, d.base);
         // One rule per iteration count the device may be at when it runs this step.
         let rules = (0..=unread as u64)
             .map(|j| self.rule_at(known + j))
@@ -346,8 +359,9 @@ impl OptimizerState {
                 clip,
             )?;
         }
-        ops::loss_scale_advance(&state, growth)?;
+        ops::loss_scale_advance(&state, scale_rules)?;
         if let Some(d) = self.device.as_mut() {
+            d.recorded();
             d.snapshot()?;
         }
         Ok(true)
@@ -361,6 +375,10 @@ impl OptimizerState {
     /// # Errors
     /// Device errors, out of memory.
     pub(crate) fn unscaled(&self, grads: &[Vec<Tensor>]) -> Result<Option<Vec<Vec<Tensor>>>> {
+        debug_assert!(
+            self.device.is_none(),
+            "the device holds the loss-scale state"
+        );
         let Some(ls) = self.loss_scale else {
             return Ok(Some(grads.to_vec()));
         };
@@ -613,6 +631,10 @@ impl OptimizerState {
     /// Keras' rules (halved after a skipped step; doubled after `dynamic_growth_steps` applied
     /// ones in a row).
     pub(crate) fn finish_step(&mut self, applied: bool) {
+        debug_assert!(
+            self.device.is_none(),
+            "the device holds the loss-scale state"
+        );
         if applied {
             self.iterations += 1;
         }
@@ -621,11 +643,16 @@ impl OptimizerState {
             .loss_scaling()
             .map_or(u64::MAX, |l| l.dynamic_growth_steps);
         if let Some(ls) = self.loss_scale.as_mut() {
+            // The scale stays a normal float, as on the device (`ops::ScaleRules`).
             if !applied {
-                ls.scale *= 0.5;
+                if ls.scale * 0.5 >= f32::MIN_POSITIVE {
+                    ls.scale *= 0.5;
+                }
                 ls.counter = 0;
             } else if ls.counter + 1 >= growth {
-                ls.scale *= 2.0;
+                if (ls.scale * 2.0).is_finite() {
+                    ls.scale *= 2.0;
+                }
                 ls.counter = 0;
             } else {
                 ls.counter += 1;

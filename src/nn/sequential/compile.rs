@@ -96,7 +96,7 @@ impl Sequential {
     }
 
     /// The counter of the loss scale (Keras' `step_counter`: finite steps in a row since the
-    /// scale last changed), read as [`loss_scale`](Sequential::loss_scale) is.
+    /// scale last changed), read as [`loss_scale`](Sequential::loss_scale) is. For tests.
     #[doc(hidden)]
     pub fn loss_scale_counter(&self) -> Option<u64> {
         self.loss_scale_state().map(|l| l.counter)
@@ -104,7 +104,7 @@ impl Sequential {
 
     /// Makes the training steps decide dynamic loss scaling on the host, reading each step's
     /// finiteness flags back (`true`), or on the device where they can (`false`, the default):
-    /// the reference the device's decisions are tested against.
+    /// the reference the device's decisions are tested against. For tests.
     ///
     /// # Errors
     /// [`Error::Model`] before `compile`; a device error bringing the scale back to the host.
@@ -118,11 +118,23 @@ impl Sequential {
         Ok(())
     }
 
-    /// The loss scale and its counter, for checkpoints.
+    /// The loss scale and its counter.
     pub(crate) fn loss_scale_state(&self) -> Option<LossScale> {
         self.compiled
             .as_ref()
             .and_then(|c| c.optimizer.loss_scale_state())
+    }
+
+    /// The iteration count and the loss scale for a checkpoint: read from the device where
+    /// it holds them, an error rather than a stale value.
+    ///
+    /// # Errors
+    /// The device's, reading them back.
+    pub(crate) fn training_state(&self) -> Result<(u64, Option<LossScale>)> {
+        match &self.compiled {
+            Some(c) => c.optimizer.training_state(),
+            None => Ok((0, None)),
+        }
     }
 
     /// The learning rate the next training step uses (Keras' `optimizer.learning_rate`): a

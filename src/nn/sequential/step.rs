@@ -40,7 +40,13 @@ impl Sequential {
                 let out = self.pipelined(p, Examples::Device { x, y }, (&objective, factor))?;
                 (out.part, out.grads)
             }
-            (_, factor) => self.serial_gradients(x, y, (&objective, factor))?,
+            (Some(_), LossFactor::Device(..)) => {
+                // `step_loss_factor` keeps a pipelined model's scale on the host.
+                return Err(Error::Model(format!(
+                    "{what}: a pipelined step cannot take the loss scale from the device"
+                )));
+            }
+            (None, factor) => self.serial_gradients(x, y, (&objective, factor))?,
         };
         if update {
             self.apply_layer_gradients(&grads)?;

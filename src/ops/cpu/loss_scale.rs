@@ -4,7 +4,7 @@
 //! the scale `base * 2^e`, the finite steps in a row, and the applied steps (low 32 bits).
 
 use crate::error::{Error, Result};
-use crate::ops::nn_kernels::{FusedUpdate, NnKernels, ScaledUpdate, UpdateVar};
+use crate::ops::nn_kernels::{FusedUpdate, NnKernels, ScaleRules, ScaledUpdate, UpdateVar};
 use crate::tensor::Tensor;
 
 /// `x * 2^e`, exact while the result is a normal float (WGSL's `ldexp`).
@@ -44,20 +44,25 @@ pub(crate) fn seed(x: &mut [f32], factor: f32, e: i32) {
 
 /// Keras' rules after a step (`loss_scale_advance` in optim.wgsl): a flagged step halves the
 /// scale and restarts the count; an applied one counts, in the iterations too, and doubles the
-/// scale after `growth_steps` in a row. Clears the flag.
-pub(crate) fn advance(state: &mut [i32], growth_steps: u64) {
-    let growth = u32::try_from(growth_steps).unwrap_or(u32::MAX);
+/// scale after `growth_steps` in a row; the exponent stays in the rules' bounds. Clears the
+/// flag.
+pub(crate) fn advance(state: &mut [i32], rules: ScaleRules) {
+    let growth = u32::try_from(rules.growth_steps).unwrap_or(u32::MAX);
     let [flag, e, counter, iterations] = state else {
         return;
     };
     if *flag != 0 {
-        *e -= 1;
+        if *e > rules.e_min {
+            *e -= 1;
+        }
         *counter = 0;
     } else {
         *iterations = (*iterations as u32).wrapping_add(1) as i32;
         let next = (*counter as u32).saturating_add(1);
         if next >= growth {
-            *e += 1;
+            if *e < rules.e_max {
+                *e += 1;
+            }
             *counter = 0;
         } else {
             *counter = next as i32;
@@ -90,10 +95,12 @@ pub(crate) fn resolved_update<K: NnKernels + ?Sized>(
         return Ok(());
     }
     let j = (iterations as u32).wrapping_sub(s.t_base) as usize;
-    let Some(&rule) = s.rules.get(j.min(s.rules.len().saturating_sub(1))) else {
-        return Err(Error::InvalidArgument(
-            "FusedApplyGradients: a loss-scaled update without rules".into(),
-        ));
+    let Some(&rule) = s.rules.get(j) else {
+        return Err(Error::InvalidArgument(format!(
+            "FusedApplyGradients: the device counts {j} iterations past the last the host read, \
+             but the update carries rules for {} only",
+            s.rules.len()
+        )));
     };
     let inverse = ldexp(s.inverse_base, -e);
     if !s.unscale {
@@ -145,16 +152,28 @@ mod tests {
 
     #[test]
     fn advance_follows_keras_rules() {
+        let rules = |growth_steps| ScaleRules::new(growth_steps, 1.0);
         let mut s = [0, 0, 0, 7];
-        advance(&mut s, 2);
+        advance(&mut s, rules(2));
         assert_eq!(s, [0, 0, 1, 8]);
-        advance(&mut s, 2);
+        advance(&mut s, rules(2));
         assert_eq!(s, [0, 1, 0, 9], "doubled after two finite steps");
         s[0] = 1;
-        advance(&mut s, 2);
+        advance(&mut s, rules(2));
         assert_eq!(s, [0, 0, 0, 9], "halved, not counted, flag cleared");
         let mut s = [0, 0, 0, -1];
-        advance(&mut s, 1);
+        advance(&mut s, rules(1));
         assert_eq!(s, [0, 1, 0, 0], "the count wraps at 32 bits");
+        // The scale stays a normal float: 2^15 * 2^112 is the largest power of two.
+        let big = ScaleRules::new(1, 32768.0);
+        assert_eq!((big.e_min, big.e_max), (-141, 112));
+        let mut s = [0, 112, 0, 0];
+        advance(&mut s, big);
+        assert_eq!(s[1], 112, "no growth past the largest normal scale");
+        assert!(ldexp(32768.0, s[1]).is_finite());
+        let mut s = [1, -141, 0, 0];
+        advance(&mut s, big);
+        assert_eq!(s[1], -141, "no halving below the smallest normal scale");
+        assert!(ldexp(32768.0, s[1]) >= f32::MIN_POSITIVE);
     }
 }

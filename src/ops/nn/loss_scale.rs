@@ -6,7 +6,7 @@
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::ops::gpu::nn as gn;
-use crate::ops::nn_kernels::{FusedUpdate, ScaledUpdate, SCALED_RULES};
+use crate::ops::nn_kernels::{FusedUpdate, ScaleRules, ScaledUpdate, SCALED_RULES};
 use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::{DType, Tensor};
@@ -18,7 +18,7 @@ const CHECK: OpInfo = op("IsFinite", gn::LOSS_SCALE_CHECK);
 const FUSED_APPLY_SCALED: OpInfo = op("FusedApplyGradients", gn::FUSED_APPLY_SCALED);
 const SEED: OpInfo = op("ScaleLoss", gn::LOSS_SCALE_SEED_KERNELS);
 const ADVANCE: OpInfo = op("LossScaleUpdate", gn::LOSS_SCALE_UPDATE);
-const UNSCALE: OpInfo = op("IsFinite", gn::LOSS_SCALE_UNSCALE_KERNELS);
+const UNSCALE: OpInfo = op("LossScaleUnscale", gn::LOSS_SCALE_UNSCALE_KERNELS);
 
 /// A new loss-scale state on `device`: no flag, exponent 0 (the scale is the host's base),
 /// `counter` finite steps in a row and `iterations` applied steps (kept modulo 2^32).
@@ -186,10 +186,32 @@ pub(crate) fn loss_scale_unscale(g: &Tensor, inverse_base: f32, state: &Tensor) 
 ///
 /// # Errors
 /// A state that is not four int32 words; device errors.
-pub(crate) fn loss_scale_advance(state: &Tensor, growth_steps: u64) -> Result<()> {
+pub(crate) fn loss_scale_advance(state: &Tensor, rules: ScaleRules) -> Result<()> {
     let home = state.device_handle().clone();
     check_state(ADVANCE.name, state, &home)?;
     on_home(&ADVANCE, &home, state, |device| {
-        with_kernels(device, |_, nk| nk.loss_scale_advance(state, growth_steps))
+        with_kernels(device, |_, nk| nk.loss_scale_advance(state, rules))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step that failed after its check left the flag set: the next step's seed clears it,
+    /// so that step is not skipped; the rules then count it.
+    #[test]
+    fn the_seed_clears_a_flag_a_failed_step_left() -> Result<()> {
+        let rt = crate::runtime::Runtime::builder().build()?;
+        let cpu = rt.cpu()?;
+        let state = loss_scale_state(&cpu, 0, 5)?;
+        state.write_words(&[1, 0, 0, 5])?;
+        let g = Tensor::from_slice_on(&[1.0f32, -2.0], &[2], &cpu)?;
+        loss_scale_seed(&g, 4.0, &state)?;
+        assert_eq!(g.to_vec::<f32>()?, [4.0, -8.0]);
+        assert_eq!(state.to_vec::<i32>()?, [0, 0, 0, 5]);
+        loss_scale_advance(&state, ScaleRules::new(2000, 4.0))?;
+        assert_eq!(state.to_vec::<i32>()?, [0, 0, 1, 6], "counted, not skipped");
+        Ok(())
+    }
 }

@@ -8,7 +8,7 @@ use crate::device::logical::GpuRange;
 use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
-use crate::ops::nn_kernels::{FusedUpdate, ScaledUpdate, UpdateRule, SCALED_RULES};
+use crate::ops::nn_kernels::{FusedUpdate, ScaleRules, ScaledUpdate, UpdateRule, SCALED_RULES};
 use crate::tensor::Tensor;
 
 use super::kernel_lists::*;
@@ -151,10 +151,12 @@ impl GpuKernels<'_> {
     }
 
     /// Keras' rules on the state, one invocation.
-    pub(super) fn loss_scale_advance_impl(&self, state: &Tensor, growth_steps: u64) -> Result<()> {
+    pub(super) fn loss_scale_advance_impl(&self, state: &Tensor, rules: ScaleRules) -> Result<()> {
         let ls = state_range(state)?;
         let params = OptimParams {
-            growth: u32::try_from(growth_steps).unwrap_or(u32::MAX),
+            growth: u32::try_from(rules.growth_steps).unwrap_or(u32::MAX),
+            e_min: rules.e_min,
+            e_max: rules.e_max,
             ..Default::default()
         };
         self.launch_ranges(LOSS_SCALE_ADVANCE, &params, &[ls], [1, 1, 1])

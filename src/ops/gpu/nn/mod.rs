@@ -38,7 +38,7 @@ use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, Pool
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
-    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, SeparableBackward,
+    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules, SeparableBackward,
     SeparableForward,
 };
 use crate::tensor::Tensor;
@@ -525,8 +525,8 @@ impl NnKernels for GpuKernels<'_> {
         self.loss_scale_unscale_impl(g, out, inverse_base, state)
     }
 
-    fn loss_scale_advance(&self, state: &Tensor, growth_steps: u64) -> Result<()> {
-        self.loss_scale_advance_impl(state, growth_steps)
+    fn loss_scale_advance(&self, state: &Tensor, rules: ScaleRules) -> Result<()> {
+        self.loss_scale_advance_impl(state, rules)
     }
 }
 

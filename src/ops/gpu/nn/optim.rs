@@ -50,7 +50,9 @@ pub(super) struct OptimParams {
     pub(super) factor: f32,
     pub(super) growth: u32,
     pub(super) clip_value: u32,
-    pub(super) _pad: u32,
+    pub(super) e_min: i32,
+    pub(super) e_max: i32,
+    pub(super) _pad: [u32; 3],
     pub(super) lrs: [f32; SCALED_RULES],
     pub(super) alphas: [f32; SCALED_RULES],
 }
