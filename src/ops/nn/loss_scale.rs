@@ -214,4 +214,73 @@ mod tests {
         assert_eq!(state.to_vec::<i32>()?, [0, 0, 1, 6], "counted, not skipped");
         Ok(())
     }
+
+    /// The update takes the rule of the device's own iteration count: with the host's last
+    /// count `t_base` and the device three steps past it, the fourth rule's learning rate,
+    /// the gradient unscaled by `1 / base * 2^-e`; on every device.
+    #[test]
+    fn the_update_picks_the_rule_of_the_devices_count() -> Result<()> {
+        use crate::ops::spec::SgdParams;
+        let rt = crate::runtime::Runtime::builder().build()?;
+        let mut devices = vec![rt.cpu()?];
+        devices.extend(rt.list_logical_devices(crate::DeviceKind::Gpu)?);
+        let required = std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() == Ok("1");
+        assert!(!required || devices.len() > 1, "ANYGPU_REQUIRE_ADAPTER=1 but no GPU");
+        for dev in &devices {
+            let t_base = 10u64;
+            let state = loss_scale_state(dev, 0, t_base + 3)?;
+            // e = 2: the scale is base * 4.
+            state.write_words(&[0, 2, 0, (t_base + 3) as u32])?;
+            let (w0, g0) = ([1.0f32, -3.0, 0.5], [8.0f32, 16.0, -4.0]);
+            let w = Tensor::from_slice_on(&w0, &[3], dev)?;
+            let g = Tensor::from_slice_on(&g0, &[3], dev)?;
+            let lr = |j: usize| 0.125 * (j + 1) as f32;
+            let rules: Vec<UpdateRule> = (0..5)
+                .map(|j| {
+                    UpdateRule::Sgd(SgdParams {
+                        lr: lr(j),
+                        momentum: 0.0,
+                        nesterov: false,
+                    })
+                })
+                .collect();
+            let vars = [UpdateVar {
+                w: &w,
+                g: &g,
+                slots: [None; 3],
+            }];
+            let mut table = UpdateTable::default();
+            let base = 2.0f32;
+            let args = ((&state, 1.0 / base), false);
+            fused_update_scaled(
+                &vars,
+                (&rules, t_base),
+                (None, None),
+                &mut table,
+                args.0,
+                args.1,
+            )?;
+            // g / (base * 4) = g / 8, times the fourth rule's rate.
+            let expected: Vec<f32> = w0
+                .iter()
+                .zip(&g0)
+                .map(|(w, g)| w - lr(3) * (g / 8.0))
+                .collect();
+            assert_eq!(w.to_vec::<f32>()?, expected, "{}", dev.name());
+            // A count past the rules is refused on the CPU, and skipped nowhere silently.
+            if dev.device_type() == crate::DeviceKind::Cpu {
+                state.write_words(&[0, 0, 0, (t_base + 5) as u32])?;
+                let err = fused_update_scaled(
+                    &vars,
+                    (&rules, t_base),
+                    (None, None),
+                    &mut table,
+                    args.0,
+                    false,
+                );
+                assert!(err.is_err(), "a count past the rules");
+            }
+        }
+        Ok(())
+    }
 }
