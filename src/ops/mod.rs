@@ -176,6 +176,6 @@ pub(crate) fn run<R>(
 
 pub(crate) use basic::unscale_checked;
 pub(crate) use nn_kernels::{
-    ConvWeightGrads, DenseGrads, NnKernels, ScaleRules, SeparableBackward, SeparableForward,
-    StemConv,
+    ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward, StemConv,
 };
+pub(crate) use spec::ScaleRules;

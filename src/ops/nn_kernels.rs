@@ -7,7 +7,7 @@ use crate::ops::spec::{
     Activation, AdamParams, Conv2dShape, DepthwiseShape, Padding, PoolShape, SgdParams,
 };
 use crate::ops::spec::{ActivationFn, Pool2dShape};
-use crate::ops::spec::{BatchNormParams, ClipMode, RmspropParams};
+use crate::ops::spec::{BatchNormParams, ClipMode, RmspropParams, ScaleRules};
 use crate::tensor::Tensor;
 
 /// Kernels of the CNN ops, on one device (see [`crate::ops::Kernels`]). Shapes are validated by
@@ -257,7 +257,7 @@ pub(crate) trait NnKernels {
     fn fused_update(&self, f: &FusedUpdate<'_>) -> Result<()> {
         if let Some(scaled) = f.scaled {
             // Resolved against the state here, then this update again without it.
-            return crate::ops::cpu::loss_scale::resolved_update(self, f, scaled);
+            return resolved_update(self, f, scaled);
         }
         if let Some(c) = f.clip_value {
             // Every clipped copy before any variable changes, then this update on them.
@@ -334,30 +334,6 @@ pub(crate) trait NnKernels {
     /// halves the scale and restarts the count; an applied one counts, in `iterations` too,
     /// and doubles the scale after `growth_steps` in a row) and clears the flag.
     fn loss_scale_advance(&self, state: &Tensor, rules: ScaleRules) -> Result<()>;
-}
-
-/// Keras' rules moving a loss scale `base * 2^e` (see [`NnKernels::loss_scale_advance`]):
-/// doubled after `growth_steps` finite steps in a row, halved after a non-finite one, with `e`
-/// kept in `[e_min, e_max]`, where the scale is a normal float (Keras would go on to infinity,
-/// or through subnormals to zero, where training stops for good).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ScaleRules {
-    pub(crate) growth_steps: u64,
-    pub(crate) e_min: i32,
-    pub(crate) e_max: i32,
-}
-
-impl ScaleRules {
-    /// The rules for a scale whose exponent 0 is `base` (a normal float).
-    pub(crate) fn new(growth_steps: u64, base: f32) -> ScaleRules {
-        // base = m * 2^x with m in [1, 2): base * 2^e stays normal for -126 <= x + e <= 127.
-        let x = ((base.to_bits() >> 23) & 0xff) as i32 - 127;
-        ScaleRules {
-            growth_steps,
-            e_min: -126 - x,
-            e_max: 127 - x,
-        }
-    }
 }
 
 /// [`NnKernels::maxpool_activation_bias_grad`] as two kernels: the max-pool's gradient into a
@@ -676,3 +652,66 @@ pub(crate) struct ScaledUpdate<'a> {
 
 /// Rules a [`ScaledUpdate`] may carry (a GPU passes them in its uniform params).
 pub(crate) const SCALED_RULES: usize = 16;
+
+/// A loss-scaled fused update resolved against its state, read here (the default
+/// [`NnKernels::fused_update`]'s: on the CPU the state is host memory, nothing waits): nothing
+/// when the flag is set; otherwise the gradients unscaled by the state's scale
+/// ([`NnKernels::loss_scale_unscale`]) in new tensors made before any variable changes, then
+/// the update of the state's iteration count, one variable after another.
+///
+/// # Errors
+/// A state that is not four words, an iteration count the rules do not cover; what the update
+/// refuses; out of memory.
+fn resolved_update<K: NnKernels + ?Sized>(
+    k: &K,
+    f: &FusedUpdate<'_>,
+    s: ScaledUpdate<'_>,
+) -> Result<()> {
+    use crate::error::Error;
+    let words = s.state.to_vec::<i32>()?;
+    let &[flag, _, _, iterations] = words.as_slice() else {
+        return Err(Error::InvalidArgument(format!(
+            "FusedApplyGradients: the loss-scale state must be four words, got {}",
+            words.len()
+        )));
+    };
+    if flag != 0 {
+        return Ok(());
+    }
+    let j = (iterations as u32).wrapping_sub(s.t_base) as usize;
+    let Some(&rule) = s.rules.get(j) else {
+        return Err(Error::InvalidArgument(format!(
+            "FusedApplyGradients: the device counts {j} iterations past the last the host read, \
+             but the update carries rules for {} only",
+            s.rules.len()
+        )));
+    };
+    if !s.unscale {
+        return k.fused_update(&FusedUpdate {
+            rule,
+            scaled: None,
+            ..*f
+        });
+    }
+    let grads = f
+        .vars
+        .iter()
+        .map(|v| {
+            let out = Tensor::uninit(v.g.shape(), v.g.dtype(), v.g.device_handle())?;
+            k.loss_scale_unscale(v.g, &out, s.inverse_base, s.state)?;
+            Ok(out)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let vars: Vec<UpdateVar<'_>> = f
+        .vars
+        .iter()
+        .zip(&grads)
+        .map(|(v, g)| UpdateVar { g, ..*v })
+        .collect();
+    k.fused_update(&FusedUpdate {
+        rule,
+        vars: &vars,
+        scaled: None,
+        ..*f
+    })
+}

@@ -3,9 +3,7 @@
 //! `loss_scale_advance`). The state is four int32 words: the step's flag, the exponent `e` of
 //! the scale `base * 2^e`, the finite steps in a row, and the applied steps (low 32 bits).
 
-use crate::error::{Error, Result};
-use crate::ops::nn_kernels::{FusedUpdate, NnKernels, ScaleRules, ScaledUpdate, UpdateVar};
-use crate::tensor::Tensor;
+use crate::ops::spec::ScaleRules;
 
 /// `x * 2^e`, exact while the result is a normal float (WGSL's `ldexp`).
 pub(crate) fn ldexp(x: f32, e: i32) -> f32 {
@@ -69,69 +67,6 @@ pub(crate) fn advance(state: &mut [i32], rules: ScaleRules) {
         }
     }
     *flag = 0;
-}
-
-/// A loss-scaled fused update resolved against its state, read here (on the CPU the state is
-/// host memory: nothing waits): nothing when the flag is set; otherwise the gradients times
-/// the inverse scale, in new tensors made before any variable changes, then the update of the
-/// state's iteration count as `k`'s per-variable kernels run it.
-///
-/// # Errors
-/// A state that is not four words, an iteration count the rules do not cover; what the update
-/// refuses; out of memory.
-pub(crate) fn resolved_update<K: NnKernels + ?Sized>(
-    k: &K,
-    f: &FusedUpdate<'_>,
-    s: ScaledUpdate<'_>,
-) -> Result<()> {
-    let words = s.state.to_vec::<i32>()?;
-    let &[flag, e, _, iterations] = words.as_slice() else {
-        return Err(Error::InvalidArgument(format!(
-            "FusedApplyGradients: the loss-scale state must be four words, got {}",
-            words.len()
-        )));
-    };
-    if flag != 0 {
-        return Ok(());
-    }
-    let j = (iterations as u32).wrapping_sub(s.t_base) as usize;
-    let Some(&rule) = s.rules.get(j) else {
-        return Err(Error::InvalidArgument(format!(
-            "FusedApplyGradients: the device counts {j} iterations past the last the host read, \
-             but the update carries rules for {} only",
-            s.rules.len()
-        )));
-    };
-    let inverse = ldexp(s.inverse_base, -e);
-    if !s.unscale {
-        return k.fused_update(&FusedUpdate {
-            rule,
-            scaled: None,
-            ..*f
-        });
-    }
-    let grads = f
-        .vars
-        .iter()
-        .map(|v| {
-            let g = v.g.to_vec::<f32>()?;
-            let mut out = vec![0.0f32; g.len()];
-            crate::ops::cpu::elementwise::scale(&g, inverse, &mut out);
-            Tensor::from_slice_on(&out, v.g.shape(), v.g.device_handle())
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let vars: Vec<UpdateVar<'_>> = f
-        .vars
-        .iter()
-        .zip(&grads)
-        .map(|(v, g)| UpdateVar { g, ..*v })
-        .collect();
-    k.fused_update(&FusedUpdate {
-        rule,
-        vars: &vars,
-        scaled: None,
-        ..*f
-    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::ops::gpu::nn as gn;
-use crate::ops::nn_kernels::{FusedUpdate, ScaleRules, ScaledUpdate, SCALED_RULES};
+use crate::ops::nn_kernels::{FusedUpdate, ScaledUpdate, SCALED_RULES};
+use crate::ops::spec::ScaleRules;
 use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::{DType, Tensor};
@@ -225,7 +226,10 @@ mod tests {
         let mut devices = vec![rt.cpu()?];
         devices.extend(rt.list_logical_devices(crate::DeviceKind::Gpu)?);
         let required = std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() == Ok("1");
-        assert!(!required || devices.len() > 1, "ANYGPU_REQUIRE_ADAPTER=1 but no GPU");
+        assert!(
+            !required || devices.len() > 1,
+            "ANYGPU_REQUIRE_ADAPTER=1 but no GPU"
+        );
         for dev in &devices {
             let t_base = 10u64;
             let state = loss_scale_state(dev, 0, t_base + 3)?;

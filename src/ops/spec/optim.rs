@@ -55,3 +55,27 @@ pub enum ClipMode {
     /// `min(max(g, -c), c)` element-wise (`tf.clip_by_value`).
     Value(f32),
 }
+
+/// Keras' rules moving a loss scale `base * 2^e` (see [`NnKernels::loss_scale_advance`]):
+/// doubled after `growth_steps` finite steps in a row, halved after a non-finite one, with `e`
+/// kept in `[e_min, e_max]`, where the scale is a normal float (Keras would go on to infinity,
+/// or through subnormals to zero, where training stops for good).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ScaleRules {
+    pub(crate) growth_steps: u64,
+    pub(crate) e_min: i32,
+    pub(crate) e_max: i32,
+}
+
+impl ScaleRules {
+    /// The rules for a scale whose exponent 0 is `base` (a normal float).
+    pub(crate) fn new(growth_steps: u64, base: f32) -> ScaleRules {
+        // base = m * 2^x with m in [1, 2): base * 2^e stays normal for -126 <= x + e <= 127.
+        let x = ((base.to_bits() >> 23) & 0xff) as i32 - 127;
+        ScaleRules {
+            growth_steps,
+            e_min: -126 - x,
+            e_max: 127 - x,
+        }
+    }
+}

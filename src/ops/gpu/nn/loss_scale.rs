@@ -8,7 +8,8 @@ use crate::device::logical::GpuRange;
 use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
-use crate::ops::nn_kernels::{FusedUpdate, ScaleRules, ScaledUpdate, UpdateRule, SCALED_RULES};
+use crate::ops::nn_kernels::{FusedUpdate, ScaledUpdate, UpdateRule, SCALED_RULES};
+use crate::ops::spec::ScaleRules;
 use crate::tensor::Tensor;
 
 use super::kernel_lists::*;
