@@ -451,7 +451,8 @@ fn finite_check(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 }
 
 // The step's learning rate and Adam step size: entry ls[3] - t_base of the table (the host
-// fills one per iteration count the device may be at).
+// fills one per iteration count the device may be at, counting every step it recorded since
+// the count it read, so the entry is always there; the min only keeps the index in bounds).
 fn lr_alpha() -> vec2<f32> {
     let j = min(ls[3] - p.t_base, p.count - 1u);
     return vec2<f32>(p.lrs[j >> 2u][j & 3u], p.alphas[j >> 2u][j & 3u]);
