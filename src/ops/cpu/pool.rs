@@ -46,21 +46,34 @@ struct BackwardRow<'a> {
 multiversion! {
     /// Input-gradient rows `2i`, `2i + 1` (`d0`, `d1`) from output row `i`, each window's
     /// gradient multiplied by `act'` at its maximum (the activation whose output the rows are).
-    fn backward_row(src: BackwardRow<'_>, d0: &mut [f32], d1: &mut [f32], c: usize, act: Activation) {
-        // One loop per activation: with `act` a variable inside it, the loop did not vectorize
-        // (the pooled separable layer's backward pass ran 1.7 times as long).
-        match act {
-            Activation::Linear => route_row::<{ Activation::Linear as u8 }>(src, d0, d1, c),
-            Activation::Relu => route_row::<{ Activation::Relu as u8 }>(src, d0, d1, c),
-            Activation::Selu => route_row::<{ Activation::Selu as u8 }>(src, d0, d1, c),
+    fn backward_row(src: BackwardRow<'_>, d: (&mut [f32], &mut [f32]), c: usize, act: Activation, sums: &mut [f32]) {
+        // One loop per activation and with or without the sums: with either a variable
+        // inside it, the loop did not vectorize (the pooled separable layer's backward pass
+        // ran 1.7 times as long).
+        const LINEAR: u8 = Activation::Linear as u8;
+        const RELU: u8 = Activation::Relu as u8;
+        const SELU: u8 = Activation::Selu as u8;
+        match (act, sums.is_empty()) {
+            (Activation::Linear, true) => route_row::<LINEAR, false>(src, d, c, sums),
+            (Activation::Relu, true) => route_row::<RELU, false>(src, d, c, sums),
+            (Activation::Selu, true) => route_row::<SELU, false>(src, d, c, sums),
+            (Activation::Linear, false) => route_row::<LINEAR, true>(src, d, c, sums),
+            (Activation::Relu, false) => route_row::<RELU, true>(src, d, c, sums),
+            (Activation::Selu, false) => route_row::<SELU, true>(src, d, c, sums),
         }
     }
 }
 
 /// [`backward_row`] for the activation `ACT` (an `Activation` as `u8`: an enum cannot be a
-/// const parameter); inlined into its multiversioned caller.
+/// const parameter), adding each window's gradient to `sums` (`[c]`) when `SUM`; inlined into
+/// its multiversioned caller.
 #[inline(always)]
-fn route_row<const ACT: u8>(src: BackwardRow<'_>, d0: &mut [f32], d1: &mut [f32], c: usize) {
+fn route_row<const ACT: u8, const SUM: bool>(
+    src: BackwardRow<'_>,
+    (d0, d1): (&mut [f32], &mut [f32]),
+    c: usize,
+    sums: &mut [f32],
+) {
     let act = match ACT {
         a if a == Activation::Relu as u8 => Activation::Relu,
         a if a == Activation::Selu as u8 => Activation::Selu,
@@ -80,11 +93,15 @@ fn route_row<const ACT: u8>(src: BackwardRow<'_>, d0: &mut [f32], d1: &mut [f32]
         // Equal lengths, visible to the optimizer: no bounds checks in the loop.
         let (a1, b0, b1, g) = (&a1[..c], &b0[..c], &b1[..c], &g[..c]);
         let (da0, da1, db0, db1) = (&mut da0[..c], &mut da1[..c], &mut db0[..c], &mut db1[..c]);
+        let sums = &mut sums[..if SUM { c } else { 0 }];
         for i in 0..c {
             let (v00, v01, v10, v11) = (a0[i], a1[i], b0[i], b1[i]);
             let m = first_max(first_max(v00, v01), first_max(v10, v11));
             // Only the maximum gets a gradient: the activation's, at it, once per window.
             let g = act_grad(g[i], m, act);
+            if SUM {
+                sums[i] += g;
+            }
             let t00 = v00 == m;
             let t01 = !t00 && v01 == m;
             let t10 = !t00 && !t01 && v10 == m;
@@ -185,25 +202,33 @@ pub(crate) fn maxpool_backward(x: &[f32], dy: &[f32], dx: &mut [f32], s: &PoolSh
     dx.par_chunks_mut(image)
         .zip(x.par_chunks(image))
         .zip(dy.par_chunks(oh * ow * c))
-        .for_each(|((dx, x), dy)| backward_image(x, dy, dx, (h, w, c), Activation::Linear));
+        .for_each(|((dx, x), dy)| {
+            backward_image(x, dy, dx, (h, w, c), (Activation::Linear, &mut []));
+        });
 }
 
 /// [`maxpool_backward`] of one image: `x` and `dx` `[h, w, c]`, `dy` the pooled `[h / 2, w / 2,
 /// c]`, on the calling thread; `dx` multiplied by `act'` where `x` is the output of `act` (a
 /// layer's activation, whose gradient is then computed once per window, at its maximum,
-/// instead of in a pass of its own over `dx`).
+/// instead of in a pass of its own over `dx`); and, when `sums` is not empty (`[c]`), the
+/// column sums of `dx` added to it (a bias gradient, from the windows' gradients rather than a
+/// pass over `dx`).
 pub(super) fn backward_image(
     x: &[f32],
     dy: &[f32],
     dx: &mut [f32],
     (h, w, c): (usize, usize, usize),
-    act: Activation,
+    (act, sums): (Activation, &mut [f32]),
 ) {
     let row = w * c;
     let (oh, ow) = (h / 2, w / 2);
     assert!(
         x.len() == h * row && dx.len() == h * row && dy.len() == oh * ow * c,
         "maxpool_backward: image slices do not match [{h}, {w}, {c}]"
+    );
+    assert!(
+        sums.is_empty() || sums.len() == c,
+        "maxpool_backward: sums must have c elements"
     );
     let (pairs, rest) = dx.split_at_mut(2 * oh * row);
     // A dropped last row (odd height) gets no gradient.
@@ -223,7 +248,7 @@ pub(super) fn backward_image(
             r1: &x[(2 * i + 1) * row..(2 * i + 2) * row],
             dy,
         };
-        backward_row(src, d0, d1, c, act);
+        backward_row(src, (d0, d1), c, act, &mut *sums);
     }
 }
 
@@ -266,12 +291,21 @@ pub(super) mod tests {
             let (image, pooled) = (h * w * c, (h / 2) * (w / 2) * c);
             for act in [Activation::Relu, Activation::Selu] {
                 let mut dx = vec![f32::NAN; s.input_len()];
+                let mut sums = vec![0.0f32; c];
                 for (i, dx) in dx.chunks_mut(image.max(1)).enumerate() {
                     let (x, dy) = (&x[i * image..][..image], &dy[i * pooled..][..pooled]);
-                    backward_image(x, dy, dx, (h, w, c), act);
+                    backward_image(x, dy, dx, (h, w, c), (act, &mut sums));
                 }
                 let expected = r::activation_backward(&dx64, &to_f64(&x), act);
                 assert_close(&dx, &expected, 1e-6, &format!("maxpool dx {act:?} {s:?}"));
+                let rows = s.input_len() / c;
+                let expected = r::sum_rows(&expected, rows, c);
+                assert_close(
+                    &sums,
+                    &expected,
+                    1e-5,
+                    &format!("maxpool sums {act:?} {s:?}"),
+                );
             }
         }
     }

@@ -432,7 +432,8 @@ pub(crate) fn separable_backward(
                     {
                         let at = (n0 + j) * image_pooled;
                         let dp = &a.dy[at..at + image_pooled];
-                        pool::backward_image(y, dp, dz, (s.h, s.w, f), a.act);
+                        // The bias sums on the way, from the windows' gradients.
+                        pool::backward_image(y, dp, dz, (s.h, s.w, f), (a.act, &mut p.db));
                     }
                     dz
                 } else if a.act == Activation::Linear {
@@ -442,7 +443,9 @@ pub(crate) fn separable_backward(
                     act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
                     dz
                 };
-                add_rows_leaf(dz, f, &mut p.db);
+                if !a.pooled {
+                    add_rows_leaf(dz, f, &mut p.db);
+                }
                 let dz_view = Strided::row_major(dz, f);
                 gemm_strided(
                     &mut p.dpk,
