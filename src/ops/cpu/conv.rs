@@ -622,7 +622,6 @@ pub(crate) fn conv2d_weight_grads_serial(
     if dz.is_empty() || dk.is_empty() {
         return;
     }
-    sum_rows_leaf(dz, g.c_out, db);
     let (k, pixels) = (g.patch_len(), dz.len() / g.c_out);
     let rhs = Strided::row_major(dz, g.c_out);
     if k <= SMALL_K && !g.is_pointwise() {
@@ -642,10 +641,14 @@ pub(crate) fn conv2d_weight_grads_serial(
                     dz,
                     n: g.c_out,
                 };
-                small_k_kernel_grad(&p, dk);
+                // The bias sums along with the first taps.
+                small_k_kernel_grad(&p, dk, db);
             }
         });
-    } else if g.is_pointwise() {
+        return;
+    }
+    sum_rows_leaf(dz, g.c_out, db);
+    if g.is_pointwise() {
         let lhs = Strided::transposed(&x[..pixels * k], k);
         gemm_strided(dk, k, g.c_out, pixels, lhs, rhs, true, false);
     } else {

@@ -525,22 +525,30 @@ impl SmallKGrad<'_> {
 /// Taps `[t0, t0 + NT)` and columns `[c0, c0 + 8 * NV)` of [`small_k_kernel_grad`]: `NT * NV`
 /// sums in registers over every pixel, each `dz` vector feeding `NT` multiply-adds.
 #[inline(always)]
-fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool>(
+fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool, const SUM: bool>(
     p: &SmallKGrad<'_>,
     (t0, c0): (usize, usize),
-    dk: &mut [f32],
+    (dk, sums): (&mut [f32], &mut [f64]),
 ) {
     let n = p.n;
     assert!(
-        t0 + NT <= p.offs.len() && c0 + 8 * NV <= n,
+        t0 + NT <= p.offs.len() && c0 + 8 * NV <= n && (!SUM || sums.len() == n),
         "small_k_grad: tile out of range"
     );
     let mut offs = [0usize; NT];
     offs.copy_from_slice(&p.offs[t0..t0 + NT]);
     let mut acc = [[V8::splat(0.0); NV]; NT];
     for i in 0..p.rows() {
+        // With `SUM`, the row's column sums of `dz` in f32, added to `sums` in f64 (a row is a
+        // few dozen terms: f64 over the whole block, as `sum_rows_leaf` keeps it).
+        let mut row = [V8::splat(0.0); NV];
         for j in 0..p.w {
             let dz = V8::load_n::<NV>(p.dz, (i * p.w + j) * n + c0);
+            if SUM {
+                for v in 0..NV {
+                    row[v] = row[v].add(dz[v]);
+                }
+            }
             let base = i * p.rs + j * p.ps;
             for (acc, &o) in acc.iter_mut().zip(&offs) {
                 // SAFETY: `check` proved `(rows - 1) * rs + (w - 1) * ps + max(offs) <
@@ -548,6 +556,14 @@ fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool>(
                 let a = unsafe { *p.lhs.get_unchecked(base + o) };
                 for v in 0..NV {
                     acc[v] = acc[v].madd::<FMA>(a, dz[v]);
+                }
+            }
+        }
+        if SUM {
+            for (v, row) in row.iter().enumerate() {
+                let at = c0 + 8 * v;
+                for (s, &x) in sums[at..at + 8].iter_mut().zip(&row.0) {
+                    *s += f64::from(x);
                 }
             }
         }
@@ -560,21 +576,22 @@ fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool>(
     }
 }
 
-/// Taps `[t0, t0 + NT)` of [`small_k_kernel_grad`], every column.
+/// Taps `[t0, t0 + NT)` of [`small_k_kernel_grad`], every column; with `SUM`, the column
+/// sums of `dz` too.
 #[inline(always)]
-fn small_k_grad_taps<const NT: usize, const FMA: bool>(
+fn small_k_grad_taps<const NT: usize, const FMA: bool, const SUM: bool>(
     p: &SmallKGrad<'_>,
     t0: usize,
-    dk: &mut [f32],
+    (dk, sums): (&mut [f32], &mut [f64]),
 ) {
     let n = p.n;
     let mut c0 = 0;
     while c0 + 32 <= n {
-        small_k_grad_tile::<NT, 4, FMA>(p, (t0, c0), dk);
+        small_k_grad_tile::<NT, 4, FMA, SUM>(p, (t0, c0), (&mut *dk, &mut *sums));
         c0 += 32;
     }
     while c0 + 8 <= n {
-        small_k_grad_tile::<NT, 1, FMA>(p, (t0, c0), dk);
+        small_k_grad_tile::<NT, 1, FMA, SUM>(p, (t0, c0), (&mut *dk, &mut *sums));
         c0 += 8;
     }
     for c in c0..n {
@@ -588,23 +605,45 @@ fn small_k_grad_taps<const NT: usize, const FMA: bool>(
             }
             dk[t * n + c] += sum;
         }
+        if SUM {
+            for i in 0..p.rows() {
+                let row: f32 = (0..p.w).map(|j| p.dz[(i * p.w + j) * n + c]).sum();
+                sums[c] += f64::from(row);
+            }
+        }
     }
 }
 
 multiversion! {
     /// `dk += lhsᵀ · dz` for a small patch (see [`SmallKGrad`]): three taps at a time meet
-    /// every pixel's `dz` with their sums in registers (12 of them for 32 columns).
-    pub(crate) fn small_k_kernel_grad<const FMA: bool>(p: &SmallKGrad<'_>, dk: &mut [f32]) {
+    /// every pixel's `dz` with their sums in registers (12 of them for 32 columns); and, when
+    /// `sums` is not empty (`[n]`), the column sums of `dz` added to it in f64 (a bias
+    /// gradient, taken with the first taps instead of a pass of its own).
+    pub(crate) fn small_k_kernel_grad<const FMA: bool>(p: &SmallKGrad<'_>, dk: &mut [f32], sums: &mut [f64]) {
         p.check(dk);
+        assert!(sums.is_empty() || sums.len() == p.n, "small_k_kernel_grad: sums must have n elements");
         let k = p.offs.len();
-        let mut t0 = 0;
+        if k == 0 {
+            return;
+        }
+        // The first group of taps takes the sums along.
+        let first = k.min(3);
+        match (first, sums.is_empty()) {
+            (3, false) => small_k_grad_taps::<3, FMA, true>(p, 0, (&mut *dk, &mut *sums)),
+            (2, false) => small_k_grad_taps::<2, FMA, true>(p, 0, (&mut *dk, &mut *sums)),
+            (_, false) => small_k_grad_taps::<1, FMA, true>(p, 0, (&mut *dk, &mut *sums)),
+            (3, true) => small_k_grad_taps::<3, FMA, false>(p, 0, (&mut *dk, &mut [])),
+            (2, true) => small_k_grad_taps::<2, FMA, false>(p, 0, (&mut *dk, &mut [])),
+            (_, true) => small_k_grad_taps::<1, FMA, false>(p, 0, (&mut *dk, &mut [])),
+        }
+        let mut t0 = first;
         while t0 + 3 <= k {
-            small_k_grad_taps::<3, FMA>(p, t0, dk);
+            small_k_grad_taps::<3, FMA, false>(p, t0, (&mut *dk, &mut []));
             t0 += 3;
         }
         match k - t0 {
-            2 => small_k_grad_taps::<2, FMA>(p, t0, dk),
-            1 => small_k_grad_taps::<1, FMA>(p, t0, dk),
+            2 => small_k_grad_taps::<2, FMA, false>(p, t0, (&mut *dk, &mut [])),
+            1 => small_k_grad_taps::<1, FMA, false>(p, t0, (&mut *dk, &mut [])),
             _ => {}
         }
     }
@@ -724,13 +763,22 @@ pub(super) mod tests {
                 dz: &dz,
                 n,
             };
-            small_k_kernel_grad(&p, &mut dk);
-            assert_close(
-                &dk,
-                &expected,
-                1e-5,
-                &format!("small_k_kernel_grad k {k} n {n}"),
-            );
+            let mut sums = vec![0.5f64; n];
+            small_k_kernel_grad(&p, &mut dk, &mut sums);
+            let what = format!("small_k_kernel_grad k {k} n {n}");
+            assert_close(&dk, &expected, 1e-5, &what);
+            // The column sums of `dz`, added to what `sums` held.
+            let column_sums = r::sum_rows(&to_f64(&dz), rows * w, n);
+            for (c, (&got, want)) in sums.iter().zip(&column_sums).enumerate() {
+                assert!(
+                    (got - 0.5 - want).abs() <= 1e-5,
+                    "{what}: column {c} sums to {got}"
+                );
+            }
+            // Without sums: the same kernel gradient.
+            let mut again = start.clone();
+            small_k_kernel_grad(&p, &mut again, &mut []);
+            assert_eq!(again, dk, "{what}: without the sums");
         }
     }
 
