@@ -257,41 +257,16 @@ pub(super) fn kernel_grad_row_3x3<V: Vector, const NV: usize, const FMA: bool>(
     i: usize,
     g: Geometry,
 ) {
-    // The rows inside the image as constants, as in `correlate_row_3x3`.
-    match g.rows(i) {
-        (0, 3) => kernel_grad_row_in::<V, NV, FMA, 0, 3>(x, dy_row, acc, i, g),
-        (1, 3) => kernel_grad_row_in::<V, NV, FMA, 1, 3>(x, dy_row, acc, i, g),
-        (0, 2) => kernel_grad_row_in::<V, NV, FMA, 0, 2>(x, dy_row, acc, i, g),
-        _ => kernel_grad_row_in::<V, NV, FMA, 1, 2>(x, dy_row, acc, i, g),
-    }
-}
-
-/// [`kernel_grad_row_3x3`] for a row whose kernel rows inside the image are `[A0, A1)`.
-#[inline(always)]
-fn kernel_grad_row_in<
-    V: Vector,
-    const NV: usize,
-    const FMA: bool,
-    const A0: usize,
-    const A1: usize,
->(
-    x: &[f32],
-    dy_row: &[f32],
-    acc: &mut [f32],
-    i: usize,
-    g: Geometry,
-) {
     let (w, c, lanes) = (g.w, g.c, V::LANES);
     assert!(
         g.is_3x3_same()
             && c % (lanes * NV) == 0
-            && g.rows(i) == (A0, A1)
             && g.holds_image(x.len())
             && g.holds_row(dy_row.len())
             && g.holds_kernel(acc.len()),
         "depthwise: 3x3 kernel-gradient row out of range"
     );
-    let (a0, a1) = (A0, A1);
+    let (a0, a1) = g.rows(i);
     let zero = [V::splat(0.0); NV];
     for c0 in (0..c).step_by(lanes * NV) {
         let mut sums = [[zero; 3]; 3];
