@@ -109,6 +109,7 @@ pub(crate) mod loss;
 pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod routed;
 pub(crate) mod separable;
 pub(crate) mod softmax;
 // ---- activations and pooling layers ----
@@ -530,6 +531,8 @@ mod tests {
         super::gemm::tests::small_k_handles_every_column_split();
         super::gemm::tests::small_k_kernel_grad_handles_every_split();
         super::pool::tests::matches_reference();
+        super::pool::tests::compact_routing_matches_the_dense_one();
+        super::routed::tests::products_match_the_dense_ones();
         super::softmax::tests::matches_reference();
         super::optim::tests::steps_match_reference();
         super::reduce::tests::sums_match_reference();

@@ -64,6 +64,16 @@ multiversion! {
     }
 }
 
+/// The activation a const parameter names (an `Activation` as `u8`: an enum cannot be one).
+#[inline(always)]
+fn activation<const ACT: u8>() -> Activation {
+    match ACT {
+        a if a == Activation::Relu as u8 => Activation::Relu,
+        a if a == Activation::Selu as u8 => Activation::Selu,
+        _ => Activation::Linear,
+    }
+}
+
 /// [`backward_row`] for the activation `ACT` (an `Activation` as `u8`: an enum cannot be a
 /// const parameter), adding each window's gradient to `sums` (`[c]`) when `SUM`; inlined into
 /// its multiversioned caller.
@@ -74,11 +84,7 @@ fn route_row<const ACT: u8, const SUM: bool>(
     c: usize,
     sums: &mut [f32],
 ) {
-    let act = match ACT {
-        a if a == Activation::Relu as u8 => Activation::Relu,
-        a if a == Activation::Selu as u8 => Activation::Selu,
-        _ => Activation::Linear,
-    };
+    let act = activation::<ACT>();
     let BackwardRow { r0, r1, dy } = src;
     let pairs = r0
         .chunks_exact(2 * c)
@@ -95,17 +101,10 @@ fn route_row<const ACT: u8, const SUM: bool>(
         let (da0, da1, db0, db1) = (&mut da0[..c], &mut da1[..c], &mut db0[..c], &mut db1[..c]);
         let sums = &mut sums[..if SUM { c } else { 0 }];
         for i in 0..c {
-            let (v00, v01, v10, v11) = (a0[i], a1[i], b0[i], b1[i]);
-            let m = first_max(first_max(v00, v01), first_max(v10, v11));
-            // Only the maximum gets a gradient: the activation's, at it, once per window.
-            let g = act_grad(g[i], m, act);
+            let (g, [t00, t01, t10, t11]) = window_gradient(a0[i], a1[i], b0[i], b1[i], g[i], act);
             if SUM {
                 sums[i] += g;
             }
-            let t00 = v00 == m;
-            let t01 = !t00 && v01 == m;
-            let t10 = !t00 && !t01 && v10 == m;
-            let t11 = !t00 && !t01 && !t10;
             // Bit masks rather than `if t { g } else { 0.0 }`, which LLVM turns into
             // masked stores (microcoded, very slow on AMD).
             let bits = g.to_bits();
@@ -120,6 +119,159 @@ fn route_row<const ACT: u8, const SUM: bool>(
     let start = d0.len() - tail;
     d0[start..].fill(0.0);
     d1[start..].fill(0.0);
+}
+
+/// A window's gradient `dy * act'(m)` at its first maximum `m`, and which of its four elements
+/// (in window order) that maximum is (only the maximum gets a gradient: the activation's, at
+/// it, once per window).
+#[inline(always)]
+fn window_gradient(
+    v00: f32,
+    v01: f32,
+    v10: f32,
+    v11: f32,
+    dy: f32,
+    act: Activation,
+) -> (f32, [bool; 4]) {
+    let m = first_max(first_max(v00, v01), first_max(v10, v11));
+    let t00 = v00 == m;
+    let t01 = !t00 && v01 == m;
+    let t10 = !t00 && !t01 && v10 == m;
+    let t11 = !t00 && !t01 && !t10;
+    (act_grad(dy, m, act), [t00, t01, t10, t11])
+}
+
+/// A 2×2 max-pool's input gradient in compact form, for products that read it (`routed.rs`):
+/// one entry per window and channel (`window * c + channel`, windows in pooled-output order),
+/// where the dense gradient has four, three of them zero.
+pub(super) struct Compact<'a> {
+    /// The window's gradient (times `act'` at its maximum, see [`backward_image`]).
+    pub g: &'a mut [f32],
+    /// Where the window's first maximum is: 0 (0,0), 1 (0,1), 2 (1,0), 3 (1,1).
+    pub q: &'a mut [u8],
+    /// That pixel's offset in a `[pixels, stride]` matrix of the layer's block (see
+    /// [`route_image`]).
+    pub at: &'a mut [u32],
+}
+
+/// Where [`route_image`]'s image lies in its block: its first pixel's index there, and the
+/// row length (`stride`) of the matrices [`Compact::at`] indexes.
+#[derive(Clone, Copy)]
+pub(super) struct Placement {
+    pub first_pixel: usize,
+    pub stride: usize,
+}
+
+multiversion! {
+    /// [`route_row`] into compact form: the windows of one output row, their first pixel
+    /// `p00` (the pixel index of input element (2i, 0) in the block) and the image width `w`.
+    fn route_row_compact(src: BackwardRow<'_>, out: Compact<'_>, c: usize, act: Activation, sums: &mut [f32], place: (u32, u32, u32)) {
+        const LINEAR: u8 = Activation::Linear as u8;
+        const RELU: u8 = Activation::Relu as u8;
+        const SELU: u8 = Activation::Selu as u8;
+        match act {
+            Activation::Linear => route_compact::<LINEAR>(src, out, c, sums, place),
+            Activation::Relu => route_compact::<RELU>(src, out, c, sums, place),
+            Activation::Selu => route_compact::<SELU>(src, out, c, sums, place),
+        }
+    }
+}
+
+/// [`route_row_compact`] for the activation `ACT` (see [`route_row`]); always adds to `sums`.
+#[inline(always)]
+fn route_compact<const ACT: u8>(
+    src: BackwardRow<'_>,
+    out: Compact<'_>,
+    c: usize,
+    sums: &mut [f32],
+    (p00, w, stride): (u32, u32, u32),
+) {
+    let act = activation::<ACT>();
+    let BackwardRow { r0, r1, dy } = src;
+    let windows = r0
+        .chunks_exact(2 * c)
+        .zip(r1.chunks_exact(2 * c))
+        .zip(dy.chunks_exact(c))
+        .zip(out.g.chunks_exact_mut(c))
+        .zip(out.q.chunks_exact_mut(c).zip(out.at.chunks_exact_mut(c)));
+    let sums = &mut sums[..c];
+    for (j, ((((a, b), dy), g_out), (q_out, at_out))) in windows.enumerate() {
+        let (a0, a1) = a.split_at(c);
+        let (b0, b1) = b.split_at(c);
+        // Equal lengths, visible to the optimizer: no bounds checks in the loop.
+        let (a1, b0, b1, dy) = (&a1[..c], &b0[..c], &b1[..c], &dy[..c]);
+        let (g_out, q_out, at_out) = (&mut g_out[..c], &mut q_out[..c], &mut at_out[..c]);
+        let p = p00 + 2 * j as u32;
+        for i in 0..c {
+            let (g, [_, t01, t10, t11]) = window_gradient(a0[i], a1[i], b0[i], b1[i], dy[i], act);
+            sums[i] += g;
+            g_out[i] = g;
+            let (t01, t10, t11) = (u32::from(t01), u32::from(t10), u32::from(t11));
+            q_out[i] = (t01 + 2 * t10 + 3 * t11) as u8;
+            at_out[i] = (p + t01 + (t10 + t11) * w + t11) * stride;
+        }
+    }
+}
+
+/// [`backward_image`] in compact form: the gradient of one image `y` `[h, w, c]` from its
+/// pooled gradient `dy`, one entry per window and channel in `out` (`(h / 2) * (w / 2) * c`
+/// each), with its bias sums added to `sums` (`[c]`). `at` indexes the pixels of a block in
+/// which this image starts at `place.first_pixel`, in rows of `place.stride`.
+pub(super) fn route_image(
+    y: &[f32],
+    dy: &[f32],
+    (h, w, c): (usize, usize, usize),
+    (act, sums): (Activation, &mut [f32]),
+    out: Compact<'_>,
+    place: Placement,
+) {
+    let row = w * c;
+    let (oh, ow) = (h / 2, w / 2);
+    let entries = oh * ow * c;
+    assert!(
+        y.len() == h * row
+            && dy.len() == entries
+            && out.g.len() == entries
+            && out.q.len() == entries
+            && out.at.len() == entries,
+        "maxpool_backward: compact image slices do not match [{h}, {w}, {c}]"
+    );
+    assert_eq!(sums.len(), c, "maxpool_backward: sums must have c elements");
+    // Every offset, the last pixel's included, fits in u32.
+    let end = (place.first_pixel + h * w)
+        .checked_mul(place.stride)
+        .filter(|&e| u32::try_from(e).is_ok());
+    assert!(
+        end.is_some(),
+        "maxpool_backward: a block too large for u32 offsets"
+    );
+    if entries == 0 {
+        return;
+    }
+    let Compact { g, q, at } = out;
+    let rows = g
+        .chunks_exact_mut(ow * c)
+        .zip(q.chunks_exact_mut(ow * c))
+        .zip(at.chunks_exact_mut(ow * c))
+        .zip(dy.chunks_exact(ow * c));
+    for (i, (((g, q), at), dy)) in rows.enumerate() {
+        let src = BackwardRow {
+            r0: &y[2 * i * row..(2 * i + 1) * row],
+            r1: &y[(2 * i + 1) * row..(2 * i + 2) * row],
+            dy,
+        };
+        // In range of u32 by the assert above.
+        let p00 = (place.first_pixel + 2 * i * w) as u32;
+        let out = Compact { g, q, at };
+        route_row_compact(
+            src,
+            out,
+            c,
+            act,
+            &mut *sums,
+            (p00, w as u32, place.stride as u32),
+        );
+    }
 }
 
 /// Checks the slice lengths against the shape.
@@ -306,6 +458,64 @@ pub(super) mod tests {
                     1e-5,
                     &format!("maxpool sums {act:?} {s:?}"),
                 );
+            }
+        }
+    }
+
+    /// The compact routing against the dense one: each window's gradient sits where `q` and
+    /// `at` say, the other three pixels get zero, and the sums agree; for an image that is not
+    /// the first of its block, in rows of another stride; ties included (few distinct values).
+    #[test]
+    pub(in crate::ops::cpu) fn compact_routing_matches_the_dense_one() {
+        for (t, (h, w, c)) in [(2, 2, 1), (7, 5, 3), (28, 28, 32), (6, 4, 70), (1, 4, 2)]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 850 + 10 * t as u64;
+            // Values on a coarse grid, so that windows have ties.
+            let y: Vec<f32> = random_vec(h * w * c, seed)
+                .iter()
+                .map(|v| (v * 4.0).round())
+                .collect();
+            let (oh, ow) = (h / 2, w / 2);
+            let dy = random_vec(oh * ow * c, seed + 1);
+            for act in [Activation::Linear, Activation::Relu, Activation::Selu] {
+                let what = format!("compact routing [{h}, {w}, {c}] {act:?}");
+                let mut dense = vec![f32::NAN; h * w * c];
+                let mut sums = vec![0.5f32; c];
+                backward_image(&y, &dy, &mut dense, (h, w, c), (act, &mut sums));
+                let entries = oh * ow * c;
+                let (mut g, mut q, mut at) = (
+                    vec![f32::NAN; entries],
+                    vec![9u8; entries],
+                    vec![0u32; entries],
+                );
+                let mut compact_sums = vec![0.5f32; c];
+                let place = Placement {
+                    first_pixel: 3 * h * w,
+                    stride: 5,
+                };
+                let out = Compact {
+                    g: &mut g,
+                    q: &mut q,
+                    at: &mut at,
+                };
+                route_image(&y, &dy, (h, w, c), (act, &mut compact_sums), out, place);
+                assert_close(&compact_sums, &to_f64(&sums), 0.0, &format!("{what}: sums"));
+                let mut rebuilt = vec![0.0f32; h * w * c];
+                for (e, ((&g, &q), &at)) in g.iter().zip(&q).zip(&at).enumerate() {
+                    let (window, ch) = (e / c, e % c);
+                    let (i, j) = (window / ow, window % ow);
+                    assert!(q < 4, "{what}: q {q}");
+                    let pixel = (2 * i + usize::from(q >= 2)) * w + 2 * j + usize::from(q % 2 == 1);
+                    assert_eq!(
+                        at as usize,
+                        (place.first_pixel + pixel) * 5,
+                        "{what}: at of {e}"
+                    );
+                    rebuilt[pixel * c + ch] = g;
+                }
+                assert_close(&rebuilt, &to_f64(&dense), 0.0, &format!("{what}: gradient"));
             }
         }
     }

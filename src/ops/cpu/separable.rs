@@ -23,6 +23,7 @@ use super::elementwise::{act_backward_in_place, act_backward_leaf, bias_act_rows
 use super::gemm::{gemm_strided, Strided};
 use super::pool;
 use super::reduce::add_rows_leaf;
+use super::routed::{self, Images, Routed};
 use super::with_scratch;
 
 /// Pixels a block should hold at least: as in the fused dense product (`gemm.rs`), below a
@@ -317,6 +318,8 @@ pub(crate) struct SeparableGradsOut<'a> {
 /// One task's partial sums of [`separable_backward`]'s weight gradients.
 struct Partial {
     dpk: Vec<f32>,
+    /// `dpk` transposed (`[f, c]`), as the routed products write it (empty otherwise).
+    dpk_t: Vec<f32>,
     db: Vec<f32>,
     ddk: Vec<f64>,
     /// The stem's kernel and bias gradients (empty without a stem).
@@ -387,6 +390,14 @@ pub(crate) fn separable_backward(
         return;
     }
     let (flipped_dk, flipped_g) = flipped(a.dk, layer.g);
+    // Below a pool, `dz` is zero but at each window's maximum: its two products read the
+    // pool's compact gradient instead (`routed.rs`), with the pointwise kernel transposed.
+    let routed = a.pooled && routed::supports(c);
+    let pk_t: Vec<f32> = if routed {
+        (0..f * c).map(|e| a.pk[(e % c) * f + e / c]).collect()
+    } else {
+        Vec::new()
+    };
     let per_block = images_per_block(pixels);
     let tasks = (2 * rayon::current_num_threads()).min(s.n.div_ceil(per_block));
     let images_per_task = s.n.div_ceil(tasks);
@@ -403,7 +414,8 @@ pub(crate) fn separable_backward(
         .map(|(t, mut dx)| {
             let images = t * images_per_task..((t + 1) * images_per_task).min(s.n);
             let mut p = Partial {
-                dpk: vec![0.0f32; c * f],
+                dpk: vec![0.0f32; if routed { 0 } else { c * f }],
+                dpk_t: vec![0.0f32; if routed { f * c } else { 0 }],
                 db: vec![0.0f32; f],
                 ddk: vec![0.0f64; a.dk.len()],
                 stem_dk: vec![0.0f32; stem_k],
@@ -416,50 +428,87 @@ pub(crate) fn separable_backward(
             let (mut d, mut dz) = (vec![0.0f32; block * c], vec![0.0f32; block * f]);
             let (mut stem_out, mut stem_dz) =
                 (vec![0.0f32; block * stem_c], vec![0.0f32; block * stem_c]);
+            // The routed gradient of a block's windows.
+            let windows = if routed { per_block * image_pooled } else { 0 };
+            let (mut g, mut q, mut at) = (
+                vec![0.0f32; windows],
+                vec![0u8; windows],
+                vec![0u32; windows],
+            );
             for (b, n0) in images.clone().step_by(per_block).enumerate() {
                 let n1 = (n0 + per_block).min(images.end);
                 let rows = (n1 - n0) * pixels;
                 let (d, dz) = (&mut d[..rows * c], &mut dz[..rows * f]);
                 let x = a.src.block(n0..n1, image_in, &mut stem_out);
                 layer.depthwise(x, a.dk, d);
-                let outs = n0 * image_out..n1 * image_out;
-                let dz: &[f32] = if a.pooled {
-                    let y = &a.y[outs.clone()];
-                    for (j, (y, dz)) in y
-                        .chunks_exact(image_out)
-                        .zip(dz.chunks_exact_mut(image_out))
-                        .enumerate()
-                    {
-                        let at = (n0 + j) * image_pooled;
-                        let dp = &a.dy[at..at + image_pooled];
+                if routed {
+                    let entries = (n1 - n0) * image_pooled;
+                    let (g, q, at) = (&mut g[..entries], &mut q[..entries], &mut at[..entries]);
+                    for j in 0..n1 - n0 {
+                        let e = j * image_pooled..(j + 1) * image_pooled;
+                        let y = &a.y[(n0 + j) * image_out..][..image_out];
+                        let dp = &a.dy[(n0 + j) * image_pooled..][..image_pooled];
+                        let out = pool::Compact {
+                            g: &mut g[e.clone()],
+                            q: &mut q[e.clone()],
+                            at: &mut at[e],
+                        };
+                        let place = pool::Placement {
+                            first_pixel: j * pixels,
+                            stride: c,
+                        };
                         // The bias sums on the way, from the windows' gradients.
-                        pool::backward_image(y, dp, dz, (s.h, s.w, f), (a.act, &mut p.db));
+                        pool::route_image(y, dp, (s.h, s.w, f), (a.act, &mut p.db), out, place);
                     }
-                    dz
-                } else if a.act == Activation::Linear {
-                    // `dy` is `dz` (a pre-activated gradient, or no activation).
-                    &a.dy[outs]
+                    let r = Routed { g, q, at, f };
+                    routed::weight_grad(d, c, &r, &mut p.dpk_t);
+                    // `d` is spent: its buffer takes the gradient `dd = dz · pkᵀ`.
+                    let im = Images {
+                        n: n1 - n0,
+                        h: s.h,
+                        w: s.w,
+                    };
+                    routed::input_grad(&r, &pk_t, c, im, d);
                 } else {
-                    act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
-                    dz
-                };
-                if !a.pooled {
-                    add_rows_leaf(dz, f, &mut p.db);
+                    let outs = n0 * image_out..n1 * image_out;
+                    let dz: &[f32] = if a.pooled {
+                        let y = &a.y[outs.clone()];
+                        for (j, (y, dz)) in y
+                            .chunks_exact(image_out)
+                            .zip(dz.chunks_exact_mut(image_out))
+                            .enumerate()
+                        {
+                            let at = (n0 + j) * image_pooled;
+                            let dp = &a.dy[at..at + image_pooled];
+                            // The bias sums on the way, from the windows' gradients.
+                            pool::backward_image(y, dp, dz, (s.h, s.w, f), (a.act, &mut p.db));
+                        }
+                        dz
+                    } else if a.act == Activation::Linear {
+                        // `dy` is `dz` (a pre-activated gradient, or no activation).
+                        &a.dy[outs]
+                    } else {
+                        act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
+                        dz
+                    };
+                    if !a.pooled {
+                        add_rows_leaf(dz, f, &mut p.db);
+                    }
+                    let dz_view = Strided::row_major(dz, f);
+                    gemm_strided(
+                        &mut p.dpk,
+                        c,
+                        f,
+                        rows,
+                        Strided::transposed(d, c),
+                        dz_view,
+                        b > 0,
+                        false,
+                    );
+                    // `d` is spent: its buffer takes the gradient `dd = dz · pkᵀ`.
+                    let pk_view_t = Strided::transposed(a.pk, f);
+                    gemm_strided(d, rows, c, f, dz_view, pk_view_t, false, false);
                 }
-                let dz_view = Strided::row_major(dz, f);
-                gemm_strided(
-                    &mut p.dpk,
-                    c,
-                    f,
-                    rows,
-                    Strided::transposed(d, c),
-                    dz_view,
-                    b > 0,
-                    false,
-                );
-                // `d` is spent: its buffer takes the gradient `dd = dz · pkᵀ`.
-                let pk_t = Strided::transposed(a.pk, f);
-                gemm_strided(d, rows, c, f, dz_view, pk_t, false, false);
                 let dd = &*d;
                 for (x, dd) in x.chunks_exact(image_in).zip(dd.chunks_exact(image_in)) {
                     ddk_image.fill(0.0);
@@ -498,6 +547,11 @@ pub(crate) fn separable_backward(
     let (mut stem_dk, mut stem_db) = (vec![0.0f32; stem_k], vec![0.0f64; stem_c]);
     for p in &partials {
         out.dpk.iter_mut().zip(&p.dpk).for_each(|(a, b)| *a += b);
+        for (j, row) in p.dpk_t.chunks_exact(c).enumerate() {
+            for (i, &v) in row.iter().enumerate() {
+                out.dpk[i * f + j] += v;
+            }
+        }
         out.db.iter_mut().zip(&p.db).for_each(|(a, b)| *a += b);
         ddk.iter_mut().zip(&p.ddk).for_each(|(a, b)| *a += b);
         stem_dk
