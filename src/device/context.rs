@@ -97,6 +97,9 @@ fn map_into_slot(staging: &wgpu::Buffer) -> MapSlot {
     slot
 }
 
+/// How long a finished read waits for its map callback to run (see `read_finish`).
+const MAP_CALLBACK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Bytes of [`GpuContext::uniform_scratch`].
 pub(crate) const UNIFORM_SCRATCH_BYTES: u64 = 32 << 10;
 
@@ -636,7 +639,18 @@ impl GpuContext {
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
         self.take_error()?;
-        let outcome = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let take = || slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut outcome = take();
+        // Another thread's poll may have collected the finished map and not yet run its
+        // callback when ours returned: poll again until it has, for a bounded time.
+        let deadline = Instant::now() + MAP_CALLBACK_GRACE;
+        while outcome.is_none() && Instant::now() < deadline {
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| self.gpu_error(format!("polling the device failed: {e}")))?;
+            std::thread::yield_now();
+            outcome = take();
+        }
         outcome
             .ok_or_else(|| self.gpu_error("the map callback never ran".into()))?
             .map_err(|e| self.gpu_error(format!("mapping the readback buffer failed: {e}")))?;
