@@ -452,18 +452,18 @@ fn a_stage_starting_with_a_stem_recomputes_it_for_its_input_gradient() {
     let ops = ops.lock().expect("log lock");
     let stem = |name| ops.iter().filter(|&&op| op == name).count();
     assert_eq!(
-        stem("FusedConv2DSeparableConv2DMaxPool"),
+        stem("FusedConv2DSeparableConv2DMaxPoolWithArgmax"),
         2 * 3,
         "a forward per micro-batch"
     );
     assert_eq!(
-        stem("FusedConv2DSeparableConv2DMaxPoolGrad"),
+        stem("FusedConv2DSeparableConv2DMaxPoolGradWithArgmax"),
         0,
         "the stem runs again"
     );
     assert!(ops[..fused_serially]
         .iter()
-        .all(|&op| op != "FusedConv2DSeparableConv2DMaxPool"));
+        .all(|&op| op != "FusedConv2DSeparableConv2DMaxPoolWithArgmax"));
     assert_close("losses", &losses, &serial_losses, 1e-4);
     for (i, (g, w)) in weights.iter().zip(&serial_weights).enumerate() {
         assert_close(&format!("weight {i}"), g, w, 1e-4);

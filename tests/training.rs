@@ -370,7 +370,7 @@ fn a_pool_fused_into_the_separable_layer_before_it_gives_the_unfused_gradients()
         let count = |name: &str| ops.iter().filter(|&&op| op == name).count();
         (
             out,
-            count("FusedSeparableConv2DMaxPoolGrad"),
+            count("FusedSeparableConv2DMaxPoolGradWithArgmax"),
             count("MaxPoolGrad"),
         )
     };
@@ -437,7 +437,7 @@ impl<L: Layer + Clone + 'static> Layer for Recorded<L> {
         &self,
         x: &Tensor,
         training: bool,
-    ) -> anygpu::Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+    ) -> anygpu::Result<Option<(Tensor, Vec<Tensor>, Option<Tensor>)>> {
         self.layer.call_through_max_pool(x, training)
     }
     fn backward(
@@ -539,7 +539,7 @@ fn layers_fused_at_their_seams_give_the_unfused_gradients() {
             .lock()
             .unwrap()
             .iter()
-            .filter(|&&op| op == "FusedSeparableConv2DMaxPool")
+            .filter(|&&op| op == "FusedSeparableConv2DMaxPoolWithArgmax")
             .count();
         (out, pools)
     };
@@ -966,8 +966,8 @@ fn a_first_convolution_run_inside_the_separable_layer_after_it_gives_the_unfused
         let ops = ops.lock().unwrap();
         let count = |name| ops.iter().filter(|&&op| op == name).count();
         let stems = (
-            count("FusedConv2DSeparableConv2DMaxPool"),
-            count("FusedConv2DSeparableConv2DMaxPoolGrad"),
+            count("FusedConv2DSeparableConv2DMaxPoolWithArgmax"),
+            count("FusedConv2DSeparableConv2DMaxPoolGradWithArgmax"),
         );
         (out, stems)
     };

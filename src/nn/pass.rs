@@ -40,7 +40,7 @@ pub(crate) fn forward(
             if let Some((pooled, kept, y)) = next.call_through_stem(&stem, &input, training)? {
                 // The stem keeps nothing: the next layer keeps its input.
                 if keep {
-                    saved.extend([Vec::new(), kept, vec![y]]);
+                    saved.extend([Vec::new(), kept, y.into_iter().collect()]);
                 }
                 h = pooled;
                 i += 3;
@@ -49,10 +49,11 @@ pub(crate) fn forward(
         }
         if pool_follows(stages, i) {
             if let Some((pooled, kept, y)) = s.layer.call_through_max_pool(&input, training)? {
-                // The pool keeps its input, as its own forward pass would.
+                // The pool keeps its input, as its own forward pass would, unless the layer
+                // kept what it needs to answer for the pool's backward pass.
                 if keep {
                     saved.push(kept);
-                    saved.push(vec![y]);
+                    saved.push(y.into_iter().collect());
                 }
                 h = pooled;
                 i += 2;

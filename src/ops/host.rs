@@ -336,14 +336,19 @@ impl NnKernels for HostKernels {
             Some(stem) => cpu::Source::Stem(r.f32(0), stem),
             None => cpu::Source::Input(r.f32(0)),
         };
-        let mut pooled = f.pooled.map(write);
+        let (mut y, mut pooled, mut argmax) =
+            (f.y.map(write), f.pooled.map(write), f.argmax.map(write));
+        let out = cpu::separable::Outputs {
+            y: y.as_mut().map(|y| y.f32()),
+            pooled: pooled.as_mut().map(|p| p.f32()),
+            argmax: argmax.as_mut().map(|a| a.i32()),
+        };
         cpu::separable_forward(
             src,
             r.f32(1),
             r.f32(2),
             f.bias.map(|_| r.f32(3)),
-            write(f.y).f32(),
-            pooled.as_mut().map(|p| p.f32()),
+            out,
             &f.s,
             f.filters,
             f.act,
@@ -353,14 +358,17 @@ impl NnKernels for HostKernels {
 
     fn separable_backward(&self, g: &SeparableBackward<'_>) -> Result<()> {
         let mut inputs = vec![g.x, g.depthwise, g.pointwise, g.y, g.dy];
+        let stem_at = inputs.len();
         if let Some((stem, _)) = &g.stem {
             inputs.push(stem.kernel);
             inputs.extend(stem.bias);
         }
+        let argmax_at = inputs.len();
+        inputs.extend(g.argmax);
         let r = Inputs::lock(&inputs);
         let stem = g.stem.as_ref().map(|(t, _)| cpu::Stem {
-            kernel: r.f32(5),
-            bias: t.bias.map(|_| r.f32(6)),
+            kernel: r.f32(stem_at),
+            bias: t.bias.map(|_| r.f32(stem_at + 1)),
             s: t.s,
             act: t.act,
         });
@@ -375,7 +383,13 @@ impl NnKernels for HostKernels {
             },
             dk: r.f32(1),
             pk: r.f32(2),
-            y: r.f32(3),
+            kept: match g.argmax {
+                Some(_) => cpu::separable::Kept::Argmax(cpu::pool::Argmax {
+                    pooled: r.f32(3),
+                    argmax: r.i32(argmax_at),
+                }),
+                None => cpu::separable::Kept::Output(r.f32(3)),
+            },
             dy: r.f32(4),
             act: g.act,
             pooled: g.pooled,

@@ -359,9 +359,13 @@ pub(crate) struct SeparableForward<'a> {
     pub(crate) depthwise: &'a Tensor,
     pub(crate) pointwise: &'a Tensor,
     pub(crate) bias: Option<&'a Tensor>,
-    pub(crate) y: &'a Tensor,
+    /// The output; `None` with `argmax`.
+    pub(crate) y: Option<&'a Tensor>,
     /// When given, also `max_pool2d(y)` (2×2, stride 2, 'valid').
     pub(crate) pooled: Option<&'a Tensor>,
+    /// With `pooled` and without `y` (the CPU only): where each window's maximum is, 0 (top
+    /// left) to 3 (bottom right), as int32 `[n, h / 2, w / 2, filters]`.
+    pub(crate) argmax: Option<&'a Tensor>,
     pub(crate) s: DepthwiseShape,
     pub(crate) filters: usize,
     pub(crate) act: Activation,
@@ -387,7 +391,10 @@ pub(crate) struct SeparableBackward<'a> {
     pub(crate) x: &'a Tensor,
     pub(crate) depthwise: &'a Tensor,
     pub(crate) pointwise: &'a Tensor,
+    /// The activated output; with `argmax`, its 2×2 max-pool.
     pub(crate) y: &'a Tensor,
+    /// Where each pooled maximum is (see [`SeparableForward::argmax`]; the CPU only).
+    pub(crate) argmax: Option<&'a Tensor>,
     pub(crate) dy: &'a Tensor,
     /// Whether `dy` is the gradient w.r.t. `max_pool2d(y)` rather than `y`.
     pub(crate) pooled: bool,

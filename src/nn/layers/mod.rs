@@ -184,8 +184,11 @@ pub trait Layer: fmt::Debug + Send + Sync {
 
     /// This layer's [`call`](Layer::call) followed by a 2×2 max-pool of its output, in one:
     /// `(pooled, saved, y)`, the pool's output, this layer's saved tensors and its own output
-    /// (the pool's backward pass reads it). `Ok(None)` when the layer has no fused version
-    /// where it runs; the model then runs the two. Provided: `Ok(None)`.
+    /// for the pool's backward pass to read, or `None` when the layer keeps what its
+    /// [`backward_through_max_pool`](Layer::backward_through_max_pool) and
+    /// [`backward_fused`](Layer::backward_fused) need and answers both for the pool (the
+    /// pool's own backward pass cannot run then). `Ok(None)` when the layer has no fused
+    /// version where it runs; the model then runs the two. Provided: `Ok(None)`.
     ///
     /// A model asks this when a [`MaxPool2D`] on the same device follows the layer.
     ///
@@ -196,7 +199,7 @@ pub trait Layer: fmt::Debug + Send + Sync {
         &self,
         x: &Tensor,
         training: bool,
-    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Option<Tensor>)>> {
         let _ = (x, training);
         Ok(None)
     }
@@ -255,7 +258,7 @@ pub trait Layer: fmt::Debug + Send + Sync {
         stem: &StemConv,
         x: &Tensor,
         training: bool,
-    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Option<Tensor>)>> {
         let _ = (stem, x, training);
         Ok(None)
     }

@@ -2,6 +2,7 @@
 //! builder, its Keras config and its passes, fused with a following 2×2 max-pool's backward.
 
 use crate::device::LogicalDevice;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
@@ -157,7 +158,7 @@ impl SeparableConv2D {
         &self,
         x: &Tensor,
         stem: Option<&StemConv>,
-    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Option<Tensor>)>> {
         let on_cpu = self.weights.first().is_some_and(|w| !on_gpu(w));
         if !on_cpu || !self.fused() || self.activation.separate().is_some() {
             return Ok(None);
@@ -167,8 +168,9 @@ impl SeparableConv2D {
             return Err(not_built("SeparableConv2D"));
         };
         let act = self.activation.fused();
-        let (y, pooled) = match stem {
-            Some(stem) => ops::conv2d_separable_conv2d_max_pool(
+        // The pool and its argmax are all the backward pass reads of `y`: `y` is not kept.
+        let (pooled, argmax) = match stem {
+            Some(stem) => ops::conv2d_separable_conv2d_max_pool_with_argmax(
                 x,
                 stem.op(),
                 depthwise,
@@ -176,9 +178,25 @@ impl SeparableConv2D {
                 Some(bias),
                 act,
             )?,
-            None => ops::separable_conv2d_max_pool(x, depthwise, pointwise, Some(bias), act)?,
+            None => ops::separable_conv2d_max_pool_with_argmax(
+                x,
+                depthwise,
+                pointwise,
+                Some(bias),
+                act,
+            )?,
         };
-        Ok(Some((pooled, vec![x.clone(), y.clone()], y)))
+        let kept = vec![x.clone(), pooled.clone(), argmax];
+        Ok(Some((pooled, kept, None)))
+    }
+}
+
+/// What the CPU's pass through the pool kept (see `pooled_forward`): the input, the pool's
+/// output and its argmax (int32, unlike the third tensor a GPU keeps).
+fn kept_argmax(saved: &[Tensor]) -> Option<[&Tensor; 3]> {
+    match saved {
+        [x, pooled, argmax] if argmax.dtype() == DType::I32 => Some([x, pooled, argmax]),
+        _ => None,
     }
 }
 
@@ -304,7 +322,7 @@ impl Layer for SeparableConv2D {
         &self,
         x: &Tensor,
         _training: bool,
-    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Option<Tensor>)>> {
         self.pooled_forward(x, None)
     }
 
@@ -315,7 +333,7 @@ impl Layer for SeparableConv2D {
         stem: &StemConv,
         x: &Tensor,
         _training: bool,
-    ) -> Result<Option<(Tensor, Vec<Tensor>, Tensor)>> {
+    ) -> Result<Option<(Tensor, Vec<Tensor>, Option<Tensor>)>> {
         self.pooled_forward(x, Some(stem))
     }
 
@@ -326,22 +344,33 @@ impl Layer for SeparableConv2D {
         saved_tensors: &[Tensor],
         dpooled: &Tensor,
     ) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
-        let [x, y] = saved_tensors else {
-            return Ok(None);
-        };
         let w = backward_weights("SeparableConv2D", &self.weights, dpooled.dtype())?;
         let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
+        let weights = [depthwise, pointwise];
         let act = self.activation.fused();
-        let g = ops::conv2d_separable_conv2d_max_pool_backward(
-            x,
-            stem.op(),
-            [depthwise, pointwise],
-            y,
-            dpooled,
-            act,
-        )?;
+        let g = match (kept_argmax(saved_tensors), saved_tensors) {
+            (Some([x, pooled, argmax]), _) => {
+                ops::conv2d_separable_conv2d_max_pool_backward_with_argmax(
+                    x,
+                    stem.op(),
+                    weights,
+                    (pooled, argmax),
+                    dpooled,
+                    act,
+                )?
+            }
+            (None, [x, y]) => ops::conv2d_separable_conv2d_max_pool_backward(
+                x,
+                stem.op(),
+                weights,
+                y,
+                dpooled,
+                act,
+            )?,
+            _ => return Ok(None),
+        };
         let mut stem_grads = vec![g.conv_kernel];
         if stem.bias.is_some() {
             stem_grads.push(g.conv_bias);
@@ -363,9 +392,10 @@ impl Layer for SeparableConv2D {
         dy: &Tensor,
         plan: BackwardPlan,
     ) -> Result<Option<FusedGrads>> {
-        let [x, y] = saved_tensors else {
+        let argmax = kept_argmax(saved_tensors);
+        if argmax.is_none() && saved_tensors.len() != 2 {
             return Ok(None);
-        };
+        }
         if self.activation.separate().is_some() {
             return Ok(None);
         }
@@ -384,8 +414,19 @@ impl Layer for SeparableConv2D {
             need_dx: plan.need_dx,
             input_activation: plan.input_activation,
         };
-        let g =
-            ops::separable_conv2d_backward_with(x, [depthwise, pointwise], y, dy, act, options)?;
+        let weights = [depthwise, pointwise];
+        let g = match (argmax, saved_tensors) {
+            (Some([x, pooled, argmax]), _) => ops::separable_conv2d_max_pool_backward_with_argmax(
+                x,
+                weights,
+                (pooled, argmax),
+                dy,
+                act,
+                options,
+            )?,
+            (None, [x, y]) => ops::separable_conv2d_backward_with(x, weights, y, dy, act, options)?,
+            _ => return Ok(None),
+        };
         Ok(Some(FusedGrads {
             dx_preactivated: g.dx.is_some() && plan.input_activation != OpActivation::Linear,
             dx: g.dx,
@@ -410,8 +451,23 @@ impl Layer for SeparableConv2D {
         let [depthwise, pointwise] = &w[..] else {
             return Err(not_built("SeparableConv2D"));
         };
-        // The CPU's forward pass keeps `[x, y]`; a GPU's keeps `d` too: there the pool's,
-        // the activation's and the bias's gradients are one pass over `y`, then the rest.
+        let act = self.activation.fused();
+        if let Some([x, pooled, argmax]) = kept_argmax(saved_tensors) {
+            let options = ops::SeparableBackwardOptions {
+                pooled: true,
+                need_dx,
+                ..Default::default()
+            };
+            let weights = [depthwise, pointwise];
+            let kept = (pooled, argmax);
+            let g = ops::separable_conv2d_max_pool_backward_with_argmax(
+                x, weights, kept, dpooled, act, options,
+            )?;
+            return Ok(Some((g.dx, vec![g.depthwise, g.pointwise, g.bias])));
+        }
+        // The CPU's unpooled forward pass keeps `[x, y]`; a GPU's keeps `d` too: there the
+        // pool's, the activation's and the bias's gradients are one pass over `y`, then the
+        // rest.
         if let [x, y, d] = saved_tensors {
             let act = self.activation.fused();
             let (dz, db) = ops::max_pool2d_activation_bias_grad(y, dpooled, act)?;

@@ -133,12 +133,73 @@ fn window_gradient(
     dy: f32,
     act: Activation,
 ) -> (f32, [bool; 4]) {
+    let (m, t) = window_max(v00, v01, v10, v11);
+    (act_grad(dy, m, act), t)
+}
+
+/// A window's first maximum, and which of its four elements (in window order) it is.
+#[inline(always)]
+fn window_max(v00: f32, v01: f32, v10: f32, v11: f32) -> (f32, [bool; 4]) {
     let m = first_max(first_max(v00, v01), first_max(v10, v11));
     let t00 = v00 == m;
     let t01 = !t00 && v01 == m;
     let t10 = !t00 && !t01 && v10 == m;
     let t11 = !t00 && !t01 && !t10;
-    (act_grad(dy, m, act), [t00, t01, t10, t11])
+    (m, [t00, t01, t10, t11])
+}
+
+multiversion! {
+    /// [`forward_row`], and where each window's maximum is in `argmax`: 0 (0,0), 1 (0,1), 2
+    /// (1,0), 3 (1,1), as [`Compact::q`] numbers them.
+    fn forward_row_argmax(r0: &[f32], r1: &[f32], y: &mut [f32], argmax: &mut [i32], c: usize) {
+        let windows = y.chunks_exact_mut(c)
+            .zip(argmax.chunks_exact_mut(c))
+            .zip(r0.chunks_exact(2 * c).zip(r1.chunks_exact(2 * c)));
+        for ((y, argmax), (a, b)) in windows {
+            let (a0, a1) = a.split_at(c);
+            let (b0, b1) = b.split_at(c);
+            // Equal lengths, visible to the optimizer: no bounds checks in the loop.
+            let (a0, a1, b0, b1) = (&a0[..c], &a1[..c], &b0[..c], &b1[..c]);
+            let (y, argmax) = (&mut y[..c], &mut argmax[..c]);
+            for i in 0..c {
+                let (v00, v01, v10, v11) = (a0[i], a1[i], b0[i], b1[i]);
+                let m = first_max(first_max(v00, v01), first_max(v10, v11));
+                y[i] = m;
+                // The first position holding the maximum, as selects (the flags of
+                // `window_max` did not vectorize well here).
+                let q = if v10 == m { 2 } else { 3 };
+                let q = if v01 == m { 1 } else { q };
+                argmax[i] = if v00 == m { 0 } else { q };
+            }
+        }
+    }
+}
+
+/// [`forward_image`] with each maximum's position in its window (see
+/// [`forward_row_argmax`]) in `argmax`, as long as `y`.
+pub(super) fn forward_image_argmax(
+    x: &[f32],
+    y: &mut [f32],
+    argmax: &mut [i32],
+    (h, w, c): (usize, usize, usize),
+) {
+    let row = w * c;
+    let out_row = (w / 2) * c;
+    assert!(
+        x.len() == h * row && y.len() == (h / 2) * out_row && argmax.len() == y.len(),
+        "maxpool_forward: image slices do not match [{h}, {w}, {c}]"
+    );
+    if out_row == 0 {
+        return;
+    }
+    let rows = y
+        .chunks_exact_mut(out_row)
+        .zip(argmax.chunks_exact_mut(out_row))
+        .zip(x.chunks_exact(2 * row));
+    for ((y, argmax), rows) in rows {
+        let (r0, r1) = rows.split_at(row);
+        forward_row_argmax(r0, r1, y, argmax, c);
+    }
 }
 
 /// A 2×2 max-pool's input gradient in compact form, for products that read it (`routed.rs`):
@@ -152,6 +213,34 @@ pub(super) struct Compact<'a> {
     /// That pixel's offset in a `[pixels, stride]` matrix of the layer's block (see
     /// [`route_image`]).
     pub at: &'a mut [u32],
+}
+
+impl Compact<'_> {
+    /// Checks the lengths of an image's compact gradient, its `dy` and `sums` against its
+    /// shape, and that every offset, the last pixel's included, fits in u32.
+    fn check(
+        &self,
+        (dy, sums): (usize, usize),
+        (h, w, c): (usize, usize, usize),
+        place: Placement,
+    ) {
+        let entries = (h / 2) * (w / 2) * c;
+        assert!(
+            dy == entries
+                && self.g.len() == entries
+                && self.q.len() == entries
+                && self.at.len() == entries,
+            "maxpool_backward: compact image slices do not match [{h}, {w}, {c}]"
+        );
+        assert_eq!(sums, c, "maxpool_backward: sums must have c elements");
+        let end = (place.first_pixel + h * w)
+            .checked_mul(place.stride)
+            .filter(|&e| u32::try_from(e).is_ok());
+        assert!(
+            end.is_some(),
+            "maxpool_backward: a block too large for u32 offsets"
+        );
+    }
 }
 
 /// Where [`route_image`]'s image lies in its block: its first pixel's index there, and the
@@ -228,23 +317,12 @@ pub(super) fn route_image(
     let row = w * c;
     let (oh, ow) = (h / 2, w / 2);
     let entries = oh * ow * c;
-    assert!(
-        y.len() == h * row
-            && dy.len() == entries
-            && out.g.len() == entries
-            && out.q.len() == entries
-            && out.at.len() == entries,
-        "maxpool_backward: compact image slices do not match [{h}, {w}, {c}]"
+    assert_eq!(
+        y.len(),
+        h * row,
+        "maxpool_backward: y does not match [{h}, {w}, {c}]"
     );
-    assert_eq!(sums.len(), c, "maxpool_backward: sums must have c elements");
-    // Every offset, the last pixel's included, fits in u32.
-    let end = (place.first_pixel + h * w)
-        .checked_mul(place.stride)
-        .filter(|&e| u32::try_from(e).is_ok());
-    assert!(
-        end.is_some(),
-        "maxpool_backward: a block too large for u32 offsets"
-    );
+    out.check((dy.len(), sums.len()), (h, w, c), place);
     if entries == 0 {
         return;
     }
@@ -271,6 +349,139 @@ pub(super) fn route_image(
             &mut *sums,
             (p00, w as u32, place.stride as u32),
         );
+    }
+}
+
+/// The pool's output and where each window's maximum was, as [`forward_image_argmax`] keeps
+/// them: what the backward pass routes from instead of the pool's input.
+#[derive(Clone, Copy)]
+pub(crate) struct Argmax<'a> {
+    pub pooled: &'a [f32],
+    pub argmax: &'a [i32],
+}
+
+multiversion! {
+    /// [`route_row_compact`] from the pooled row's maxima and their positions.
+    fn route_row_argmax(src: (Argmax<'_>, &[f32]), out: Compact<'_>, act: Activation, sums: &mut [f32], place: (u32, u32, u32)) {
+        const LINEAR: u8 = Activation::Linear as u8;
+        const RELU: u8 = Activation::Relu as u8;
+        const SELU: u8 = Activation::Selu as u8;
+        match act {
+            Activation::Linear => route_argmax::<LINEAR>(src, out, sums, place),
+            Activation::Relu => route_argmax::<RELU>(src, out, sums, place),
+            Activation::Selu => route_argmax::<SELU>(src, out, sums, place),
+        }
+    }
+}
+
+/// [`route_row_argmax`] for the activation `ACT` (see [`route_row`]).
+#[inline(always)]
+fn route_argmax<const ACT: u8>(
+    (kept, dy): (Argmax<'_>, &[f32]),
+    out: Compact<'_>,
+    sums: &mut [f32],
+    (p00, w, stride): (u32, u32, u32),
+) {
+    let act = activation::<ACT>();
+    let c = sums.len();
+    let windows = kept
+        .pooled
+        .chunks_exact(c)
+        .zip(kept.argmax.chunks_exact(c))
+        .zip(dy.chunks_exact(c))
+        .zip(out.g.chunks_exact_mut(c))
+        .zip(out.q.chunks_exact_mut(c).zip(out.at.chunks_exact_mut(c)));
+    for (j, ((((m, argmax), dy), g_out), (q_out, at_out))) in windows.enumerate() {
+        let (argmax, dy) = (&argmax[..c], &dy[..c]);
+        let (g_out, q_out, at_out) = (&mut g_out[..c], &mut q_out[..c], &mut at_out[..c]);
+        let p = p00 + 2 * j as u32;
+        for (i, (&m, sum)) in m.iter().zip(sums.iter_mut()).enumerate() {
+            let g = act_grad(dy[i], m, act);
+            *sum += g;
+            g_out[i] = g;
+            // Positions are 0..=3; the mask keeps a corrupt one inside the window.
+            let q = (argmax[i] as u32) & 3;
+            q_out[i] = q as u8;
+            let (right, down) = (q & 1, q >> 1);
+            at_out[i] = (p + right + down * w) * stride;
+        }
+    }
+}
+
+/// [`route_image`] from what [`forward_image_argmax`] kept of the image (its pooled output and
+/// the maxima's positions, `(h / 2) * (w / 2) * c` each) instead of its full-size output.
+pub(super) fn route_image_argmax(
+    kept: Argmax<'_>,
+    dy: &[f32],
+    (h, w, c): (usize, usize, usize),
+    (act, sums): (Activation, &mut [f32]),
+    out: Compact<'_>,
+    place: Placement,
+) {
+    let (oh, ow) = (h / 2, w / 2);
+    let entries = oh * ow * c;
+    assert!(
+        kept.pooled.len() == entries && kept.argmax.len() == entries,
+        "maxpool_backward: the kept pool does not match [{h}, {w}, {c}]"
+    );
+    out.check((dy.len(), sums.len()), (h, w, c), place);
+    if entries == 0 {
+        return;
+    }
+    let row = ow * c;
+    let Compact { g, q, at } = out;
+    let rows = g
+        .chunks_exact_mut(row)
+        .zip(q.chunks_exact_mut(row))
+        .zip(at.chunks_exact_mut(row))
+        .enumerate();
+    for (i, ((g, q), at)) in rows {
+        let r = i * row..(i + 1) * row;
+        let src = Argmax {
+            pooled: &kept.pooled[r.clone()],
+            argmax: &kept.argmax[r.clone()],
+        };
+        // In range of u32 by the assert above.
+        let p00 = (place.first_pixel + 2 * i * w) as u32;
+        let out = Compact { g, q, at };
+        let place = (p00, w as u32, place.stride as u32);
+        route_row_argmax((src, &dy[r]), out, act, &mut *sums, place);
+    }
+}
+
+/// [`backward_image`] from what [`forward_image_argmax`] kept: `dx` `[h, w, c]` gets each
+/// window's gradient at its maximum and zeros elsewhere.
+pub(super) fn backward_image_argmax(
+    kept: Argmax<'_>,
+    dy: &[f32],
+    dx: &mut [f32],
+    (h, w, c): (usize, usize, usize),
+    (act, sums): (Activation, &mut [f32]),
+) {
+    let entries = (h / 2) * (w / 2) * c;
+    assert_eq!(
+        dx.len(),
+        h * w * c,
+        "maxpool_backward: dx does not match [{h}, {w}, {c}]"
+    );
+    let (mut g, mut q, mut at) = (
+        vec![0.0f32; entries],
+        vec![0u8; entries],
+        vec![0u32; entries],
+    );
+    let out = Compact {
+        g: &mut g,
+        q: &mut q,
+        at: &mut at,
+    };
+    let place = Placement {
+        first_pixel: 0,
+        stride: c,
+    };
+    route_image_argmax(kept, dy, (h, w, c), (act, sums), out, place);
+    dx.fill(0.0);
+    for (e, (&g, &at)) in g.iter().zip(&at).enumerate() {
+        dx[at as usize + e % c.max(1)] = g;
     }
 }
 

@@ -155,28 +155,51 @@ impl Layer {
     }
 }
 
+/// Where [`separable_forward`] writes: `y`, and its 2×2 max-pool when `pooled` is given;
+/// or, with `argmax`, only the pool and where each window's maximum is (0..3, see
+/// `pool::forward_image_argmax`), `y` living block by block in scratch memory (what the
+/// backward pass then reads instead of `y`, see [`Kept::Argmax`]).
+pub(crate) struct Outputs<'a> {
+    /// `[n, h, w, f]`.
+    pub y: Option<&'a mut [f32]>,
+    /// `[n, h / 2, w / 2, f]`.
+    pub pooled: Option<&'a mut [f32]>,
+    /// `[n, h / 2, w / 2, f]`, with `pooled` and without `y`.
+    pub argmax: Option<&'a mut [i32]>,
+}
+
 /// `y = act(depthwise(x, dk) · pk + bias)`: `x` `[n, h, w, c]` (or a [`Stem`]'s output), `dk`
 /// `[kh, kw, c]`, `pk` `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`; and, when `pooled` is given,
 /// its 2×2 max-pool `[n, h / 2, w / 2, f]`, taken block by block while `y` is in cache (the
 /// separate pool would read all of `y` back: 12.8 MB for the tutorial's first separable layer
-/// at batch 128).
+/// at batch 128). With `argmax`, `y` itself is not written (see [`Outputs`]).
 #[allow(clippy::too_many_arguments)] // the layer's three weights, its input and outputs
 pub(crate) fn separable_forward(
     src: Source<'_>,
     dk: &[f32],
     pk: &[f32],
     bias: Option<&[f32]>,
-    y: &mut [f32],
-    mut pooled: Option<&mut [f32]>,
+    out: Outputs<'_>,
     s: &DepthwiseShape,
     f: usize,
     act: Activation,
 ) {
     let what = "separable_forward";
+    let y_len = s.n * s.h * s.w * f;
+    let Outputs { y, pooled, argmax } = out;
+    assert!(
+        y.is_some() != argmax.is_some() && (argmax.is_none() || pooled.is_some()),
+        "{what}: writes y, or the pool and its argmax"
+    );
     let layer = Layer::new(
         s,
         f,
-        [src.input_len(s, what), dk.len(), pk.len(), y.len()],
+        [
+            src.input_len(s, what),
+            dk.len(),
+            pk.len(),
+            y.as_ref().map_or(y_len, |y| y.len()),
+        ],
         what,
     );
     if let Some(bias) = bias {
@@ -189,19 +212,26 @@ pub(crate) fn separable_forward(
         w: s.w,
         c: f,
     };
-    if let Some(p) = &pooled {
+    for len in [
+        pooled.as_ref().map(|p| p.len()),
+        argmax.as_ref().map(|a| a.len()),
+    ]
+    .into_iter()
+    .flatten()
+    {
         assert_eq!(
-            p.len(),
+            len,
             pool.output_len(),
             "{what}: pooled output length does not match the shape"
         );
     }
-    assert!(c > 0 || y.is_empty(), "{what}: no input channels");
-    if y.is_empty() {
+    assert!(c > 0 || y_len == 0, "{what}: no input channels");
+    if y_len == 0 {
         return;
     }
     let per_block = images_per_block(pixels);
     let pk_view = Strided::row_major(pk, f);
+    let image_pooled = pool.output_len() / s.n;
     // With fewer blocks than threads (a small batch), the unfused ops parallelise better.
     if s.n.div_ceil(per_block) < 2 * rayon::current_num_threads() {
         let mut d = vec![0.0f32; s.input_len()];
@@ -213,31 +243,71 @@ pub(crate) fn separable_forward(
                 depthwise::depthwise_forward(&x, dk, &mut d, s);
             }
         }
+        let mut own_y = Vec::new();
+        let y = match y {
+            Some(y) => y,
+            None => {
+                own_y.resize(y_len, 0.0);
+                &mut own_y[..]
+            }
+        };
         super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
-        if let Some(p) = pooled {
-            pool::maxpool_forward(y, p, &pool);
+        match (pooled, argmax) {
+            (Some(p), Some(argmax)) if image_pooled > 0 => {
+                let images = y
+                    .chunks_exact(pixels * f)
+                    .zip(p.chunks_exact_mut(image_pooled))
+                    .zip(argmax.chunks_exact_mut(image_pooled));
+                for ((y, p), argmax) in images {
+                    pool::forward_image_argmax(y, p, argmax, (s.h, s.w, f));
+                }
+            }
+            (Some(p), None) => pool::maxpool_forward(y, p, &pool),
+            _ => {}
         }
         return;
     }
-    let image_pooled = pool.output_len() / s.n;
-    let pooled_blocks: Vec<Option<&mut [f32]>> = match pooled.take() {
+    let blocks = s.n.div_ceil(per_block);
+    let chunks = |len: usize| {
+        (0..blocks).map(move |b| b * per_block * len..((b + 1) * per_block).min(s.n) * len)
+    };
+    // Each block's outputs: its rows of `y` (or none), of the pool and of the argmax.
+    let mut y_blocks: Vec<Option<&mut [f32]>> = match y {
+        Some(y) => y.chunks_mut(per_block * pixels * f).map(Some).collect(),
+        None => (0..blocks).map(|_| None).collect(),
+    };
+    let mut pooled_blocks: Vec<Option<&mut [f32]>> = match pooled {
         // An empty pool (height or width 1) has nothing to write.
         Some(p) if image_pooled > 0 => p.chunks_mut(per_block * image_pooled).map(Some).collect(),
-        _ => (0..s.n.div_ceil(per_block)).map(|_| None).collect(),
+        _ => (0..blocks).map(|_| None).collect(),
     };
-    // Scratch per block: `d`, and the stem's output before it.
+    let mut argmax_blocks: Vec<Option<&mut [i32]>> = match argmax {
+        Some(a) if image_pooled > 0 => a.chunks_mut(per_block * image_pooled).map(Some).collect(),
+        _ => (0..blocks).map(|_| None).collect(),
+    };
+    let block_outputs: Vec<_> = chunks(pixels)
+        .zip(y_blocks.drain(..))
+        .zip(pooled_blocks.drain(..).zip(argmax_blocks.drain(..)))
+        .collect();
+    // Scratch per block: `d`, the stem's output before it, and `y` when it is not written.
     let stem_len = |rows: usize| match src {
         Source::Input(_) => 0,
         Source::Stem(..) => rows * c,
     };
-    y.par_chunks_mut(per_block * pixels * f)
-        .zip(pooled_blocks)
+    let own_y = |rows: usize, y: &Option<&mut [f32]>| if y.is_some() { 0 } else { rows * f };
+    block_outputs
+        .into_par_iter()
         .enumerate()
-        .for_each(|(b, (y, pooled))| {
-            let rows = y.len() / f;
+        .for_each(|(b, ((px, y), (pooled, argmax)))| {
+            let rows = px.len();
             let images = b * per_block..b * per_block + rows / pixels;
-            with_scratch(rows * c + stem_len(rows), |buf| {
-                let (d, stem_out) = buf.split_at_mut(rows * c);
+            with_scratch(rows * c + stem_len(rows) + own_y(rows, &y), |buf| {
+                let (d, rest) = buf.split_at_mut(rows * c);
+                let (stem_out, scratch_y) = rest.split_at_mut(stem_len(rows));
+                let y = match y {
+                    Some(y) => y,
+                    None => scratch_y,
+                };
                 let x = src.block(images, pixels * c, stem_out);
                 layer.depthwise(x, dk, d);
                 gemm_strided(
@@ -250,17 +320,29 @@ pub(crate) fn separable_forward(
                     false,
                     false,
                 );
-            });
-            bias_act_rows(y, bias, f, act);
-            if let Some(pooled) = pooled {
+                bias_act_rows(y, bias, f, act);
                 let image = pixels * f;
-                for (y, p) in y
-                    .chunks_exact(image)
-                    .zip(pooled.chunks_exact_mut(image_pooled))
-                {
-                    pool::forward_image(y, p, (s.h, s.w, f));
+                match (pooled, argmax) {
+                    (Some(pooled), Some(argmax)) => {
+                        let images = y
+                            .chunks_exact(image)
+                            .zip(pooled.chunks_exact_mut(image_pooled))
+                            .zip(argmax.chunks_exact_mut(image_pooled));
+                        for ((y, p), argmax) in images {
+                            pool::forward_image_argmax(y, p, argmax, (s.h, s.w, f));
+                        }
+                    }
+                    (Some(pooled), None) => {
+                        for (y, p) in y
+                            .chunks_exact(image)
+                            .zip(pooled.chunks_exact_mut(image_pooled))
+                        {
+                            pool::forward_image(y, p, (s.h, s.w, f));
+                        }
+                    }
+                    _ => {}
                 }
-            }
+            });
         });
 }
 
@@ -285,8 +367,8 @@ pub(crate) struct SeparableGrads<'a> {
     pub dk: &'a [f32],
     /// Pointwise kernel `[c, f]`.
     pub pk: &'a [f32],
-    /// The activated output `[n, h, w, f]`.
-    pub y: &'a [f32],
+    /// What the forward pass kept of the activated output.
+    pub kept: Kept<'a>,
     /// Its gradient, or that of its max-pool when `pooled`.
     pub dy: &'a [f32],
     /// The activation.
@@ -297,6 +379,16 @@ pub(crate) struct SeparableGrads<'a> {
     /// gradient as it is written, so that layer's backward pass starts from its `dz` without
     /// reading its output again. `Linear` for a plain `dx`. (A stem's activation is its own.)
     pub input_act: Activation,
+}
+
+/// What [`separable_backward`] reads of the forward pass's output.
+#[derive(Clone, Copy)]
+pub(crate) enum Kept<'a> {
+    /// The activated output `[n, h, w, f]`.
+    Output(&'a [f32]),
+    /// Its 2×2 max-pool and where each window's maximum is (`pooled` only): what
+    /// [`separable_forward`] writes with an `argmax`.
+    Argmax(pool::Argmax<'a>),
 }
 
 /// The outputs of [`separable_backward`].
@@ -336,16 +428,30 @@ pub(crate) fn separable_backward(
 ) {
     let what = "separable_backward";
     let x_len = a.src.input_len(s, what);
-    let layer = Layer::new(s, f, [x_len, a.dk.len(), a.pk.len(), a.y.len()], what);
+    let y_len = s.n * s.h * s.w * f;
     // Per image: the gradient of the max-pool of `y` when `pooled`.
     let image_pooled = (s.h / 2) * (s.w / 2) * f;
+    let y = match a.kept {
+        Kept::Output(y) => Some(y),
+        Kept::Argmax(kept) => {
+            assert!(
+                a.pooled
+                    && kept.pooled.len() == s.n * image_pooled
+                    && kept.argmax.len() == kept.pooled.len(),
+                "{what}: an argmax needs the pooled gradient and the pool's shape"
+            );
+            None
+        }
+    };
+    let layer = Layer::new(
+        s,
+        f,
+        [x_len, a.dk.len(), a.pk.len(), y.map_or(y_len, <[f32]>::len)],
+        what,
+    );
     assert_eq!(
         a.dy.len(),
-        if a.pooled {
-            s.n * image_pooled
-        } else {
-            a.y.len()
-        },
+        if a.pooled { s.n * image_pooled } else { y_len },
         "{what}: dy does not match the output (pooled: {})",
         a.pooled
     );
@@ -446,8 +552,8 @@ pub(crate) fn separable_backward(
                     let (g, q, at) = (&mut g[..entries], &mut q[..entries], &mut at[..entries]);
                     for j in 0..n1 - n0 {
                         let e = j * image_pooled..(j + 1) * image_pooled;
-                        let y = &a.y[(n0 + j) * image_out..][..image_out];
-                        let dp = &a.dy[(n0 + j) * image_pooled..][..image_pooled];
+                        let at_pooled = (n0 + j) * image_pooled..(n0 + j + 1) * image_pooled;
+                        let dp = &a.dy[at_pooled.clone()];
                         let out = pool::Compact {
                             g: &mut g[e.clone()],
                             q: &mut q[e.clone()],
@@ -458,7 +564,20 @@ pub(crate) fn separable_backward(
                             stride: c,
                         };
                         // The bias sums on the way, from the windows' gradients.
-                        pool::route_image(y, dp, (s.h, s.w, f), (a.act, &mut p.db), out, place);
+                        let sums = (a.act, &mut p.db[..]);
+                        match a.kept {
+                            Kept::Output(y) => {
+                                let y = &y[(n0 + j) * image_out..][..image_out];
+                                pool::route_image(y, dp, (s.h, s.w, f), sums, out, place);
+                            }
+                            Kept::Argmax(kept) => {
+                                let kept = pool::Argmax {
+                                    pooled: &kept.pooled[at_pooled.clone()],
+                                    argmax: &kept.argmax[at_pooled],
+                                };
+                                pool::route_image_argmax(kept, dp, (s.h, s.w, f), sums, out, place);
+                            }
+                        }
                     }
                     let r = Routed { g, q, at, f };
                     routed::weight_grad(d, c, &r, &mut p.dpk_t);
@@ -472,23 +591,33 @@ pub(crate) fn separable_backward(
                 } else {
                     let outs = n0 * image_out..n1 * image_out;
                     let dz: &[f32] = if a.pooled {
-                        let y = &a.y[outs.clone()];
-                        for (j, (y, dz)) in y
-                            .chunks_exact(image_out)
-                            .zip(dz.chunks_exact_mut(image_out))
-                            .enumerate()
-                        {
-                            let at = (n0 + j) * image_pooled;
-                            let dp = &a.dy[at..at + image_pooled];
+                        for (j, dz) in dz.chunks_exact_mut(image_out).enumerate() {
+                            let at = (n0 + j) * image_pooled..(n0 + j + 1) * image_pooled;
+                            let dp = &a.dy[at.clone()];
                             // The bias sums on the way, from the windows' gradients.
-                            pool::backward_image(y, dp, dz, (s.h, s.w, f), (a.act, &mut p.db));
+                            let sums = (a.act, &mut p.db[..]);
+                            match a.kept {
+                                Kept::Output(y) => {
+                                    let y = &y[(n0 + j) * image_out..][..image_out];
+                                    pool::backward_image(y, dp, dz, (s.h, s.w, f), sums);
+                                }
+                                Kept::Argmax(kept) => {
+                                    let kept = pool::Argmax {
+                                        pooled: &kept.pooled[at.clone()],
+                                        argmax: &kept.argmax[at],
+                                    };
+                                    pool::backward_image_argmax(kept, dp, dz, (s.h, s.w, f), sums);
+                                }
+                            }
                         }
                         dz
                     } else if a.act == Activation::Linear {
                         // `dy` is `dz` (a pre-activated gradient, or no activation).
                         &a.dy[outs]
                     } else {
-                        act_backward_leaf(&a.dy[outs.clone()], &a.y[outs], dz, a.act);
+                        // Not pooled: the output itself was kept (checked above).
+                        let y = y.expect("only a pooled layer keeps an argmax (checked above)");
+                        act_backward_leaf(&a.dy[outs.clone()], &y[outs], dz, a.act);
                         dz
                     };
                     if !a.pooled {
@@ -615,17 +744,12 @@ pub(super) mod tests {
                 let (pk64, bias64) = (to_f64(&pk), to_f64(&bias));
                 let y64 = r::matmul_bias_act(&d64, &pk64, Some(&bias64), rows, c, f, act);
                 let mut y = vec![f32::NAN; rows * f];
-                separable_forward(
-                    Source::Input(&x),
-                    &dk,
-                    &pk,
-                    Some(&bias),
-                    &mut y,
-                    None,
-                    &s,
-                    f,
-                    act,
-                );
+                let out = Outputs {
+                    y: Some(&mut y),
+                    pooled: None,
+                    argmax: None,
+                };
+                separable_forward(Source::Input(&x), &dk, &pk, Some(&bias), out, &s, f, act);
                 assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
                 // With the max-pool taken on the way: `y` again, and its pool. (Not bit for
                 // bit the first `y`: `kernels_match_the_reference`, running beside this test,
@@ -633,9 +757,13 @@ pub(super) mod tests {
                 let pool = PoolShape { n, h, w, c: f };
                 let mut y_again = vec![f32::NAN; y.len()];
                 let mut pooled = vec![f32::NAN; pool.output_len()];
-                let out = (&mut y_again[..], Some(&mut pooled[..]));
+                let out = Outputs {
+                    y: Some(&mut y_again),
+                    pooled: Some(&mut pooled),
+                    argmax: None,
+                };
                 let src = Source::Input(&x);
-                separable_forward(src, &dk, &pk, Some(&bias), out.0, out.1, &s, f, act);
+                separable_forward(src, &dk, &pk, Some(&bias), out, &s, f, act);
                 assert_close(
                     &y_again,
                     &y64,
@@ -644,6 +772,12 @@ pub(super) mod tests {
                 );
                 let pooled64 = r::maxpool_forward(&to_f64(&y_again), &pool);
                 assert_close(&pooled, &pooled64, 0.0, &format!("{what}: pooled"));
+                assert_argmax_forward(
+                    (Source::Input(&x), &dk, &pk, Some(&bias)),
+                    (&s, f, act),
+                    &y_again,
+                    &what,
+                );
 
                 // The gradients, from the f32 forward output as the layer passes it: from the
                 // output's gradient, and from its max-pool's; `dx` through the activation whose
@@ -659,32 +793,44 @@ pub(super) mod tests {
                     let ddk64 = r::depthwise_backward_kernel(&to_f64(&x), &dd64, &s);
                     let dx64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
                     let dx64 = r::activation_backward(&dx64, &to_f64(&x), act);
-                    let mut dx = vec![f32::NAN; x.len()];
-                    let mut ddk = vec![f32::NAN; dk.len()];
-                    let mut dpk = vec![f32::NAN; pk.len()];
-                    let mut db = vec![f32::NAN; f];
-                    let grads = SeparableGrads {
-                        src: Source::Input(&x),
-                        dk: &dk,
-                        pk: &pk,
-                        y: &y,
-                        dy,
-                        act,
-                        pooled,
-                        input_act: act,
-                    };
-                    let out = SeparableGradsOut {
-                        dx: Some(&mut dx),
-                        ddk: &mut ddk,
-                        dpk: &mut dpk,
-                        db: &mut db,
-                        stem: None,
-                    };
-                    separable_backward(&grads, out, &s, f);
-                    assert_close(&dx, &dx64, 1e-4, &format!("{what}: dx"));
-                    assert_close(&ddk, &ddk64, 1e-4, &format!("{what}: d depthwise"));
-                    assert_close(&dpk, &dpk64, 1e-4, &format!("{what}: d pointwise"));
-                    assert_close(&db, &db64, 1e-4, &format!("{what}: d bias"));
+                    // From `y`, and (pooled) from its pool and argmax.
+                    let (pooled_y, argmax) = argmax_of(&y, &pool);
+                    let mut kept = vec![Kept::Output(&y)];
+                    if pooled {
+                        kept.push(Kept::Argmax(pool::Argmax {
+                            pooled: &pooled_y,
+                            argmax: &argmax,
+                        }));
+                    }
+                    for kept in kept {
+                        let mut dx = vec![f32::NAN; x.len()];
+                        let mut ddk = vec![f32::NAN; dk.len()];
+                        let mut dpk = vec![f32::NAN; pk.len()];
+                        let mut db = vec![f32::NAN; f];
+                        let grads = SeparableGrads {
+                            src: Source::Input(&x),
+                            dk: &dk,
+                            pk: &pk,
+                            kept,
+                            dy,
+                            act,
+                            pooled,
+                            input_act: act,
+                        };
+                        let out = SeparableGradsOut {
+                            dx: Some(&mut dx),
+                            ddk: &mut ddk,
+                            dpk: &mut dpk,
+                            db: &mut db,
+                            stem: None,
+                        };
+                        separable_backward(&grads, out, &s, f);
+                        let what = format!("{what} argmax {}", matches!(kept, Kept::Argmax(_)));
+                        assert_close(&dx, &dx64, 1e-4, &format!("{what}: dx"));
+                        assert_close(&ddk, &ddk64, 1e-4, &format!("{what}: d depthwise"));
+                        assert_close(&dpk, &dpk64, 1e-4, &format!("{what}: d pointwise"));
+                        assert_close(&db, &db64, 1e-4, &format!("{what}: d bias"));
+                    }
                 }
             }
         }
@@ -746,7 +892,12 @@ pub(super) mod tests {
             let src = Source::Stem(&x, &stem);
             let mut y = vec![f32::NAN; n * oh * ow * f];
             let mut pooled = vec![f32::NAN; pool.output_len()];
-            separable_forward(src, &dk, &pk, None, &mut y, Some(&mut pooled), &s, f, act);
+            let out = Outputs {
+                y: Some(&mut y),
+                pooled: Some(&mut pooled),
+                argmax: None,
+            };
+            separable_forward(src, &dk, &pk, None, out, &s, f, act);
             let x64 = to_f64(&x);
             let a64 = r::conv2d_forward(&x64, &to_f64(&ck), Some(&to_f64(&cb)), &cs, act0);
             let d64 = r::depthwise_forward(&a64, &to_f64(&dk), &s);
@@ -755,6 +906,7 @@ pub(super) mod tests {
             assert_close(&y, &y64, 1e-4, &format!("{what}: forward"));
             let pooled64 = r::maxpool_forward(&to_f64(&y), &pool);
             assert_close(&pooled, &pooled64, 0.0, &format!("{what}: pooled"));
+            assert_argmax_forward((src, &dk, &pk, None), (&s, f, act), &y, &what);
 
             let y32 = to_f64(&y);
             let dy64 = r::maxpool_backward(&y32, &to_f64(&dp), &pool);
@@ -762,43 +914,116 @@ pub(super) mod tests {
             let dd64 = r::matmul(&dz64, &to_f64(&pk), rows, f, c, false, true);
             let da64 = r::depthwise_backward_input(&dd64, &to_f64(&dk), &s);
             let dza64 = r::activation_backward(&da64, &a64, act0);
-            let mut grads = [dk.len(), pk.len(), f, ck.len(), c].map(|l| vec![f32::NAN; l]);
-            let [ddk, dpk, db, dck, dcb] = &mut grads;
-            let a = SeparableGrads {
-                src,
-                dk: &dk,
-                pk: &pk,
-                y: &y,
-                dy: &dp,
-                act,
-                pooled: true,
-                input_act: Activation::Linear,
-            };
-            let out = SeparableGradsOut {
-                dx: None,
-                ddk,
-                dpk,
-                db,
-                stem: Some((dck, dcb)),
-            };
-            separable_backward(&a, out, &s, f);
-            let expected = [
-                r::depthwise_backward_kernel(&a64, &dd64, &s),
-                r::matmul(&d64, &dz64, c, rows, f, true, false),
-                r::sum_rows(&dz64, rows, f),
-                r::conv2d_backward_kernel(&x64, &dza64, &cs),
-                r::bias_grad(&dza64, c),
-            ];
-            let names = [
-                "d depthwise",
-                "d pointwise",
-                "d bias",
-                "d conv",
-                "d conv bias",
-            ];
-            for ((got, expected), name) in grads.iter().zip(&expected).zip(names) {
-                assert_close(got, expected, 1e-4, &format!("{what}: {name}"));
+            let (pooled_y, argmax) = argmax_of(&y, &pool);
+            let from_argmax = Kept::Argmax(pool::Argmax {
+                pooled: &pooled_y,
+                argmax: &argmax,
+            });
+            for kept in [Kept::Output(&y), from_argmax] {
+                let mut grads = [dk.len(), pk.len(), f, ck.len(), c].map(|l| vec![f32::NAN; l]);
+                let [ddk, dpk, db, dck, dcb] = &mut grads;
+                let a = SeparableGrads {
+                    src,
+                    dk: &dk,
+                    pk: &pk,
+                    kept,
+                    dy: &dp,
+                    act,
+                    pooled: true,
+                    input_act: Activation::Linear,
+                };
+                let out = SeparableGradsOut {
+                    dx: None,
+                    ddk,
+                    dpk,
+                    db,
+                    stem: Some((dck, dcb)),
+                };
+                separable_backward(&a, out, &s, f);
+                let what = format!("{what} argmax {}", matches!(kept, Kept::Argmax(_)));
+                let expected = [
+                    r::depthwise_backward_kernel(&a64, &dd64, &s),
+                    r::matmul(&d64, &dz64, c, rows, f, true, false),
+                    r::sum_rows(&dz64, rows, f),
+                    r::conv2d_backward_kernel(&x64, &dza64, &cs),
+                    r::bias_grad(&dza64, c),
+                ];
+                let names = [
+                    "d depthwise",
+                    "d pointwise",
+                    "d bias",
+                    "d conv",
+                    "d conv bias",
+                ];
+                for ((got, expected), name) in grads.iter().zip(&expected).zip(names) {
+                    assert_close(got, expected, 1e-4, &format!("{what}: {name}"));
+                }
             }
+        }
+    }
+
+    /// The pool of `y` (`[n, h, w, c]` as `pool` says) and its argmax, image by image.
+    fn argmax_of(y: &[f32], pool: &PoolShape) -> (Vec<f32>, Vec<i32>) {
+        let (mut pooled, mut argmax) = (vec![0.0; pool.output_len()], vec![-1; pool.output_len()]);
+        let (image, image_pooled) = (pool.h * pool.w * pool.c, pool.output_len() / pool.n);
+        if image_pooled > 0 {
+            let images = y
+                .chunks_exact(image)
+                .zip(pooled.chunks_exact_mut(image_pooled))
+                .zip(argmax.chunks_exact_mut(image_pooled));
+            for ((y, p), a) in images {
+                pool::forward_image_argmax(y, p, a, (pool.h, pool.w, pool.c));
+            }
+        }
+        (pooled, argmax)
+    }
+
+    /// The forward pass that writes the pool and its argmax instead of `y`: the same pool as
+    /// from `y` (another run's, so within rounding: see `matches_reference`), and each argmax
+    /// a position in its window whose value in `y` is the window's maximum.
+    fn assert_argmax_forward(
+        (src, dk, pk, bias): (Source<'_>, &[f32], &[f32], Option<&[f32]>),
+        (s, f, act): (&DepthwiseShape, usize, Activation),
+        y: &[f32],
+        what: &str,
+    ) {
+        let pool = PoolShape {
+            n: s.n,
+            h: s.h,
+            w: s.w,
+            c: f,
+        };
+        let mut pooled = vec![f32::NAN; pool.output_len()];
+        let mut argmax = vec![-1i32; pool.output_len()];
+        let out = Outputs {
+            y: None,
+            pooled: Some(&mut pooled),
+            argmax: Some(&mut argmax),
+        };
+        separable_forward(src, dk, pk, bias, out, s, f, act);
+        let pooled64 = r::maxpool_forward(&to_f64(y), &pool);
+        assert_close(
+            &pooled,
+            &pooled64,
+            1e-5,
+            &format!("{what}: pooled with argmax"),
+        );
+        let (ow, image_pooled) = (s.w / 2, pool.output_len() / s.n.max(1));
+        for (e, &a) in argmax.iter().enumerate() {
+            let (k, i, j, ch) = (
+                e / image_pooled,
+                e % image_pooled / (ow * f),
+                e / f % ow,
+                e % f,
+            );
+            assert!((0..4).contains(&a), "{what}: argmax {a} at {e}");
+            let (di, dj) = (a as usize / 2, a as usize % 2);
+            let at = ((k * s.h + 2 * i + di) * s.w + 2 * j + dj) * f + ch;
+            let tolerance = 1e-5 * (1.0 + pooled64[e].abs());
+            assert!(
+                (f64::from(y[at]) - pooled64[e]).abs() <= tolerance,
+                "{what}: argmax at {e}"
+            );
         }
     }
 }

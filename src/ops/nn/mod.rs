@@ -12,6 +12,7 @@ use crate::ops::spec::ConvOptions;
 use crate::placement::OpInfo;
 use crate::tensor::{DType, Tensor};
 
+mod argmax;
 mod bias_act;
 mod conv;
 mod dense;
@@ -21,6 +22,7 @@ mod optimizer;
 mod separable;
 mod softmax;
 mod stem;
+pub use argmax::*;
 pub use bias_act::*;
 pub use conv::*;
 pub use dense::*;

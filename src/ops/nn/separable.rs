@@ -1,6 +1,7 @@
 //! The fused separable convolution (`SeparableConv2D`: depthwise, then pointwise, bias and
 //! activation) and its gradients, with or without a 2×2 max-pool after it.
 
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::gpu::nn as gn;
 use crate::ops::nn_kernels::{SeparableBackward, SeparableForward, StemConv};
@@ -91,15 +92,15 @@ pub fn separable_conv2d(
     bias: Option<&Tensor>,
     act: Activation,
 ) -> Result<Tensor> {
-    separable_forward(
-        (&SEPARABLE, false),
+    let out = separable_forward(
+        (&SEPARABLE, Pool::None),
         x,
         None,
         [depthwise, pointwise],
         bias,
         act,
-    )
-    .map(|(y, _)| y)
+    )?;
+    Ok(out.y.expect("separable_forward(Pool::None) returns y"))
 }
 
 /// [`separable_conv2d`] and the 2×2 max-pool of its output
@@ -133,11 +134,8 @@ pub fn separable_conv2d_max_pool(
     bias: Option<&Tensor>,
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
-    let info = (&SEPARABLE_MAX_POOL, true);
-    match separable_forward(info, x, None, [depthwise, pointwise], bias, act)? {
-        (y, Some(pooled)) => Ok((y, pooled)),
-        (_, None) => unreachable!("separable_forward(pool: true) returns the pool"),
-    }
+    let info = (&SEPARABLE_MAX_POOL, Pool::Pooled);
+    separable_forward(info, x, None, [depthwise, pointwise], bias, act)?.y_and_pooled()
 }
 
 /// A stride-1 convolution in front of a separable one, checked: its output has the shape
@@ -150,16 +148,52 @@ pub(super) struct Stem<'a> {
     pub(super) out: [usize; 4],
 }
 
-/// [`separable_conv2d`] as the op `info`, with its max-pool when `pool`, and behind a `stem`
-/// when given (`x` is then the stem's input).
+/// Which outputs [`separable_forward`] returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pool {
+    /// `y`.
+    None,
+    /// `y` and its 2×2 max-pool.
+    Pooled,
+    /// The max-pool and its argmax (the CPU only), not `y`.
+    WithArgmax,
+}
+
+/// What [`separable_forward`] returns, as its [`Pool`] asked.
+pub(super) struct Outputs {
+    pub(super) y: Option<Tensor>,
+    pub(super) pooled: Option<Tensor>,
+    pub(super) argmax: Option<Tensor>,
+}
+
+impl Outputs {
+    /// `(y, pooled)`, from [`Pool::Pooled`].
+    pub(super) fn y_and_pooled(self) -> Result<(Tensor, Tensor)> {
+        match (self.y, self.pooled) {
+            (Some(y), Some(pooled)) => Ok((y, pooled)),
+            _ => unreachable!("separable_forward(Pool::Pooled) returns y and the pool"),
+        }
+    }
+
+    /// `(pooled, argmax)`, from [`Pool::WithArgmax`].
+    pub(super) fn pooled_and_argmax(self) -> Result<(Tensor, Tensor)> {
+        match (self.pooled, self.argmax) {
+            (Some(pooled), Some(argmax)) => Ok((pooled, argmax)),
+            _ => unreachable!("separable_forward(Pool::WithArgmax) returns the pool and argmax"),
+        }
+    }
+}
+
+/// [`separable_conv2d`] as the op `info`, with its max-pool (and its argmax) as `pool` asks,
+/// and behind a `stem` when given (`x` is then the stem's input).
 pub(super) fn separable_forward(
-    (info, pool): (&OpInfo, bool),
+    (info, pool): (&OpInfo, Pool),
     x: &Tensor,
     stem: Option<&Stem<'_>>,
     [depthwise, pointwise]: [&Tensor; 2],
     bias: Option<&Tensor>,
     act: Activation,
-) -> Result<(Tensor, Option<Tensor>)> {
+) -> Result<Outputs> {
     let name = info.name;
     let dtype = float_dtype(name, &[x, depthwise, pointwise])?;
     let x_shape = stem.map_or(x.shape(), |t| &t.out[..]);
@@ -183,23 +217,27 @@ pub(super) fn separable_forward(
         inputs.extend(t.bias);
     }
     run(info, &inputs, |device, moved| {
-        let y = Tensor::uninit(&[s.n, s.h, s.w, filters], dtype, device)?;
-        let pooled = if pool {
-            Some(Tensor::uninit(
-                &[s.n, s.h / 2, s.w / 2, filters],
-                dtype,
-                device,
-            )?)
-        } else {
-            None
+        let y = match pool {
+            Pool::WithArgmax => None,
+            _ => Some(Tensor::uninit(&[s.n, s.h, s.w, filters], dtype, device)?),
+        };
+        let pooled_shape = [s.n, s.h / 2, s.w / 2, filters];
+        let pooled = match pool {
+            Pool::None => None,
+            _ => Some(Tensor::uninit(&pooled_shape, dtype, device)?),
+        };
+        let argmax = match pool {
+            Pool::WithArgmax => Some(Tensor::uninit(&pooled_shape, DType::I32, device)?),
+            _ => None,
         };
         let f = SeparableForward {
             x: &moved[0],
             depthwise: &moved[1],
             pointwise: &moved[2],
             bias: bias.map(|_| &moved[3]),
-            y: &y,
+            y: y.as_ref(),
             pooled: pooled.as_ref(),
+            argmax: argmax.as_ref(),
             s,
             filters,
             act,
@@ -211,7 +249,7 @@ pub(super) fn separable_forward(
             }),
         };
         with_kernels(device, |_, nk| nk.separable(&f))?;
-        Ok((y, pooled))
+        Ok(Outputs { y, pooled, argmax })
     })
 }
 
@@ -341,7 +379,7 @@ pub fn separable_conv2d_backward_with(
         x,
         None,
         [depthwise, pointwise],
-        (y, dy),
+        (Kept::Output(y), dy),
         act,
     )?;
     Ok(grads)
@@ -393,6 +431,18 @@ pub fn separable_conv2d_max_pool_backward(
     separable_conv2d_backward_with(x, [depthwise, pointwise], y, dpooled, act, options)
 }
 
+/// What a separable op's backward pass reads of its forward pass's output.
+#[derive(Clone, Copy)]
+pub(super) enum Kept<'a> {
+    /// The activated output.
+    Output(&'a Tensor),
+    /// Its 2×2 max-pool and the pool's argmax ([`Pool::WithArgmax`]).
+    Argmax {
+        pooled: &'a Tensor,
+        argmax: &'a Tensor,
+    },
+}
+
 /// The gradients of the op `info` as `options` asks (see [`separable_conv2d_backward_with`]);
 /// with a `stem` (`x` is then its input, and `options.need_dx` must be false) its kernel's and
 /// bias' gradients too.
@@ -401,7 +451,7 @@ pub(super) fn separable_grads(
     x: &Tensor,
     stem: Option<&Stem<'_>>,
     [depthwise, pointwise]: [&Tensor; 2],
-    (y, dy): (&Tensor, &Tensor),
+    (kept, dy): (Kept<'_>, &Tensor),
     act: Activation,
 ) -> Result<(SeparableConv2dGrads, Option<[Tensor; 2]>)> {
     let SeparableBackwardOptions {
@@ -410,17 +460,38 @@ pub(super) fn separable_grads(
         input_activation,
     } = options;
     let name = info.name;
+    let y = match kept {
+        Kept::Output(y) => y,
+        Kept::Argmax { pooled, .. } => pooled,
+    };
     let dtype = float_dtype(name, &[x, depthwise, pointwise, y, dy])?;
     let x_shape = stem.map_or(x.shape(), |t| &t.out[..]);
     let (s, filters) = separable_shape(name, x_shape, depthwise, pointwise)?;
     let out_shape = [s.n, s.h, s.w, filters];
-    if y.shape() != out_shape {
-        return Err(mismatch(
-            name,
-            y.shape(),
-            &out_shape,
-            ": the output must have the forward output's shape",
-        ));
+    let pooled_shape = [s.n, s.h / 2, s.w / 2, filters];
+    match kept {
+        Kept::Output(y) if y.shape() != out_shape => {
+            return Err(mismatch(
+                name,
+                y.shape(),
+                &out_shape,
+                ": the output must have the forward output's shape",
+            ));
+        }
+        Kept::Output(_) => {}
+        Kept::Argmax { pooled, argmax } => {
+            argmax.expect_dtype(name, DType::I32)?;
+            for t in [pooled, argmax] {
+                if t.shape() != pooled_shape {
+                    return Err(mismatch(
+                        name,
+                        t.shape(),
+                        &pooled_shape,
+                        ": the pool's output and argmax must have the pooled output's shape",
+                    ));
+                }
+            }
+        }
     }
     let dy_shape = if pooled {
         [s.n, s.h / 2, s.w / 2, filters]
@@ -439,6 +510,10 @@ pub(super) fn separable_grads(
     if let Some(t) = stem {
         inputs.push(t.kernel);
         inputs.extend(t.bias);
+    }
+    let argmax_at = inputs.len();
+    if let Kept::Argmax { argmax, .. } = kept {
+        inputs.push(argmax);
     }
     run(info, &inputs, |device, moved| {
         let dx = if need_dx && stem.is_none() {
@@ -461,6 +536,7 @@ pub(super) fn separable_grads(
             depthwise: &moved[1],
             pointwise: &moved[2],
             y: &moved[3],
+            argmax: moved.get(argmax_at),
             dy: &moved[4],
             pooled,
             dx: dx.as_ref(),

@@ -14,7 +14,9 @@ use crate::placement::OpInfo;
 use crate::tensor::Tensor;
 
 use super::conv::conv_shape;
-use super::separable::{separable_forward, separable_grads, SeparableBackwardOptions, Stem};
+use super::separable::{
+    separable_forward, separable_grads, Kept, Pool, SeparableBackwardOptions, Stem,
+};
 use super::{float_dtype, mismatch, op};
 
 const STEM_MAX_POOL: OpInfo = op("FusedConv2DSeparableConv2DMaxPool", gn::SEPARABLE_MAX_POOL);
@@ -40,7 +42,7 @@ pub struct ConvStem<'a> {
 
 impl<'a> ConvStem<'a> {
     /// The stem's shape from its input `x`, checked.
-    fn checked(&self, op: &'static str, x: &Tensor) -> Result<Stem<'a>> {
+    pub(super) fn checked(&self, op: &'static str, x: &Tensor) -> Result<Stem<'a>> {
         let dtype = float_dtype(op, &[x, self.kernel])?;
         let s = conv_shape(op, x.shape(), self.kernel.shape(), self.options)?;
         if !s.is_unit_stride() {
@@ -107,11 +109,8 @@ pub fn conv2d_separable_conv2d_max_pool(
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
     let checked = stem.checked(STEM_MAX_POOL.name, x)?;
-    let info = (&STEM_MAX_POOL, true);
-    match separable_forward(info, x, Some(&checked), [depthwise, pointwise], bias, act)? {
-        (y, Some(pooled)) => Ok((y, pooled)),
-        (_, None) => unreachable!("separable_forward(pool: true) returns the pool"),
-    }
+    let info = (&STEM_MAX_POOL, Pool::Pooled);
+    separable_forward(info, x, Some(&checked), [depthwise, pointwise], bias, act)?.y_and_pooled()
 }
 
 /// The weight gradients of [`conv2d_separable_conv2d_max_pool`].
@@ -171,20 +170,38 @@ pub fn conv2d_separable_conv2d_max_pool_backward(
     dpooled: &Tensor,
     act: Activation,
 ) -> Result<ConvSeparableGrads> {
-    let info = &STEM_MAX_POOL_BACKWARD;
+    let kept = (Kept::Output(y), dpooled);
+    stem_grads(
+        &STEM_MAX_POOL_BACKWARD,
+        x,
+        stem,
+        [depthwise, pointwise],
+        kept,
+        act,
+    )
+}
+
+/// The gradients of the stem op `info` from what its forward pass `kept` and `dpooled`.
+pub(super) fn stem_grads(
+    info: &OpInfo,
+    x: &Tensor,
+    stem: ConvStem<'_>,
+    weights: [&Tensor; 2],
+    (kept, dpooled): (Kept<'_>, &Tensor),
+    act: Activation,
+) -> Result<ConvSeparableGrads> {
     let checked = stem.checked(info.name, x)?;
     let options = SeparableBackwardOptions {
         pooled: true,
         need_dx: false,
         input_activation: Activation::Linear,
     };
-    let weights = [depthwise, pointwise];
     let (g, d_stem) = separable_grads(
         (info, options),
         x,
         Some(&checked),
         weights,
-        (y, dpooled),
+        (kept, dpooled),
         act,
     )?;
     let Some([conv_kernel, conv_bias]) = d_stem else {

@@ -225,6 +225,9 @@ impl GpuKernels<'_> {
     }
 
     pub(super) fn separable_impl(&self, f: &SeparableForward<'_>) -> Result<()> {
+        let Some(y) = f.y.filter(|_| f.argmax.is_none()) else {
+            return Err(cpu_only("FusedSeparableConv2DMaxPoolWithArgmax"));
+        };
         // Unfused: on a GPU each step is its own dispatch anyway.
         let x = match &f.stem {
             Some(stem) => &self.stem_output(f.x, stem, &f.s)?,
@@ -236,12 +239,12 @@ impl GpuKernels<'_> {
             &d,
             f.pointwise,
             f.bias,
-            f.y,
+            y,
             &pointwise_shape(&f.s, f.filters),
             f.act,
         )?;
         match f.pooled {
-            Some(pooled) => self.maxpool(f.y, pooled, &separable_pool_shape(&f.s, f.filters)),
+            Some(pooled) => self.maxpool(y, pooled, &separable_pool_shape(&f.s, f.filters)),
             None => Ok(()),
         }
     }
@@ -254,6 +257,9 @@ impl GpuKernels<'_> {
     }
 
     pub(super) fn separable_backward_impl(&self, g: &SeparableBackward<'_>) -> Result<()> {
+        if g.argmax.is_some() {
+            return Err(cpu_only("FusedSeparableConv2DMaxPoolGradWithArgmax"));
+        }
         // With a stem: its output recomputed, the gradient of its pre-activation output
         // written where `dx` would be, then its weight gradients from that.
         if let Some((stem, [dk, db])) = &g.stem {
@@ -338,5 +344,15 @@ fn separable_pool_shape(s: &DepthwiseShape, filters: usize) -> PoolShape {
         h: s.h,
         w: s.w,
         c: filters,
+    }
+}
+
+/// The error for an argmax form of the separable ops, which only the CPU runs (their ops have
+/// no GPU kernels, so placement never sends them here).
+fn cpu_only(op: &'static str) -> crate::Error {
+    crate::Error::Unsupported {
+        op,
+        device: "a GPU".into(),
+        missing: "a GPU kernel (the argmax form runs on the CPU)".into(),
     }
 }
