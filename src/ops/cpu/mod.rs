@@ -531,7 +531,7 @@ mod tests {
         super::gemm::tests::small_k_handles_every_column_split();
         super::gemm::tests::small_k_kernel_grad_handles_every_split();
         super::pool::tests::matches_reference();
-        super::pool::tests::compact_routing_matches_the_dense_one();
+        super::pool::compact::tests::compact_routing_matches_the_dense_one();
         super::routed::tests::products_match_the_dense_ones();
         super::softmax::tests::matches_reference();
         super::optim::tests::steps_match_reference();
