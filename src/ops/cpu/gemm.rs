@@ -8,7 +8,7 @@ use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, act_in_place, bias_act_rows};
 use super::reduce::add_rows_leaf;
-use super::{madd, Vector, V8};
+use super::{madd, Vector, V16, V8};
 
 /// Rows per block of a fused product (`k` inputs and `n` outputs per row): about 64 KiB of
 /// rows, small enough to stay in a core's L2 between the product and its epilogue, but at least
@@ -377,7 +377,12 @@ pub(crate) struct SmallK<'a> {
 /// `lhs(p, t)` of the `m` rows is inside `lhs` (the bounds the unchecked reads rely on, each
 /// computed without wrapping).
 #[inline(always)]
-fn small_k_tile<const NV: usize, const FMA: bool>(p: &SmallK<'_>, c0: usize, out: &mut [f32]) {
+fn small_k_tile<V: Vector, const NV: usize, const FMA: bool>(
+    p: &SmallK<'_>,
+    c0: usize,
+    out: &mut [f32],
+) {
+    let lanes = V::LANES;
     let (n, ps, k) = (p.n, p.ps, p.offs.len());
     let m = out.len() / n.max(1);
     let max_off = p.offs.iter().copied().max().unwrap_or(0);
@@ -385,17 +390,17 @@ fn small_k_tile<const NV: usize, const FMA: bool>(p: &SmallK<'_>, c0: usize, out
         .checked_mul(ps)
         .and_then(|r| r.checked_add(max_off));
     assert!(
-        c0.checked_add(8 * NV).is_some_and(|end| end <= n)
+        c0.checked_add(lanes * NV).is_some_and(|end| end <= n)
             && product(&[m, n]) == Some(out.len())
             && product(&[k, n]).is_some_and(|kn| p.rhs.len() >= kn)
             && (k == 0 || m == 0 || last_lhs.is_some_and(|last| last < p.lhs.len())),
         "small_k: operands too short"
     );
-    let init: [V8; NV] = match p.bias {
-        Some(b) => V8::load_n::<NV>(b, c0),
-        None => [V8::splat(0.0); NV],
+    let init: [V; NV] = match p.bias {
+        Some(b) => V::load_n::<NV>(b, c0),
+        None => [V::splat(0.0); NV],
     };
-    // SAFETY (every unchecked read below): by the assert, `t * n + c0 + 8 * v + 8 <= k * n <=
+    // SAFETY (every unchecked read below): by the assert, `t * n + c0 + lanes * (v + 1) <= k * n <=
     // rhs.len()` for t < k and v < NV, and `r * ps + o <= (m - 1) * ps + max_off < lhs.len()`
     // for rows r < m and offsets o in `offs`.
     let mut i = 0;
@@ -405,15 +410,15 @@ fn small_k_tile<const NV: usize, const FMA: bool>(p: &SmallK<'_>, c0: usize, out
         for (t, &o) in p.offs.iter().enumerate() {
             let (a, b) = unsafe { (*p.lhs.get_unchecked(r0 + o), *p.lhs.get_unchecked(r1 + o)) };
             for v in 0..NV {
-                let at = t * n + c0 + 8 * v;
-                let wv = V8::load(unsafe { p.rhs.get_unchecked(at..at + 8) }, 0);
+                let at = t * n + c0 + lanes * v;
+                let wv = V::load(unsafe { p.rhs.get_unchecked(at..at + lanes) }, 0);
                 acc0[v] = acc0[v].madd::<FMA>(a, wv);
                 acc1[v] = acc1[v].madd::<FMA>(b, wv);
             }
         }
         for v in 0..NV {
-            acc0[v].store(out, i * n + c0 + 8 * v);
-            acc1[v].store(out, (i + 1) * n + c0 + 8 * v);
+            acc0[v].store(out, i * n + c0 + lanes * v);
+            acc1[v].store(out, (i + 1) * n + c0 + lanes * v);
         }
         i += 2;
     }
@@ -422,12 +427,15 @@ fn small_k_tile<const NV: usize, const FMA: bool>(p: &SmallK<'_>, c0: usize, out
         for (t, &o) in p.offs.iter().enumerate() {
             let a = unsafe { *p.lhs.get_unchecked(i * ps + o) };
             for (v, acc) in acc.iter_mut().enumerate() {
-                let at = t * n + c0 + 8 * v;
-                *acc = acc.madd::<FMA>(a, V8::load(unsafe { p.rhs.get_unchecked(at..at + 8) }, 0));
+                let at = t * n + c0 + lanes * v;
+                *acc = acc.madd::<FMA>(
+                    a,
+                    V::load(unsafe { p.rhs.get_unchecked(at..at + lanes) }, 0),
+                );
             }
         }
         for (v, acc) in acc.iter().enumerate() {
-            acc.store(out, i * n + c0 + 8 * v);
+            acc.store(out, i * n + c0 + lanes * v);
         }
     }
 }
@@ -460,12 +468,24 @@ multiversion! {
             assert!(b.len() >= n, "small_k_bias_act: bias too short");
         }
         let mut c0 = 0;
+        // 16 lanes where AVX-512 runs them (twice the work per instruction on cores with
+        // full-width 512-bit units; the same rate on a Zen 4, which splits them).
+        if super::wide_registers() {
+            while c0 + 32 <= n {
+                small_k_tile::<V16, 2, FMA>(p, c0, out);
+                c0 += 32;
+            }
+            while c0 + 16 <= n {
+                small_k_tile::<V16, 1, FMA>(p, c0, out);
+                c0 += 16;
+            }
+        }
         while c0 + 32 <= n {
-            small_k_tile::<4, FMA>(p, c0, out);
+            small_k_tile::<V8, 4, FMA>(p, c0, out);
             c0 += 32;
         }
         while c0 + 8 <= n {
-            small_k_tile::<1, FMA>(p, c0, out);
+            small_k_tile::<V8, 1, FMA>(p, c0, out);
             c0 += 8;
         }
         for c in c0..n {
@@ -693,9 +713,10 @@ pub(super) mod tests {
 
     #[test]
     pub(in crate::ops::cpu) fn small_k_handles_every_column_split() {
-        // n = 32 + 8 + 3 exercises the 32-wide tiles, the 8-wide tile and the scalar columns,
-        // and an odd m the single-row tail; offsets read a padded layout in place.
-        let (m, k, n, ps) = (7, 5, 43, 3);
+        // n = 32 + 16 + 8 + 3 exercises the 32-wide tiles, the 16-wide one (AVX-512), the
+        // 8-wide one and the scalar columns, and an odd m the single-row tail; offsets read a
+        // padded layout in place.
+        let (m, k, n, ps) = (7, 5, 59, 3);
         let offs = [0, 2, 4, 9, 11];
         let lhs = random_vec((m - 1) * ps + 12, 1);
         let rhs = random_vec(k * n, 2);
