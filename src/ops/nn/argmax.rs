@@ -59,7 +59,8 @@ pub fn separable_conv2d_max_pool_with_argmax(
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
     let info = (&SEPARABLE_ARGMAX, Pool::WithArgmax);
-    separable_forward(info, x, None, [depthwise, pointwise], bias, act)?.pooled_and_argmax()
+    let out = separable_forward(info, x, None, [depthwise, pointwise], bias, act)?;
+    Ok(out.pooled_and_argmax())
 }
 
 /// The gradients of [`separable_conv2d_max_pool_with_argmax`] from `dpooled`, as `options`
@@ -140,7 +141,8 @@ pub fn conv2d_separable_conv2d_max_pool_with_argmax(
     let checked = stem.checked(STEM_ARGMAX.name, x)?;
     let info = (&STEM_ARGMAX, Pool::WithArgmax);
     let weights = [depthwise, pointwise];
-    separable_forward(info, x, Some(&checked), weights, bias, act)?.pooled_and_argmax()
+    let out = separable_forward(info, x, Some(&checked), weights, bias, act)?;
+    Ok(out.pooled_and_argmax())
 }
 
 /// The weight gradients of [`conv2d_separable_conv2d_max_pool_with_argmax`] from `dpooled`

@@ -135,7 +135,7 @@ pub fn separable_conv2d_max_pool(
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
     let info = (&SEPARABLE_MAX_POOL, Pool::Pooled);
-    separable_forward(info, x, None, [depthwise, pointwise], bias, act)?.y_and_pooled()
+    Ok(separable_forward(info, x, None, [depthwise, pointwise], bias, act)?.y_and_pooled())
 }
 
 /// A stride-1 convolution in front of a separable one, checked: its output has the shape
@@ -168,17 +168,17 @@ pub(super) struct Outputs {
 
 impl Outputs {
     /// `(y, pooled)`, from [`Pool::Pooled`].
-    pub(super) fn y_and_pooled(self) -> Result<(Tensor, Tensor)> {
+    pub(super) fn y_and_pooled(self) -> (Tensor, Tensor) {
         match (self.y, self.pooled) {
-            (Some(y), Some(pooled)) => Ok((y, pooled)),
+            (Some(y), Some(pooled)) => (y, pooled),
             _ => unreachable!("separable_forward(Pool::Pooled) returns y and the pool"),
         }
     }
 
     /// `(pooled, argmax)`, from [`Pool::WithArgmax`].
-    pub(super) fn pooled_and_argmax(self) -> Result<(Tensor, Tensor)> {
+    pub(super) fn pooled_and_argmax(self) -> (Tensor, Tensor) {
         match (self.pooled, self.argmax) {
-            (Some(pooled), Some(argmax)) => Ok((pooled, argmax)),
+            (Some(pooled), Some(argmax)) => (pooled, argmax),
             _ => unreachable!("separable_forward(Pool::WithArgmax) returns the pool and argmax"),
         }
     }

@@ -110,7 +110,8 @@ pub fn conv2d_separable_conv2d_max_pool(
 ) -> Result<(Tensor, Tensor)> {
     let checked = stem.checked(STEM_MAX_POOL.name, x)?;
     let info = (&STEM_MAX_POOL, Pool::Pooled);
-    separable_forward(info, x, Some(&checked), [depthwise, pointwise], bias, act)?.y_and_pooled()
+    let out = separable_forward(info, x, Some(&checked), [depthwise, pointwise], bias, act)?;
+    Ok(out.y_and_pooled())
 }
 
 /// The weight gradients of [`conv2d_separable_conv2d_max_pool`].

@@ -103,6 +103,13 @@ impl Compact<'_> {
     }
 }
 
+/// The pixel at position `q` (0..=3, see [`Compact::q`]) of the window whose first pixel is
+/// `p00`, in an image `w` pixels wide.
+#[inline(always)]
+fn window_pixel(p00: u32, q: u32, w: u32) -> u32 {
+    p00 + (q & 1) + (q >> 1) * w
+}
+
 /// Where [`route_image`]'s image lies in its block: its first pixel's index there, and the
 /// row length (`stride`) of the matrices [`Compact::at`] indexes.
 #[derive(Clone, Copy)]
@@ -155,9 +162,9 @@ fn route_compact<const ACT: u8>(
             let (g, [_, t01, t10, t11]) = window_gradient(a0[i], a1[i], b0[i], b1[i], dy[i], act);
             sums[i] += g;
             g_out[i] = g;
-            let (t01, t10, t11) = (u32::from(t01), u32::from(t10), u32::from(t11));
-            q_out[i] = (t01 + 2 * t10 + 3 * t11) as u8;
-            at_out[i] = (p + t01 + (t10 + t11) * w + t11) * stride;
+            let q = u32::from(t01) + 2 * u32::from(t10) + 3 * u32::from(t11);
+            q_out[i] = q as u8;
+            at_out[i] = window_pixel(p, q, w) * stride;
         }
     }
 }
@@ -262,8 +269,7 @@ fn route_argmax<const ACT: u8>(
             // Positions are 0..=3; the mask keeps a corrupt one inside the window.
             let q = (argmax[i] as u32) & 3;
             q_out[i] = q as u8;
-            let (right, down) = (q & 1, q >> 1);
-            at_out[i] = (p + right + down * w) * stride;
+            at_out[i] = window_pixel(p, q, w) * stride;
         }
     }
 }

@@ -169,6 +169,15 @@ pub(crate) struct Outputs<'a> {
     pub argmax: Option<&'a mut [i32]>,
 }
 
+/// `out` cut into `blocks` slices of `len` elements (the last one shorter); without `out`, or
+/// with nothing in it to write (the pool of an image of height or width 1), `None` for each.
+fn per_block_slices<T>(out: Option<&mut [T]>, len: usize, blocks: usize) -> Vec<Option<&mut [T]>> {
+    match out {
+        Some(out) if len > 0 => out.chunks_mut(len).map(Some).collect(),
+        _ => (0..blocks).map(|_| None).collect(),
+    }
+}
+
 /// `y = act(depthwise(x, dk) · pk + bias)`: `x` `[n, h, w, c]` (or a [`Stem`]'s output), `dk`
 /// `[kh, kw, c]`, `pk` `[c, f]`, `bias` `[f]`, `y` `[n, h, w, f]`; and, when `pooled` is given,
 /// its 2×2 max-pool `[n, h / 2, w / 2, f]`, taken block by block while `y` is in cache (the
@@ -269,26 +278,14 @@ pub(crate) fn separable_forward(
         return;
     }
     let blocks = s.n.div_ceil(per_block);
-    let chunks = |len: usize| {
-        (0..blocks).map(move |b| b * per_block * len..((b + 1) * per_block).min(s.n) * len)
-    };
     // Each block's outputs: its rows of `y` (or none), of the pool and of the argmax.
-    let mut y_blocks: Vec<Option<&mut [f32]>> = match y {
-        Some(y) => y.chunks_mut(per_block * pixels * f).map(Some).collect(),
-        None => (0..blocks).map(|_| None).collect(),
-    };
-    let mut pooled_blocks: Vec<Option<&mut [f32]>> = match pooled {
-        // An empty pool (height or width 1) has nothing to write.
-        Some(p) if image_pooled > 0 => p.chunks_mut(per_block * image_pooled).map(Some).collect(),
-        _ => (0..blocks).map(|_| None).collect(),
-    };
-    let mut argmax_blocks: Vec<Option<&mut [i32]>> = match argmax {
-        Some(a) if image_pooled > 0 => a.chunks_mut(per_block * image_pooled).map(Some).collect(),
-        _ => (0..blocks).map(|_| None).collect(),
-    };
-    let block_outputs: Vec<_> = chunks(pixels)
-        .zip(y_blocks.drain(..))
-        .zip(pooled_blocks.drain(..).zip(argmax_blocks.drain(..)))
+    let block_outputs: Vec<_> = per_block_slices(y, per_block * pixels * f, blocks)
+        .into_iter()
+        .zip(
+            per_block_slices(pooled, per_block * image_pooled, blocks)
+                .into_iter()
+                .zip(per_block_slices(argmax, per_block * image_pooled, blocks)),
+        )
         .collect();
     // Scratch per block: `d`, the stem's output before it, and `y` when it is not written.
     let stem_len = |rows: usize| match src {
@@ -299,9 +296,9 @@ pub(crate) fn separable_forward(
     block_outputs
         .into_par_iter()
         .enumerate()
-        .for_each(|(b, ((px, y), (pooled, argmax)))| {
-            let rows = px.len();
-            let images = b * per_block..b * per_block + rows / pixels;
+        .for_each(|(b, (y, (pooled, argmax)))| {
+            let images = b * per_block..((b + 1) * per_block).min(s.n);
+            let rows = images.len() * pixels;
             with_scratch(rows * c + stem_len(rows) + own_y(rows, &y), |buf| {
                 let (d, rest) = buf.split_at_mut(rows * c);
                 let (stem_out, scratch_y) = rest.split_at_mut(stem_len(rows));
