@@ -152,6 +152,17 @@ multiversion! {
     }
 }
 
+/// `act(x)` for one value, as every kernel here computes it (inline into a multiversioned
+/// caller).
+#[inline(always)]
+pub(crate) fn act_value<const FMA: bool>(x: f32, act: Activation) -> f32 {
+    match act {
+        Activation::Linear => x,
+        Activation::Relu => relu(x),
+        Activation::Selu => selu::<FMA>(x),
+    }
+}
+
 /// `y = act(y)` (inline into a multiversioned caller).
 #[inline(always)]
 pub(crate) fn act_in_place<const FMA: bool>(y: &mut [f32], act: Activation) {

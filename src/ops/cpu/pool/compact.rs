@@ -1,66 +1,13 @@
 //! A 2×2 max-pool's gradient in compact form (one entry per window and channel, where the
 //! dense gradient has four, three of them zero), for the products that read it
-//! (`routed.rs`); and the argmax a forward pass keeps so that the backward pass routes from it
-//! instead of the pool's input.
+//! (`routed.rs`); and the backward pass from the argmax a forward pass kept
+//! ([`forward_image_argmax_act`](super::forward_image_argmax_act)) instead of the pool's
+//! input.
 
 use crate::ops::spec::Activation;
 
-use super::{activation, first_max, window_gradient, BackwardRow};
+use super::{activation, window_gradient, BackwardRow};
 use crate::ops::cpu::elementwise::act_grad;
-
-multiversion! {
-    /// [`forward_row`](super::forward_row), and where each window's maximum is in `argmax`: 0 (0,0), 1 (0,1), 2
-    /// (1,0), 3 (1,1), as [`Compact::q`] numbers them.
-    fn forward_row_argmax(r0: &[f32], r1: &[f32], y: &mut [f32], argmax: &mut [i32], c: usize) {
-        let windows = y.chunks_exact_mut(c)
-            .zip(argmax.chunks_exact_mut(c))
-            .zip(r0.chunks_exact(2 * c).zip(r1.chunks_exact(2 * c)));
-        for ((y, argmax), (a, b)) in windows {
-            let (a0, a1) = a.split_at(c);
-            let (b0, b1) = b.split_at(c);
-            // Equal lengths, visible to the optimizer: no bounds checks in the loop.
-            let (a0, a1, b0, b1) = (&a0[..c], &a1[..c], &b0[..c], &b1[..c]);
-            let (y, argmax) = (&mut y[..c], &mut argmax[..c]);
-            for i in 0..c {
-                let (v00, v01, v10, v11) = (a0[i], a1[i], b0[i], b1[i]);
-                let m = first_max(first_max(v00, v01), first_max(v10, v11));
-                y[i] = m;
-                // The first position holding the maximum, as selects (the flags of
-                // `window_max` did not vectorize well here).
-                let q = if v10 == m { 2 } else { 3 };
-                let q = if v01 == m { 1 } else { q };
-                argmax[i] = if v00 == m { 0 } else { q };
-            }
-        }
-    }
-}
-
-/// [`forward_image`](super::forward_image) with each maximum's position in its window (see
-/// [`forward_row_argmax`]) in `argmax`, as long as `y`.
-pub(crate) fn forward_image_argmax(
-    x: &[f32],
-    y: &mut [f32],
-    argmax: &mut [i32],
-    (h, w, c): (usize, usize, usize),
-) {
-    let row = w * c;
-    let out_row = (w / 2) * c;
-    assert!(
-        x.len() == h * row && y.len() == (h / 2) * out_row && argmax.len() == y.len(),
-        "maxpool_forward: image slices do not match [{h}, {w}, {c}]"
-    );
-    if out_row == 0 {
-        return;
-    }
-    let rows = y
-        .chunks_exact_mut(out_row)
-        .zip(argmax.chunks_exact_mut(out_row))
-        .zip(x.chunks_exact(2 * row));
-    for ((y, argmax), rows) in rows {
-        let (r0, r1) = rows.split_at(row);
-        forward_row_argmax(r0, r1, y, argmax, c);
-    }
-}
 
 /// A 2×2 max-pool's input gradient in compact form, for products that read it (`routed.rs`):
 /// one entry per window and channel (`window * c + channel`, windows in pooled-output order),
@@ -219,7 +166,7 @@ pub(crate) fn route_image(
     }
 }
 
-/// The pool's output and where each window's maximum was, as [`forward_image_argmax`] keeps
+/// The pool's output and where each window's maximum was, as [`forward_image_argmax_act`](super::forward_image_argmax_act) keeps
 /// them: what the backward pass routes from instead of the pool's input.
 #[derive(Clone, Copy)]
 pub(crate) struct Argmax<'a> {
@@ -274,7 +221,7 @@ fn route_argmax<const ACT: u8>(
     }
 }
 
-/// [`route_image`] from what [`forward_image_argmax`] kept of the image (its pooled output and
+/// [`route_image`] from what [`forward_image_argmax_act`](super::forward_image_argmax_act) kept of the image (its pooled output and
 /// the maxima's positions, `(h / 2) * (w / 2) * c` each) instead of its full-size output.
 pub(crate) fn route_image_argmax(
     kept: Argmax<'_>,
@@ -315,7 +262,7 @@ pub(crate) fn route_image_argmax(
     }
 }
 
-/// [`backward_image`](super::backward_image) from what [`forward_image_argmax`] kept: `dx` `[h, w, c]` gets each
+/// [`backward_image`](super::backward_image) from what [`forward_image_argmax_act`](super::forward_image_argmax_act) kept: `dx` `[h, w, c]` gets each
 /// window's gradient at its maximum and zeros elsewhere.
 pub(crate) fn backward_image_argmax(
     kept: Argmax<'_>,

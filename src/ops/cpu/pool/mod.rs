@@ -10,10 +10,11 @@ use crate::ops::spec::{Activation, PoolShape};
 
 use super::elementwise::act_grad;
 
+mod activated;
 pub(super) mod compact;
+pub(crate) use activated::forward_image_argmax_act;
 pub(crate) use compact::{
-    backward_image_argmax, forward_image_argmax, route_image, route_image_argmax, Argmax, Compact,
-    Placement,
+    backward_image_argmax, route_image, route_image_argmax, Argmax, Compact, Placement,
 };
 
 /// `max(a, b)` keeping `a` unless `b` is strictly larger (so the earlier element wins ties).

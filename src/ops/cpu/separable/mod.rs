@@ -158,7 +158,7 @@ impl Layer {
 
 /// Where [`separable_forward`] writes: `y`, and its 2×2 max-pool when `pooled` is given;
 /// or, with `argmax`, only the pool and where each window's maximum is (0..3, see
-/// `pool::forward_image_argmax`), `y` living block by block in scratch memory (what the
+/// `pool::forward_image_argmax_act`), `y` living block by block in scratch memory (what the
 /// backward pass then reads instead of `y`, see [`Kept::Argmax`]).
 pub(crate) struct Outputs<'a> {
     /// `[n, h, w, f]`.
@@ -261,15 +261,21 @@ pub(crate) fn separable_forward(
                 &mut own_y[..]
             }
         };
-        super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
+        // With the argmax kept, the pool takes the bias and the activation (before it: see
+        // `pool::forward_image_argmax_act`).
+        if argmax.is_some() {
+            super::gemm::matmul_bias_act(&d, pk, None, y, s.n * pixels, c, f, Activation::Linear);
+        } else {
+            super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
+        }
         match (pooled, argmax) {
             (Some(p), Some(argmax)) if image_pooled > 0 => {
                 let images = y
                     .chunks_exact(pixels * f)
                     .zip(p.chunks_exact_mut(image_pooled))
                     .zip(argmax.chunks_exact_mut(image_pooled));
-                for ((y, p), argmax) in images {
-                    pool::forward_image_argmax(y, p, argmax, (s.h, s.w, f));
+                for ((z, p), argmax) in images {
+                    pool::forward_image_argmax_act(z, bias, act, (p, argmax), (s.h, s.w, f));
                 }
             }
             (Some(p), None) => pool::maxpool_forward(y, p, &pool),
@@ -318,19 +324,27 @@ pub(crate) fn separable_forward(
                     false,
                     false,
                 );
-                bias_act_rows(y, bias, f, act);
                 let image = pixels * f;
                 match (pooled, argmax) {
+                    // `y` holds the products alone: the pool applies the bias and the
+                    // activation to one value in four.
                     (Some(pooled), Some(argmax)) => {
                         let images = y
                             .chunks_exact(image)
                             .zip(pooled.chunks_exact_mut(image_pooled))
                             .zip(argmax.chunks_exact_mut(image_pooled));
-                        for ((y, p), argmax) in images {
-                            pool::forward_image_argmax(y, p, argmax, (s.h, s.w, f));
+                        for ((z, p), argmax) in images {
+                            pool::forward_image_argmax_act(
+                                z,
+                                bias,
+                                act,
+                                (p, argmax),
+                                (s.h, s.w, f),
+                            );
                         }
                     }
                     (Some(pooled), None) => {
+                        bias_act_rows(y, bias, f, act);
                         for (y, p) in y
                             .chunks_exact(image)
                             .zip(pooled.chunks_exact_mut(image_pooled))
@@ -338,7 +352,7 @@ pub(crate) fn separable_forward(
                             pool::forward_image(y, p, (s.h, s.w, f));
                         }
                     }
-                    _ => {}
+                    _ => bias_act_rows(y, bias, f, act),
                 }
             });
         });
@@ -612,7 +626,13 @@ pub(super) mod tests {
                 .zip(pooled.chunks_exact_mut(image_pooled))
                 .zip(argmax.chunks_exact_mut(image_pooled));
             for ((y, p), a) in images {
-                pool::forward_image_argmax(y, p, a, (pool.h, pool.w, pool.c));
+                pool::forward_image_argmax_act(
+                    y,
+                    None,
+                    Activation::Linear,
+                    (p, a),
+                    (pool.h, pool.w, pool.c),
+                );
             }
         }
         (pooled, argmax)
