@@ -158,8 +158,9 @@ impl Layer {
 
 /// Where [`separable_forward`] writes: `y`, and its 2×2 max-pool when `pooled` is given;
 /// or, with `argmax`, only the pool and where each window's maximum is (0..3, see
-/// `pool::forward_image_argmax_act`), `y` living block by block in scratch memory (what the
-/// backward pass then reads instead of `y`, see [`Kept::Argmax`]).
+/// `pool::forward_image_argmax_act`), the products before bias and activation living block by
+/// block in scratch memory (what the backward pass then reads instead of `y`, see
+/// [`Kept::Argmax`]).
 pub(crate) struct Outputs<'a> {
     /// `[n, h, w, f]`.
     pub y: Option<&'a mut [f32]>,
