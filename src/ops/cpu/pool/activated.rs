@@ -122,13 +122,14 @@ fn pool_window<const FMA: bool, const BIAS: bool>(
         let slope = act_grad(1.0, top, act);
         let gap = CLEAR_GAP + top.abs() * CLEAR_GAP_RELATIVE;
         let mut clear = true;
-        for (p, &v) in v.iter().enumerate() {
+        for &v in &v {
             // Written so that NaN is never clear (`f32::min` would drop it).
             let d = m - v;
             let d = if d > 1.0 { 1.0 } else { d };
-            // Equal values (a constant region: a background) stay equal after the
-            // activation, and the first of them is the maximum both ways.
-            clear &= p as i32 == q || d == 0.0 || d * slope > gap;
+            // Equal values (the maximum itself; a constant region, such as a background)
+            // stay equal after the activation, and the first of them is the maximum both
+            // ways.
+            clear &= d == 0.0 || d * slope > gap;
         }
         unclear |= !clear;
         y[i] = top;
