@@ -149,26 +149,36 @@ pub(super) struct Images {
     pub w: usize,
 }
 
+/// `dd = dz · pkᵀ` (`[pixels, c]`) from the routed `dz` and `pk_t` (`[f, c]`, the pointwise
+/// kernel transposed): each window's four pixel rows are the sums of `g · pk_t[j]` over the
+/// channels `j` routed to them, kept in registers; the rows of pixels no window covers (an odd
+/// height's last row, an odd width's last column) are zeros.
+///
+/// Panics unless [`supports`]`(c)` and the slices match the shapes.
+pub(super) fn input_grad(r: &Routed<'_>, pk_t: &[f32], c: usize, im: Images, dd: &mut [f32]) {
+    let what = "separable_backward (routed input gradient)";
+    let windows = r.windows(what);
+    let Images { n, h, w } = im;
+    assert!(
+        supports(c)
+            && pk_t.len() == r.f * c
+            && dd.len() == n * h * w * c
+            && windows == n * (h / 2) * (w / 2),
+        "{what}: slices do not match {n} images of [{h}, {w}] with {c} -> {} channels",
+        r.f
+    );
+    // A separate function, so that neither version's loops are compiled beside the other's
+    // (with the narrow case inside the general one, the 64-channel loop ran 1.3× as long).
+    if r.f <= 64 && c == 32 && super::wide_registers() {
+        input_grad_narrow(r, pk_t, im, dd);
+    } else {
+        input_grad_any(r, pk_t, c, im, dd);
+    }
+}
+
 multiversion! {
-    /// `dd = dz · pkᵀ` (`[pixels, c]`) from the routed `dz` and `pk_t` (`[f, c]`, the
-    /// pointwise kernel transposed): each window's four pixel rows are the sums of
-    /// `g · pk_t[j]` over the channels `j` routed to them, kept in registers; the rows of
-    /// pixels no window covers (an odd height's last row, an odd width's last column) are
-    /// zeros.
-    ///
-    /// Panics unless [`supports`]`(c)` and the slices match the shapes.
-    pub(super) fn input_grad<const FMA: bool>(r: &Routed<'_>, pk_t: &[f32], c: usize, im: Images, dd: &mut [f32]) {
-        let what = "separable_backward (routed input gradient)";
-        let windows = r.windows(what);
-        let Images { n, h, w } = im;
-        assert!(
-            supports(c)
-                && pk_t.len() == r.f * c
-                && dd.len() == n * h * w * c
-                && windows == n * (h / 2) * (w / 2),
-            "{what}: slices do not match {n} images of [{h}, {w}] with {c} -> {} channels",
-            r.f
-        );
+    /// [`input_grad`] for any output channel count (a mask word per 64).
+    fn input_grad_any<const FMA: bool>(r: &Routed<'_>, pk_t: &[f32], c: usize, im: Images, dd: &mut [f32]) {
         let wide = super::wide_registers();
         // At most four vectors of sums: with eight, the compiler kept them in memory (10×
         // slower at 128 channels).
@@ -192,9 +202,10 @@ fn input_grad_in<V: Vector, const NV: usize, const FMA: bool>(
     r: &Routed<'_>,
     pk_t: &[f32],
     c: usize,
-    Images { h, w, .. }: Images,
+    im: Images,
     dd: &mut [f32],
 ) {
+    let Images { h, w, .. } = im;
     let (f, lanes) = (r.f, V::LANES * NV);
     let (oh, ow) = (h / 2, w / 2);
     let words = f.div_ceil(64);
@@ -205,13 +216,7 @@ fn input_grad_in<V: Vector, const NV: usize, const FMA: bool>(
         return;
     }
     for (k, dd) in dd.chunks_exact_mut(image).enumerate() {
-        // Pixels no window covers.
-        dd[2 * oh * w * c..].fill(0.0);
-        if w % 2 == 1 {
-            for row in dd[..2 * oh * w * c].chunks_exact_mut(w * c) {
-                row[(w - 1) * c..].fill(0.0);
-            }
-        }
+        clear_uncovered(dd, im, c);
         for i in 0..oh {
             for j in 0..ow {
                 let at = ((k * oh + i) * ow + j) * f;
@@ -250,6 +255,64 @@ fn input_grad_in<V: Vector, const NV: usize, const FMA: bool>(
     }
 }
 
+multiversion! {
+    /// [`input_grad`] for 32 input channels (a pixel row in two `V16`s) and at most 64 output
+    /// channels (one mask word a position): 14% faster than [`input_grad_in`]'s general loops
+    /// at the tutorial's first pooled layer (28×28, 32 → 32), on a Zen 4 core.
+    fn input_grad_narrow<const FMA: bool>(r: &Routed<'_>, pk_t: &[f32], im: Images, dd: &mut [f32]) {
+        const C: usize = 32;
+        let f = r.f;
+        let Images { h, w, .. } = im;
+        let (oh, ow) = (h / 2, w / 2);
+        let image = h * w * C;
+        assert!(f <= 64 && pk_t.len() == f * C, "input_grad_narrow: at most 64 x 32 channels");
+        for (k, dd) in dd.chunks_exact_mut(image).enumerate() {
+            clear_uncovered(dd, im, C);
+            for i in 0..oh {
+                for j in 0..ow {
+                    let at = ((k * oh + i) * ow + j) * f;
+                    let (q, g) = (&r.q[at..at + f], &r.g[at..at + f]);
+                    let masks = window_masks(q);
+                    let p00 = 2 * i * w + 2 * j;
+                    for (s, pixel) in [p00, p00 + 1, p00 + w, p00 + w + 1].into_iter().enumerate() {
+                        let mut acc = [V16::splat(0.0); 2];
+                        let mut m = masks[s];
+                        while m != 0 {
+                            let jj = m.trailing_zeros() as usize;
+                            m &= m - 1;
+                            // SAFETY: the mask has bits only for the f channels of `q`
+                            // (`window_masks`), so jj < f = g.len(), and the assert keeps
+                            // pk_t.len() == f * 32.
+                            let (g, row) = unsafe {
+                                (*g.get_unchecked(jj), pk_t.get_unchecked(jj * C..jj * C + C))
+                            };
+                            for (v, acc) in acc.iter_mut().enumerate() {
+                                *acc = acc.madd::<FMA>(g, V16::load(row, v * 16));
+                            }
+                        }
+                        for (v, acc) in acc.iter().enumerate() {
+                            acc.store(dd, pixel * C + v * 16);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Zeros the rows of one image's `dd` (`[h, w, c]`) that no window covers: an odd height's last
+/// row, an odd width's last column.
+#[inline(always)]
+fn clear_uncovered(dd: &mut [f32], Images { h, w, .. }: Images, c: usize) {
+    let oh = h / 2;
+    dd[2 * oh * w * c..].fill(0.0);
+    if w % 2 == 1 {
+        for row in dd[..2 * oh * w * c].chunks_exact_mut(w * c) {
+            row[(w - 1) * c..].fill(0.0);
+        }
+    }
+}
+
 /// One bit per channel of `q` (at most 64) for each of the window's four positions.
 #[inline(always)]
 fn window_masks(q: &[u8]) -> [u64; 4] {
@@ -278,13 +341,15 @@ pub(super) mod tests {
 
     /// Both products against the dense f64 ones of the same `dz`: channel counts for every
     /// vector width (and a rest of channel groups), more than 64 output channels (two mask
-    /// words), odd sizes (uncovered pixels), images too small for a window.
+    /// words), 32 input channels with at most 64 output ones (`input_grad_narrow`), odd sizes
+    /// (uncovered pixels), images too small for a window.
     #[test]
     pub(in crate::ops::cpu) fn products_match_the_dense_ones() {
         for (t, (n, h, w, c, f)) in [
             (2, 4, 4, 8, 5),
             (1, 7, 5, 16, 9),
             (3, 6, 6, 32, 70),
+            (2, 5, 7, 32, 33),
             (2, 2, 3, 64, 4),
             (1, 3, 3, 128, 3),
             (1, 5, 4, 24, 1),
