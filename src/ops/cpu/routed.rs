@@ -9,7 +9,9 @@
 //! though not a quarter of the time: the gemm crate runs at its peak, these pay for picking
 //! rows. On one Zen 4 core at batch 128 the tutorial's pooled separable layers' backward pass
 //! went from 7.4, 5.4 and 4.5 ms to 7.0, 3.5-4.1 and 2.1-2.3 ms (28×28×32, 14×14×64,
-//! 7×7×128); at 32 input channels only the kernel gradient gains. Both work on channel
+//! 7×7×128); at 32 input channels the input side's loop exits, which mispredict, leave it
+//! about as fast as the dense product (a loop of its own for that case took it from ~300 to
+//! ~245 cycles a window, where the dense product needs ~256 multiply-adds). Both work on channel
 //! vectors, so the layer uses them when its input channels are a multiple of 8
 //! ([`supports`]).
 
