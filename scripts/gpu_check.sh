@@ -18,6 +18,18 @@
 set -u
 
 bin=${1:-}
+# A machine with the NVIDIA driver but no Vulkan loader (some lent GPU machines): the loaders
+# scripts/gpu_pack.sh packed beside the binaries, and the driver's own ICD file.
+if [ -n "$bin" ] && ! ldconfig -p | grep -q 'libvulkan.so.1' && ls "$bin"/*.deb >/dev/null 2>&1; then
+    for deb in "$bin"/*.deb; do dpkg -x "$deb" /; done
+    ldconfig
+    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do
+        [ -f "$icd" ] && export VK_DRIVER_FILES="${VK_DRIVER_FILES:-$icd}"
+    done
+    for egl in /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json; do
+        [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="${__EGL_VENDOR_LIBRARY_FILENAMES:-$egl}"
+    done
+fi
 if [ -z "$bin" ]; then
     cargo build --release --example fashion_mnist --example device_info || exit 1
     cargo test --release --test mixed_precision --no-run || exit 1

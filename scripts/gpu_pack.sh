@@ -18,6 +18,19 @@ cp "$(ls -t target/release/deps/coop_matrix-* | grep -v '\.d$' | head -1)" .gpuc
 burn="$HOME/.cache/burn-peer/release/burn_peer"
 if [ -x "$burn" ]; then cp "$burn" .gpucheck/bin/; fi
 strip .gpucheck/bin/* 2>/dev/null || true
+# The Vulkan and EGL loaders, as Debian packages: a GPU machine whose image has the NVIDIA
+# driver but no loader lists no GPU adapter to wgpu. scripts/gpu_check.sh unpacks them there
+# only when no libvulkan is installed.
+mkdir -p .gpucheck/debs /tmp/gpucheck-apt/partial
+apt_opts=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/gpucheck-apt)
+if apt-get "${apt_opts[@]}" update -qq &&
+    (cd .gpucheck/debs && apt-get "${apt_opts[@]}" download -qq libvulkan1 libegl1 libglvnd0 \
+        libopengl0 libgl1 libglx0 libgles2); then
+    cp .gpucheck/debs/*.deb .gpucheck/bin/
+else
+    echo "gpu_pack: could not download the Vulkan/EGL loaders; packing without them" >&2
+fi
+rm -rf .gpucheck/debs
 tar cJf .gpucheck/bins.tar.xz -C .gpucheck/bin .
 rm -rf .gpucheck/bin
 du -sh .gpucheck/bins.tar.xz
