@@ -158,9 +158,9 @@ fn pool_window_exactly<const FMA: bool, const BIAS: bool>(
 }
 
 /// The pool of one image's `act(z + bias)` (`z` `[h, w, c]`, `bias` `[c]`) into `y`, each
-/// maximum's position in its window in `argmax` (both `[h / 2, w / 2, c]`): bit for bit
-/// [`forward_image_argmax`](super::forward_image_argmax) of the activated `z`.
-pub(crate) fn forward_image_argmax_act(
+/// maximum's position in its window in `argmax` (both `[h / 2, w / 2, c]`): bit for bit the
+/// pool of the activated `z`, first maxima included.
+fn forward_image_argmax_act(
     z: &[f32],
     bias: Option<&[f32]>,
     act: Activation,
@@ -186,6 +186,28 @@ pub(crate) fn forward_image_argmax_act(
     for ((y, argmax), rows) in rows {
         let (r0, r1) = rows.split_at(row);
         forward_row(r0, r1, bias, y, argmax, c, act);
+    }
+}
+
+/// [`forward_image_argmax_act`] image by image over a batch: `z` whole `[h, w, c]` images, `y`
+/// and `argmax` their pools.
+pub(crate) fn forward_images_argmax_act(
+    z: &[f32],
+    bias: Option<&[f32]>,
+    act: Activation,
+    (y, argmax): (&mut [f32], &mut [i32]),
+    (h, w, c): (usize, usize, usize),
+) {
+    let (image, pooled) = (h * w * c, (h / 2) * (w / 2) * c);
+    if image == 0 || pooled == 0 {
+        return;
+    }
+    let images = z
+        .chunks_exact(image)
+        .zip(y.chunks_exact_mut(pooled))
+        .zip(argmax.chunks_exact_mut(pooled));
+    for ((z, y), argmax) in images {
+        forward_image_argmax_act(z, bias, act, (y, argmax), (h, w, c));
     }
 }
 

@@ -1,7 +1,7 @@
 //! A 2×2 max-pool's gradient in compact form (one entry per window and channel, where the
 //! dense gradient has four, three of them zero), for the products that read it
 //! (`routed.rs`); and the backward pass from the argmax a forward pass kept
-//! ([`forward_image_argmax_act`](super::forward_image_argmax_act)) instead of the pool's
+//! ([`forward_images_argmax_act`](super::forward_images_argmax_act)) instead of the pool's
 //! input.
 
 use crate::ops::spec::Activation;
@@ -166,7 +166,7 @@ pub(crate) fn route_image(
     }
 }
 
-/// The pool's output and where each window's maximum was, as [`forward_image_argmax_act`](super::forward_image_argmax_act) keeps
+/// The pool's output and where each window's maximum was, as [`forward_images_argmax_act`](super::forward_images_argmax_act) keeps
 /// them: what the backward pass routes from instead of the pool's input.
 #[derive(Clone, Copy)]
 pub(crate) struct Argmax<'a> {
@@ -221,7 +221,7 @@ fn route_argmax<const ACT: u8>(
     }
 }
 
-/// [`route_image`] from what [`forward_image_argmax_act`](super::forward_image_argmax_act) kept of the image (its pooled output and
+/// [`route_image`] from what [`forward_images_argmax_act`](super::forward_images_argmax_act) kept of the image (its pooled output and
 /// the maxima's positions, `(h / 2) * (w / 2) * c` each) instead of its full-size output.
 pub(crate) fn route_image_argmax(
     kept: Argmax<'_>,
@@ -262,7 +262,7 @@ pub(crate) fn route_image_argmax(
     }
 }
 
-/// [`backward_image`](super::backward_image) from what [`forward_image_argmax_act`](super::forward_image_argmax_act) kept: `dx` `[h, w, c]` gets each
+/// [`backward_image`](super::backward_image) from what [`forward_images_argmax_act`](super::forward_images_argmax_act) kept: `dx` `[h, w, c]` gets each
 /// window's gradient at its maximum and zeros elsewhere.
 pub(crate) fn backward_image_argmax(
     kept: Argmax<'_>,

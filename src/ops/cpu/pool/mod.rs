@@ -12,7 +12,7 @@ use super::elementwise::act_grad;
 
 mod activated;
 pub(super) mod compact;
-pub(crate) use activated::forward_image_argmax_act;
+pub(crate) use activated::forward_images_argmax_act;
 pub(crate) use compact::{
     backward_image_argmax, route_image, route_image_argmax, Argmax, Compact, Placement,
 };

@@ -158,7 +158,7 @@ impl Layer {
 
 /// Where [`separable_forward`] writes: `y`, and its 2×2 max-pool when `pooled` is given;
 /// or, with `argmax`, only the pool and where each window's maximum is (0..3, see
-/// `pool::forward_image_argmax_act`), the products before bias and activation living block by
+/// `pool::forward_images_argmax_act`), the products before bias and activation living block by
 /// block in scratch memory (what the backward pass then reads instead of `y`, see
 /// [`Kept::Argmax`]).
 pub(crate) struct Outputs<'a> {
@@ -263,21 +263,15 @@ pub(crate) fn separable_forward(
             }
         };
         // With the argmax kept, the pool takes the bias and the activation (before it: see
-        // `pool::forward_image_argmax_act`).
+        // `pool::forward_images_argmax_act`).
         if argmax.is_some() {
             super::gemm::matmul_bias_act(&d, pk, None, y, s.n * pixels, c, f, Activation::Linear);
         } else {
             super::gemm::matmul_bias_act(&d, pk, bias, y, s.n * pixels, c, f, act);
         }
         match (pooled, argmax) {
-            (Some(p), Some(argmax)) if image_pooled > 0 => {
-                let images = y
-                    .chunks_exact(pixels * f)
-                    .zip(p.chunks_exact_mut(image_pooled))
-                    .zip(argmax.chunks_exact_mut(image_pooled));
-                for ((z, p), argmax) in images {
-                    pool::forward_image_argmax_act(z, bias, act, (p, argmax), (s.h, s.w, f));
-                }
+            (Some(p), Some(argmax)) => {
+                pool::forward_images_argmax_act(y, bias, act, (p, argmax), (s.h, s.w, f));
             }
             (Some(p), None) => pool::maxpool_forward(y, p, &pool),
             _ => {}
@@ -329,21 +323,13 @@ pub(crate) fn separable_forward(
                 match (pooled, argmax) {
                     // `y` holds the products alone: the pool applies the bias and the
                     // activation to one value in four.
-                    (Some(pooled), Some(argmax)) => {
-                        let images = y
-                            .chunks_exact(image)
-                            .zip(pooled.chunks_exact_mut(image_pooled))
-                            .zip(argmax.chunks_exact_mut(image_pooled));
-                        for ((z, p), argmax) in images {
-                            pool::forward_image_argmax_act(
-                                z,
-                                bias,
-                                act,
-                                (p, argmax),
-                                (s.h, s.w, f),
-                            );
-                        }
-                    }
+                    (Some(pooled), Some(argmax)) => pool::forward_images_argmax_act(
+                        y,
+                        bias,
+                        act,
+                        (pooled, argmax),
+                        (s.h, s.w, f),
+                    ),
                     (Some(pooled), None) => {
                         bias_act_rows(y, bias, f, act);
                         for (y, p) in y
@@ -620,22 +606,13 @@ pub(super) mod tests {
     /// The pool of `y` (`[n, h, w, c]` as `pool` says) and its argmax, image by image.
     fn argmax_of(y: &[f32], pool: &PoolShape) -> (Vec<f32>, Vec<i32>) {
         let (mut pooled, mut argmax) = (vec![0.0; pool.output_len()], vec![-1; pool.output_len()]);
-        let (image, image_pooled) = (pool.h * pool.w * pool.c, pool.output_len() / pool.n);
-        if image_pooled > 0 {
-            let images = y
-                .chunks_exact(image)
-                .zip(pooled.chunks_exact_mut(image_pooled))
-                .zip(argmax.chunks_exact_mut(image_pooled));
-            for ((y, p), a) in images {
-                pool::forward_image_argmax_act(
-                    y,
-                    None,
-                    Activation::Linear,
-                    (p, a),
-                    (pool.h, pool.w, pool.c),
-                );
-            }
-        }
+        pool::forward_images_argmax_act(
+            y,
+            None,
+            Activation::Linear,
+            (&mut pooled, &mut argmax),
+            (pool.h, pool.w, pool.c),
+        );
         (pooled, argmax)
     }
 
