@@ -17,19 +17,21 @@
 //   maxpool_bwd_v4 c % 4 == 0: items = n*hb*wb*c/4.         bindings x4, dy4, dx4.
 //   maxpool_act_grad_sum_v4  c % 4 == 0: maxpool_bwd_v4 with the gradient of the activation
 //                  that produced x applied on the way (dz = routed dy · act'(x), x being the
-//                  activation's output) and the bias gradient's first pass: invocation
-//                  (vec4 of channels gid.x, chunk gid.y) walks windows [gid.y * chunk, ..) of
-//                  the n*hb*wb (p.windows) and writes its column sums to row gid.y of sums4.
-//                  One pass reads x and dy once and writes dz (maxpool_bwd_v4 then the
-//                  activation's gradient read x twice and wrote and read dx).
-//                  dispatch (ceil(c/64), chunks, 1). bindings x4, dy4, dx4 (dz), sums4.
+//                  activation's output) and the bias gradient's first pass: items =
+//                  lanes*c/4, channels fastest; item (lane, vec4 of channels) walks windows
+//                  lane, lane + lanes, .. of the n*hb*wb (p.windows) and writes its column sums
+//                  to row `lane` of sums4. Neighbouring lanes take neighbouring windows, so a
+//                  subgroup's loads are contiguous however few channels there are. One pass
+//                  reads x and dy once and writes dz (maxpool_bwd_v4 then the activation's
+//                  gradient read x twice and wrote and read dx).
+//                  bindings x4, dy4, dx4 (dz), sums4.
 // (hb = ceil(h/2), wb = ceil(w/2).) When dy is empty (h or w < 2) the caller binds dx in its
 // place; it is never read then.
 // Bindings (group 0): 0 uniform Params; 1 x, 2 y, 3 dy, 4 dx: array<f32>; 5 x4, 6 y4, 7 dy4,
 // 8 dx4: array<vec4<f32>> views. All storage read_write. Tensors go to the used bindings in
 // ascending order.
 // Params: n, h, w, c (in vec4s for the _v4 entry points), oh = h/2, ow = w/2, hb, wb, items;
-// act (0 linear, 1 relu, 2 selu), chunk, windows (maxpool_act_grad_sum_v4).
+// act (0 linear, 1 relu, 2 selu), lanes, windows (maxpool_act_grad_sum_v4).
 // Limits: four storage buffers (maxpool_act_grad_sum_v4; three for the others), no workgroup
 // memory (GL-compatible).
 
@@ -44,7 +46,7 @@ struct Params {
     wb: u32,
     items: u32,
     act: u32,
-    chunk: u32,
+    lanes: u32,
     windows: u32,
 }
 
@@ -57,7 +59,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y4: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> dy4: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> dx4: array<vec4<f32>>;
-// maxpool_act_grad_sum_v4's partial column sums [chunks, c].
+// maxpool_act_grad_sum_v4's partial column sums [lanes, c].
 @group(0) @binding(9) var<storage, read_write> sums4: array<vec4<f32>>;
 
 const SELU_ALPHA: f32 = 1.6732632423543772;
@@ -205,15 +207,15 @@ fn act_grad4(dy: vec4<f32>, y: vec4<f32>, kind: u32) -> vec4<f32> {
 }
 
 @compute @workgroup_size(64)
-fn maxpool_act_grad_sum_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let ch = gid.x;
-    if (ch >= p.c) { return; }
-    let start = gid.y * p.chunk;
-    let end = min(start + p.chunk, p.windows);
+fn maxpool_act_grad_sum_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let item = item_index(gid, nwg);
+    if (item >= p.items) { return; }
+    let ch = item % p.c;
+    let lane = item / p.c;
     let row = p.w * p.c;
     let z = vec4<f32>(0.0);
     var s = z;
-    for (var t = start; t < end; t++) {
+    for (var t = lane; t < p.windows; t += p.lanes) {
         let j = t % p.wb;
         let t2 = t / p.wb;
         let i = t2 % p.hb;
@@ -251,5 +253,5 @@ fn maxpool_act_grad_sum_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
             if (has_right && has_below) { dx4[b + row + p.c] = z; }
         }
     }
-    sums4[gid.y * p.c + ch] = s;
+    sums4[lane * p.c + ch] = s;
 }

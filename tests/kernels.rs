@@ -878,10 +878,14 @@ fn separable_pointwise_and_dense() {
 
 #[test]
 fn max_pool_activation_and_bias_gradients_in_one_op() {
+    check_max_pool_activation_bias_grad(&env().devices);
+}
+
+fn check_max_pool_activation_bias_grad(devices: &[LogicalDevice]) {
     // FusedMaxPoolActivationBiasGrad against the max-pool's gradient, then the activation's
     // (through its output) and the column sums, in f64: whole and odd sizes (the dropped row
-    // and column get 0), channels in vec4s and not (the unfused path), windows in one chunk
-    // and in many, and sizes with no window.
+    // and column get 0), channels in vec4s and not (the unfused path), windows in one lane
+    // and in many, lanes that do not divide the windows, and sizes with no window.
     let cases = [
         (2, 28, 28, 32),
         (3, 7, 7, 8),
@@ -889,8 +893,9 @@ fn max_pool_activation_and_bias_gradients_in_one_op() {
         (1, 2, 2, 4),
         (2, 1, 3, 4),
         (130, 14, 14, 4),
+        (3, 9, 11, 128),
     ];
-    for dev in &env().devices {
+    for dev in devices {
         let _s = dev.scope();
         for (t, &(n, h, w, c)) in cases.iter().enumerate() {
             let s = PoolShape { n, h, w, c };
@@ -1442,6 +1447,7 @@ fn every_tuning_candidate_matches_the_reference() {
         {
             check_conv2d(&gpus);
             check_depthwise(&gpus);
+            check_max_pool_activation_bias_grad(&gpus);
         }
     }
 }

@@ -4,15 +4,16 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::Result;
+use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
-use crate::ops::gpu::{grid_1d, row_chunk};
+use crate::ops::gpu::tune::bucket;
 use crate::ops::nn_kernels::unfused_maxpool_activation_bias_grad;
 use crate::ops::spec::{Activation, PoolShape};
 use crate::ops::Kernels;
 use crate::tensor::Tensor;
 
 use super::kernel_lists::*;
-use super::{channel_lanes, u};
+use super::{channel_lanes, chunking, u};
 
 /// Mirror of `Params` in pool.wgsl.
 #[repr(C)]
@@ -28,7 +29,7 @@ struct PoolParams {
     wb: u32,
     items: u32,
     act: u32,
-    chunk: u32,
+    lanes: u32,
     windows: u32,
 }
 
@@ -51,8 +52,9 @@ impl PoolParams {
     }
 }
 
-/// Windows one invocation of `maxpool_act_grad_sum_v4` walks (lengthened past 65,535 chunks).
-const POOL_GRAD_CHUNK: usize = 256;
+/// Fewest windows one invocation of `maxpool_act_grad_sum_v4` walks: each lane's partial sums
+/// are written and summed again.
+const POOL_GRAD_MIN_WINDOWS: usize = 16;
 
 impl GpuKernels<'_> {
     pub(super) fn maxpool_impl(&self, x: &Tensor, y: &Tensor, s: &PoolShape) -> Result<()> {
@@ -104,35 +106,37 @@ impl GpuKernels<'_> {
         if s.input_len() == 0 || !v4 {
             return unfused_maxpool_activation_bias_grad(self, y, dpooled, (dz, db), s, act);
         }
-        // Partial sums in float32 (the bias sums are `kept_f32`), one rounding at the end.
-        self.float32_sums(db, |db| {
-            let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
-            let chunk = row_chunk(windows, POOL_GRAD_CHUNK);
-            let chunks = windows.div_ceil(chunk);
-            let partials = if chunks == 1 {
-                db.clone()
-            } else {
-                self.scratch(&[chunks, s.c], db)?
-            };
-            let p = PoolParams {
-                act: act.code(),
-                chunk: u(chunk),
-                windows: u(windows),
-                ..PoolParams::shape(s, c)
-            };
-            // Every window is partial when dpooled is empty; it is never read then.
-            let dpooled = if dpooled.is_empty() { dz } else { dpooled };
-            let grid = [u(c.div_ceil(64)), u(chunks), 1];
-            self.launch(
-                MAXPOOL_ACT_GRAD_SUM_V4,
-                &p,
-                &[y, dpooled, dz, &partials],
-                grid,
-            )?;
-            if chunks > 1 {
-                self.sum_rows(&partials, chunks, s.c, db)?;
-            }
-            Ok(())
+        let windows = s.n * s.h.div_ceil(2) * s.w.div_ceil(2);
+        let class = format!("maxpool_act_grad c{} w{}", s.c, bucket(windows));
+        // Every window is partial when dpooled is empty; it is never read then.
+        let dpooled = if dpooled.is_empty() { dz } else { dpooled };
+        self.tuned_partials(class, &mut |target| {
+            // Partial sums in float32 (the bias sums are `kept_f32`), one rounding at the end.
+            self.float32_sums(db, |db| {
+                let (_, lanes) = chunking(target, c, windows, POOL_GRAD_MIN_WINDOWS);
+                let partials = if lanes == 1 {
+                    db.clone()
+                } else {
+                    self.scratch(&[lanes, s.c], db)?
+                };
+                let p = PoolParams {
+                    items: u(lanes * c),
+                    act: act.code(),
+                    lanes: u(lanes),
+                    windows: u(windows),
+                    ..PoolParams::shape(s, c)
+                };
+                self.launch(
+                    MAXPOOL_ACT_GRAD_SUM_V4,
+                    &p,
+                    &[y, dpooled, dz, &partials],
+                    grid_1d(lanes * c, 64),
+                )?;
+                if lanes > 1 {
+                    self.sum_rows(&partials, lanes, s.c, db)?;
+                }
+                Ok(())
+            })
         })
     }
 }
