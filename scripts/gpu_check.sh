@@ -57,16 +57,20 @@ ours() {
     timeout 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
         sed -n '/^warm-up steps/,$p'
 }
-# One row of the table: "<label> <median ms>", from a run's "median train step: X ms" line.
+# Two rows of the table, "<batch> <label> <ms>" and "<batch> <label>:b2b <ms>", from a run's
+# "median train step: X ms" line (a wait after every step) and its "back-to-back train step:
+# Y ms" line (one wait after all of them, as a training loop runs).
 row() {
     local label=$1
     shift
-    local line
-    line=$("$@" 2>&1 | grep 'median train step' | tail -1)
-    echo "$line"
-    local ms
-    ms=$(echo "$line" | sed -n 's/.*median train step: \([0-9.]*\) ms.*/\1/p')
+    local lines
+    lines=$("$@" 2>&1 | grep -E '(median|back-to-back) train step')
+    echo "$lines"
+    local ms b2b
+    ms=$(echo "$lines" | sed -n 's/.*median train step: \([0-9.]*\) ms.*/\1/p' | tail -1)
+    b2b=$(echo "$lines" | sed -n 's/.*back-to-back train step: \([0-9.]*\) ms.*/\1/p' | tail -1)
     echo "$label ${ms:-failed}" >>"$table"
+    echo "$label:b2b ${b2b:-failed}" >>"$table"
 }
 torch() {
     timeout "${2:-90}" python3 scripts/torch_train_step.py --variant "$1" --batch "$batch" \
@@ -150,13 +154,13 @@ if [ "${GPU_CHECK_BENCH:-0}" != 0 ]; then
         grep -E '^[a-z0-9_]+/|time:'
 fi
 
-section "medians (ms per train step; each round's runs alternate)"
+section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end)"
 sort -s -k1,1n "$table" | awk '{
     key = $1 " " $2
     if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
     ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
 } END {
-    printf "%-6s %-28s %s\n", "batch", "step", "median per round (ms)"
-    for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-28s %s\n", k[1], k[2], ms[order[i]] }
+    printf "%-6s %-32s %s\n", "batch", "step", "per round (ms)"
+    for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-32s %s\n", k[1], k[2], ms[order[i]] }
 }'
 section "done"

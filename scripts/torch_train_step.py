@@ -15,8 +15,10 @@ Variants:
              launch overhead
     compile  torch.compile(model) (default mode), eager otherwise; the first steps compile
 
-Prints one line, `torch <variant> median train step: X ms (batch B; ...)`, which
-scripts/gpu_check.sh collects into its table. Run each variant in a process of its own (the
+Warms up for at least 5 steps and 1 s, times each step with a synchronize after it, then the
+same steps back to back (one synchronize at the end, as a training loop runs). Prints two
+lines, `torch <variant> median train step: X ms (batch B; ...)` and `torch <variant>
+back-to-back train step: Y ms (...)`, which scripts/gpu_check.sh collects into its table. Run each variant in a process of its own (the
 check does, under a timeout): TF32 and compile settings are process-wide.
 """
 
@@ -73,7 +75,13 @@ def main():
     )
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="at least this many warm-up steps")
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=1.0,
+        help="and at least this long (an idle GPU raises its clocks only after some busy time)",
+    )
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,9 +148,12 @@ def main():
     step()
     sync()
     first = (time.perf_counter() - start) * 1e3
-    for _ in range(args.warmup):
+    warm = time.perf_counter()
+    done = 0
+    while done < args.warmup or time.perf_counter() - warm < args.warmup_seconds:
         step()
-    sync()
+        sync()
+        done += 1
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -155,6 +166,16 @@ def main():
         f"torch {args.variant} median train step: {med:.2f} ms (batch {args.batch}, {name}, "
         f"torch {torch.__version__}; min {min(times):.2f}, max {max(times):.2f} over "
         f"{args.steps} steps; first step {first:.0f} ms; {args.batch / med * 1e3:.0f} images/s)"
+    )
+    # As a training loop runs: no synchronize between steps, one at the end.
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    per_step = (time.perf_counter() - start) * 1e3 / args.steps
+    print(
+        f"torch {args.variant} back-to-back train step: {per_step:.2f} ms ({args.steps} steps, "
+        f"one synchronize at the end; {args.batch / per_step * 1e3:.0f} images/s)"
     )
 
 

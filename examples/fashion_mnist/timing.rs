@@ -2,7 +2,7 @@
 //! warm-up instead of `fit`; and the reports the end of a run prints (pipeline stages, the
 //! autotuner's picks, memory).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anygpu::data::Dataset;
 use anygpu::nn::Sequential;
@@ -16,8 +16,14 @@ use crate::BoxError;
 /// Training steps the profiler records (`--profile`).
 const PROFILED_STEPS: usize = 5;
 
+/// The warm-up runs at least 3 steps and at least this long: a GPU that has idled raises its
+/// clocks only after some time busy (an H200 at batch 128 timed 2.1 or 6-7.7 ms a step,
+/// depending on the run, after 3 steps).
+const WARM_UP: Duration = Duration::from_secs(1);
+
 /// Times `--time-steps` full training steps (forward, backward, update, synchronized) after
-/// 3 warm-up steps and prints the median; then `--profile` records a few more.
+/// a warm-up and prints the median; then the same steps back to back, as `fit` runs them (no
+/// wait between steps, one at the end); then `--profile` records a few more.
 pub fn time_steps(
     model: &mut Sequential,
     train: &Dataset,
@@ -42,26 +48,37 @@ pub fn time_steps(
             .fold(StreamStats::default(), |a, b| a + b)
     };
     // One step's wall time, the host time until `train_step` returned (recording; a device that
-    // runs ops on the host counts them here too), and the stream counters it moved.
-    let mut step = |model: &mut Sequential| -> Result<(f64, f64, StreamStats), BoxError> {
-        let b = batches.next().ok_or("the training set is empty")?;
-        let x = Tensor::from_slice_on(&b.x, &b.x_shape, first)?;
-        let y = Tensor::from_slice_on(&b.y, &[b.y.len()], last)?;
-        let before = stats(&devices);
-        let start = Instant::now();
-        model.train_step(&x, &y)?;
-        let host = start.elapsed().as_secs_f64() * 1e3;
-        model.synchronize()?;
-        let wall = start.elapsed().as_secs_f64() * 1e3;
-        Ok((wall, host, stats(&devices) - before))
-    };
-    let warmup = (0..3)
-        .map(|_| step(model).map(|s| format!("{:.1}", s.0)))
-        .collect::<Result<Vec<_>, _>>()?;
+    // runs ops on the host counts them here too), and the stream counters it moved. With
+    // `wait` false the step is only recorded: the device may still be running it.
+    let mut step =
+        |model: &mut Sequential, wait: bool| -> Result<(f64, f64, StreamStats), BoxError> {
+            let b = batches.next().ok_or("the training set is empty")?;
+            let x = Tensor::from_slice_on(&b.x, &b.x_shape, first)?;
+            let y = Tensor::from_slice_on(&b.y, &[b.y.len()], last)?;
+            let before = stats(&devices);
+            let start = Instant::now();
+            model.train_step(&x, &y)?;
+            let host = start.elapsed().as_secs_f64() * 1e3;
+            if wait {
+                model.synchronize()?;
+            }
+            let wall = start.elapsed().as_secs_f64() * 1e3;
+            Ok((wall, host, stats(&devices) - before))
+        };
+    let warm_up = Instant::now();
+    let mut warmup = Vec::new();
+    while warmup.len() < 3 || warm_up.elapsed() < WARM_UP {
+        warmup.push(step(model, true)?.0);
+    }
+    let shown: Vec<String> = warmup.iter().take(3).map(|ms| format!("{ms:.1}")).collect();
     println!(
-        "{}warm-up steps: {} ms (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them)",
+        "{}warm-up steps: {} ms{} (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them)",
         workers::tag(multi_worker.map_or(0, workers::rank)),
-        warmup.join(", ")
+        shown.join(", "),
+        match warmup.len() {
+            ..=3 => String::new(),
+            more => format!(", then {} more", more - 3),
+        }
     );
     if n > 0 {
         let reduce_before = multi_worker.map(workers::all_reduce_ms);
@@ -73,7 +90,9 @@ pub fn time_steps(
         for d in &gpus {
             config::reset_memory_stats(d.name())?;
         }
-        let steps = (0..n).map(|_| step(model)).collect::<Result<Vec<_>, _>>()?;
+        let steps = (0..n)
+            .map(|_| step(model, true))
+            .collect::<Result<Vec<_>, _>>()?;
         for d in gpus {
             let peak = config::get_memory_info(d.name())?.peak;
             println!(
@@ -124,6 +143,18 @@ pub fn time_steps(
                 100.0 * hits / dispatches
             );
         }
+        // As `fit` runs: each step recorded while the device runs the one before.
+        let start = Instant::now();
+        for _ in 0..n {
+            step(model, false)?;
+        }
+        model.synchronize()?;
+        let per_step = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+        println!(
+            "{}back-to-back train step: {per_step:.2} ms ({n} steps, one wait at the end; {:.0} images/s)",
+            workers::tag(multi_worker.map_or(0, workers::rank)),
+            batch as f64 * 1e3 / per_step
+        );
     }
     print_tuning(&devices);
     print_stages(model);
@@ -131,7 +162,7 @@ pub fn time_steps(
         anygpu::profiler::start(dir)?;
         for i in 0..PROFILED_STEPS {
             let _span = anygpu::profiler::Trace::new(format!("train step {i}"));
-            step(model)?;
+            step(model, true)?;
         }
         let report = anygpu::profiler::stop()?;
         println!(
