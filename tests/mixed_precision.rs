@@ -21,7 +21,8 @@ use anygpu::nn::{
 };
 use anygpu::ops;
 use anygpu::ops::reference::{self as r, assert_close, random_vec, to_f64};
-use anygpu::ops::spec::{Activation, Conv2dShape, DepthwiseShape, Padding, PoolShape};
+use anygpu::ops::spec::{Activation, Conv2dShape, ConvOptions, DepthwiseShape, Padding, PoolShape};
+use anygpu::ops::GradDType;
 use anygpu::{DType, DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
 use half::f16;
 
@@ -96,6 +97,17 @@ fn read(t: &Tensor, dev: &LogicalDevice) -> Vec<f32> {
         .map(f16::to_f32)
         .collect()
 }
+
+/// A float32 tensor's values, checking that it is float32 and on `dev`: the weight gradients
+/// a layer asks for ([`GradDType::Float32`]).
+fn read_f32(t: &Tensor, dev: &LogicalDevice) -> Vec<f32> {
+    assert_eq!(t.dtype(), DType::F32, "{t:?} is not float32");
+    assert_eq!(t.device(), dev.full_name(), "the op left {}", dev.name());
+    t.to_vec::<f32>().expect("readback")
+}
+
+/// Float32 sums of float16 inputs (every product of two float16 values is exact in float32).
+const SUM_TOL: f64 = 1e-5;
 
 fn label(dev: &LogicalDevice) -> String {
     format!("{} ({})", dev.name(), dev.adapter_name())
@@ -220,6 +232,10 @@ fn check_convolutions(rt: &Runtime, test: &str) {
                 F16_TOL,
                 &format!("f16 conv2d dk {what}"),
             );
+            let grads = GradDType::Float32;
+            let dk = ops::conv2d_backward_kernel_as(&xt, &dzt, &kshape, padding, grads).unwrap();
+            let what32 = format!("f16 conv2d dk in float32 {what}");
+            assert_close(&read_f32(&dk, &dev), &want, SUM_TOL, &what32);
 
             let db = ops::bias_grad(&dzt).unwrap();
             let want = r::bias_grad(&dz64, c_out);
@@ -229,6 +245,9 @@ fn check_convolutions(rt: &Runtime, test: &str) {
                 F16_TOL,
                 &format!("f16 bias grad {what}"),
             );
+            let db = ops::bias_grad_as(&dzt, GradDType::Float32).unwrap();
+            let what32 = format!("f16 bias grad in float32 {what}");
+            assert_close(&read_f32(&db, &dev), &want, SUM_TOL, &what32);
 
             // Both weight gradients from the activated output's gradient.
             let (dk, db) =
@@ -248,6 +267,20 @@ fn check_convolutions(rt: &Runtime, test: &str) {
                 F16_TOL,
                 &format!("f16 weights db {what}"),
             );
+            // In float32: the same sums, not rounded to float16 at the end (`dz` is rounded to
+            // float16 before them, as in the float16 op).
+            let (dk, db) =
+                ops::conv2d_backward_weights_as(&xt, &y, &dzt, &kshape, padding, act, grads)
+                    .unwrap();
+            let want = r::conv2d_backward_kernel(&x64, &dz_act, &s);
+            let what32 = format!("f16 weights dk in float32 {what}");
+            assert_close(&read_f32(&dk, &dev), &want, F16_TOL, &what32);
+            let want = r::bias_grad(&dz_act, c_out);
+            let what32 = format!("f16 weights db in float32 {what}");
+            assert_close(&read_f32(&db, &dev), &want, F16_TOL, &what32);
+            let (_, db) = ops::activation_bias_grad_as(&dzt, &y, act, grads).unwrap();
+            let what32 = format!("f16 activation and bias grad in float32 {what}");
+            assert_close(&read_f32(&db, &dev), &want, F16_TOL, &what32);
         }
     }
 }
@@ -300,6 +333,13 @@ fn check_depthwise_and_pooling(rt: &Runtime, test: &str) {
                 F16_TOL,
                 &format!("f16 depthwise dk {what}"),
             );
+            let opts = ConvOptions::from(Padding::Same);
+            let grads = GradDType::Float32;
+            let dk =
+                ops::depthwise_conv2d_backward_kernel_as(&xt, &dyt, &[3, 3, c, 1], opts, grads)
+                    .unwrap();
+            let what32 = format!("f16 depthwise dk in float32 {what}");
+            assert_close(&read_f32(&dk, &dev), &want, SUM_TOL, &what32);
 
             // The 2×2 max-pool, its gradient, and the fused pool + activation + bias gradient.
             let p = PoolShape { n, h, w, c };
@@ -337,6 +377,9 @@ fn check_depthwise_and_pooling(rt: &Runtime, test: &str) {
                 F16_TOL,
                 &format!("f16 pool db {what}"),
             );
+            let (_, db) = ops::max_pool2d_activation_bias_grad_as(&xt, &dpt, act, grads).unwrap();
+            let what32 = format!("f16 pool db in float32 {what}");
+            assert_close(&read_f32(&db, &dev), &want, F16_TOL, &what32);
         }
     }
 }

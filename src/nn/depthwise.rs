@@ -11,8 +11,8 @@ use crate::nn::layers::{
     activate_separately, activation_and_bias_grad, backward_weights, image_shape, in_dtype,
     not_built, replace, saved, through_separate, weights_of, Layer,
 };
-use crate::ops;
 use crate::ops::spec::{Padding, Size2};
+use crate::ops::{self, GradDType};
 use crate::tensor::Tensor;
 
 /// Depthwise 2-D convolution (`keras.layers.DepthwiseConv2D(kernel_size, strides, padding,
@@ -210,7 +210,8 @@ impl Layer for DepthwiseConv2D {
         let (dy, y, activation) = through_separate(dy, &kept, self.activation)?;
         let opts = self.window.options;
         let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
-        let dk = ops::depthwise_conv2d_backward_kernel_with(&x, &dz, kernel.shape(), opts)?;
+        let grads = GradDType::Float32;
+        let dk = ops::depthwise_conv2d_backward_kernel_as(&x, &dz, kernel.shape(), opts, grads)?;
         let dx = if need_dx {
             Some(ops::depthwise_conv2d_backward_input_with(
                 &dz,

@@ -38,6 +38,7 @@
 
 mod activation;
 mod activation_layers;
+mod autocast;
 mod callbacks;
 mod checkpoint;
 mod conv_args;

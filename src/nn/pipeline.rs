@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
+use crate::nn::autocast::StepCasts;
 use crate::nn::mirrored::HostBatch;
 use crate::nn::objective::Objective;
 use crate::nn::pass::{self, Stage};
@@ -357,6 +358,8 @@ fn run_stage(job: StageJob<'_, '_>, shared: &Shared<'_>) -> Result<StageDone, St
     let mut grads: Vec<Vec<Tensor>> = vec![Vec::new(); layers.len()];
     let mut part: Option<StepPart> = None;
     let (mut busy, mut waiting) = (Duration::ZERO, Duration::ZERO);
+    // The stage's weights are cast once for all its micro-batches.
+    let _casts = StepCasts::enter();
     for work in program {
         let (Work::Forward(i) | Work::Backward(i)) = work;
         let rows = shared.rows[i].clone();

@@ -7,8 +7,8 @@ use crate::nn::activation::Activation;
 use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::nn::layer_config;
-use crate::ops;
 use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
+use crate::ops::{self, GradDType};
 use crate::tensor::{DType, Tensor};
 
 use super::{
@@ -284,6 +284,7 @@ impl Conv2D {
             through_separate(dy, &kept, self.activation)?
         };
         let opts = self.window.options;
+        let grads = GradDType::Float32;
         let with_bias = |dk: Tensor, db: Tensor| {
             if self.use_bias {
                 vec![dk, db]
@@ -294,11 +295,12 @@ impl Conv2D {
         if !need_dx {
             // A first layer: one op, which on the CPU never writes `dz` to memory.
             let act = activation.fused();
-            let (dk, db) = ops::conv2d_backward_weights(&x, &y, &dy, kernel.shape(), opts, act)?;
+            let (dk, db) =
+                ops::conv2d_backward_weights_as(&x, &y, &dy, kernel.shape(), opts, act, grads)?;
             return Ok((None, with_bias(dk, db)));
         }
         let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
-        let dk = ops::conv2d_backward_kernel(&x, &dz, kernel.shape(), opts)?;
+        let dk = ops::conv2d_backward_kernel_as(&x, &dz, kernel.shape(), opts, grads)?;
         let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), opts)?;
         Ok((Some(dx), with_bias(dk, db)))
     }

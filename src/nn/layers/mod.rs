@@ -14,8 +14,9 @@ use crate::device::LogicalDevice;
 use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
-use crate::ops;
+use crate::nn::autocast;
 use crate::ops::spec::Activation as OpActivation;
+use crate::ops::{self, GradDType};
 use crate::tensor::{DType, Tensor};
 
 mod conv2d;
@@ -456,7 +457,7 @@ pub(super) fn activation_and_bias_grad(
     y: &Tensor,
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
-    ops::activation_bias_grad(dy, y, act.fused())
+    ops::activation_bias_grad_as(dy, y, act.fused(), GradDType::Float32)
 }
 
 // ---- activations and pooling layers ----
@@ -516,12 +517,13 @@ pub(crate) fn weights_of<'a>(
 }
 
 /// The weights as a layer computes with them: in its input's dtype (Keras' autocast variables:
-/// float16 copies of the float32 variables under mixed precision; the same tensors otherwise).
+/// float16 copies of the float32 variables under mixed precision, one per weight and training
+/// step; the same tensors otherwise).
 pub(super) fn in_dtype(layer: &str, weights: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
     if weights.is_empty() {
         return Err(not_built(layer));
     }
-    weights.iter().map(|w| w.cast(dtype)).collect()
+    weights.iter().map(|w| autocast::cast(w, dtype)).collect()
 }
 
 /// [`in_dtype`] for a backward pass: every weight but the last, the bias, which a backward pass

@@ -9,8 +9,8 @@ use crate::nn::activation::Activation;
 use crate::nn::conv_args::Window;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::nn::layer_config;
-use crate::ops;
 use crate::ops::spec::{Activation as OpActivation, Padding, Size2};
+use crate::ops::{self, GradDType};
 use crate::tensor::Tensor;
 
 use super::{
@@ -133,9 +133,10 @@ impl SeparableConv2D {
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Vec<Tensor>)> {
         let opts = self.window.options;
-        let dp = ops::conv2d_backward_kernel(d, dz, pointwise.shape(), Padding::Same)?;
+        let grads = GradDType::Float32;
+        let dp = ops::conv2d_backward_kernel_as(d, dz, pointwise.shape(), Padding::Same, grads)?;
         let dd = ops::conv2d_backward_input(dz, pointwise, d.shape(), Padding::Same)?;
-        let dk = ops::depthwise_conv2d_backward_kernel_with(x, &dd, depthwise.shape(), opts)?;
+        let dk = ops::depthwise_conv2d_backward_kernel_as(x, &dd, depthwise.shape(), opts, grads)?;
         let dx = if need_dx {
             Some(ops::depthwise_conv2d_backward_input_with(
                 &dd,
@@ -470,7 +471,8 @@ impl Layer for SeparableConv2D {
         // rest.
         if let [x, y, d] = saved_tensors {
             let act = self.activation.fused();
-            let (dz, db) = ops::max_pool2d_activation_bias_grad(y, dpooled, act)?;
+            let grads = GradDType::Float32;
+            let (dz, db) = ops::max_pool2d_activation_bias_grad_as(y, dpooled, act, grads)?;
             return self
                 .backward_from_dz((x, d, &dz), (depthwise, pointwise), db, need_dx)
                 .map(Some);

@@ -7,6 +7,7 @@ use std::ops::Range;
 use crate::device::LogicalDevice;
 use crate::distribute::{MirroredStrategy, Workers};
 use crate::error::{Error, Result};
+use crate::nn::autocast::StepCasts;
 use crate::nn::objective::Objective;
 use crate::nn::optimizer::OptimizerState;
 use crate::nn::pass::{self};
@@ -71,6 +72,7 @@ fn replica_gradients(
     let device = replica.device;
     let stages = replica.stages();
     let (x, y) = batch.upload(shard, device)?;
+    let casts = StepCasts::enter();
     let (logits, saved) = pass::forward(&stages, &x, true)?;
     let share = shard.rows as f32 / batch.rows() as f32;
     let terms = pass::loss_terms(device, &logits, &y, objective, factor * share)?;
@@ -81,6 +83,7 @@ fn replica_gradients(
         grads[i] = g;
         Ok(())
     })?;
+    drop(casts);
     let states = mean_shares(replica, total_replicas)?;
     let all: Vec<&Tensor> = grads.iter().flatten().chain(&states).collect();
     Ok(ReplicaGrads {

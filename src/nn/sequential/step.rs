@@ -5,6 +5,7 @@
 use crate::data::Batch;
 use crate::distribute::MirroredStrategy;
 use crate::error::{Error, Result};
+use crate::nn::autocast::StepCasts;
 use crate::nn::mirrored::{self, HostBatch};
 use crate::nn::objective::{self, Objective};
 use crate::nn::pass;
@@ -101,6 +102,7 @@ impl Sequential {
     ) -> Result<(StepPart, Vec<Vec<Tensor>>)> {
         let stages = self.stages();
         let last = stages[stages.len() - 1].device;
+        let _casts = StepCasts::enter();
         let (logits, saved) = pass::forward(&stages, x, true)?;
         let terms = match factor {
             LossFactor::Host(factor) => pass::loss_terms(last, &logits, y, objective, factor)?,

@@ -8,7 +8,7 @@ use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::Tensor;
 
-use super::{float_dtype, mismatch, op};
+use super::{float_dtype, mismatch, op, GradDType};
 
 const BIAS_GRAD: OpInfo = op("BiasAddGrad", gn::BIAS_GRAD);
 const ACTIVATION_BIAS_GRAD: OpInfo = op("FusedActivationBiasGrad", gn::ACTIVATION_BIAS_GRAD);
@@ -39,8 +39,13 @@ fn act_info(act: Activation, grad: bool) -> &'static OpInfo {
 /// # Errors
 /// A non-f32 tensor or a scalar.
 pub fn bias_grad(dz: &Tensor) -> Result<Tensor> {
+    bias_grad_as(dz, GradDType::Inputs)
+}
+
+/// [`bias_grad`] in `grads`' dtype.
+pub fn bias_grad_as(dz: &Tensor, grads: GradDType) -> Result<Tensor> {
     let name = BIAS_GRAD.name;
-    let dtype = float_dtype(name, &[dz])?;
+    let dtype = grads.of(float_dtype(name, &[dz])?);
     let Some(&cols) = dz.shape().last() else {
         return Err(Error::InvalidArgument(format!(
             "{name}: the gradient must have at least one axis, got a scalar"
@@ -116,8 +121,18 @@ pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<T
 /// # Errors
 /// Non-f32 tensors; `dy` and `y` of different shapes, or scalars.
 pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+    activation_bias_grad_as(dy, y, act, GradDType::Inputs)
+}
+
+/// [`activation_bias_grad`] with the bias gradient in `grads`' dtype.
+pub fn activation_bias_grad_as(
+    dy: &Tensor,
+    y: &Tensor,
+    act: Activation,
+    grads: GradDType,
+) -> Result<(Tensor, Tensor)> {
     if act == Activation::Linear {
-        return Ok((dy.clone(), bias_grad(dy)?));
+        return Ok((dy.clone(), bias_grad_as(dy, grads)?));
     }
     let name = ACTIVATION_BIAS_GRAD.name;
     let dtype = float_dtype(name, &[dy, y])?;
@@ -137,7 +152,7 @@ pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<
     let rows = dy.len().checked_div(cols).unwrap_or(0);
     run(&ACTIVATION_BIAS_GRAD, &[dy, y], |device, moved| {
         let dz = Tensor::uninit(dy.shape(), dtype, device)?;
-        let db = Tensor::uninit(&[cols], dtype, device)?;
+        let db = Tensor::uninit(&[cols], grads.of(dtype), device)?;
         if cols > 0 {
             with_kernels(device, |_, nk| {
                 nk.activation_bias_grad(&moved[0], &moved[1], &dz, &db, (rows, cols), act)

@@ -10,7 +10,7 @@ use crate::placement::OpInfo;
 use crate::shape;
 use crate::tensor::{DType, Tensor};
 
-use super::{check_options, float_dtype, mismatch, op, rank4};
+use super::{check_options, float_dtype, mismatch, op, rank4, GradDType};
 
 const CONV2D: OpInfo = op("Conv2D", gn::CONV2D);
 const CONV2D_BACKWARD_INPUT: OpInfo = op("Conv2DBackpropInput", gn::CONV2D_BACKWARD_INPUT);
@@ -169,8 +169,19 @@ pub fn conv2d_backward_kernel(
     kernel_shape: &[usize],
     options: impl Into<ConvOptions>,
 ) -> Result<Tensor> {
+    conv2d_backward_kernel_as(x, dz, kernel_shape, options, GradDType::Inputs)
+}
+
+/// [`conv2d_backward_kernel`] with the gradient in `grads`' dtype.
+pub fn conv2d_backward_kernel_as(
+    x: &Tensor,
+    dz: &Tensor,
+    kernel_shape: &[usize],
+    options: impl Into<ConvOptions>,
+    grads: GradDType,
+) -> Result<Tensor> {
     let name = CONV2D_BACKWARD_KERNEL.name;
-    let dtype = float_dtype(name, &[x, dz])?;
+    let dtype = grads.of(float_dtype(name, &[x, dz])?);
     shape::num_elements(kernel_shape, DType::F32)?;
     let s = conv_shape(name, x.shape(), kernel_shape, options.into())?;
     let (oh, ow) = s.out_hw();
@@ -225,8 +236,22 @@ pub fn conv2d_backward_weights(
     options: impl Into<ConvOptions>,
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
+    let grads = GradDType::Inputs;
+    conv2d_backward_weights_as(x, y, dy, kernel_shape, options, act, grads)
+}
+
+/// [`conv2d_backward_weights`] with the gradients in `grads`' dtype.
+pub fn conv2d_backward_weights_as(
+    x: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    kernel_shape: &[usize],
+    options: impl Into<ConvOptions>,
+    act: Activation,
+    grads: GradDType,
+) -> Result<(Tensor, Tensor)> {
     let name = CONV2D_BACKWARD_WEIGHTS.name;
-    let dtype = float_dtype(name, &[x, y, dy])?;
+    let dtype = grads.of(float_dtype(name, &[x, y, dy])?);
     shape::num_elements(kernel_shape, DType::F32)?;
     let s = conv_shape(name, x.shape(), kernel_shape, options.into())?;
     let (oh, ow) = s.out_hw();

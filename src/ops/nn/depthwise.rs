@@ -8,7 +8,7 @@ use crate::placement::OpInfo;
 use crate::shape;
 use crate::tensor::{DType, Tensor};
 
-use super::{check_options, float_dtype, mismatch, op, rank4};
+use super::{check_options, float_dtype, mismatch, op, rank4, GradDType};
 
 const DEPTHWISE: OpInfo = op("DepthwiseConv2dNative", gn::DEPTHWISE);
 const DEPTHWISE_BACKWARD_INPUT: OpInfo = op("DepthwiseConv2dNativeBackpropInput", gn::DEPTHWISE);
@@ -207,8 +207,19 @@ pub fn depthwise_conv2d_backward_kernel_with(
     kernel_shape: &[usize],
     options: impl Into<ConvOptions>,
 ) -> Result<Tensor> {
+    depthwise_conv2d_backward_kernel_as(x, dy, kernel_shape, options, GradDType::Inputs)
+}
+
+/// [`depthwise_conv2d_backward_kernel_with`] with the gradient in `grads`' dtype.
+pub fn depthwise_conv2d_backward_kernel_as(
+    x: &Tensor,
+    dy: &Tensor,
+    kernel_shape: &[usize],
+    options: impl Into<ConvOptions>,
+    grads: GradDType,
+) -> Result<Tensor> {
     let name = DEPTHWISE_BACKWARD_KERNEL.name;
-    let dtype = float_dtype(name, &[x, dy])?;
+    let dtype = grads.of(float_dtype(name, &[x, dy])?);
     shape::num_elements(kernel_shape, DType::F32)?;
     let s = depthwise_shape(name, x.shape(), kernel_shape, options.into())?;
     check_depthwise_dy(name, &s, dy.shape())?;

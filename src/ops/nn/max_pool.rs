@@ -8,7 +8,7 @@ use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::Tensor;
 
-use super::{float_dtype, mismatch, op, rank4};
+use super::{float_dtype, mismatch, op, rank4, GradDType};
 
 const MAXPOOL_ACTIVATION_BIAS_GRAD: OpInfo = op(
     "FusedMaxPoolActivationBiasGrad",
@@ -94,6 +94,16 @@ pub fn max_pool2d_activation_bias_grad(
     dpooled: &Tensor,
     act: Activation,
 ) -> Result<(Tensor, Tensor)> {
+    max_pool2d_activation_bias_grad_as(y, dpooled, act, GradDType::Inputs)
+}
+
+/// [`max_pool2d_activation_bias_grad`] with the bias gradient in `grads`' dtype.
+pub fn max_pool2d_activation_bias_grad_as(
+    y: &Tensor,
+    dpooled: &Tensor,
+    act: Activation,
+    grads: GradDType,
+) -> Result<(Tensor, Tensor)> {
     let name = MAXPOOL_ACTIVATION_BIAS_GRAD.name;
     let dtype = float_dtype(name, &[y, dpooled])?;
     let s = pool_shape(name, y, dpooled.shape())?;
@@ -114,7 +124,7 @@ pub fn max_pool2d_activation_bias_grad(
         &[y, dpooled],
         |device, moved| {
             let dz = Tensor::uninit(y.shape(), dtype, device)?;
-            let db = Tensor::uninit(&[s.c], dtype, device)?;
+            let db = Tensor::uninit(&[s.c], grads.of(dtype), device)?;
             if s.c > 0 {
                 with_kernels(device, |_, nk| {
                     nk.maxpool_activation_bias_grad(&moved[0], &moved[1], (&dz, &db), &s, act)

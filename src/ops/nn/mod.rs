@@ -94,6 +94,44 @@ fn check_options(op: &'static str, o: &ConvOptions) -> Result<()> {
     Ok(())
 }
 
+/// The dtype of the weight gradients an op writes (a kernel's or a bias' gradient): the `_as`
+/// variants of the weight-gradient ops take one.
+///
+/// Keras' `mixed_float16` computes in float16 on float32 variables, so the gradients the
+/// optimizer applies are float32. The sums behind these gradients run in float32 on every
+/// device anyway: asking for [`GradDType::Float32`] keeps them there, where the plain ops
+/// round them to float16 (TensorFlow's ops give their inputs' dtype) and the optimizer casts
+/// them back (one rounding and, on a GPU, two dispatches per gradient). The layers ask for it.
+///
+/// ```
+/// use anygpu::ops::{self, GradDType};
+/// use anygpu::{DType, Tensor};
+/// let rt = anygpu::Runtime::builder().build()?;
+/// let _cpu = rt.cpu()?.scope();
+/// let dz = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+/// let db = ops::bias_grad_as(&dz, GradDType::Float32)?;
+/// assert_eq!(db.dtype(), DType::F32);
+/// assert_eq!(db.to_vec::<f32>()?, [4.0, 6.0]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GradDType {
+    /// The inputs' own, as TensorFlow's ops give them.
+    Inputs,
+    /// Float32, whatever the inputs' float dtype.
+    Float32,
+}
+
+impl GradDType {
+    /// The gradients' dtype for inputs of `dtype`.
+    fn of(self, dtype: DType) -> DType {
+        match self {
+            GradDType::Inputs => dtype,
+            GradDType::Float32 => DType::F32,
+        }
+    }
+}
+
 fn expect_f32(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     tensors
         .iter()
