@@ -21,16 +21,19 @@
 //               columns over 100k rows), where one invocation per column leaves the device
 //               idle; dispatch (ceil(cols / 4 / n), ceil(rows / chunk), 1).
 //   act_grad_sum_rows_v4  the activation's gradient and the first pass of its column sums in
-//               one (cols % 4 == 0): for the vec4 column c over the rows of chunk g,
-//               dz4[i] = act'(dy4[i], x4[i] = y) is written and out4[g * cols4 + c] = Σ dz4[i],
-//               so the gradient is not read back for the bias sum; dispatch as sum_rows_v4.
+//               one (cols % 4 == 0), @workgroup_size(64), dispatch grid_1d(lanes * cols / 4,
+//               64): item (lane, vec4 column c), columns fastest, walks rows lane, lane +
+//               lanes, .. (lanes = chunk), writes dz4[i] = act'(dy4[i], x4[i] = y) and
+//               out4[lane * cols4 + c] = Σ dz4[i], so the gradient is not read back for the bias
+//               sum. Neighbouring lanes take neighbouring rows: a subgroup's loads are
+//               contiguous however few columns there are.
 //   argmax_rows @workgroup_size(64), dispatch grid_1d(rows, 64): idx[r] = first arg max of row r.
 //   add_into    @workgroup_size(256), dispatch grid_1d(n, 256): out[i] += x[i] (AddN's steps).
 //
 // Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>;
 // 4 x4, 5 out4: x and out as array<vec4<f32>>; 6 dy4, 7 dz4 (act_grad_sum_rows_v4).
 // Params: n, rows, cols, chunk, alpha (n is sum_all's length and sum_rows_wg's column lanes);
-// act (act_grad_sum_rows_v4: 1 relu, 2 selu, else linear).
+// act (act_grad_sum_rows_v4: 1 relu, 2 selu, else linear; chunk is its number of lanes).
 // Limits: 5 KiB of workgroup memory.
 
 struct Params {
@@ -148,20 +151,21 @@ fn act_grad4(dy: vec4<f32>, y: vec4<f32>, kind: u32) -> vec4<f32> {
 }
 
 @compute @workgroup_size(64)
-fn act_grad_sum_rows_v4(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn act_grad_sum_rows_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let cols4 = p.cols / 4u;
-    let c = gid.x;
-    if (c >= cols4) { return; }
-    let start = gid.y * p.chunk;
-    let end = min(start + p.chunk, p.rows);
+    let item = gid.x + gid.y * nwg.x * 64u;
+    let lanes = p.chunk;
+    if (item >= lanes * cols4) { return; }
+    let c = item % cols4;
+    let lane = item / cols4;
     var s = vec4<f32>(0.0);
-    for (var r = start; r < end; r++) {
+    for (var r = lane; r < p.rows; r += lanes) {
         let i = r * cols4 + c;
         let d = act_grad4(dy4[i], x4[i], p.act);
         dz4[i] = d;
         s += d;
     }
-    out4[gid.y * cols4 + c] = s;
+    out4[lane * cols4 + c] = s;
 }
 
 @compute @workgroup_size(64)

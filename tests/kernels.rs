@@ -290,10 +290,16 @@ fn check_conv2d(devices: &[LogicalDevice]) {
 #[test]
 fn activation_and_bias_gradients_in_one_op() {
     let _g = serial();
-    // Rows past one 256-row chunk, columns in vec4s and not.
-    for dev in &env().devices {
+    check_activation_bias_grad(&env().devices);
+}
+
+fn check_activation_bias_grad(devices: &[LogicalDevice]) {
+    // Rows in one lane and in many (lanes that do not divide them), columns in vec4s and not,
+    // wide and narrow.
+    let cases = [(600, 32), (7, 12), (300, 6), (1, 4), (5003, 8), (130, 128)];
+    for dev in devices {
         let _s = dev.scope();
-        for (t, &(rows, cols)) in [(600, 32), (7, 12), (300, 6), (1, 4)].iter().enumerate() {
+        for (t, &(rows, cols)) in cases.iter().enumerate() {
             for act in [Activation::Relu, Activation::Selu, Activation::Linear] {
                 let seed = 7600 + 10 * t as u64;
                 let (y, dy) = (
@@ -1448,6 +1454,7 @@ fn every_tuning_candidate_matches_the_reference() {
             check_conv2d(&gpus);
             check_depthwise(&gpus);
             check_max_pool_activation_bias_grad(&gpus);
+            check_activation_bias_grad(&gpus);
         }
     }
 }

@@ -56,6 +56,18 @@ const SUM_ALL_CHUNK: usize = 256 * 256;
 /// Workgroups `sum_rows_wg` aims for per pass.
 const WG_SUM_WORKGROUPS: usize = 512;
 
+/// Invocations `act_grad_sum_rows_v4` aims for: enough to fill a GPU, a few per core of a
+/// software adapter (each lane's partial sums are written and summed again).
+const LANE_TARGET: usize = 32_768;
+const SOFTWARE_LANE_TARGET: usize = 2_048;
+
+/// Fewest rows one lane of `act_grad_sum_rows_v4` walks.
+const MIN_LANE_ROWS: usize = 16;
+
+/// The most rows one lane walks: Mesa's software adapters silently cut a shader loop short
+/// after about 65,000 iterations.
+const MAX_LANE_ROWS: usize = 32_768;
+
 /// One pass of a column sum: its kernel, rows per chunk, column lanes (`sum_rows_wg`) and
 /// workgroups across the columns.
 struct SumPass {
@@ -192,6 +204,20 @@ impl GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
+    /// Lanes (partial sums) for a column sum of `rows` rows and `cols4` vec4 columns walked
+    /// by interleaved lanes: ~32k invocations on a GPU, ~2k on a software adapter.
+    fn sum_lanes(&self, rows: usize, cols4: usize) -> usize {
+        let target = if self.dev.ctx.software_kernels {
+            SOFTWARE_LANE_TARGET
+        } else {
+            LANE_TARGET
+        };
+        (target / cols4.max(1))
+            .min(rows.div_ceil(MIN_LANE_ROWS))
+            .max(rows.div_ceil(MAX_LANE_ROWS))
+            .max(1)
+    }
+
     /// Runs `sums` into a float32 tensor when `out` is float16, then casts that into `out`:
     /// sums keep their partials in float32 (the bindings the float16 twins keep float32, see
     /// `ShaderFamily::kept_f32`) and round to float16 once, at the end.
@@ -240,26 +266,25 @@ impl GpuKernels<'_> {
                 if candidate == "separate" {
                     return separate();
                 }
-                let chunk = row_chunk(rows, SUM_ROWS_CHUNK);
-                let chunks = rows.div_ceil(chunk);
-                let partials = if chunks == 1 {
+                let lanes = self.sum_lanes(rows, cols / 4);
+                let partials = if lanes == 1 {
                     db.clone()
                 } else {
-                    self.scratch(&[chunks, cols], db)?
+                    self.scratch(&[lanes, cols], db)?
                 };
                 let p = ReduceParams {
                     n: 0,
                     rows: u(rows),
                     cols: u(cols),
-                    chunk: u(chunk),
+                    chunk: u(lanes),
                     alpha: 0.0,
                     act: act.code(),
                 };
                 // Bindings 4, 5, 6, 7: y, the partial sums, dy, dz.
-                let grid = [u(cols.div_ceil(256)), u(chunks), 1];
+                let grid = grid_1d(lanes * cols / 4, 64);
                 self.launch(ACT_GRAD_SUM_ROWS_V4, &p, &[y, &partials, dy, dz], grid)?;
-                if chunks > 1 {
-                    self.sum_rows(&partials, chunks, cols, db)?;
+                if lanes > 1 {
+                    self.sum_rows(&partials, lanes, cols, db)?;
                 }
                 Ok(())
             })
