@@ -19,9 +19,12 @@
 //                  that produced x applied on the way (dz = routed dy · act'(x), x being the
 //                  activation's output) and the bias gradient's first pass: items =
 //                  lanes*c/4, channels fastest; item (lane, vec4 of channels) walks windows
-//                  lane, lane + lanes, .. of the n*hb*wb (p.windows) and writes its column sums
-//                  to row `lane` of sums4. Neighbouring lanes take neighbouring windows, so a
-//                  subgroup's loads are contiguous however few channels there are. One pass
+//                  lane * lane_stride + k * step, k < steps, of the n*hb*wb (p.windows) and
+//                  writes its column sums to row `lane` of sums4. Interleaved on GPUs
+//                  (lane_stride 1, step = lanes: neighbouring lanes take neighbouring windows,
+//                  so a subgroup's loads are contiguous however few channels there are), in
+//                  runs on software adapters (lane_stride = steps, step 1: one invocation's
+//                  windows stay together in the cache of the core that runs it). One pass
 //                  reads x and dy once and writes dz (maxpool_bwd_v4 then the activation's
 //                  gradient read x twice and wrote and read dx).
 //                  bindings x4, dy4, dx4 (dz), sums4.
@@ -31,7 +34,7 @@
 // 8 dx4: array<vec4<f32>> views. All storage read_write. Tensors go to the used bindings in
 // ascending order.
 // Params: n, h, w, c (in vec4s for the _v4 entry points), oh = h/2, ow = w/2, hb, wb, items;
-// act (0 linear, 1 relu, 2 selu), lanes, windows (maxpool_act_grad_sum_v4).
+// act (0 linear, 1 relu, 2 selu), windows, lane_stride, step, steps (maxpool_act_grad_sum_v4).
 // Limits: four storage buffers (maxpool_act_grad_sum_v4; three for the others), no workgroup
 // memory (GL-compatible).
 
@@ -46,8 +49,10 @@ struct Params {
     wb: u32,
     items: u32,
     act: u32,
-    lanes: u32,
     windows: u32,
+    lane_stride: u32,
+    step: u32,
+    steps: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -215,7 +220,9 @@ fn maxpool_act_grad_sum_v4(@builtin(global_invocation_id) gid: vec3<u32>, @built
     let row = p.w * p.c;
     let z = vec4<f32>(0.0);
     var s = z;
-    for (var t = lane; t < p.windows; t += p.lanes) {
+    for (var k = 0u; k < p.steps; k++) {
+        let t = lane * p.lane_stride + k * p.step;
+        if (t >= p.windows) { break; }
         let j = t % p.wb;
         let t2 = t / p.wb;
         let i = t2 % p.hb;

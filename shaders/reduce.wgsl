@@ -22,18 +22,20 @@
 //               idle; dispatch (ceil(cols / 4 / n), ceil(rows / chunk), 1).
 //   act_grad_sum_rows_v4  the activation's gradient and the first pass of its column sums in
 //               one (cols % 4 == 0), @workgroup_size(64), dispatch grid_1d(lanes * cols / 4,
-//               64): item (lane, vec4 column c), columns fastest, walks rows lane, lane +
-//               lanes, .. (lanes = chunk), writes dz4[i] = act'(dy4[i], x4[i] = y) and
+//               64): item (lane, vec4 column c), columns fastest, walks rows lane * n + k *
+//               step, k < steps (lanes = chunk), writes dz4[i] = act'(dy4[i], x4[i] = y) and
 //               out4[lane * cols4 + c] = Σ dz4[i], so the gradient is not read back for the bias
-//               sum. Neighbouring lanes take neighbouring rows: a subgroup's loads are
-//               contiguous however few columns there are.
+//               sum. Interleaved on GPUs (n = 1, step = lanes: neighbouring lanes take
+//               neighbouring rows, so a subgroup's loads are contiguous however few columns
+//               there are), in runs on software adapters (n = steps, step = 1).
 //   argmax_rows @workgroup_size(64), dispatch grid_1d(rows, 64): idx[r] = first arg max of row r.
 //   add_into    @workgroup_size(256), dispatch grid_1d(n, 256): out[i] += x[i] (AddN's steps).
 //
 // Bindings (group 0): 0 uniform Params; 1 x: array<f32>; 2 out: array<f32>; 3 idx: array<i32>;
 // 4 x4, 5 out4: x and out as array<vec4<f32>>; 6 dy4, 7 dz4 (act_grad_sum_rows_v4).
 // Params: n, rows, cols, chunk, alpha (n is sum_all's length and sum_rows_wg's column lanes);
-// act (act_grad_sum_rows_v4: 1 relu, 2 selu, else linear; chunk is its number of lanes).
+// act, step, steps (act_grad_sum_rows_v4: act 1 relu, 2 selu, else linear; its lanes in chunk,
+// the rows between lanes in n).
 // Limits: 5 KiB of workgroup memory.
 
 struct Params {
@@ -43,6 +45,8 @@ struct Params {
     chunk: u32,
     alpha: f32,
     act: u32,
+    step: u32,
+    steps: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -159,7 +163,9 @@ fn act_grad_sum_rows_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     let c = item % cols4;
     let lane = item / cols4;
     var s = vec4<f32>(0.0);
-    for (var r = lane; r < p.rows; r += lanes) {
+    for (var k = 0u; k < p.steps; k++) {
+        let r = lane * p.n + k * p.step;
+        if (r >= p.rows) { break; }
         let i = r * cols4 + c;
         let d = act_grad4(dy4[i], x4[i], p.act);
         dz4[i] = d;

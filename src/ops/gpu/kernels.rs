@@ -159,6 +159,9 @@ struct ReduceParams {
     chunk: u32,
     alpha: f32,
     act: u32,
+    /// `act_grad_sum_rows_v4`'s walk (see reduce.wgsl).
+    step: u32,
+    steps: u32,
 }
 
 impl GpuKernels<'_> {
@@ -267,18 +270,26 @@ impl GpuKernels<'_> {
                     return separate();
                 }
                 let lanes = self.sum_lanes(rows, cols / 4);
+                let per_lane = rows.div_ceil(lanes);
+                let (lane_stride, step) = if self.dev.ctx.software_kernels {
+                    (per_lane, 1)
+                } else {
+                    (1, lanes)
+                };
                 let partials = if lanes == 1 {
                     db.clone()
                 } else {
                     self.scratch(&[lanes, cols], db)?
                 };
                 let p = ReduceParams {
-                    n: 0,
+                    n: u(lane_stride),
                     rows: u(rows),
                     cols: u(cols),
                     chunk: u(lanes),
                     alpha: 0.0,
                     act: act.code(),
+                    step: u(step),
+                    steps: u(per_lane),
                 };
                 // Bindings 4, 5, 6, 7: y, the partial sums, dy, dz.
                 let grid = grid_1d(lanes * cols / 4, 64);
@@ -349,6 +360,8 @@ impl Kernels for GpuKernels<'_> {
                 chunk: 0,
                 alpha: 0.0,
                 act: 0,
+                step: 0,
+                steps: 0,
             };
             self.launch(ADD_INTO, &p, &[x, out], grid_1d(n, 256))?;
         }
@@ -401,6 +414,8 @@ impl Kernels for GpuKernels<'_> {
                 chunk: u(SUM_ALL_CHUNK),
                 alpha: if last { alpha } else { 1.0 },
                 act: 0,
+                step: 0,
+                steps: 0,
             };
             let grid = grid_1d(chunks * 256, 256);
             self.launch(SUM_ALL, &p, &[&current, &target], grid)?;
@@ -423,6 +438,8 @@ impl Kernels for GpuKernels<'_> {
             chunk: 0,
             alpha: 0.0,
             act: 0,
+            step: 0,
+            steps: 0,
         };
         self.launch(ARGMAX_ROWS, &p, &[x, out], grid_1d(rows, 64))
     }
@@ -537,6 +554,8 @@ impl GpuKernels<'_> {
                 chunk: u(chunk),
                 alpha: 0.0,
                 act: 0,
+                step: 0,
+                steps: 0,
             };
             let grid = [u(pass.column_groups), u(chunks), 1];
             self.launch(pass.kernel, &p, &[&current, &target], grid)?;

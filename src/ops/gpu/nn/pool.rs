@@ -29,8 +29,10 @@ struct PoolParams {
     wb: u32,
     items: u32,
     act: u32,
-    lanes: u32,
     windows: u32,
+    lane_stride: u32,
+    step: u32,
+    steps: u32,
 }
 
 impl PoolParams {
@@ -113,7 +115,9 @@ impl GpuKernels<'_> {
         self.tuned_partials(class, &mut |target| {
             // Partial sums in float32 (the bias sums are `kept_f32`), one rounding at the end.
             self.float32_sums(db, |db| {
-                let (_, lanes) = chunking(target, c, windows, POOL_GRAD_MIN_WINDOWS);
+                let (chunk, lanes) = chunking(target, c, windows, POOL_GRAD_MIN_WINDOWS);
+                let software = self.dev.ctx.software_kernels;
+                let (lane_stride, step) = if software { (chunk, 1) } else { (1, lanes) };
                 let partials = if lanes == 1 {
                     db.clone()
                 } else {
@@ -122,8 +126,10 @@ impl GpuKernels<'_> {
                 let p = PoolParams {
                     items: u(lanes * c),
                     act: act.code(),
-                    lanes: u(lanes),
                     windows: u(windows),
+                    lane_stride: u(lane_stride),
+                    step: u(step),
+                    steps: u(chunk),
                     ..PoolParams::shape(s, c)
                 };
                 self.launch(
