@@ -38,6 +38,8 @@
 //              invocation: 4×1 (matmul_v4) 4.4, 4×4 5.2, 8×2 7.4, 8×4 8.9, 16×1 11.6, 32×1 9.9,
 //              32×2 12.6, 16×4 9.3, 16×2 14.5: more rows share each gathered B vector, until the
 //              accumulators no longer fit in registers.
+//   matmul_16x4  matmul_16x8 with one vec4 column per invocation, for n <= 32: dispatch
+//              (ceil(n / 32), ceil(m / 128), 1); 128 rows × 32 columns a workgroup.
 //   pack_b8    @workgroup_size(256), dispatch grid_1d(k * n, 256): B (any transpose, read
 //              through b_rs, b_cs) into out as blocks of 8 columns, k rows each: out[(c * k + l) *
 //              8 + q] = B(l, 8c + q). Each 32 rows of a block (1 KiB) are one window of
@@ -519,6 +521,97 @@ fn matmul_16x8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         if (c0 + 0u < n4) { out4[(row0 + 120u) * n4 + c0 + 0u] = act4(acc[30] + bias0, p.act); }
         if (c0 + 8u < n4) { out4[(row0 + 120u) * n4 + c0 + 8u] = act4(acc[31] + bias1, p.act); }
     }
+}
+
+// matmul_16x8 with one vec4 column per invocation: a workgroup covers 128 rows × 32 columns, for
+// products 32 columns wide or narrower, where matmul_16x8's second vec4 column (and the 64-column
+// tiles of the other kernels) would compute clamped columns only to throw them away.
+@compute @workgroup_size(8, 8)
+fn matmul_16x4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n4 = p.n / 4u;
+    let k4 = p.k / 4u;
+    let c0 = wg.x * 8u + lid.x;
+    let cc0 = min(c0, n4 - 1u);
+    let row0 = row_tile(wg, nwg) * 128u + lid.y;
+    let r0 = min(row0 + 0u, p.m - 1u) * k4;
+    let r1 = min(row0 + 8u, p.m - 1u) * k4;
+    let r2 = min(row0 + 16u, p.m - 1u) * k4;
+    let r3 = min(row0 + 24u, p.m - 1u) * k4;
+    let r4 = min(row0 + 32u, p.m - 1u) * k4;
+    let r5 = min(row0 + 40u, p.m - 1u) * k4;
+    let r6 = min(row0 + 48u, p.m - 1u) * k4;
+    let r7 = min(row0 + 56u, p.m - 1u) * k4;
+    let r8 = min(row0 + 64u, p.m - 1u) * k4;
+    let r9 = min(row0 + 72u, p.m - 1u) * k4;
+    let r10 = min(row0 + 80u, p.m - 1u) * k4;
+    let r11 = min(row0 + 88u, p.m - 1u) * k4;
+    let r12 = min(row0 + 96u, p.m - 1u) * k4;
+    let r13 = min(row0 + 104u, p.m - 1u) * k4;
+    let r14 = min(row0 + 112u, p.m - 1u) * k4;
+    let r15 = min(row0 + 120u, p.m - 1u) * k4;
+    // The accumulators, indexed by constants only, so they stay in registers.
+    var acc: array<vec4<f32>, 16>;
+    var bo = 0u;
+    for (var l4 = 0u; l4 < k4; l4++) {
+        let b0 = b4[bo + cc0];
+        let b1 = b4[bo + n4 + cc0];
+        let b2 = b4[bo + 2u * n4 + cc0];
+        let b3 = b4[bo + 3u * n4 + cc0];
+        bo += 4u * n4;
+        let av0 = a4[r0 + l4];
+        acc[0] += av0.x * b0 + av0.y * b1 + av0.z * b2 + av0.w * b3;
+        let av1 = a4[r1 + l4];
+        acc[1] += av1.x * b0 + av1.y * b1 + av1.z * b2 + av1.w * b3;
+        let av2 = a4[r2 + l4];
+        acc[2] += av2.x * b0 + av2.y * b1 + av2.z * b2 + av2.w * b3;
+        let av3 = a4[r3 + l4];
+        acc[3] += av3.x * b0 + av3.y * b1 + av3.z * b2 + av3.w * b3;
+        let av4 = a4[r4 + l4];
+        acc[4] += av4.x * b0 + av4.y * b1 + av4.z * b2 + av4.w * b3;
+        let av5 = a4[r5 + l4];
+        acc[5] += av5.x * b0 + av5.y * b1 + av5.z * b2 + av5.w * b3;
+        let av6 = a4[r6 + l4];
+        acc[6] += av6.x * b0 + av6.y * b1 + av6.z * b2 + av6.w * b3;
+        let av7 = a4[r7 + l4];
+        acc[7] += av7.x * b0 + av7.y * b1 + av7.z * b2 + av7.w * b3;
+        let av8 = a4[r8 + l4];
+        acc[8] += av8.x * b0 + av8.y * b1 + av8.z * b2 + av8.w * b3;
+        let av9 = a4[r9 + l4];
+        acc[9] += av9.x * b0 + av9.y * b1 + av9.z * b2 + av9.w * b3;
+        let av10 = a4[r10 + l4];
+        acc[10] += av10.x * b0 + av10.y * b1 + av10.z * b2 + av10.w * b3;
+        let av11 = a4[r11 + l4];
+        acc[11] += av11.x * b0 + av11.y * b1 + av11.z * b2 + av11.w * b3;
+        let av12 = a4[r12 + l4];
+        acc[12] += av12.x * b0 + av12.y * b1 + av12.z * b2 + av12.w * b3;
+        let av13 = a4[r13 + l4];
+        acc[13] += av13.x * b0 + av13.y * b1 + av13.z * b2 + av13.w * b3;
+        let av14 = a4[r14 + l4];
+        acc[14] += av14.x * b0 + av14.y * b1 + av14.z * b2 + av14.w * b3;
+        let av15 = a4[r15 + l4];
+        acc[15] += av15.x * b0 + av15.y * b1 + av15.z * b2 + av15.w * b3;
+    }
+    if (c0 >= n4) { return; }
+    var bias0 = vec4<f32>(0.0);
+    if (p.has_bias != 0u) {
+        bias0 = vec4<f32>(bias[4u * c0], bias[4u * c0 + 1u], bias[4u * c0 + 2u], bias[4u * c0 + 3u]);
+    }
+    if (row0 + 0u < p.m) { out4[(row0 + 0u) * n4 + c0] = act4(acc[0] + bias0, p.act); }
+    if (row0 + 8u < p.m) { out4[(row0 + 8u) * n4 + c0] = act4(acc[1] + bias0, p.act); }
+    if (row0 + 16u < p.m) { out4[(row0 + 16u) * n4 + c0] = act4(acc[2] + bias0, p.act); }
+    if (row0 + 24u < p.m) { out4[(row0 + 24u) * n4 + c0] = act4(acc[3] + bias0, p.act); }
+    if (row0 + 32u < p.m) { out4[(row0 + 32u) * n4 + c0] = act4(acc[4] + bias0, p.act); }
+    if (row0 + 40u < p.m) { out4[(row0 + 40u) * n4 + c0] = act4(acc[5] + bias0, p.act); }
+    if (row0 + 48u < p.m) { out4[(row0 + 48u) * n4 + c0] = act4(acc[6] + bias0, p.act); }
+    if (row0 + 56u < p.m) { out4[(row0 + 56u) * n4 + c0] = act4(acc[7] + bias0, p.act); }
+    if (row0 + 64u < p.m) { out4[(row0 + 64u) * n4 + c0] = act4(acc[8] + bias0, p.act); }
+    if (row0 + 72u < p.m) { out4[(row0 + 72u) * n4 + c0] = act4(acc[9] + bias0, p.act); }
+    if (row0 + 80u < p.m) { out4[(row0 + 80u) * n4 + c0] = act4(acc[10] + bias0, p.act); }
+    if (row0 + 88u < p.m) { out4[(row0 + 88u) * n4 + c0] = act4(acc[11] + bias0, p.act); }
+    if (row0 + 96u < p.m) { out4[(row0 + 96u) * n4 + c0] = act4(acc[12] + bias0, p.act); }
+    if (row0 + 104u < p.m) { out4[(row0 + 104u) * n4 + c0] = act4(acc[13] + bias0, p.act); }
+    if (row0 + 112u < p.m) { out4[(row0 + 112u) * n4 + c0] = act4(acc[14] + bias0, p.act); }
+    if (row0 + 120u < p.m) { out4[(row0 + 120u) * n4 + c0] = act4(acc[15] + bias0, p.act); }
 }
 
 @compute @workgroup_size(8, 8)

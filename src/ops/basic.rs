@@ -18,6 +18,7 @@ const MATMUL: OpInfo = OpInfo {
         gk::MATMUL_V4,
         gk::MATMUL_TALL,
         gk::MATMUL_16X8,
+        gk::MATMUL_16X4,
         gk::MATMUL_V4_SPLITK,
         gk::MATMUL_SMEM_V4,
         gk::MATMUL_SMEM128_V4,

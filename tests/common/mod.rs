@@ -208,9 +208,10 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 
 /// Every candidate the autotuner can pick (`ANYGPU_AUTOTUNE_FORCE` names), for the tests that
 /// force each in turn.
-pub const TUNING_CANDIDATES: [&str; 27] = [
+pub const TUNING_CANDIDATES: [&str; 28] = [
     "tile64_v4",
     "tall_16x8",
+    "tall_16x4",
     "splitk_v4",
     "smem64_v4",
     "smem128_v4",

@@ -25,6 +25,7 @@ pub(crate) const MATMUL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul");
 pub(crate) const MATMUL_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4");
 pub(crate) const MATMUL_TALL: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_tall");
 pub(crate) const MATMUL_16X8: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x8");
+pub(crate) const MATMUL_16X4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_16x4");
 pub(crate) const MATMUL_SMEM_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem_v4");
 pub(crate) const MATMUL_SMEM128_V4: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_smem128_v4");
 pub(crate) const MATMUL_V4_SPLITK: Kernel = Kernel::new(ShaderFamily::Matmul, "matmul_v4_splitk");

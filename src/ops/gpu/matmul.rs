@@ -22,6 +22,9 @@ const TALL_ROWS: usize = 128;
 
 const TALL_COLS: usize = 64;
 
+/// Output columns one `matmul_16x4` workgroup covers, and the widest product it is offered.
+const NARROW_COLS: usize = 32;
+
 /// The most dispatches `matmul_ubo8` may take for one product (a 1×1 convolution of 64
 /// channels to 128 takes 32).
 const UBO8_MAX_DISPATCHES: usize = (UNIFORM_SCRATCH_BYTES / UBO8_WINDOW) as usize;
@@ -145,6 +148,9 @@ impl GpuKernels<'_> {
             // register block (see matmul.wgsl for the measurements), GPUs many invocations to
             // hide latency, and split k when the output has few tiles.
             let mut candidates = vec!["tile64_v4", "tall_16x8"];
+            if d.n <= NARROW_COLS {
+                candidates.push("tall_16x4");
+            }
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64_v4", "smem128_v4"]);
             // Split k keeps its partial products in the output's type: float32 only.
             if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
@@ -164,6 +170,10 @@ impl GpuKernels<'_> {
                     "tall_16x8" => {
                         let grid = tile_grid(d.n.div_ceil(TALL_COLS), d.m.div_ceil(TALL_ROWS));
                         self.launch(MATMUL_16X8, &p, &[bias_or_out, b, out, a], grid)
+                    }
+                    "tall_16x4" => {
+                        let grid = tile_grid(d.n.div_ceil(NARROW_COLS), d.m.div_ceil(TALL_ROWS));
+                        self.launch(MATMUL_16X4, &p, &[bias_or_out, b, out, a], grid)
                     }
                     "splitk_v4" => self.matmul_split_k(a, b, bias, out, d, p),
                     "ubo8" => self.matmul_ubo8(a, b, bias, out, d, p),
