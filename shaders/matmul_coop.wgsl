@@ -16,6 +16,10 @@
 //   matmul_coop_64x64_v4, matmul_coop_32x64_v4  the same with A stored [m, k] and B [k, n]
 //                      (no transposes), k and n multiples of 4: A and B read one vec4 at a time
 //                      through a4 and b4 (bindings 3 bias, 4 out, 5 a4, 6 b4).
+//   matmul_coop_64x32_v4  a 64×32 output tile (A and B as the _v4 kernels), each subgroup
+//                      32×16 (2×1 fragments), for products 32 columns wide or narrower (the 1×1
+//                      convolutions to 32 channels), where a 64-column tile multiplies zeros;
+//                      dispatch (ceil(n / 32), ceil(m / 64), 1).
 // Both step through k 32 at a time: the workgroup copies A's 64 (or 32) × 32 and B's 32 × 64
 // slices into workgroup memory, zero past the matrix's edges (any m, n, k, no alignment), so
 // the 16×16×16 fragments the tensor cores multiply only ever read workgroup memory. Each
@@ -155,12 +159,14 @@ fn load_a4(rows: u32, row0: u32, k0: u32, t: u32) {
     }
 }
 
-// load_b with B stored [k, n], n a multiple of 4: one vec4 of B per load (16 of a row).
-fn load_b4(col0: u32, k0: u32, t: u32) {
+// load_b with B stored [k, n], n a multiple of 4, over `cols` (64 or 32) columns: one vec4 of B
+// per load.
+fn load_b4(col0: u32, k0: u32, t: u32, cols: u32) {
     let n4 = p.n / 4u;
-    for (var e = t; e < BK * 16u; e += 128u) {
-        let r = e / 16u;
-        let c4 = e % 16u;
+    let row4 = cols / 4u;
+    for (var e = t; e < BK * row4; e += 128u) {
+        let r = e / row4;
+        let c4 = e % row4;
         let l = k0 + r;
         let j4 = col0 / 4u + c4;
         let v = b4[min(l, p.k - 1u) * n4 + min(j4, n4 - 1u)];
@@ -301,7 +307,7 @@ fn matmul_coop_64x64_v4(
         // The previous step's fragments are loaded before the tiles are overwritten.
         workgroupBarrier();
         load_a4(64u, row0, k0, t);
-        load_b4(col0, k0, t);
+        load_b4(col0, k0, t, 64u);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);
@@ -349,7 +355,7 @@ fn matmul_coop_32x64_v4(
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         workgroupBarrier();
         load_a4(32u, row0, k0, t);
-        load_b4(col0, k0, t);
+        load_b4(col0, k0, t, 64u);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);
@@ -367,4 +373,41 @@ fn matmul_coop_32x64_v4(
     coopStoreT(c1, &ct[slot], 16u);
     workgroupBarrier();
     write_round(t, row0, col0, 16u, 32u, 0u, 16u);
+}
+
+@compute @workgroup_size(128)
+fn matmul_coop_64x32_v4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let row0 = row_tile(wg, nwg) * 64u;
+    let col0 = wg.x * 32u;
+    // Subgroup sg's 32×16 block of the tile: rows ar, ar + 16; columns bc.
+    let ar = (sg / 2u) * 32u;
+    let bc = (sg % 2u) * 16u;
+    var c0 = coop_mat16x16<f32, C>();
+    var c1 = coop_mat16x16<f32, C>();
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        workgroupBarrier();
+        load_a4(64u, row0, k0, t);
+        load_b4(col0, k0, t, 32u);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&at[(ar + 16u) * AS + kk], AS);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc], BS);
+            c0 = coopMultiplyAdd(a0, b0, c0);
+            c1 = coopMultiplyAdd(a1, b0, c1);
+        }
+    }
+    let slot = sg * 256u;
+    coopStoreT(c0, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 32u, 16u, 0u, 0u);
+    workgroupBarrier();
+    coopStoreT(c1, &ct[slot], 16u);
+    workgroupBarrier();
+    write_round(t, row0, col0, 32u, 16u, 16u, 0u);
 }

@@ -23,26 +23,34 @@ pub(crate) const SUBGROUP_SIZE: u32 = 32;
 pub(crate) struct Candidate {
     pub(crate) name: &'static str,
     pub(crate) kernel: Kernel,
-    /// Output rows per workgroup (64 columns each).
+    /// Output rows and columns per workgroup.
     pub(crate) rows: usize,
+    pub(crate) cols: usize,
     /// Reads A and B as vec4: no transposes, k and n multiples of 4.
     pub(crate) v4: bool,
 }
 
-const fn candidate(name: &'static str, entry: &'static str, rows: usize, v4: bool) -> Candidate {
+const fn candidate(
+    name: &'static str,
+    entry: &'static str,
+    (rows, cols): (usize, usize),
+    v4: bool,
+) -> Candidate {
     Candidate {
         name,
         kernel: Kernel::new(ShaderFamily::MatmulCoop, entry),
         rows,
+        cols,
         v4,
     }
 }
 
-pub(crate) const CANDIDATES: [Candidate; 4] = [
-    candidate("coop16_64x64", "matmul_coop_64x64", 64, false),
-    candidate("coop16_32x64", "matmul_coop_32x64", 32, false),
-    candidate("coop16_64x64_v4", "matmul_coop_64x64_v4", 64, true),
-    candidate("coop16_32x64_v4", "matmul_coop_32x64_v4", 32, true),
+pub(crate) const CANDIDATES: [Candidate; 5] = [
+    candidate("coop16_64x64", "matmul_coop_64x64", (64, 64), false),
+    candidate("coop16_32x64", "matmul_coop_32x64", (32, 64), false),
+    candidate("coop16_64x64_v4", "matmul_coop_64x64_v4", (64, 64), true),
+    candidate("coop16_32x64_v4", "matmul_coop_32x64_v4", (32, 64), true),
+    candidate("coop16_64x32_v4", "matmul_coop_64x32_v4", (64, 32), true),
 ];
 
 /// Whether `name` is one of this module's candidates.

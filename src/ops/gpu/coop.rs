@@ -111,7 +111,10 @@ impl GpuKernels<'_> {
         if !support.usable() {
             return Vec::new();
         }
-        let takes = CANDIDATES.iter().filter(|c| applies(c, d));
+        // A 32-column tile only where the product is that narrow: wider ones have the others.
+        let takes = CANDIDATES
+            .iter()
+            .filter(|c| applies(c, d) && (c.cols == 64 || d.n <= c.cols));
         if self.dev.ctx.tuner.forced() {
             return takes.map(|c| c.name).collect();
         }
@@ -231,7 +234,7 @@ impl GpuKernels<'_> {
             .or_else(|| CANDIDATES.iter().find(|c| applies(c, d)))
             .copied()
             .unwrap_or(CANDIDATES[0]);
-        let (p, grid) = launch_shape(d, bias.is_some(), act, c.rows);
+        let (p, grid) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
         let bias_or_out = bias.unwrap_or(out);
         if c.v4 {
             // Bindings 3, 4, 5, 6: bias, out, then a and b as vec4.
@@ -242,12 +245,13 @@ impl GpuKernels<'_> {
     }
 }
 
-/// The params and grid of a product of `d` on a kernel of `rows` output rows per workgroup.
+/// The params and grid of a product of `d` on a kernel of `rows` × `cols` outputs per
+/// workgroup.
 fn launch_shape(
     d: MatmulDims,
     has_bias: bool,
     act: Activation,
-    rows: usize,
+    (rows, cols): (usize, usize),
 ) -> (CoopParams, [u32; 3]) {
     let (a_rs, a_cs) = if d.trans_a { (1, d.m) } else { (d.k, 1) };
     let (b_rs, b_cs) = if d.trans_b { (1, d.k) } else { (d.n, 1) };
@@ -268,7 +272,7 @@ fn launch_shape(
     // Row tiles past one grid dimension fold into z (the shader's row_tile).
     let row_tiles = d.m.div_ceil(rows);
     let y = row_tiles.clamp(1, MAX_GROUPS_PER_DIM);
-    let grid = [u(d.n.div_ceil(64)), u(y), u(row_tiles.div_ceil(y).max(1))];
+    let grid = [u(d.n.div_ceil(cols)), u(y), u(row_tiles.div_ceil(y).max(1))];
     (p, grid)
 }
 
@@ -715,7 +719,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let bt = Tensor::from_slice_on(&bh, &bshape, dev).unwrap();
                     let ct = Tensor::from_slice_on(&ch, &[n], dev).unwrap();
                     let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], dev).unwrap();
-                    let (p, grid) = launch_shape(d, has_bias, act, c.rows);
+                    let (p, grid) = launch_shape(d, has_bias, act, (c.rows, c.cols));
                     let tensors = if c.v4 {
                         [&ct, &out, &at, &bt]
                     } else {
