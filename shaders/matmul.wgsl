@@ -11,15 +11,15 @@
 //              view a, b and out as array<vec4<f32>>).
 //   matmul_v4_splitk  matmul_v4 over one slice of k per workgroup layer: dispatch (ceil(n / 64),
 //              ceil(m / 64), splits), slice z covers k4 in [z * k_slice, (z + 1) * k_slice)
-//              (k_slice in vec4s of k), and writes its raw partial product to out4 at z * m * n / 4. For products with few output
+//              (k_slice in vec4s of k), and writes its raw partial product to part4 at z * m * n / 4. For products with few output
 //              tiles and a long k (a dense layer at batch 128: 4 tiles, k = 1152), which leave
 //              a GPU's cores idle on one tile each.
 //   matmul_splitk  matmul (any transposes) over one slice of k per workgroup layer, as
 //              matmul_v4_splitk: slice z covers k in [z * k_slice, (z + 1) * k_slice), raw
-//              partials to out at z * m * n.
-//   splitk_reduce  out[i] = act(Σ_z b[z * m * n + i] + bias[i % n]) over k = splits layers;
+//              partials to part at z * m * n.
+//   splitk_reduce  out[i] = act(Σ_z part[z * m * n + i] + bias[i % n]) over k = splits layers;
 //              @workgroup_size(256), dispatch grid_1d(m * n, 256).
-//   splitk_reduce_v4  out4[i] = act(Σ_z b4[z * m * n / 4 + i] + bias) over k = splits layers,
+//   splitk_reduce_v4  out4[i] = act(Σ_z part4[z * m * n / 4 + i] + bias) over k = splits layers,
 //              i < m * n / 4 (n a multiple of 4); @workgroup_size(256), dispatch grid_1d.
 //   matmul_smem_v4  matmul_v4's 64×64 tile and 4 rows × one vec4 per invocation, but the
 //              tile's A (64 × 16) and B (16 × 64) pass through workgroup memory 16 steps of k at
@@ -65,7 +65,8 @@
 // and write neighbouring outputs. Dispatch: (ceil(n / 64), ceil(m / 64), 1).
 //
 // Bindings (group 0): 0 uniform Params; 1 a, 2 b, 3 bias ([n], read only when has_bias),
-// 4 out: storage read_write array<f32>, row-major.
+// 4 out: storage read_write array<f32>, row-major; 5 b4, 6 out4, 7 a4: vec4 views; 8 bw (a
+// uniform window); 9 part, 10 part4: the split-k partials (float32 in the float16 twin).
 // Params: m, k, n; a_rs, a_cs: strides of A(i, l) = a[i * a_rs + l * a_cs] (and b_rs, b_cs
 // for B(l, j)), which encode the transposes; has_bias; act (0 linear, 1 relu, 2 selu); k_slice
 // (matmul_v4_splitk only); block and chunk (matmul_ubo8 only).
@@ -96,6 +97,10 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> a4: array<vec4<f32>>;
 // matmul_ubo8's window of packed B: 32 rows of k × 8 columns.
 @group(0) @binding(8) var<uniform> bw: array<vec4<f32>, 64>;
+// The split-k kernels' raw partial products [splits, m, n]: float32 in the float16 twin too,
+// so that a product's sum is rounded once, at the end.
+@group(0) @binding(9) var<storage, read_write> part: array<f32>;
+@group(0) @binding(10) var<storage, read_write> part4: array<vec4<f32>>;
 
 const SELU_ALPHA: f32 = 1.6732632423543772;
 const SELU_SCALE: f32 = 1.0507009873554805;
@@ -311,7 +316,7 @@ fn matmul_v4_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + 16u * i;
         if (r >= p.m) { break; }
-        out4[layer + r * n4 + cv] = acc[i];
+        part4[layer + r * n4 + cv] = acc[i];
     }
 }
 
@@ -328,7 +333,7 @@ fn matmul_splitk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + 16u * j;
             if (c >= p.n) { break; }
-            out[layer + r * p.n + c] = acc[i][j];
+            part[layer + r * p.n + c] = acc[i][j];
         }
     }
 }
@@ -340,7 +345,7 @@ fn splitk_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     if (i >= len) { return; }
     var s = 0.0;
     for (var z = 0u; z < p.k; z++) {
-        s += b[z * len + i];
+        s += part[z * len + i];
     }
     if (p.has_bias != 0u) {
         s += bias[i % p.n];
@@ -356,7 +361,7 @@ fn splitk_reduce_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     if (i >= len4) { return; }
     var s = vec4<f32>(0.0);
     for (var z = 0u; z < p.k; z++) {
-        s += b4[z * len4 + i];
+        s += part4[z * len4 + i];
     }
     if (p.has_bias != 0u) {
         let c = 4u * (i % n4);

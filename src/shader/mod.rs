@@ -134,6 +134,7 @@ impl ShaderFamily {
             ShaderFamily::ReduceSubgroup => &["out4"],
             ShaderFamily::Conv2d | ShaderFamily::Depthwise => &["dk", "dk4"],
             ShaderFamily::Pool => &["sums4"],
+            ShaderFamily::Matmul => &["part", "part4"],
             // Keras computes batch normalization in float32 for float16 inputs: only the
             // activations and their gradients are float16.
             ShaderFamily::Batchnorm => &[

@@ -239,6 +239,5 @@ pub const TUNING_CANDIDATES: [&str; 28] = [
     "chunks_128k",
 ];
 
-/// The candidates that keep float32 values outside the tensors (uniform windows, split-k
-/// partials): never offered for float16.
-pub const FLOAT32_ONLY_CANDIDATES: [&str; 4] = ["splitk_v4", "ubo8", "splitk", "ubo_c1"];
+/// The candidates that keep float32 values in uniform windows: never offered for float16.
+pub const FLOAT32_ONLY_CANDIDATES: [&str; 2] = ["ubo8", "ubo_c1"];

@@ -152,8 +152,7 @@ impl GpuKernels<'_> {
                 candidates.push("tall_16x4");
             }
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64_v4", "smem128_v4"]);
-            // Split k keeps its partial products in the output's type: float32 only.
-            if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
+            if splitk_slices(d).is_some() {
                 candidates.push("splitk_v4");
             }
             // Its uniform window holds float32 values: no float16 twin.
@@ -203,7 +202,7 @@ impl GpuKernels<'_> {
             bucket(d.k)
         );
         let mut candidates = vec!["tile64", "tall"];
-        if splitk_slices(d).is_some() && a.dtype() == DType::F32 {
+        if splitk_slices(d).is_some() {
             candidates.push("splitk");
         }
         if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) {
@@ -374,7 +373,8 @@ impl GpuKernels<'_> {
                 self.launch(MATMUL, &p, &[a, b, bias_or_out, out], tiles)
             };
         };
-        let partials = self.scratch(&[splits, d.m, d.n], out)?;
+        // Float32 partials whatever the operands (the float16 twins keep `part` float32).
+        let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, out.device_handle())?;
         let split = MatmulParams {
             k_slice: u(slice),
             ..p
@@ -382,22 +382,21 @@ impl GpuKernels<'_> {
         let layers = [tiles[0], tiles[1], u(splits)];
         let reduce = MatmulParams { k: u(splits), ..p };
         if vec4 {
-            // Bindings 5, 6, 7: b, the partials, a (no bias); then 3, 5, 6: bias, the
-            // partials (as b4), out.
-            self.launch(MATMUL_V4_SPLITK, &split, &[b, &partials, a], layers)?;
+            // Bindings 5, 7, 10: b, a, the partials (no bias); then 3, 6, 10: bias, out, the
+            // partials.
+            self.launch(MATMUL_V4_SPLITK, &split, &[b, a, &partials], layers)?;
             let grid = grid_1d(d.m * d.n / 4, 256);
             self.launch(
                 SPLITK_REDUCE_V4,
                 &reduce,
-                &[bias_or_out, &partials, out],
+                &[bias_or_out, out, &partials],
                 grid,
             )
         } else {
-            // Bindings 1, 2, 4: a, b, the partials; then 2, 3, 4: the partials (as b), bias,
-            // out.
+            // Bindings 1, 2, 9: a, b, the partials; then 3, 4, 9: bias, out, the partials.
             self.launch(MATMUL_SPLITK, &split, &[a, b, &partials], layers)?;
             let grid = grid_1d(d.m * d.n, 256);
-            self.launch(SPLITK_REDUCE, &reduce, &[&partials, bias_or_out, out], grid)
+            self.launch(SPLITK_REDUCE, &reduce, &[bias_or_out, out, &partials], grid)
         }
     }
 }
