@@ -16,6 +16,14 @@
 //   matmul_coop_64x64_v4, matmul_coop_32x64_v4  the same with A stored [m, k] and B [k, n]
 //                      (no transposes), k and n multiples of 4: A and B read one vec4 at a time
 //                      through a4 and b4 (bindings 3 bias, 4 out, 5 a4, 6 b4).
+//   matmul_coop_64x64_splitk  matmul_coop_64x64 over one slice of k per workgroup layer: slice
+//                      z covers k in [z * k_slice, (z + 1) * k_slice) (k_slice a multiple of
+//                      32), and its raw float32 sums (no bias, no activation, no rounding) go to
+//                      part at z * m * n; the caller adds the layers up (matmul.wgsl's
+//                      splitk_reduce with the bias and activation, or a column sum). For
+//                      products with few output tiles and a long k (a dense layer's kernel
+//                      gradient, a 1×1 convolution's: k = the pixels); dispatch (ceil(n / 64),
+//                      ceil(m / 64), splits), bindings 1 a, 2 b, 7 part.
 //   matmul_coop_64x32_v4  a 64×32 output tile (A and B as the _v4 kernels), each subgroup
 //                      32×16 (2×1 fragments), for products 32 columns wide or narrower (the 1×1
 //                      convolutions to 32 channels), where a 64-column tile multiplies zeros;
@@ -35,8 +43,9 @@
 //
 // Bindings (group 0): 0 uniform Params (matmul.wgsl's); 1 a, 2 b, 3 bias ([n], read only when
 // has_bias), 4 out: storage read_write array<f16>, row-major; 5 a4, 6 b4: a and b as
-// array<vec4<f16>>.
-// Params: m, k, n, has_bias, the strides, act (0 linear, 1 relu, 2 selu); the rest unused.
+// array<vec4<f16>>; 7 part: the split kernel's float32 partial sums [splits, m, n].
+// Params: m, k, n, has_bias, the strides, act (0 linear, 1 relu, 2 selu), k_slice (the split
+// kernel's); the rest unused.
 // Limits: 128 invocations, 13,824 bytes of workgroup memory, four storage buffers an entry.
 
 enable f16;
@@ -65,6 +74,8 @@ struct Params {
 // a and b as vec4 (the _v4 entry points; ranges are 256-byte aligned and sized).
 @group(0) @binding(5) var<storage, read_write> a4: array<vec4<f16>>;
 @group(0) @binding(6) var<storage, read_write> b4: array<vec4<f16>>;
+// matmul_coop_64x64_splitk's raw partial products.
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;
 
 // Steps of k per pass through workgroup memory (two fragments deep).
 const BK: u32 = 32u;
@@ -248,6 +259,72 @@ fn matmul_coop_64x64(
     coopStoreT(c11, &ct[slot], 16u);
     workgroupBarrier();
     write_round(t, row0, col0, 32u, 32u, 16u, 16u);
+}
+
+// write_round for matmul_coop_64x64_splitk: the raw sums of a 64×64 tile's fragments this
+// round into layer `layer` of part.
+fn write_part(t: u32, row0: u32, col0: u32, fr: u32, fc: u32, layer: u32) {
+    for (var e = t; e < 1024u; e += 128u) {
+        let s = e / 256u;
+        let idx = e % 256u;
+        let i = row0 + (s / 2u) * 32u + fr + idx / 16u;
+        let j = col0 + (s % 2u) * 32u + fc + idx % 16u;
+        if (i < p.m && j < p.n) {
+            part[layer + i * p.n + j] = ct[e];
+        }
+    }
+}
+
+@compute @workgroup_size(128)
+fn matmul_coop_64x64_splitk(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let row0 = wg.y * 64u;
+    let col0 = wg.x * 64u;
+    // Subgroup sg's 32×32 block of the tile: rows ar, ar + 16; columns bc, bc + 16.
+    let ar = (sg / 2u) * 32u;
+    let bc = (sg % 2u) * 32u;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    let k_end = min((wg.z + 1u) * p.k_slice, p.k);
+    for (var k0 = wg.z * p.k_slice; k0 < k_end; k0 += BK) {
+        // The previous step's fragments are loaded before the tiles are overwritten.
+        workgroupBarrier();
+        load_a(64u, row0, k0, t);
+        load_b(col0, k0, t);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&at[ar * AS + kk], AS);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&at[(ar + 16u) * AS + kk], AS);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc], BS);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&bt[kk * BS + bc + 16u], BS);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+        }
+    }
+    let layer = wg.z * p.m * p.n;
+    let slot = sg * 256u;
+    coopStoreT(c00, &ct[slot], 16u);
+    workgroupBarrier();
+    write_part(t, row0, col0, 0u, 0u, layer);
+    workgroupBarrier();
+    coopStoreT(c01, &ct[slot], 16u);
+    workgroupBarrier();
+    write_part(t, row0, col0, 0u, 16u, layer);
+    workgroupBarrier();
+    coopStoreT(c10, &ct[slot], 16u);
+    workgroupBarrier();
+    write_part(t, row0, col0, 16u, 0u, layer);
+    workgroupBarrier();
+    coopStoreT(c11, &ct[slot], 16u);
+    workgroupBarrier();
+    write_part(t, row0, col0, 16u, 16u, layer);
 }
 
 @compute @workgroup_size(128)

@@ -10,7 +10,8 @@ mod common;
 
 use anygpu::ops;
 use anygpu::ops::reference::{self as r, random_vec};
-use anygpu::ops::spec::Activation;
+use anygpu::ops::spec::{Activation, Conv2dShape, Padding};
+use anygpu::ops::GradDType;
 use anygpu::{DType, DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
 use half::f16;
 
@@ -117,6 +118,60 @@ fn check_products(dev: &LogicalDevice) -> Vec<String> {
     failures
 }
 
+/// The kernel gradients of 1×1 convolutions long enough in pixels for the split-k candidate
+/// (`xᵀ · dz` over the pixels on the tensor cores), in float32 as the layers ask for them and
+/// in float16 as `Conv2DBackpropFilter` gives them. The failures, each naming the shape.
+fn check_pointwise_kernel_grads(dev: &LogicalDevice) -> Vec<String> {
+    let _s = dev.scope();
+    let mut failures = Vec::new();
+    for (t, &(n, h, w, c_in, c_out)) in
+        [(2, 28, 28, 32, 32), (3, 14, 14, 64, 128), (5, 9, 11, 16, 8)]
+            .iter()
+            .enumerate()
+    {
+        let s = Conv2dShape {
+            n,
+            h,
+            w,
+            c_in,
+            c_out,
+            kh: 1,
+            kw: 1,
+            padding: Padding::Valid,
+            strides: [1, 1],
+            dilation: [1, 1],
+        };
+        let seed = 78_000 + 10 * t as u64;
+        let (x, xt) = half_input(dev, &[n, h, w, c_in], seed);
+        let (dz, dzt) = half_input(dev, &[n, h, w, c_out], seed + 1);
+        let want = r::conv2d_backward_kernel(&x, &dz, &s);
+        let kshape = [1, 1, c_in, c_out];
+        let what = format!("1x1 kernel gradient {n}x{h}x{w} {c_in}->{c_out}");
+        let wide =
+            ops::conv2d_backward_kernel_as(&xt, &dzt, &kshape, Padding::Valid, GradDType::Float32)
+                .expect("kernel gradient");
+        let got = wide.to_vec::<f32>().expect("readback");
+        // float16 operands multiply exactly in float32; only the sums round.
+        let off = got
+            .iter()
+            .zip(&want)
+            .position(|(g, w)| (f64::from(*g) - w).abs() > 1e-5 * w.abs().max(1.0));
+        if wide.dtype() != DType::F32 {
+            failures.push(format!("{what}: {:?}, not float32", wide.dtype()));
+        } else if let Some(i) = off {
+            failures.push(format!(
+                "{what} in float32: dk[{i}] = {}, oracle {:.5}",
+                got[i], want[i]
+            ));
+        }
+        let half = ops::conv2d_backward_kernel(&xt, &dzt, &kshape, Padding::Valid).expect("dk");
+        if let Some(e) = first_wrong(&half, &want, c_out) {
+            failures.push(format!("{what} in float16: {e}"));
+        }
+    }
+    failures
+}
+
 #[test]
 fn coop_matrix_candidates_match_the_oracle() {
     let rt = common::builder()
@@ -155,11 +210,12 @@ fn coop_matrix_candidates_match_the_oracle() {
                 .into_iter()
                 .find(|d| d.full_name() == dev.full_name())
                 .expect("the same device in a second runtime");
-            let wrong = check_products(&same);
+            let mut wrong = check_products(&same);
+            wrong.extend(check_pointwise_kernel_grads(&same));
             // The candidate runs the products it applies to; the others fall back to the
             // default kernels and are checked all the same.
             println!(
-                "{candidate} forced on {}: {} products checked, {} wrong",
+                "{candidate} forced on {}: {} products and 3 kernel gradients checked, {} wrong",
                 label(&dev),
                 4 * shapes().len(),
                 wrong.len()

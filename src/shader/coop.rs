@@ -28,6 +28,9 @@ pub(crate) struct Candidate {
     pub(crate) cols: usize,
     /// Reads A and B as vec4: no transposes, k and n multiples of 4.
     pub(crate) v4: bool,
+    /// Splits k over workgroup layers into float32 partial sums (`matmul_coop_64x64_splitk`),
+    /// which a second kernel adds up: any shape and transpose.
+    pub(crate) split: bool,
 }
 
 const fn candidate(
@@ -42,15 +45,23 @@ const fn candidate(
         rows,
         cols,
         v4,
+        split: false,
     }
 }
 
-pub(crate) const CANDIDATES: [Candidate; 5] = [
+/// The split-k candidate's name: also the 1×1 convolutions' kernel gradient on tensor cores.
+pub(crate) const SPLIT_CANDIDATE: &str = "coop16_64x64_splitk";
+
+pub(crate) const CANDIDATES: [Candidate; 6] = [
     candidate("coop16_64x64", "matmul_coop_64x64", (64, 64), false),
     candidate("coop16_32x64", "matmul_coop_32x64", (32, 64), false),
     candidate("coop16_64x64_v4", "matmul_coop_64x64_v4", (64, 64), true),
     candidate("coop16_32x64_v4", "matmul_coop_32x64_v4", (32, 64), true),
     candidate("coop16_64x32_v4", "matmul_coop_64x32_v4", (64, 32), true),
+    Candidate {
+        split: true,
+        ..candidate(SPLIT_CANDIDATE, "matmul_coop_64x64_splitk", (64, 64), false)
+    },
 ];
 
 /// Whether `name` is one of this module's candidates.

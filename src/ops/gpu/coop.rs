@@ -19,13 +19,15 @@ use half::f16;
 
 use crate::device::LogicalDevice;
 use crate::error::Result;
-use crate::ops::gpu::kernels::GpuKernels;
+use crate::ops::gpu::grid_1d;
+use crate::ops::gpu::kernels::{GpuKernels, SPLITK_REDUCE};
 use crate::ops::gpu::MAX_GROUPS_PER_DIM;
 use crate::ops::reference;
 use crate::ops::spec::Activation;
+use crate::ops::Kernels;
 use crate::ops::MatmulDims;
 pub(crate) use crate::shader::coop::is_candidate;
-use crate::shader::coop::{Candidate, CoopSupport, CANDIDATES};
+use crate::shader::coop::{Candidate, CoopSupport, CANDIDATES, SPLIT_CANDIDATE};
 use crate::tensor::{DType, Tensor};
 
 /// Whether `c` takes a product of `d`: the vec4 kernels where A and B are stored untransposed
@@ -33,7 +35,25 @@ use crate::tensor::{DType, Tensor};
 /// (they would take those too, slower).
 fn applies(c: &Candidate, d: MatmulDims) -> bool {
     let v4 = !d.trans_a && !d.trans_b && d.k.is_multiple_of(4) && d.n.is_multiple_of(4);
-    c.v4 == v4
+    c.split || c.v4 == v4
+}
+
+/// The most 64×64 output tiles a product may have for the split-k candidate to be offered,
+/// and the least k: it pays where the tiles alone leave a GPU's cores idle.
+const SPLIT_MAX_TILES: usize = 32;
+const SPLIT_MIN_K: usize = 512;
+
+/// Workgroups a split product aims for (a few per streaming multiprocessor of an H200).
+const SPLIT_WORKGROUPS: usize = 512;
+
+/// `(k_slice, splits)` of a split-k product of `d`: slices of whole 32-deep steps of k, about
+/// [`SPLIT_WORKGROUPS`] workgroups in all.
+fn split_slices(d: MatmulDims) -> (usize, usize) {
+    let tiles = d.m.div_ceil(64) * d.n.div_ceil(64);
+    let steps = d.k.div_ceil(32).max(1);
+    let wanted = SPLIT_WORKGROUPS.div_ceil(tiles.max(1)).clamp(1, steps);
+    let k_slice = 32 * steps.div_ceil(wanted);
+    (k_slice, d.k.div_ceil(k_slice).max(1))
 }
 
 /// Mirror of `Params` in matmul_coop.wgsl (matmul.wgsl's).
@@ -111,10 +131,13 @@ impl GpuKernels<'_> {
         if !support.usable() {
             return Vec::new();
         }
-        // A 32-column tile only where the product is that narrow: wider ones have the others.
-        let takes = CANDIDATES
-            .iter()
-            .filter(|c| applies(c, d) && (c.cols == 64 || d.n <= c.cols));
+        // A 32-column tile only where the product is that narrow: wider ones have the others;
+        // split k only for few tiles and a long k.
+        let few_tiles = d.m.div_ceil(64) * d.n.div_ceil(64) <= SPLIT_MAX_TILES;
+        let split_pays = few_tiles && d.k >= SPLIT_MIN_K;
+        let takes = CANDIDATES.iter().filter(|c| {
+            applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays)
+        });
         if self.dev.ctx.tuner.forced() {
             return takes.map(|c| c.name).collect();
         }
@@ -234,14 +257,71 @@ impl GpuKernels<'_> {
             .or_else(|| CANDIDATES.iter().find(|c| applies(c, d)))
             .copied()
             .unwrap_or(CANDIDATES[0]);
-        let (p, grid) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
         let bias_or_out = bias.unwrap_or(out);
+        if c.split {
+            // The layers' float32 sums, then matmul.wgsl's reduction with the bias and the
+            // activation (its float16 twin rounds once, at the end).
+            let partials = self.coop_split(a, b, d)?;
+            let (mut r, _) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
+            r.k = u32::try_from(partials.shape()[0]).unwrap_or(u32::MAX);
+            let grid = grid_1d(d.m * d.n, 256);
+            return self.launch(SPLITK_REDUCE, &r, &[bias_or_out, out, &partials], grid);
+        }
+        let (p, grid) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
         if c.v4 {
             // Bindings 3, 4, 5, 6: bias, out, then a and b as vec4.
             self.launch(c.kernel, &p, &[bias_or_out, out, a, b], grid)
         } else {
             self.launch(c.kernel, &p, &[a, b, bias_or_out, out], grid)
         }
+    }
+}
+
+impl GpuKernels<'_> {
+    /// The float32 partial sums `[splits, m, n]` of `op(a) · op(b)` by
+    /// `matmul_coop_64x64_splitk`, one layer per slice of k (float16 tensors; k > 0).
+    fn coop_split(&self, a: &Tensor, b: &Tensor, d: MatmulDims) -> Result<Tensor> {
+        let c = CANDIDATES
+            .iter()
+            .find(|c| c.split)
+            .copied()
+            .unwrap_or(CANDIDATES[0]);
+        let (k_slice, splits) = split_slices(d);
+        let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, a.device_handle())?;
+        let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
+        p._unused[0] = k_slice as u32;
+        // Few tiles by construction: no row tile folds into z, which holds the slices.
+        let grid = [
+            d.n.div_ceil(64) as u32,
+            d.m.div_ceil(64) as u32,
+            splits as u32,
+        ];
+        self.launch(c.kernel, &p, &[a, b, &partials], grid)?;
+        Ok(partials)
+    }
+
+    /// Whether the split-k candidate is offered for `op(a) · op(b)` of `d` (float16 operands):
+    /// tensor cores, its self-check passed, few tiles and a long k.
+    pub(crate) fn coop_split_offered(&self, (a, b): (&Tensor, &Tensor), d: MatmulDims) -> bool {
+        let half = a.dtype() == DType::F16 && b.dtype() == DType::F16;
+        half && d.k > 0 && {
+            let offered = self.coop_offered(&self.dev.ctx.coop, d, a.device_handle());
+            offered.contains(&SPLIT_CANDIDATE)
+        }
+    }
+
+    /// `out = op(a) · op(b)` on the tensor cores, split over k, the layers added up by a column
+    /// sum into `out` of either float dtype (a 1×1 convolution's float32 kernel gradient:
+    /// `xᵀ · dz` over the pixels). For where [`coop_split_offered`](Self::coop_split_offered).
+    pub(crate) fn coop_split_sum(
+        &self,
+        (a, b): (&Tensor, &Tensor),
+        out: &Tensor,
+        d: MatmulDims,
+    ) -> Result<()> {
+        let partials = self.coop_split(a, b, d)?;
+        let splits = partials.shape()[0];
+        self.sum_rows(&partials, splits, d.m * d.n, out)
     }
 }
 
@@ -390,7 +470,11 @@ mod tests {
         for c in CANDIDATES {
             let e = &v.entries[c.kernel.entry];
             assert_eq!(e.workgroup_size, [4 * SUBGROUP_SIZE, 1, 1], "{}", c.name);
-            let bindings = if c.v4 { [3, 4, 5, 6] } else { [1, 2, 3, 4] };
+            let bindings: &[u32] = match (c.v4, c.split) {
+                (_, true) => &[1, 2, 7],
+                (true, false) => &[3, 4, 5, 6],
+                (false, false) => &[1, 2, 3, 4],
+            };
             assert_eq!(e.bindings, bindings, "{}", c.name);
         }
         assert_eq!(v.workgroup_bytes, 13_824);
@@ -718,6 +802,44 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let at = Tensor::from_slice_on(&ah, &ashape, dev).unwrap();
                     let bt = Tensor::from_slice_on(&bh, &bshape, dev).unwrap();
                     let ct = Tensor::from_slice_on(&ch, &[n], dev).unwrap();
+                    let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
+                    if c.split {
+                        // The layers' raw float32 sums, added up here: the bias, the activation
+                        // and the rounding are matmul.wgsl's splitk_reduce's.
+                        let (k_slice, splits) = split_slices(d);
+                        let len = splits * m * n;
+                        let part =
+                            Tensor::from_slice_on(&vec![f32::NAN; len], &[len], dev).unwrap();
+                        let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
+                        p._unused[0] = k_slice as u32;
+                        let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, splits as u32];
+                        let ranges: Vec<_> = [&at, &bt, &part]
+                            .iter()
+                            .map(|t| t.gpu_range().unwrap())
+                            .collect();
+                        ctx.dispatch(&pipeline, bytemuck::bytes_of(&p), &ranges, grid);
+                        drop(ranges);
+                        let layers = part.to_vec::<f32>().unwrap();
+                        let sum = |i: usize| -> f64 {
+                            (0..splits).map(|z| f64::from(layers[z * m * n + i])).sum()
+                        };
+                        // float16 operands multiply exactly in float32; only the sums round.
+                        let off = (0..m * n).find(|&i| {
+                            (sum(i) - product[i]).abs() > 1e-5 * product[i].abs().max(1.0)
+                        });
+                        if let Some(i) = off {
+                            failures.push(format!(
+                                "{} {m}x{k}x{n} ta={trans_a} tb={trans_b} in {splits} slices: \
+                                 sum[{}, {}] = {}, oracle {:.5}",
+                                c.name,
+                                i / n,
+                                i % n,
+                                sum(i),
+                                product[i]
+                            ));
+                        }
+                        continue;
+                    }
                     let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], dev).unwrap();
                     let (p, grid) = launch_shape(d, has_bias, act, (c.rows, c.cols));
                     let tensors = if c.v4 {
@@ -729,7 +851,6 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     ctx.dispatch(&pipeline, bytemuck::bytes_of(&p), &ranges, grid);
                     drop(ranges);
                     let got = out.to_vec::<f16>().unwrap();
-                    let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
                     let want = reference::bias_act(&product, has_bias.then_some(&cv[..]), act);
                     if let Some((i, g, w)) = first_off(&got, &want) {
                         failures.push(format!(

@@ -14,6 +14,7 @@ use crate::ops::gpu::{grid_1d, MAX_GROUPS_PER_DIM};
 use crate::ops::spec::ConvGeometry;
 use crate::ops::spec::{Activation, Conv2dShape};
 use crate::ops::{ConvWeightGrads, Kernels, MatmulDims, NnKernels};
+use crate::shader::coop::SPLIT_CANDIDATE;
 use crate::tensor::{DType, Tensor};
 
 use super::kernel_lists::*;
@@ -319,20 +320,39 @@ impl GpuKernels<'_> {
                 };
                 self.partial_sums(entry, &p, [x, dz], dk, units * chunks, chunks)
             };
-            if !s.c_out.is_multiple_of(16) {
+            // xᵀ · dz as a product over the pixels ([pixels, c_in] read transposed): on the
+            // tensor cores for float16, split over the pixels into float32 sums.
+            let product = MatmulDims {
+                m: s.c_in,
+                k: pixels,
+                n: s.c_out,
+                trans_a: true,
+                trans_b: false,
+            };
+            let mut candidates = vec!["co8"];
+            if s.c_out.is_multiple_of(16) {
+                candidates.push("co16");
+            }
+            if self.coop_split_offered((x, dz), product) {
+                candidates.push(SPLIT_CANDIDATE);
+            }
+            if candidates.len() == 1 {
                 return run(false);
             }
             // Software adapters load lane by lane: twice the channels per unit is 8 loads per
             // pixel for 256 products instead of 6 for 128 (lavapipe: 12-17% faster). GPUs want
             // the invocations.
             let class = format!("1x1 {}->{} p{}", s.c_in, s.c_out, bucket(pixels));
-            let heuristic = if self.dev.ctx.software_kernels {
+            let heuristic = if self.dev.ctx.software_kernels && s.c_out.is_multiple_of(16) {
                 "co16"
             } else {
                 "co8"
             };
-            let choice = Choice::new("conv_dk_1x1", class, &["co8", "co16"], heuristic);
-            return self.tuned(choice, &mut |c| run(c == "co16"));
+            let choice = Choice::new("conv_dk_1x1", class, &candidates, heuristic);
+            return self.tuned(choice, &mut |c| match c {
+                SPLIT_CANDIDATE => self.coop_split_sum((x, dz), dk, product),
+                c => run(c == "co16"),
+            });
         }
         let v4 = s.c_out.is_multiple_of(4);
         let obs = if v4 {
