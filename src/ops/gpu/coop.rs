@@ -43,6 +43,11 @@ fn applies(c: &Candidate, d: MatmulDims) -> bool {
 const SPLIT_MAX_TILES: usize = 32;
 const SPLIT_MIN_K: usize = 512;
 
+/// Whether splitting k pays for a product of `d`: few output tiles and a long k.
+fn split_pays(d: MatmulDims) -> bool {
+    d.m.div_ceil(64) * d.n.div_ceil(64) <= SPLIT_MAX_TILES && d.k >= SPLIT_MIN_K
+}
+
 /// Workgroups a split product aims for (a few per streaming multiprocessor of an H200).
 const SPLIT_WORKGROUPS: usize = 512;
 
@@ -69,7 +74,9 @@ struct CoopParams {
     b_rs: u32,
     b_cs: u32,
     act: u32,
-    _unused: [u32; 3],
+    /// `matmul_coop_64x64_splitk`'s slice of k.
+    k_slice: u32,
+    _unused: [u32; 2],
 }
 
 /// Shapes of the self-check: ragged (no dimension a multiple of 16, tiles cut at every edge)
@@ -133,10 +140,8 @@ impl GpuKernels<'_> {
         }
         // A 32-column tile only where the product is that narrow: wider ones have the others;
         // split k only for few tiles and a long k.
-        let few_tiles = d.m.div_ceil(64) * d.n.div_ceil(64) <= SPLIT_MAX_TILES;
-        let split_pays = few_tiles && d.k >= SPLIT_MIN_K;
         let takes = CANDIDATES.iter().filter(|c| {
-            applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays)
+            applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays(d))
         });
         if self.dev.ctx.tuner.forced() {
             return takes.map(|c| c.name).collect();
@@ -250,20 +255,22 @@ impl GpuKernels<'_> {
         d: MatmulDims,
         act: Activation,
     ) -> Result<()> {
-        // Only offered where it applies; another name gets the first that applies.
+        // Only offered where it applies; another name gets the first that applies (the split
+        // kernel only where its row tiles fit in one grid dimension: z holds the slices).
+        let split_fits = d.m.div_ceil(64) <= MAX_GROUPS_PER_DIM;
         let c = CANDIDATES
             .iter()
-            .find(|c| c.name == name && applies(c, d))
-            .or_else(|| CANDIDATES.iter().find(|c| applies(c, d)))
+            .find(|c| c.name == name && applies(c, d) && (!c.split || split_fits))
+            .or_else(|| CANDIDATES.iter().find(|c| applies(c, d) && !c.split))
             .copied()
             .unwrap_or(CANDIDATES[0]);
         let bias_or_out = bias.unwrap_or(out);
         if c.split {
             // The layers' float32 sums, then matmul.wgsl's reduction with the bias and the
             // activation (its float16 twin rounds once, at the end).
-            let partials = self.coop_split(a, b, d)?;
+            let (partials, splits) = self.coop_split(a, b, d)?;
             let (mut r, _) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
-            r.k = u32::try_from(partials.shape()[0]).unwrap_or(u32::MAX);
+            r.k = splits as u32;
             let grid = grid_1d(d.m * d.n, 256);
             return self.launch(SPLITK_REDUCE, &r, &[bias_or_out, out, &partials], grid);
         }
@@ -280,7 +287,7 @@ impl GpuKernels<'_> {
 impl GpuKernels<'_> {
     /// The float32 partial sums `[splits, m, n]` of `op(a) · op(b)` by
     /// `matmul_coop_64x64_splitk`, one layer per slice of k (float16 tensors; k > 0).
-    fn coop_split(&self, a: &Tensor, b: &Tensor, d: MatmulDims) -> Result<Tensor> {
+    fn coop_split(&self, a: &Tensor, b: &Tensor, d: MatmulDims) -> Result<(Tensor, usize)> {
         let c = CANDIDATES
             .iter()
             .find(|c| c.split)
@@ -289,15 +296,16 @@ impl GpuKernels<'_> {
         let (k_slice, splits) = split_slices(d);
         let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, a.device_handle())?;
         let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
-        p._unused[0] = k_slice as u32;
-        // Few tiles by construction: no row tile folds into z, which holds the slices.
+        p.k_slice = k_slice as u32;
+        // No row tile folds into z, which holds the slices: the callers check that the row
+        // tiles fit in y.
         let grid = [
             d.n.div_ceil(64) as u32,
             d.m.div_ceil(64) as u32,
             splits as u32,
         ];
         self.launch(c.kernel, &p, &[a, b, &partials], grid)?;
-        Ok(partials)
+        Ok((partials, splits))
     }
 
     /// Whether the split-k candidate is offered for `op(a) · op(b)` of `d` (float16 operands):
@@ -319,8 +327,7 @@ impl GpuKernels<'_> {
         out: &Tensor,
         d: MatmulDims,
     ) -> Result<()> {
-        let partials = self.coop_split(a, b, d)?;
-        let splits = partials.shape()[0];
+        let (partials, splits) = self.coop_split(a, b, d)?;
         self.sum_rows(&partials, splits, d.m * d.n, out)
     }
 }
@@ -347,7 +354,8 @@ fn launch_shape(
         b_rs: u(b_rs),
         b_cs: u(b_cs),
         act: act.code(),
-        _unused: [0; 3],
+        k_slice: 0,
+        _unused: [0; 2],
     };
     // Row tiles past one grid dimension fold into z (the shader's row_tile).
     let row_tiles = d.m.div_ceil(rows);
@@ -811,7 +819,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                         let part =
                             Tensor::from_slice_on(&vec![f32::NAN; len], &[len], dev).unwrap();
                         let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
-                        p._unused[0] = k_slice as u32;
+                        p.k_slice = k_slice as u32;
                         let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, splits as u32];
                         let ranges: Vec<_> = [&at, &bt, &part]
                             .iter()
