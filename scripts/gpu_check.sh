@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check: run it first whenever a machine with a real GPU is at hand, and record what it
 # prints in the README's Speed section. It prints the adapters; the tensor-core
-# (cooperative-matrix) products and the mixed-precision kernels against the f64 oracle; the
-# train step on GPU:0 from a cold tuning cache (the first step pays the tuning) and warm, profiled, in float32 and under mixed_float16; then ours, PyTorch's
+# (cooperative-matrix) products, the mixed-precision kernels and the float32 kernels (every
+# tuning candidate forced) against the f64 oracle; the train step on GPU:0 from a cold tuning
+# cache (the first step pays the tuning) and warm, profiled, in float32 and under
+# mixed_float16; then ours, PyTorch's
 # variants (scripts/torch_train_step.py) and Burn's side by side, alternating, at batch 128 and
 # 1024, and one table of their medians at the end.
 #
@@ -32,15 +34,23 @@ if [ -n "$bin" ] && ! ldconfig -p | grep -q 'libvulkan.so.1' && ls "$bin"/*.deb 
 fi
 if [ -z "$bin" ]; then
     cargo build --release --example fashion_mnist --example device_info || exit 1
-    cargo test --release --test mixed_precision --no-run || exit 1
-    cargo test --release --test coop_matrix --no-run || exit 1
-    cargo bench --no-run --bench kernels || exit 1
+    # The executable of a --no-run target, from cargo's own report.
+    executable() {
+        "$@" --no-run --message-format=json |
+            python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])' | tail -1
+    }
+    mixed=$(executable cargo test --release --test mixed_precision) || exit 1
+    coop=$(executable cargo test --release --test coop_matrix) || exit 1
+    kernel_tests=$(executable cargo test --release --test kernels) || exit 1
+    kernels=$(executable cargo bench --bench kernels) || exit 1
     bin=target/release/examples
-    kernels=$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)
-    mixed=$(ls -t target/release/deps/mixed_precision-* | grep -v '\.d$' | head -1)
-    coop=$(ls -t target/release/deps/coop_matrix-* | grep -v '\.d$' | head -1)
 else
     kernels=$bin/kernels
+    kernel_tests=$bin/kernel_tests
     mixed=$bin/mixed_precision
     coop=$bin/coop_matrix
 fi
@@ -102,6 +112,14 @@ if [ -x "$mixed" ]; then
     section "float16 kernels and loss scaling against the f64 oracle (tests/mixed_precision)"
     ANYGPU_REQUIRE_ADAPTER=1 timeout 120 "$mixed" --test-threads 1 f16 loss_scale 2>&1 |
         grep -E '^test |test result|panicked'
+fi
+
+if [ -x "$kernel_tests" ]; then
+    # Every candidate the tuner may pick, forced in turn, and the fused gradients, in float32
+    # (the float16 twins were checked just above).
+    section "float32 kernels, every tuning candidate forced, against the f64 oracle (tests/kernels)"
+    ANYGPU_REQUIRE_ADAPTER=1 timeout 150 "$kernel_tests" --test-threads 1 every_tuning \
+        max_pool activation_and_bias register_blocked 2>&1 | grep -E '^test |test result|panicked'
 fi
 
 for batch in 128 1024; do

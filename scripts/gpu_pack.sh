@@ -5,16 +5,27 @@
 # `scripts/gpu_check.sh DIR`. Burn's peer program goes in too when it has been built
 # (../shared/peers/burn/README.md).
 set -eu
+# The executable cargo built for a --no-run target (a bench and an integration test are both
+# called `kernels`, so the file name alone would not tell them apart).
+executable() {
+    "$@" --no-run --message-format=json |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])' | tail -1
+}
 cargo build --release --example fashion_mnist --example device_info
-cargo bench --no-run --bench kernels
-cargo test --release --test mixed_precision --no-run
-cargo test --release --test coop_matrix --no-run
+bench=$(executable cargo bench --bench kernels)
+kernel_tests=$(executable cargo test --release --test kernels)
+mixed=$(executable cargo test --release --test mixed_precision)
+coop=$(executable cargo test --release --test coop_matrix)
 rm -rf .gpucheck && mkdir -p .gpucheck/bin
 cp target/release/examples/fashion_mnist target/release/examples/device_info .gpucheck/bin/
-cp "$(ls -t target/release/deps/kernels-* | grep -v '\.d$' | head -1)" .gpucheck/bin/kernels
-cp "$(ls -t target/release/deps/mixed_precision-* | grep -v '\.d$' | head -1)" \
-    .gpucheck/bin/mixed_precision
-cp "$(ls -t target/release/deps/coop_matrix-* | grep -v '\.d$' | head -1)" .gpucheck/bin/coop_matrix
+cp "$bench" .gpucheck/bin/kernels
+cp "$kernel_tests" .gpucheck/bin/kernel_tests
+cp "$mixed" .gpucheck/bin/mixed_precision
+cp "$coop" .gpucheck/bin/coop_matrix
 burn="$HOME/.cache/burn-peer/release/burn_peer"
 if [ -x "$burn" ]; then cp "$burn" .gpucheck/bin/; fi
 strip .gpucheck/bin/* 2>/dev/null || true

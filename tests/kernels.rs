@@ -42,9 +42,10 @@ fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
         let rt = builder().build().expect("the runtime initializes");
-        let devices = rt
-            .list_logical_devices(KindFilter::All)
-            .expect("devices are listed");
+        let devices = common::available(
+            rt.list_logical_devices(KindFilter::All)
+                .expect("devices are listed"),
+        );
         require_gpu(&devices);
         Env { rt, devices }
     })
@@ -1396,10 +1397,11 @@ fn forced(candidate: &str) -> (Runtime, Vec<LogicalDevice>) {
         .env("ANYGPU_AUTOTUNE_FORCE", Some(candidate))
         .build()
         .expect("runtime");
-    let gpus = rt
-        .list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
-        .unwrap();
-    require_gpu(&rt.list_logical_devices(KindFilter::All).unwrap());
+    let gpus = common::available(
+        rt.list_logical_devices(KindFilter::Kind(DeviceKind::Gpu))
+            .unwrap(),
+    );
+    require_gpu(&gpus);
     (rt, gpus)
 }
 

@@ -42,15 +42,9 @@ fn runtime() -> Runtime {
         .expect("the runtime initializes")
 }
 
-/// Every device the runtime could open: an adapter the driver refused stays listed, unavailable
-/// (NVIDIA's OpenGL adapter on a machine without a display: "Parent device is lost"), and has
-/// no model to train.
+/// Every device the runtime could open (see [`common::available`]).
 fn available_devices(rt: &Runtime) -> Vec<LogicalDevice> {
-    rt.list_logical_devices(KindFilter::All)
-        .expect("devices")
-        .into_iter()
-        .filter(LogicalDevice::is_available)
-        .collect()
+    common::available(rt.list_logical_devices(KindFilter::All).expect("devices"))
 }
 
 /// The GPUs with float16 kernels; under `ANYGPU_REQUIRE_ADAPTER=1` with Mesa's Vulkan driver

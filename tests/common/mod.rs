@@ -126,11 +126,24 @@ pub fn gpus_at_least(min: usize, test: &str) -> Option<usize> {
     None
 }
 
-/// CPU:0 and every GPU of `rt`; a missing GPU fails `test` under `ANYGPU_REQUIRE_ADAPTER=1`.
+/// CPU:0 and every GPU of `rt` the runtime could open; a missing GPU fails `test` under
+/// `ANYGPU_REQUIRE_ADAPTER=1`.
 pub fn all_devices(rt: &Runtime, test: &str) -> Vec<LogicalDevice> {
     gpus_at_least(1, test);
-    rt.list_logical_devices(anygpu::KindFilter::All)
-        .expect("devices")
+    available(
+        rt.list_logical_devices(anygpu::KindFilter::All)
+            .expect("devices"),
+    )
+}
+
+/// The devices the runtime could open: an adapter the driver refused stays listed, unavailable
+/// (NVIDIA's OpenGL adapter on a machine without a display: "Parent device is lost"), and runs
+/// no op.
+pub fn available(devices: Vec<LogicalDevice>) -> Vec<LogicalDevice> {
+    devices
+        .into_iter()
+        .filter(LogicalDevice::is_available)
+        .collect()
 }
 
 /// Deterministic values in [-1, 1).
