@@ -34,15 +34,7 @@ if [ -n "$bin" ] && ! ldconfig -p | grep -q 'libvulkan.so.1' && ls "$bin"/*.deb 
 fi
 if [ -z "$bin" ]; then
     cargo build --release --example fashion_mnist --example device_info || exit 1
-    # The executable of a --no-run target, from cargo's own report.
-    executable() {
-        "$@" --no-run --message-format=json |
-            python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -1
-    }
+    . "$(dirname "$0")/cargo_executable.sh"
     mixed=$(executable cargo test --release --test mixed_precision) || exit 1
     coop=$(executable cargo test --release --test coop_matrix) || exit 1
     kernel_tests=$(executable cargo test --release --test kernels) || exit 1

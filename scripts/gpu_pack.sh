@@ -5,16 +5,7 @@
 # `scripts/gpu_check.sh DIR`. Burn's peer program goes in too when it has been built
 # (../shared/peers/burn/README.md).
 set -eu
-# The executable cargo built for a --no-run target (a bench and an integration test are both
-# called `kernels`, so the file name alone would not tell them apart).
-executable() {
-    "$@" --no-run --message-format=json |
-        python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -1
-}
+. "$(dirname "$0")/cargo_executable.sh"
 cargo build --release --example fashion_mnist --example device_info
 bench=$(executable cargo bench --bench kernels)
 kernel_tests=$(executable cargo test --release --test kernels)

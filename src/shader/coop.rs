@@ -52,6 +52,10 @@ const fn candidate(
 /// The split-k candidate's name: also the 1×1 convolutions' kernel gradient on tensor cores.
 pub(crate) const SPLIT_CANDIDATE: &str = "coop16_64x64_splitk";
 
+/// Its kernel (float32 partial sums per slice of k).
+pub(crate) const SPLIT_KERNEL: Kernel =
+    Kernel::new(ShaderFamily::MatmulCoop, "matmul_coop_64x64_splitk");
+
 pub(crate) const CANDIDATES: [Candidate; 6] = [
     candidate("coop16_64x64", "matmul_coop_64x64", (64, 64), false),
     candidate("coop16_32x64", "matmul_coop_32x64", (32, 64), false),
@@ -59,8 +63,12 @@ pub(crate) const CANDIDATES: [Candidate; 6] = [
     candidate("coop16_32x64_v4", "matmul_coop_32x64_v4", (32, 64), true),
     candidate("coop16_64x32_v4", "matmul_coop_64x32_v4", (64, 32), true),
     Candidate {
+        name: SPLIT_CANDIDATE,
+        kernel: SPLIT_KERNEL,
+        rows: 64,
+        cols: 64,
+        v4: false,
         split: true,
-        ..candidate(SPLIT_CANDIDATE, "matmul_coop_64x64_splitk", (64, 64), false)
     },
 ];
 

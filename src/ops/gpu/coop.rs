@@ -27,7 +27,7 @@ use crate::ops::spec::Activation;
 use crate::ops::Kernels;
 use crate::ops::MatmulDims;
 pub(crate) use crate::shader::coop::is_candidate;
-use crate::shader::coop::{Candidate, CoopSupport, CANDIDATES, SPLIT_CANDIDATE};
+use crate::shader::coop::{Candidate, CoopSupport, CANDIDATES, SPLIT_CANDIDATE, SPLIT_KERNEL};
 use crate::tensor::{DType, Tensor};
 
 /// Whether `c` takes a product of `d`: the vec4 kernels where A and B are stored untransposed
@@ -288,11 +288,6 @@ impl GpuKernels<'_> {
     /// The float32 partial sums `[splits, m, n]` of `op(a) · op(b)` by
     /// `matmul_coop_64x64_splitk`, one layer per slice of k (float16 tensors; k > 0).
     fn coop_split(&self, a: &Tensor, b: &Tensor, d: MatmulDims) -> Result<(Tensor, usize)> {
-        let c = CANDIDATES
-            .iter()
-            .find(|c| c.split)
-            .copied()
-            .unwrap_or(CANDIDATES[0]);
         let (k_slice, splits) = split_slices(d);
         let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, a.device_handle())?;
         let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
@@ -304,7 +299,7 @@ impl GpuKernels<'_> {
             d.m.div_ceil(64) as u32,
             splits as u32,
         ];
-        self.launch(c.kernel, &p, &[a, b, &partials], grid)?;
+        self.launch(SPLIT_KERNEL, &p, &[a, b, &partials], grid)?;
         Ok((partials, splits))
     }
 

@@ -57,17 +57,40 @@ const SUM_ALL_CHUNK: usize = 256 * 256;
 /// Workgroups `sum_rows_wg` aims for per pass.
 const WG_SUM_WORKGROUPS: usize = 512;
 
-/// Invocations `act_grad_sum_rows_v4` aims for: enough to fill a GPU, a few per core of a
-/// software adapter (each lane's partial sums are written and summed again).
-const LANE_TARGET: usize = 32_768;
-const SOFTWARE_LANE_TARGET: usize = 2_048;
+/// Invocations a partial-sum pass aims for on a GPU: enough to fill it, few enough that the
+/// partials stay small.
+pub(crate) const PARTIAL_TARGET: usize = 32_768;
+
+/// The same on a software adapter, whose few cores are busy with a few dozen workgroups: more
+/// chunks would only add partials to write and sum (the 1×1 kernel gradient at 7×7×128→128,
+/// batch 128, on lavapipe: 31-35 ms with 32,768, 10-15 ms with 2,048; the depthwise kernel
+/// gradients gain about a third).
+pub(crate) const SOFTWARE_PARTIAL_TARGET: usize = 2_048;
+
+/// The most positions one invocation of a partial-sum kernel loops over: Mesa's software
+/// adapters silently cut a shader loop short after about 65,000 iterations.
+pub(crate) const MAX_CHUNK: usize = 32_768;
+
+/// How a reduction over `total` positions is cut for `units` independent sums, aiming for
+/// `target` invocations: `(chunk, chunks)`, `chunk` positions per partial, at most
+/// [`MAX_CHUNK`].
+pub(crate) fn chunking(
+    target: usize,
+    units: usize,
+    total: usize,
+    min_chunk: usize,
+) -> (usize, usize) {
+    let max_chunks = total.div_ceil(min_chunk).max(1);
+    let chunks = target
+        .div_ceil(units.max(1))
+        .clamp(1, max_chunks)
+        .max(total.div_ceil(MAX_CHUNK));
+    let chunk = total.div_ceil(chunks).max(1);
+    (chunk, total.div_ceil(chunk).max(1))
+}
 
 /// Fewest rows one lane of `act_grad_sum_rows_v4` walks.
 const MIN_LANE_ROWS: usize = 16;
-
-/// The most rows one lane walks: Mesa's software adapters silently cut a shader loop short
-/// after about 65,000 iterations.
-const MAX_LANE_ROWS: usize = 32_768;
 
 /// One pass of a column sum: its kernel, rows per chunk, column lanes (`sum_rows_wg`) and
 /// workgroups across the columns.
@@ -208,18 +231,25 @@ impl GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
-    /// Lanes (partial sums) for a column sum of `rows` rows and `cols4` vec4 columns walked
-    /// by interleaved lanes: ~32k invocations on a GPU, ~2k on a software adapter.
-    fn sum_lanes(&self, rows: usize, cols4: usize) -> usize {
-        let target = if self.dev.ctx.software_kernels {
-            SOFTWARE_LANE_TARGET
+    /// The invocations a partial-sum pass aims for on this adapter.
+    pub(crate) fn partial_target(&self) -> usize {
+        if self.dev.ctx.software_kernels {
+            SOFTWARE_PARTIAL_TARGET
         } else {
-            LANE_TARGET
-        };
-        (target / cols4.max(1))
-            .min(rows.div_ceil(MIN_LANE_ROWS))
-            .max(rows.div_ceil(MAX_LANE_ROWS))
-            .max(1)
+            PARTIAL_TARGET
+        }
+    }
+
+    /// How a lane of `chunk` positions out of `lanes` walks them (`maxpool_act_grad_sum_v4`,
+    /// `act_grad_sum_rows_v4`): `(lane_stride, step)`, position `lane * lane_stride + k *
+    /// step`. Interleaved on GPUs, so that neighbouring lanes read neighbouring positions; in
+    /// runs on software adapters, so that one invocation's positions share a core's cache.
+    pub(crate) fn lane_walk(&self, chunk: usize, lanes: usize) -> (u32, u32) {
+        if self.dev.ctx.software_kernels {
+            (u(chunk), 1)
+        } else {
+            (1, u(lanes))
+        }
     }
 
     /// Runs `sums` into a float32 tensor when `out` is float16, then casts that into `out`:
@@ -270,26 +300,22 @@ impl GpuKernels<'_> {
                 if candidate == "separate" {
                     return separate();
                 }
-                let lanes = self.sum_lanes(rows, cols / 4);
-                let per_lane = rows.div_ceil(lanes);
-                let (lane_stride, step) = if self.dev.ctx.software_kernels {
-                    (per_lane, 1)
-                } else {
-                    (1, lanes)
-                };
+                let target = self.partial_target();
+                let (per_lane, lanes) = chunking(target, cols / 4, rows, MIN_LANE_ROWS);
+                let (lane_stride, step) = self.lane_walk(per_lane, lanes);
                 let partials = if lanes == 1 {
                     db.clone()
                 } else {
                     self.scratch(&[lanes, cols], db)?
                 };
                 let p = ReduceParams {
-                    n: u(lane_stride),
+                    n: lane_stride,
                     rows: u(rows),
                     cols: u(cols),
                     chunk: u(lanes),
                     alpha: 0.0,
                     act: act.code(),
-                    step: u(step),
+                    step,
                     steps: u(per_lane),
                 };
                 // Bindings 4, 5, 6, 7: y, the partial sums, dy, dz.

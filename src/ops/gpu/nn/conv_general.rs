@@ -5,7 +5,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{chunking, u, GpuKernels, MIN_CHUNK, PARTIAL_TARGET, SOFTWARE_PARTIAL_TARGET};
+use super::{chunking, u, GpuKernels, MIN_CHUNK};
 use crate::error::Result;
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::ops::spec::{Activation, ConvGeometry};
@@ -139,12 +139,7 @@ impl GpuKernels<'_> {
             self.clear(dk);
             return Ok(());
         }
-        let target = if self.dev.ctx.software_kernels {
-            SOFTWARE_PARTIAL_TARGET
-        } else {
-            PARTIAL_TARGET
-        };
-        let (chunk, chunks) = chunking(target, klen, pixels, MIN_CHUNK);
+        let (chunk, chunks) = chunking(self.partial_target(), klen, pixels, MIN_CHUNK);
         let items = klen * chunks;
         let p = GeneralParams {
             items: u(items),

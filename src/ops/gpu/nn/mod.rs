@@ -57,16 +57,9 @@ mod softmax;
 pub(crate) use kernel_lists::*;
 // ---- fused optimizer update ----
 pub(crate) use optim::update_table;
-
-/// Invocations a partial-sum pass aims for on a GPU: enough to fill it, few enough that the
-/// partials stay small.
-const PARTIAL_TARGET: usize = 32_768;
-
-/// The same on a software adapter, whose few cores are busy with a few dozen workgroups: more
-/// chunks would only add partials to write and sum (the 1×1 kernel gradient at 7×7×128→128,
-/// batch 128, on lavapipe: 31-35 ms with 32,768, 10-15 ms with 2,048; the depthwise kernel
-/// gradients gain about a third).
-const SOFTWARE_PARTIAL_TARGET: usize = 2_048;
+// The partial-sum chunking the kernels below share with `kernels.rs`'s fused activation
+// gradient.
+use crate::ops::gpu::kernels::{chunking, PARTIAL_TARGET, SOFTWARE_PARTIAL_TARGET};
 
 /// Fewest pixels (or image rows for the 3×3 depthwise filter gradient) one partial sums.
 const MIN_CHUNK: usize = 32;
@@ -75,23 +68,6 @@ fn u(x: usize) -> u32 {
     // Shapes on a GPU are bounded by max_storage_buffer_binding_size (< 4 GiB), so every
     // element count and index fits in u32.
     x as u32
-}
-
-/// The most positions one invocation of a partial-sum kernel loops over: Mesa's software
-/// adapters silently cut a shader loop short after about 65,000 iterations.
-const MAX_CHUNK: usize = 32_768;
-
-/// How a reduction over `total` positions is cut for `units` independent sums, aiming for
-/// `target` invocations: `(chunk, chunks)`, `chunk` positions per partial, at most
-/// [`MAX_CHUNK`].
-fn chunking(target: usize, units: usize, total: usize, min_chunk: usize) -> (usize, usize) {
-    let max_chunks = total.div_ceil(min_chunk).max(1);
-    let chunks = target
-        .div_ceil(units.max(1))
-        .clamp(1, max_chunks)
-        .max(total.div_ceil(MAX_CHUNK));
-    let chunk = total.div_ceil(chunks).max(1);
-    (chunk, total.div_ceil(chunk).max(1))
 }
 
 impl GpuKernels<'_> {
@@ -543,6 +519,7 @@ fn channel_lanes(channels: usize) -> (bool, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::gpu::kernels::MAX_CHUNK;
 
     #[test]
     fn partial_sum_chunks_cover_every_position_and_stay_under_the_loop_limit() {

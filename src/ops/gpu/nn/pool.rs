@@ -116,8 +116,7 @@ impl GpuKernels<'_> {
             // Partial sums in float32 (the bias sums are `kept_f32`), one rounding at the end.
             self.float32_sums(db, |db| {
                 let (chunk, lanes) = chunking(target, c, windows, POOL_GRAD_MIN_WINDOWS);
-                let software = self.dev.ctx.software_kernels;
-                let (lane_stride, step) = if software { (chunk, 1) } else { (1, lanes) };
+                let (lane_stride, step) = self.lane_walk(chunk, lanes);
                 let partials = if lanes == 1 {
                     db.clone()
                 } else {
@@ -127,8 +126,8 @@ impl GpuKernels<'_> {
                     items: u(lanes * c),
                     act: act.code(),
                     windows: u(windows),
-                    lane_stride: u(lane_stride),
-                    step: u(step),
+                    lane_stride,
+                    step,
                     steps: u(chunk),
                     ..PoolParams::shape(s, c)
                 };
