@@ -55,6 +55,28 @@ table="$out/medians.txt"
 : >"$table"
 
 section() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
+# Runs a command while nvidia-smi samples the SM clock every 100 ms, then prints "sm clock: min
+# A, median B, max C MHz (N samples)": a step that waits for the host lets the clocks drop, and
+# the same kernels then take twice as long (the H200 idles at 345 MHz, boosts to 1980).
+clocks() {
+    if ! command -v nvidia-smi >/dev/null; then
+        "$@"
+        return
+    fi
+    local log pid rc
+    log=$(mktemp)
+    nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits -lms 100 >"$log" 2>/dev/null &
+    pid=$!
+    "$@"
+    rc=$?
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    grep -E '^[0-9]+$' "$log" | sort -n | awk '{ v[NR] = $1 } END {
+        if (NR) printf "sm clock: min %d, median %d, max %d MHz (%d samples)\n", v[1], v[int((NR + 1) / 2)], v[NR], NR
+    }'
+    rm -f "$log"
+    return "$rc"
+}
 ours() {
     timeout 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
         sed -n '/^warm-up steps/,$p'
@@ -66,7 +88,7 @@ row() {
     local label=$1
     shift
     local lines
-    lines=$("$@" 2>&1 | grep -E '(median|back-to-back) train step')
+    lines=$(clocks "$@" 2>&1 | grep -E '(median|back-to-back) train step|^sm clock')
     echo "$lines"
     local ms b2b
     ms=$(echo "$lines" | sed -n 's/.*median train step: \([0-9.]*\) ms.*/\1/p' | tail -1)
@@ -117,12 +139,12 @@ fi
 for batch in 128 1024; do
     section "train step, GPU:0, batch $batch, tuning from a cold cache (f32, then mixed_float16)"
     rm -rf "$out/cache-$batch"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --mixed-precision
+    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --mixed-precision
     section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, f32"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --profile "$out/profile-$batch"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --profile "$out/profile-$batch"
     section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, mixed_float16"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" ours --batch-size "$batch" --mixed-precision \
+    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --mixed-precision \
         --profile "$out/profile-$batch-mixed"
 done
 

@@ -67,9 +67,10 @@ fn env() -> &'static Env {
             .memory_growth(true)
             .build()
             .expect("the runtime initializes");
-        let devices = rt
-            .list_logical_devices(KindFilter::All)
-            .expect("devices are listed");
+        let devices = common::available(
+            rt.list_logical_devices(KindFilter::All)
+                .expect("devices are listed"),
+        );
         let gpus = devices
             .iter()
             .filter(|d| d.device_type() == DeviceKind::Gpu)

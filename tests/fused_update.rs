@@ -138,7 +138,7 @@ fn bits(vars: &[Var]) -> Vec<Vec<u32>> {
 
 /// `one_dispatch`: every tensor in one arena region, so a GPU updates them all in one dispatch.
 fn check_devices(rt: &anygpu::Runtime, sizes: &[usize], one_dispatch: bool) {
-    for dev in rt.list_logical_devices(KindFilter::All).expect("devices") {
+    for dev in common::available(rt.list_logical_devices(KindFilter::All).expect("devices")) {
         for (name, rule) in rules() {
             for decay in [None, Some(0.004)] {
                 let what = format!("{name}, decay {decay:?}, on {dev}");

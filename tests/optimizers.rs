@@ -42,7 +42,7 @@ fn get(t: &Tensor) -> Vec<f32> {
 fn devices() -> (anygpu::Runtime, Vec<LogicalDevice>) {
     common::gpus_at_least(1, "optimizers");
     let rt = common::builder().build().expect("a runtime");
-    let devices = rt.list_logical_devices(KindFilter::All).expect("devices");
+    let devices = common::available(rt.list_logical_devices(KindFilter::All).expect("devices"));
     (rt, devices)
 }
 
@@ -244,7 +244,7 @@ fn mirrored_replicas_clip_the_summed_gradients_alike() {
         mirrored_clips_like_one_device(&cpus, opt.clone());
     }
     if common::gpus_at_least(1, "mirrored clipping on a GPU").is_some() {
-        let all = rt.list_logical_devices(KindFilter::All).expect("devices");
+        let all = common::available(rt.list_logical_devices(KindFilter::All).expect("devices"));
         let gpu = all
             .iter()
             .find(|d| d.device_type() == anygpu::DeviceKind::Gpu)

@@ -27,7 +27,7 @@ fn devices() -> (Runtime, Vec<LogicalDevice>) {
     let rt = common::builder().build().expect("runtime");
     let devices = rt.list_logical_devices(KindFilter::All).expect("devices");
     assert_eq!(devices.len(), gpus + 1, "CPU:0 and every GPU");
-    (rt, devices)
+    (rt, common::available(devices))
 }
 
 #[test]
