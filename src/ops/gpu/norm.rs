@@ -1,8 +1,8 @@
 //! Batch normalization and dropout on a GPU: `shaders/batchnorm.wgsl` and
 //! `shaders/dropout.wgsl`.
 //!
-//! The per-channel sums are partial sums over chunks of rows (one invocation per channel and
-//! chunk, float32 partials whatever the input's dtype) added by `sum_rows`, the column sums
+//! The per-channel sums are partial sums over chunks of rows (one invocation per chunk and
+//! channel, channels fastest, float32 partials whatever the input's dtype) added by `sum_rows`, the column sums
 //! every reduction here goes through; the moments take two passes (mean, then squared
 //! deviations), as `tf.nn.moments` does. Nothing waits for the device.
 
@@ -88,6 +88,7 @@ fn u(x: usize) -> u32 {
 }
 
 impl BnParams {
+    /// The parameters and the number of chunks of rows the partial sums cut `p.rows` into.
     fn new(p: &BatchNormParams) -> (BnParams, usize) {
         let chunk = row_chunk(p.rows, CHUNK_ROWS);
         let params = BnParams {
@@ -101,6 +102,14 @@ impl BnParams {
             _pad: 0,
         };
         (params, p.rows.div_ceil(chunk).max(1))
+    }
+
+    /// The same for a partial-sum kernel: one item per chunk and channel.
+    fn partial_sums(self, chunks: usize) -> BnParams {
+        BnParams {
+            items: u(chunks * self.c as usize),
+            ..self
+        }
     }
 }
 
@@ -127,12 +136,12 @@ impl GpuKernels<'_> {
             Some(stats) => {
                 let sums = Tensor::uninit(&[c], DType::F32, stats.device_handle())?;
                 let sq = Tensor::uninit(&[c], DType::F32, stats.device_handle())?;
-                let grid = [channel_groups, u(chunks), 1];
+                let (part, grid) = (p.partial_sums(chunks), grid_1d(chunks * c, 64));
                 self.bn_partial_sums((chunks, c), &sums, |partials| {
-                    self.launch(BN_SUM_PART, &p, &[a.x, partials], grid)
+                    self.launch(BN_SUM_PART, &part, &[a.x, partials], grid)
                 })?;
                 self.bn_partial_sums((chunks, c), &sq, |partials| {
-                    self.launch(BN_SQDEV_PART, &p, &[a.x, partials, &sums], grid)
+                    self.launch(BN_SQDEV_PART, &part, &[a.x, partials, &sums], grid)
                 })?;
                 let tensors = [&sums, &sq, a.v.moving_mean, a.v.moving_variance, stats];
                 self.launch(BN_STATS, &p, &tensors, [channel_groups, 1, 1])?;
@@ -157,7 +166,8 @@ impl GpuKernels<'_> {
         let sums = Tensor::uninit(&[2 * c], DType::F32, device)?;
         self.bn_partial_sums((chunks, 2 * c), &sums, |partials| {
             let tensors = [g.x, g.dy, partials, g.stats];
-            self.launch(BN_GRAD_PART, &p, &tensors, [channel_groups, u(chunks), 1])
+            let grid = grid_1d(chunks * c, 64);
+            self.launch(BN_GRAD_PART, &p.partial_sums(chunks), &tensors, grid)
         })?;
         let coef = Tensor::uninit(&[3 * c], DType::F32, device)?;
         let tensors = [&sums, g.gamma, g.stats, &coef, g.dgamma, g.dbeta];
