@@ -57,6 +57,13 @@ const SUM_ALL_CHUNK: usize = 256 * 256;
 /// Workgroups `sum_rows_wg` aims for per pass.
 const WG_SUM_WORKGROUPS: usize = 512;
 
+/// A `sum_rows_wg` pass that would leave at most this many rows for another pass adds them all
+/// itself, if each invocation then walks at most [`WG_TAIL_WALK`] rows: a pass over 2-4 rows
+/// costs a dispatch (~5 us on the H200, as much as one over thousands of rows), and many of the
+/// column sums in a training step ended with one (512 rows → 2 → 1).
+const WG_TAIL_CHUNKS: usize = 4;
+const WG_TAIL_WALK: usize = 32;
+
 /// Invocations a partial-sum pass aims for on a GPU: enough to fill it, few enough that the
 /// partials stay small.
 pub(crate) const PARTIAL_TARGET: usize = 32_768;
@@ -525,12 +532,15 @@ impl GpuKernels<'_> {
         let cols4 = cols / 4;
         let lanes = cols4.next_power_of_two().min(64);
         let column_groups = cols4.div_ceil(lanes);
+        let row_lanes = 256 / lanes;
         self.sum_rows_in_passes(x, rows, cols, out, |rows| {
             // Each invocation adds at least 8 rows; the chunks fill ~512 workgroups.
             let wanted = WG_SUM_WORKGROUPS.div_ceil(column_groups);
+            let chunk = rows.div_ceil(wanted).max(row_lanes * 8);
+            let tail = rows.div_ceil(chunk) <= WG_TAIL_CHUNKS && rows <= row_lanes * WG_TAIL_WALK;
             SumPass {
                 kernel: SUM_ROWS_WG,
-                chunk: rows.div_ceil(wanted).max(256 / lanes * 8),
+                chunk: if tail { rows } else { chunk },
                 lanes,
                 column_groups,
             }
