@@ -145,6 +145,127 @@ fn f16_casts_round_to_nearest_on_every_device() {
     }
 }
 
+/// `ops::cast_all` gives each tensor what its own cast gives, bit for bit, on every device: a
+/// GPU in one dispatch when one arena region holds them all, and in one per pair of regions
+/// when memory growth spread them over several.
+#[test]
+fn f16_cast_all_rounds_like_cast_in_one_dispatch_on_every_device() {
+    let _g = serial();
+    let mut values = random_vec(5003, 7);
+    values.extend([65504.0, 65520.0, -70000.0, 1.0e-7, 6.0e-5, 0.1, -2.5e-8]);
+    // Lengths around the kernel's chunk of 1024 and its vec4s, an empty tensor, and five of
+    // 1.2 MB: under memory growth (a first region of 2 MiB, then 4, 8, ...) those take three
+    // regions, more than one dispatch binds.
+    let lengths = [1, 3, 1023, 1024, 1025, 4099, 0, 5010];
+    let lengths = lengths.iter().chain(&[300_001; 5]);
+    for growth in [false, true] {
+        let rt = common::builder()
+            .memory_growth(growth)
+            .build()
+            .expect("runtime");
+        for dev in available_devices(&rt) {
+            if dev.device_type() == DeviceKind::Gpu && !dev.has_f16() {
+                continue;
+            }
+            let _s = dev.scope();
+            let what = format!("{} (memory growth {growth})", label(&dev));
+            let mut xs = Vec::new();
+            for (i, &n) in lengths.clone().enumerate() {
+                let shift = 11 * i;
+                let part: Vec<f32> = (0..n).map(|k| values[(k + shift) % values.len()]).collect();
+                xs.push(Tensor::from_slice_on(&part, &[n], &dev).expect("upload"));
+            }
+            // One already float16: it comes back as it is.
+            let h = xs[2].cast(DType::F16).expect("cast");
+            xs.push(h.clone());
+            let before = dev.stream_stats().unwrap_or_default();
+            let casts = ops::cast_all(&xs, DType::F16).expect("cast_all");
+            let dispatches = (dev.stream_stats().unwrap_or_default() - before).dispatches;
+            assert_eq!(casts.len(), xs.len(), "{what}");
+            for (i, (x, c)) in xs.iter().zip(&casts).enumerate() {
+                assert_eq!(c.dtype(), DType::F16, "{what} tensor {i}");
+                assert_eq!(c.shape(), x.shape(), "{what} tensor {i}");
+                assert_eq!(c.device(), dev.full_name(), "{what} tensor {i}");
+                let one = x
+                    .cast(DType::F16)
+                    .expect("cast")
+                    .to_vec::<f16>()
+                    .expect("read");
+                let got = c.to_vec::<f16>().expect("read");
+                let want: Vec<u16> = match x.dtype() {
+                    DType::F16 => one.iter().map(|h| h.to_bits()).collect(),
+                    _ => x
+                        .to_vec::<f32>()
+                        .expect("read")
+                        .iter()
+                        .map(|&v| f16::from_f32(v).to_bits())
+                        .collect(),
+                };
+                let got: Vec<u16> = got.iter().map(|h| h.to_bits()).collect();
+                let one: Vec<u16> = one.iter().map(|h| h.to_bits()).collect();
+                assert_eq!(got, want, "{what} tensor {i} ({} elements)", x.len());
+                assert_eq!(got, one, "{what} tensor {i}: cast_all differs from cast");
+            }
+            eprintln!("{what}: {dispatches} dispatches for {} casts", xs.len());
+            if dev.device_type() == DeviceKind::Gpu {
+                if growth {
+                    assert!(dispatches >= 2, "{what}: {dispatches} dispatches");
+                } else {
+                    assert_eq!(dispatches, 1, "{what}: one dispatch for {} casts", xs.len());
+                }
+            }
+        }
+    }
+}
+
+/// A mixed_float16 training step casts all its weights at once (`to_f16_table`, one dispatch
+/// a step on one GPU), not one `to_f16` each: the tutorial CNN has 21 weights, and what casts
+/// are left (the input, a few gradients) are fewer than that.
+#[test]
+fn mixed_float16_step_casts_its_weights_in_one_dispatch() {
+    let _g = serial();
+    let rt = runtime();
+    for gpu in f16_gpus(&rt, "mixed_float16_step_casts_its_weights_in_one_dispatch") {
+        let _s = gpu.scope();
+        mixed_precision::set_global_policy(Policy::MIXED_FLOAT16).expect("policy");
+        let built = anygpu::nn::tutorial_cnn(3, std::slice::from_ref(&gpu));
+        mixed_precision::set_global_policy(Policy::FLOAT32).expect("policy");
+        let mut m =
+            common::compiled(built.expect("tutorial"), Sgd::new(0.01).into()).expect("compile");
+        let weights = m.trainable_weights().len();
+        let x = Tensor::from_vec(common::values(16 * 784, 4), &[16, 28, 28, 1]).expect("x");
+        let y = Tensor::from_vec((0..16).map(|i| i % 10).collect(), &[16]).expect("y");
+        m.train_step(&x, &y).expect("warm-up");
+        let dir = std::env::temp_dir().join(format!("anygpu-casts-{}", std::process::id()));
+        anygpu::profiler::start(&dir).expect("profiler");
+        let steps = 2;
+        for _ in 0..steps {
+            m.train_step(&x, &y).expect("step");
+        }
+        let report = anygpu::profiler::stop().expect("report");
+        let _ = std::fs::remove_dir_all(&dir);
+        let calls = |kernel: &str| {
+            report
+                .kernels()
+                .iter()
+                .filter(|k| k.kernel == kernel)
+                .map(|k| k.calls)
+                .sum::<u64>()
+        };
+        let what = label(&gpu);
+        assert_eq!(
+            calls("to_f16_table"),
+            steps,
+            "{what}: one table cast a step"
+        );
+        assert!(
+            calls("to_f16") < steps * weights as u64,
+            "{what}: {} to_f16 dispatches in {steps} steps of a model with {weights} weights",
+            calls("to_f16")
+        );
+    }
+}
+
 #[test]
 fn f16_tensors_are_refused_by_float32_only_devices_with_a_clear_error() {
     let _g = serial();

@@ -174,6 +174,10 @@ impl Layer for DepthwiseConv2D {
         weights_of(&["kernel", "bias"], &self.weights)
     }
 
+    fn autocast_weights(&self) -> &[Tensor] {
+        &self.weights
+    }
+
     fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
         replace("DepthwiseConv2D", &mut self.weights, index, value)
     }

@@ -3,6 +3,7 @@
 
 use crate::device::LogicalDevice;
 use crate::error::Result;
+use crate::nn::autocast;
 use crate::nn::layers::{BackwardPlan, FusedGrads, Layer, StemConv};
 use crate::nn::objective::Objective;
 use crate::ops::spec::Activation as OpActivation;
@@ -28,6 +29,14 @@ pub(crate) fn forward(
     training: bool,
 ) -> Result<(Tensor, Vec<Vec<Tensor>>)> {
     let keep = training;
+    if training {
+        // The weights every layer reads in its compute dtype, cast at once (a training step
+        // keeps the copies for the backward pass too).
+        autocast::prefetch(stages.iter().flat_map(|s| {
+            let dtype = s.dtype;
+            s.layer.autocast_weights().iter().map(move |w| (w, dtype))
+        }))?;
+    }
     let mut saved = Vec::with_capacity(if keep { stages.len() } else { 0 });
     let mut h = x.clone();
     let mut i = 0;

@@ -71,6 +71,10 @@ const CAST: OpInfo = OpInfo {
     name: "Cast",
     gpu: Some(&[gk::TO_F16, gk::TO_F32]),
 };
+const CAST_ALL: OpInfo = OpInfo {
+    name: "Cast",
+    gpu: Some(&[gk::TO_F16, gk::TO_F32, crate::ops::gpu::cast::TO_F16_TABLE]),
+};
 const UNSCALE: OpInfo = OpInfo {
     name: "IsFinite",
     gpu: Some(&[gk::UNSCALE_FLAG]),
@@ -428,4 +432,51 @@ pub(crate) fn unscale_checked(grads: &[Tensor], inverse: f32) -> Result<(Vec<Ten
         }
     }
     Ok((out, true))
+}
+
+/// Each of `xs` in `dtype`, as [`Tensor::cast`] gives them, by one `Cast` op on the first
+/// one's device (where the others move): a GPU casts float32 to float16 in one dispatch however
+/// many tensors, where a cast each would take a dispatch apiece (a training step casts its
+/// weights so under mixed precision). Tensors already in `dtype` come back as they are.
+///
+/// ```
+/// use anygpu::{ops, DType, Tensor};
+/// let w = Tensor::from_vec(vec![1.0f32, 70000.0], &[2])?;
+/// let b = Tensor::from_vec(vec![0.5f32], &[1])?;
+/// let halves = ops::cast_all(&[w, b], DType::F16)?;
+/// assert_eq!(halves[0].dtype(), DType::F16);
+/// assert_eq!(halves[0].cast(DType::F32)?.to_vec::<f32>()?, [1.0, f32::INFINITY]);
+/// assert_eq!(halves[1].cast(DType::F32)?.to_vec::<f32>()?, [0.5]);
+/// # Ok::<(), anygpu::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`Tensor::cast`].
+pub fn cast_all(xs: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+    if xs.iter().all(|x| x.dtype() == dtype) {
+        return Ok(xs.to_vec());
+    }
+    for x in xs.iter().filter(|x| x.dtype() != dtype) {
+        if !x.dtype().is_float() || !dtype.is_float() {
+            // Cast's own error: a cast from or to an integer type.
+            x.cast(dtype)?;
+        }
+    }
+    let inputs: Vec<&Tensor> = xs.iter().collect();
+    run(&CAST_ALL, &inputs, |device, inputs| {
+        let todo: Vec<usize> = (0..inputs.len())
+            .filter(|&i| inputs[i].dtype() != dtype)
+            .collect();
+        let from: Vec<Tensor> = todo.iter().map(|&i| inputs[i].clone()).collect();
+        let to = from
+            .iter()
+            .map(|x| Tensor::uninit(x.shape(), dtype, device))
+            .collect::<Result<Vec<_>>>()?;
+        with_kernels(device, |k, _| k.cast_many(&from, &to))?;
+        let mut outs = inputs.to_vec();
+        for (i, t) in todo.into_iter().zip(to) {
+            outs[i] = t;
+        }
+        Ok(outs)
+    })
 }

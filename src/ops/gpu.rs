@@ -6,6 +6,7 @@
 pub(crate) mod activation;
 pub(crate) mod pooling;
 // ----
+pub(crate) mod cast;
 pub(crate) mod coop;
 pub(crate) mod kernels;
 pub(crate) mod loss;

@@ -21,6 +21,7 @@ pub(crate) mod norm;
 pub mod reference;
 pub mod spec;
 
+pub use basic::cast_all;
 pub use nn::*;
 pub use norm::{
     batch_normalization_backward, batch_normalization_inference, batch_normalization_training,
@@ -75,6 +76,13 @@ pub(crate) trait Kernels {
     fn argmax_rows(&self, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()>;
     /// `out = x` converted to `out`'s float type (float32 ↔ float16; overflow gives ±inf).
     fn cast(&self, x: &Tensor, out: &Tensor) -> Result<()>;
+    /// [`Kernels::cast`] of each `xs[i]` into `outs[i]`: in turn, unless the device casts many
+    /// tensors at once (a GPU: float32 to float16 in one dispatch).
+    fn cast_many(&self, xs: &[Tensor], outs: &[Tensor]) -> Result<()> {
+        xs.iter()
+            .zip(outs)
+            .try_for_each(|(x, out)| self.cast(x, out))
+    }
     /// `out = alpha * x` (float32), and `flag[0] = 1` when some element of `x` is infinite or
     /// NaN (left as it was otherwise): loss scaling's unscale and check in one pass.
     fn unscale_flag(&self, x: &Tensor, alpha: f32, out: &Tensor, flag: &Tensor) -> Result<()>;

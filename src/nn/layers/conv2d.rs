@@ -185,6 +185,10 @@ impl Layer for Conv2D {
         weights_of(&["kernel", "bias"], &self.weights)
     }
 
+    fn autocast_weights(&self) -> &[Tensor] {
+        &self.weights
+    }
+
     fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
         replace("Conv2D", &mut self.weights, index, value)
     }

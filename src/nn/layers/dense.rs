@@ -135,6 +135,10 @@ impl Layer for Dense {
         weights_of(&["kernel", "bias"], &self.weights)
     }
 
+    fn autocast_weights(&self) -> &[Tensor] {
+        &self.weights
+    }
+
     fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
         replace("Dense", &mut self.weights, index, value)
     }

@@ -94,6 +94,14 @@ pub trait Layer: fmt::Debug + Send + Sync {
     /// empty before `build`.
     fn weights(&self) -> Vec<(&'static str, &Tensor)>;
 
+    /// The weights this layer reads in its compute dtype (Keras' autocast variables: a float16
+    /// copy of each under `mixed_float16`). A training step casts them all before its forward
+    /// pass, in one op per device; a layer that leaves this empty (the default) casts its own
+    /// as it reads them. Batch normalization, which computes in float32, leaves it empty.
+    fn autocast_weights(&self) -> &[Tensor] {
+        &[]
+    }
+
     /// Replaces weight `index` (of [`weights`](Layer::weights)) with a tensor of the same shape.
     ///
     /// # Errors

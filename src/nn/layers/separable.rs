@@ -264,6 +264,10 @@ impl Layer for SeparableConv2D {
         )
     }
 
+    fn autocast_weights(&self) -> &[Tensor] {
+        &self.weights
+    }
+
     fn set_weight(&mut self, index: usize, value: Tensor) -> Result<()> {
         replace("SeparableConv2D", &mut self.weights, index, value)
     }

@@ -167,8 +167,9 @@ pub(super) fn u(x: usize) -> u32 {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct CastParams {
-    n: u32,
+pub(super) struct CastParams {
+    pub(super) n: u32,
+    pub(super) base: u32,
 }
 
 #[repr(C)]
@@ -348,13 +349,22 @@ impl Kernels for GpuKernels<'_> {
         };
         // Bindings 1 (f32), 2 (f16 pairs): the float32 side first either way.
         let (f32_side, f16_side) = if kernel == TO_F16 { (x, out) } else { (out, x) };
-        let p = CastParams { n: u(n) };
+        let p = CastParams { n: u(n), base: 0 };
         self.launch(
             kernel,
             &p,
             &[f32_side, f16_side],
             grid_1d(n.div_ceil(2), 256),
         )
+    }
+
+    fn cast_many(&self, xs: &[Tensor], outs: &[Tensor]) -> Result<()> {
+        if self.cast_to_f16_at_once(xs, outs)? {
+            return Ok(());
+        }
+        xs.iter()
+            .zip(outs)
+            .try_for_each(|(x, out)| self.cast(x, out))
     }
 
     fn unscale_flag(&self, x: &Tensor, alpha: f32, out: &Tensor, flag: &Tensor) -> Result<()> {
