@@ -12,11 +12,13 @@
 #   scripts/gpu_check.sh BIN_DIR      # uses binaries built beforehand (scripts/gpu_pack.sh)
 #
 # GPU_CHECK_STEPS (default 30) sets the timed train steps; GPU_CHECK_ROUNDS (default 2) the
-# rounds of the side-by-side comparison; GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0
-# Burn, GPU_CHECK_COMPILE=0 torch.compile (the slowest PyTorch row: it compiles for a minute);
-# GPU_CHECK_BENCH=1 adds the kernel benchmarks (criterion, quick). Profiles (trace.json,
-# top_ops.txt) and the tuning caches go under GPU_CHECK_OUT (default runs/gpu_check). Keep it
-# under 8 minutes on any GPU: a lent machine's time is short.
+# rounds of the side-by-side comparison; GPU_CHECK_BATCHES (default "128 1024") the batch sizes;
+# GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0 Burn, GPU_CHECK_COMPILE=0 torch.compile (the
+# slowest PyTorch row: it compiles for a minute); GPU_CHECK_BENCH=1 adds the kernel benchmarks
+# (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
+# GPU_CHECK_OUT (default runs/gpu_check). Keep it under 8 minutes on any GPU: a lent machine's
+# time is short. A rehearsal on a software adapter (a few minutes):
+#   GPU_CHECK_STEPS=3 GPU_CHECK_ROUNDS=1 GPU_CHECK_BATCHES=128 scripts/gpu_check.sh
 set -u
 
 bin=${1:-}
@@ -47,6 +49,7 @@ else
     coop=$bin/coop_matrix
 fi
 steps=${GPU_CHECK_STEPS:-30}
+batches=${GPU_CHECK_BATCHES:-128 1024}
 rounds=${GPU_CHECK_ROUNDS:-2}
 out=${GPU_CHECK_OUT:-runs/gpu_check}
 mkdir -p "$out"
@@ -55,6 +58,21 @@ table="$out/medians.txt"
 : >"$table"
 
 section() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
+# Runs a test binary, keeping the lines that match PATTERN and what each failure said; says so
+# when it reported no test result at all (a binary that is not the test it should be, or one
+# that died before reporting).
+oracle() {
+    local pattern=$1
+    shift
+    local lines
+    lines=$(ANYGPU_REQUIRE_ADAPTER=1 "$@" 2>&1)
+    echo "$lines" | grep -E "$pattern"
+    echo "$lines" | grep -A4 '^thread .* panicked' | grep -v '^note: run with'
+    if ! echo "$lines" | grep -q '^test result'; then
+        echo "no test result from: $*"
+        echo "$lines" | tail -5
+    fi
+}
 # Runs a command while nvidia-smi samples the SM clock every 100 ms, then prints "sm clock: min
 # A, median B, max C MHz (N samples)": a step that waits for the host lets the clocks drop, and
 # the same kernels then take twice as long (the H200 idles at 345 MHz, boosts to 1980).
@@ -96,6 +114,20 @@ row() {
     echo "$label ${ms:-failed}" >>"$table"
     echo "$label:b2b ${b2b:-failed}" >>"$table"
 }
+# A profiled run, passed through, and "<batch> <label>:kernels <ms>" in the table: the device
+# time of its kernels per step (a step that keeps the GPU busy takes about that long).
+busy() {
+    local label=$1
+    shift
+    local lines ms
+    lines=$("$@" 2>&1)
+    echo "$lines"
+    ms=$(echo "$lines" | awk '
+        /^profile of [0-9]+ train steps/ { steps = $3 }
+        / kernels timed on a device, / { for (i = 1; i <= NF; i++) if ($i == "ms") total = $(i - 1) }
+        END { if (steps && total != "") printf "%.2f", total / steps }')
+    echo "$label:kernels ${ms:-failed}" >>"$table"
+}
 torch() {
     timeout "${2:-90}" python3 scripts/torch_train_step.py --variant "$1" --batch "$batch" \
         --steps "$steps"
@@ -118,40 +150,40 @@ if [ -x "$coop" ]; then
     # Before anything is timed: a candidate that fails here is also failed by the self-check
     # each process runs before tuning, and never picked; the line names it.
     section "tensor-core products (cooperative matrices) against the f64 oracle (tests/coop_matrix)"
-    ANYGPU_REQUIRE_ADAPTER=1 timeout 180 "$coop" --test-threads 1 --nocapture 2>&1 |
-        grep -E '^test |test result|panicked|skipped|coop|cooperative|products|matmul'
+    oracle '^test |test result|skipped|coop|cooperative|products|matmul' \
+        timeout 180 "$coop" --test-threads 1 --nocapture
 fi
 
 if [ -x "$mixed" ]; then
     section "float16 kernels and loss scaling against the f64 oracle (tests/mixed_precision)"
-    ANYGPU_REQUIRE_ADAPTER=1 timeout 120 "$mixed" --test-threads 1 f16 loss_scale 2>&1 |
-        grep -E '^test |test result|panicked'
+    oracle '^test |test result' timeout 120 "$mixed" --test-threads 1 f16 loss_scale
 fi
 
 if [ -x "$kernel_tests" ]; then
     # Every candidate the tuner may pick, forced in turn, and the fused gradients, in float32
     # (the float16 twins were checked just above).
     section "float32 kernels, every tuning candidate forced, against the f64 oracle (tests/kernels)"
-    ANYGPU_REQUIRE_ADAPTER=1 timeout 150 "$kernel_tests" --test-threads 1 every_tuning \
-        max_pool activation_and_bias register_blocked 2>&1 | grep -E '^test |test result|panicked'
+    oracle '^test |test result' timeout 150 "$kernel_tests" --test-threads 1 \
+        every_tuning max_pool activation_and_bias register_blocked
 fi
 
-for batch in 128 1024; do
+for batch in $batches; do
     section "train step, GPU:0, batch $batch, tuning from a cold cache (f32, then mixed_float16)"
     rm -rf "$out/cache-$batch"
     ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch"
     ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --mixed-precision
     section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, f32"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --profile "$out/profile-$batch"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" busy "$batch anygpu-f32" clocks ours \
+        --batch-size "$batch" --profile "$out/profile-$batch"
     section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, mixed_float16"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --mixed-precision \
-        --profile "$out/profile-$batch-mixed"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" busy "$batch anygpu-mixed_float16" clocks ours \
+        --batch-size "$batch" --mixed-precision --profile "$out/profile-$batch-mixed"
 done
 
 has_torch=0
 if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && python3 -c 'import torch' 2>/dev/null; then has_torch=1; fi
 for round in $(seq "$rounds"); do
-    for batch in 128 1024; do
+    for batch in $batches; do
         section "side by side, round $round, batch $batch: ours, PyTorch, alternating"
         export ANYGPU_CACHE_DIR="$out/cache-$batch"
         row "$batch anygpu-f32" ours --batch-size "$batch"
@@ -186,7 +218,7 @@ if [ "${GPU_CHECK_BENCH:-0}" != 0 ]; then
         grep -E '^[a-z0-9_]+/|time:'
 fi
 
-section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end)"
+section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step)"
 sort -s -k1,1n "$table" | awk '{
     key = $1 " " $2
     if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
