@@ -555,6 +555,35 @@ fn check_products_and_activations(rt: &Runtime, test: &str) {
                 F16_TOL,
                 &format!("f16 act db {what}"),
             );
+            // The dense layer's gradients as it hands them to its optimizer: float32 kernel
+            // and bias gradients, the input gradient in float16 (from the float16 `dz` above).
+            let (dx, dw, db) =
+                ops::dense_backward_as(&at, &wt, &y, &dyt, act, true, GradDType::Float32).unwrap();
+            let dx = dx.expect("dx");
+            assert_eq!(
+                (dx.dtype(), dw.dtype(), db.dtype()),
+                (DType::F16, DType::F32, DType::F32),
+                "{what}"
+            );
+            let dz64 = to_f64(&read(&dz, &dev));
+            let f32s = |t: &Tensor| t.to_vec::<f32>().expect("readback");
+            let grads = [
+                (
+                    f32s(&dw),
+                    r::matmul(&to_f64(&a), &dz64, k, m, n, true, false),
+                    "dw",
+                ),
+                (f32s(&db), r::bias_grad(&dz64, n), "db"),
+                (
+                    read(&dx, &dev),
+                    r::matmul(&dz64, &to_f64(&wv), m, n, k, false, true),
+                    "dx",
+                ),
+            ];
+            for (got, want, name) in grads {
+                let w = format!("f16 dense_backward_as {name} {what}");
+                assert_close(&got, &want, F16_TOL, &w);
+            }
             let z = ops::activation(&y, act).unwrap();
             let want = r::activation(&to_f64(&read(&y, &dev)), act);
             assert_close(

@@ -6,7 +6,7 @@ use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
 use crate::nn::init::{derive_seed, glorot_uniform, positive, zeros};
 use crate::nn::layer_config;
-use crate::ops;
+use crate::ops::{self, GradDType};
 use crate::tensor::Tensor;
 
 use super::{
@@ -165,7 +165,16 @@ impl Layer for Dense {
         };
         let [x, kept] = saved::<2>("Dense", saved_tensors)?;
         let (dy, y, activation) = through_separate(dy, &kept, self.activation)?;
-        let (dx, dk, db) = ops::dense_backward(&x, kernel, &y, &dy, activation.fused(), need_dx)?;
+        // Float32 gradients for the optimizer, whatever the compute dtype.
+        let (dx, dk, db) = ops::dense_backward_as(
+            &x,
+            kernel,
+            &y,
+            &dy,
+            activation.fused(),
+            need_dx,
+            GradDType::Float32,
+        )?;
         Ok((dx, vec![dk, db]))
     }
 }

@@ -10,7 +10,7 @@ use crate::ops::{run, with_kernels};
 use crate::placement::OpInfo;
 use crate::tensor::Tensor;
 
-use super::{float_dtype, mismatch, op};
+use super::{float_dtype, mismatch, op, GradDType};
 
 const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 
@@ -66,8 +66,27 @@ pub fn dense_backward(
     act: Activation,
     need_dx: bool,
 ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+    dense_backward_as(x, w, y, dy, act, need_dx, GradDType::Inputs)
+}
+
+/// [`dense_backward`] with `dw` and `db` in `grads`' dtype: float32 for float16 inputs is what
+/// a layer hands its optimizer under mixed precision. The bias gradient comes out of its
+/// float32 column sums as it is; the kernel gradient, a float16 product, is cast within the op.
+///
+/// # Errors
+/// As [`dense_backward`].
+pub fn dense_backward_as(
+    x: &Tensor,
+    w: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    act: Activation,
+    need_dx: bool,
+    grads: GradDType,
+) -> Result<(Option<Tensor>, Tensor, Tensor)> {
     let name = DENSE_BACKWARD.name;
     let dtype = float_dtype(name, &[x, w, y, dy])?;
+    let grad_dtype = grads.of(dtype);
     let (m, k, n) = match (x.shape(), w.shape()) {
         (&[m, k], &[k2, n]) if k == k2 => (m, k, n),
         _ => {
@@ -96,7 +115,7 @@ pub fn dense_backward(
             None
         };
         let dw = Tensor::uninit(&[k, n], dtype, device)?;
-        let db = Tensor::uninit(&[n], dtype, device)?;
+        let db = Tensor::uninit(&[n], grad_dtype, device)?;
         let grads = DenseGrads {
             x: &moved[0],
             w: &moved[1],
@@ -111,6 +130,11 @@ pub fn dense_backward(
             act,
         };
         with_kernels(device, |_, nk| nk.dense_backward(&grads))?;
-        Ok((dx, dw, db))
+        if grad_dtype == dtype {
+            return Ok((dx, dw, db));
+        }
+        let cast = Tensor::uninit(&[k, n], grad_dtype, device)?;
+        with_kernels(device, |kernels, _| kernels.cast(&dw, &cast))?;
+        Ok((dx, cast, db))
     })
 }
