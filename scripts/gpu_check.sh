@@ -219,7 +219,8 @@ if [ "${GPU_CHECK_BENCH:-0}" != 0 ]; then
 fi
 
 section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step)"
-sort -s -k1,1n "$table" | awk '{
+# By batch, the profiled runs' kernel times last.
+awk '{ print ($2 ~ /:kernels$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d' ' -f2- | awk '{
     key = $1 " " $2
     if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
     ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
