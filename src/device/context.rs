@@ -62,6 +62,9 @@ pub(crate) struct GpuContext {
     /// lock while it records (threads of virtual devices share the adapter), and commands run
     /// in the order recorded, so one per adapter is enough.
     pub(crate) uniform_scratch: Mutex<wgpu::Buffer>,
+    /// The last table a kernel read from a buffer of its own ([`GpuContext::table`]), and its
+    /// words.
+    table: Mutex<Option<(Vec<u32>, wgpu::Buffer)>>,
 }
 
 /// A profiled submission: its timestamps, copied into a buffer of their own, and what they
@@ -176,6 +179,7 @@ impl GpuContext {
             counters: StreamCounters::default(),
             regions_released: Arc::new(AtomicU64::new(0)),
             uniform_scratch: Mutex::new(uniform_scratch),
+            table: Mutex::new(None),
         }))
     }
 
@@ -503,26 +507,89 @@ impl GpuContext {
         self.read_timed();
     }
 
-    /// Writes host bytes into a device range, after everything recorded so far.
+    /// Runs `record` with a storage buffer outside the arenas holding `words`, a kernel's table
+    /// of work (`to_f16_table`'s), for the dispatches it records. One buffer per adapter, kept
+    /// while its size fits, so the kernel's bind group stays cached; new words are uploaded
+    /// after everything recorded so far (the dispatches that read the old ones). The table
+    /// stays locked while `record` runs, so another thread's table cannot come between its
+    /// upload and its dispatches.
+    pub(crate) fn with_table<R>(
+        &self,
+        words: &[u32],
+        record: impl FnOnce(GpuRange<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes: &[u8] = bytemuck::cast_slice(words);
+        // Whole 256-byte blocks: a table a little longer than the last fits the same buffer.
+        let size = (bytes.len() as u64).div_ceil(256).max(1) * 256;
+        let range = |buffer: &wgpu::Buffer| {
+            let size = buffer.size();
+            record(GpuRange {
+                buffer,
+                offset: 0,
+                size,
+            })
+        };
+        if let Some((kept, buffer)) = table.as_ref() {
+            if kept.as_slice() == words {
+                return range(buffer);
+            }
+        }
+        let buffer = match table.take() {
+            Some((_, buffer)) if buffer.size() >= size => buffer,
+            _ => self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("anygpu table"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
+        let whole = GpuRange {
+            buffer: &buffer,
+            offset: 0,
+            size: buffer.size(),
+        };
+        self.upload(whole, bytes);
+        *table = Some((words.to_vec(), buffer.clone()));
+        range(&buffer)
+    }
+
+    /// Writes host bytes into a device range, after everything recorded so far: a copy from a
+    /// staging buffer written as it is created, recorded in the stream like a dispatch, so an
+    /// upload in the middle of a step (a batch, an optimizer's table) submits nothing early.
+    /// (A queue write would land before everything pending, which may still use this memory
+    /// under a tensor dropped since: that way needs a submission first, the fallback here when
+    /// the staging buffer cannot be written.)
     pub(crate) fn upload(&self, dst: GpuRange<'_>, bytes: &[u8]) {
+        // Whole words: the last one zero-padded (allocations are rounded to 256 bytes).
+        let padded = (bytes.len() as u64).div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
+            * wgpu::COPY_BUFFER_ALIGNMENT;
+        if padded == 0 {
+            return;
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("anygpu upload"),
+            size: padded,
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        let written = staging
+            .get_mapped_range_mut(..)
+            .map(|mut view| view.slice(..bytes.len()).copy_from_slice(bytes))
+            .is_ok();
+        staging.unmap();
         let mut stream = self.stream();
-        // Queue writes land before the commands of the next submission. Pending commands may
-        // still use this memory under a tensor that was dropped since, so they go first.
-        self.submit(&mut stream);
-        let len = bytes.len() as u64 / wgpu::COPY_BUFFER_ALIGNMENT * wgpu::COPY_BUFFER_ALIGNMENT;
-        if len > 0 {
-            self.queue
-                .write_buffer(dst.buffer, dst.offset, &bytes[..len as usize]);
+        if written {
+            self.record(&mut stream, |encoder| {
+                encoder.copy_buffer_to_buffer(&staging, 0, dst.buffer, dst.offset, padded);
+            });
+        } else {
+            self.submit(&mut stream);
+            let mut words = bytes.to_vec();
+            words.resize(padded as usize, 0);
+            self.queue.write_buffer(dst.buffer, dst.offset, &words);
         }
-        let tail = &bytes[len as usize..];
-        if !tail.is_empty() {
-            let mut padded = [0u8; 4];
-            padded[..tail.len()].copy_from_slice(tail);
-            self.queue
-                .write_buffer(dst.buffer, dst.offset + len, &padded);
-        }
-        // The writes above stay under the lock: no other thread's commands may come between
-        // the submission that flushed the pending ones and them.
+        // Under the lock: no other thread's commands come between the pending ones and these.
         drop(stream);
         self.read_timed();
     }

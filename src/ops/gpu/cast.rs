@@ -103,38 +103,34 @@ impl GpuKernels<'_> {
             }
         }
         let (words, groups) = plan(&pairs);
-        let Some(first) = outs.first() else {
-            return Ok(true);
-        };
         if words.is_empty() {
             return Ok(true);
         }
-        let table = Tensor::from_words(&words, &[words.len()], DType::I32, first.device_handle())?;
-        let Some(table) = table.gpu_range() else {
-            return Ok(false);
-        };
-        let mut base = 0;
-        for g in &groups {
-            let region = |i: usize| {
-                let b = g.regions.get(i).or(g.regions.first())?;
-                Some(GpuRange {
-                    buffer: b,
-                    offset: 0,
-                    size: b.size(),
-                })
-            };
-            let (Some(r0), Some(r1)) = (region(0), region(1)) else {
-                continue;
-            };
-            let p = CastParams {
-                n: u(g.entries),
-                base: u(base),
-            };
-            base += g.entries;
-            // The regions twice: read as float32, written as float16.
-            let ranges = [table, r0, r1, r0, r1];
-            self.launch_ranges(TO_F16_TABLE, &p, &ranges, grid_1d(g.entries, 1))?;
-        }
+        self.dev.ctx.with_table(&words, |table| {
+            let mut base = 0;
+            for g in &groups {
+                let region = |i: usize| {
+                    let b = g.regions.get(i).or(g.regions.first())?;
+                    Some(GpuRange {
+                        buffer: b,
+                        offset: 0,
+                        size: b.size(),
+                    })
+                };
+                let (Some(r0), Some(r1)) = (region(0), region(1)) else {
+                    continue;
+                };
+                let p = CastParams {
+                    n: u(g.entries),
+                    base: u(base),
+                };
+                base += g.entries;
+                // The regions twice: read as float32, written as float16.
+                let ranges = [table, r0, r1, r0, r1];
+                self.launch_ranges(TO_F16_TABLE, &p, &ranges, grid_1d(g.entries, 1))?;
+            }
+            Ok(())
+        })?;
         Ok(true)
     }
 }
