@@ -62,8 +62,8 @@ pub(crate) struct GpuContext {
     /// lock while it records (threads of virtual devices share the adapter), and commands run
     /// in the order recorded, so one per adapter is enough.
     pub(crate) uniform_scratch: Mutex<wgpu::Buffer>,
-    /// The last table a kernel read from a buffer of its own ([`GpuContext::table`]), and its
-    /// words.
+    /// The last table of work a kernel read from a buffer of its own
+    /// ([`GpuContext::with_table`]), and its words.
     table: Mutex<Option<(Vec<u32>, wgpu::Buffer)>>,
 }
 
