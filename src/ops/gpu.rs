@@ -13,6 +13,7 @@ pub(crate) mod loss;
 mod matmul;
 pub(crate) mod nn;
 pub(crate) mod norm;
+pub(crate) mod regions;
 
 // The kernel registry and the tuner, where the dispatchers name them.
 pub(crate) use crate::shader::{

@@ -10,6 +10,7 @@
 use crate::device::logical::GpuRange;
 use crate::error::Result;
 use crate::ops::gpu::kernels::{u, CastParams, GpuKernels};
+use crate::ops::gpu::regions::{join, regions_of, Group};
 use crate::ops::gpu::{grid_1d, Kernel, ShaderFamily};
 use crate::tensor::{DType, Tensor};
 
@@ -20,55 +21,24 @@ const CHUNK: usize = 1024;
 /// Region bindings of `to_f16_table` (r0, r1).
 const REGIONS: usize = 2;
 
-/// Consecutive table entries whose tensors lie in at most [`REGIONS`] regions: one dispatch.
-struct Group<'a> {
-    regions: Vec<&'a wgpu::Buffer>,
-    entries: usize,
-}
-
 /// The table words (`[len, src, dst, regions]` per chunk of [`CHUNK`]) for casting each `(source,
 /// destination)` and its dispatch groups. Pairs are taken in the order of the regions they use,
 /// so that pairs sharing regions share a dispatch.
-fn plan<'a>(pairs: &[(GpuRange<'a>, GpuRange<'a>, usize)]) -> (Vec<u32>, Vec<Group<'a>>) {
-    let key = |(src, dst, _): &(GpuRange<'a>, GpuRange<'a>, usize)| {
-        let (a, b) = (
-            std::ptr::from_ref(src.buffer) as usize,
-            std::ptr::from_ref(dst.buffer) as usize,
-        );
-        (a.min(b), a.max(b))
-    };
-    let mut order: Vec<usize> = (0..pairs.len()).collect();
-    order.sort_by_key(|&i| key(&pairs[i]));
+fn plan<'a>(pairs: &[(GpuRange<'a>, GpuRange<'a>, usize)]) -> Option<(Vec<u32>, Vec<Group<'a>>)> {
+    let mut placed: Vec<_> = pairs
+        .iter()
+        .map(|&(src, dst, len)| {
+            let (mine, key) = regions_of([src.buffer, dst.buffer]);
+            (key, src, dst, len, mine)
+        })
+        .collect();
+    // Stable: pairs in the same regions keep their order.
+    placed.sort_by(|a, b| a.0.cmp(&b.0));
     let mut words = Vec::new();
     let mut groups: Vec<Group<'a>> = Vec::new();
-    for i in order {
-        let (src, dst, len) = pairs[i];
-        let mine = [src.buffer, dst.buffer];
-        let fits = |g: &Group<'a>| {
-            let mut regions = g.regions.clone();
-            for b in mine {
-                if !regions.contains(&b) {
-                    regions.push(b);
-                }
-            }
-            regions.len() <= REGIONS
-        };
-        if !groups.last().is_some_and(fits) {
-            groups.push(Group {
-                regions: Vec::new(),
-                entries: 0,
-            });
-        }
-        let Some(group) = groups.last_mut() else {
-            continue;
-        };
-        for b in mine {
-            if !group.regions.contains(&b) {
-                group.regions.push(b);
-            }
-        }
-        let region = |b: &wgpu::Buffer| u(group.regions.iter().position(|r| *r == b).unwrap_or(0));
-        let bits = region(src.buffer) | (region(dst.buffer) << 1);
+    for (_, src, dst, len, mine) in placed {
+        let group = join(&mut groups, &mine, REGIONS);
+        let bits = group.index_of(src.buffer)? | (group.index_of(dst.buffer)? << 1);
         // Offsets in vec4s (16 bytes of float32, 8 of float16): allocations are aligned to
         // 256 bytes.
         let (src_at, dst_at) = (u((src.offset / 16) as usize), u((dst.offset / 8) as usize));
@@ -82,7 +52,7 @@ fn plan<'a>(pairs: &[(GpuRange<'a>, GpuRange<'a>, usize)]) -> (Vec<u32>, Vec<Gro
             group.entries += 1;
         }
     }
-    (words, groups)
+    Some((words, groups))
 }
 
 impl GpuKernels<'_> {
@@ -102,22 +72,16 @@ impl GpuKernels<'_> {
                 _ => return Ok(false),
             }
         }
-        let (words, groups) = plan(&pairs);
+        let Some((words, groups)) = plan(&pairs) else {
+            return Ok(false);
+        };
         if words.is_empty() {
             return Ok(true);
         }
         self.dev.ctx.with_table(&words, |table| {
             let mut base = 0;
             for g in &groups {
-                let region = |i: usize| {
-                    let b = g.regions.get(i).or(g.regions.first())?;
-                    Some(GpuRange {
-                        buffer: b,
-                        offset: 0,
-                        size: b.size(),
-                    })
-                };
-                let (Some(r0), Some(r1)) = (region(0), region(1)) else {
+                let (Some(r0), Some(r1)) = (g.region(0), g.region(1)) else {
                     continue;
                 };
                 let p = CastParams {

@@ -8,12 +8,13 @@ use crate::device::logical::GpuRange;
 use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
+use crate::ops::gpu::regions::Group;
 use crate::ops::nn_kernels::{FusedUpdate, ScaledUpdate, UpdateRule, SCALED_RULES};
 use crate::ops::spec::ScaleRules;
 use crate::tensor::Tensor;
 
 use super::kernel_lists::*;
-use super::optim::{adam_alpha, plan, Group, OptimParams, SCALED_REGIONS};
+use super::optim::{adam_alpha, plan, OptimParams, SCALED_REGIONS};
 use super::u;
 
 /// The state's range, checked: four words on this GPU.

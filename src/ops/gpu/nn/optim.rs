@@ -2,10 +2,10 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::device::logical::GpuRange;
 use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::GpuKernels;
+use crate::ops::gpu::regions::{join, regions_of, Group};
 use crate::ops::nn_kernels::{FusedUpdate, UpdateRule, UpdateVar, SCALED_RULES};
 use crate::ops::spec::{AdamParams, SgdParams};
 use crate::ops::spec::{ClipMode, RmspropParams};
@@ -210,25 +210,6 @@ const REGIONS: usize = 3;
 /// binding).
 pub(super) const SCALED_REGIONS: usize = 2;
 
-/// Variables whose tensors lie in at most [`REGIONS`] arena regions, and their table entries.
-pub(super) struct Group<'a> {
-    pub(super) regions: Vec<&'a wgpu::Buffer>,
-    pub(super) entries: usize,
-}
-
-impl Group<'_> {
-    /// Region binding `i` of the group's dispatch: unused ones repeat the first region (never
-    /// read through them). `None` for a group without regions.
-    pub(super) fn region(&self, i: usize) -> Option<GpuRange<'_>> {
-        let b = self.regions.get(i).or(self.regions.first())?;
-        Some(GpuRange {
-            buffer: b,
-            offset: 0,
-            size: b.size(),
-        })
-    }
-}
-
 /// The table of a fused update over `vars` (see `fused_update` in optim.wgsl) and its groups:
 /// consecutive entries share a dispatch while their tensors lie in at most `max_regions`
 /// regions (three; two for the loss-scaled entry points). The variables go in the order of the
@@ -253,18 +234,7 @@ pub(super) fn plan<'a>(
                 *r = Some(t.gpu_range()?);
             }
         }
-        let mut mine: Vec<&'a wgpu::Buffer> = Vec::new();
-        for r in ranges.iter().flatten() {
-            if !mine.contains(&r.buffer) {
-                mine.push(r.buffer);
-            }
-        }
-        // The regions by address: a key that puts variables sharing regions side by side.
-        let mut key: Vec<usize> = mine
-            .iter()
-            .map(|&b| std::ptr::from_ref(b) as usize)
-            .collect();
-        key.sort_unstable();
+        let (mine, key) = regions_of(ranges.iter().flatten().map(|r| r.buffer));
         placed.push((key, n, ranges, mine));
     }
     // Stable: variables in the same regions keep the model's order.
@@ -272,30 +242,15 @@ pub(super) fn plan<'a>(
     let mut words = Vec::new();
     let mut groups: Vec<Group<'a>> = Vec::new();
     for (_, n, ranges, mine) in placed {
-        let fits = |g: &Group<'a>| {
-            let new = mine.iter().filter(|b| !g.regions.contains(b)).count();
-            g.regions.len() + new <= max_regions
-        };
-        if !groups.last().is_some_and(fits) {
-            groups.push(Group {
-                regions: Vec::new(),
-                entries: 0,
-            });
-        }
-        let group = groups.last_mut()?;
-        for b in mine {
-            if !group.regions.contains(&b) {
-                group.regions.push(b);
-            }
-        }
+        let group = join(&mut groups, &mine, max_regions);
         let mut offsets = [0u32; 5];
         let mut bits = 0u32;
         for (i, r) in ranges.iter().enumerate() {
             if let Some(r) = r {
-                let region = group.regions.iter().position(|b| *b == r.buffer)?;
+                let region = group.index_of(r.buffer)?;
                 // In vec4s: allocations are aligned to 256 bytes at least.
                 offsets[i] = u((r.offset / 16) as usize);
-                bits |= u(region) << (2 * i);
+                bits |= region << (2 * i);
             }
         }
         for start in (0..n).step_by(CHUNK) {
