@@ -5,9 +5,8 @@
 
 mod common;
 
-use anygpu::ops::reference::{assert_close, matmul_bias_act, random_vec, to_f64};
 use anygpu::ops::spec::Activation;
-use anygpu::{ops, DecisionSource, LogicalDevice, Runtime, Tensor, TuningDecision};
+use anygpu::{DecisionSource, LogicalDevice, Runtime, TuningDecision};
 
 fn cache_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("anygpu-tuning-test-{}", std::process::id()));
@@ -29,30 +28,7 @@ fn runtime(dir: &std::path::Path) -> Runtime {
 
 /// A dense layer (a tuned matrix product) on `dev`, checked against the oracle.
 fn dense(dev: &LogicalDevice) {
-    let (m, k, n) = (96, 256, 40);
-    let (a, w, b) = (random_vec(m * k, 1), random_vec(k * n, 2), random_vec(n, 3));
-    let put = |data: &[f32], shape: &[usize]| Tensor::from_slice_on(data, shape, dev).unwrap();
-    let y = {
-        let _s = dev.scope();
-        ops::dense(
-            &put(&a, &[m, k]),
-            &put(&w, &[k, n]),
-            Some(&put(&b, &[n])),
-            Activation::Selu,
-        )
-        .unwrap()
-    };
-    let expected = matmul_bias_act(
-        &to_f64(&a),
-        &to_f64(&w),
-        Some(&to_f64(&b)),
-        m,
-        k,
-        n,
-        Activation::Selu,
-    );
-    let what = format!("dense on {} ({})", dev.name(), dev.adapter_name());
-    assert_close(&y.to_vec::<f32>().unwrap(), &expected, 1e-4, &what);
+    common::dense_checked(dev, (96, 256, 40), Activation::Selu, 1, 1e-4);
 }
 
 fn matmul_decisions(dev: &LogicalDevice) -> Vec<TuningDecision> {

@@ -67,17 +67,29 @@ pub fn time_steps(
         };
     let warm_up = Instant::now();
     let mut warmup = Vec::new();
+    let mut first = StreamStats::default();
     while warmup.len() < 3 || warm_up.elapsed() < WARM_UP {
-        warmup.push(step(model, true)?.0);
+        let (ms, _, stats) = step(model, true)?;
+        if warmup.is_empty() {
+            first = stats;
+        }
+        warmup.push(ms);
     }
     let shown: Vec<String> = warmup.iter().take(3).map(|ms| format!("{ms:.1}")).collect();
     println!(
-        "{}warm-up steps: {} ms{} (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them)",
+        "{}warm-up steps: {} ms{} (the first compiles the kernels and, with ANYGPU_AUTOTUNE on and no cache, tunes them{})",
         workers::tag(multi_worker.map_or(0, workers::rank)),
         shown.join(", "),
         match warmup.len() {
             ..=3 => String::new(),
             more => format!(", then {} more", more - 3),
+        },
+        match first.pipelines_compiled {
+            0 => String::new(),
+            n => format!(
+                ": {n} pipelines compiled, {:.1} ms of the step waiting for them",
+                first.compile_nanos as f64 / 1e6
+            ),
         }
     );
     if n > 0 {

@@ -11,6 +11,7 @@ use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUB
 use crate::error::{Error, Result};
 use crate::profiler::{self, DeviceInterval};
 use crate::shader::coop::CoopSupport;
+use crate::shader::pipelines::default_compile_threads;
 use crate::shader::tune::{TuneConfig, Tuner};
 use crate::shader::{grid_1d, Kernel, Pipeline, PipelineCache, ShaderFamily};
 
@@ -153,7 +154,11 @@ impl GpuContext {
                 slot.get_or_insert(message);
             }));
         }
-        let pipelines = PipelineCache::new(&device, adapter.features, &adapter.limits);
+        let compile_threads = tune
+            .compile_threads
+            .unwrap_or_else(|| default_compile_threads(&adapter.info));
+        let pipelines =
+            PipelineCache::new(&device, adapter.features, &adapter.limits, compile_threads);
         let software_kernels = kernel_class(&adapter.info, tune.kernel_class.as_deref());
         let stream = Stream::new(&device, &adapter.limits);
         let tuner = Tuner::new(tune, &adapter.info);
@@ -189,7 +194,12 @@ impl GpuContext {
     }
 
     pub(crate) fn stats(&self) -> StreamStats {
-        self.counters.read()
+        let compile = self.pipelines.stats();
+        StreamStats {
+            pipelines_compiled: compile.compiled,
+            compile_nanos: compile.wait_nanos,
+            ..self.counters.read()
+        }
     }
 
     fn stream(&self) -> MutexGuard<'_, Stream> {

@@ -61,6 +61,12 @@ pub struct StreamStats {
     pub record_nanos: u64,
     /// Dispatches whose bind group came from the cache.
     pub bind_group_hits: u64,
+    /// Compute pipelines compiled for the adapter, on any thread (its background compile
+    /// threads included: `ANYGPU_COMPILE_THREADS`).
+    pub pipelines_compiled: u64,
+    /// Host time ops waited for the pipelines they needed, in nanoseconds: compiling them, or
+    /// waiting for a background thread that had started. Most of a cold first step on a GPU.
+    pub compile_nanos: u64,
 }
 
 impl std::ops::Sub for StreamStats {
@@ -73,6 +79,10 @@ impl std::ops::Sub for StreamStats {
             submits: self.submits.saturating_sub(earlier.submits),
             record_nanos: self.record_nanos.saturating_sub(earlier.record_nanos),
             bind_group_hits: self.bind_group_hits.saturating_sub(earlier.bind_group_hits),
+            pipelines_compiled: self
+                .pipelines_compiled
+                .saturating_sub(earlier.pipelines_compiled),
+            compile_nanos: self.compile_nanos.saturating_sub(earlier.compile_nanos),
         }
     }
 }
@@ -87,6 +97,8 @@ impl std::ops::Add for StreamStats {
             submits: self.submits + other.submits,
             record_nanos: self.record_nanos + other.record_nanos,
             bind_group_hits: self.bind_group_hits + other.bind_group_hits,
+            pipelines_compiled: self.pipelines_compiled + other.pipelines_compiled,
+            compile_nanos: self.compile_nanos + other.compile_nanos,
         }
     }
 }
@@ -107,6 +119,7 @@ impl StreamCounters {
             submits: self.submits.load(Ordering::Relaxed),
             record_nanos: self.record_nanos.load(Ordering::Relaxed),
             bind_group_hits: self.bind_group_hits.load(Ordering::Relaxed),
+            ..StreamStats::default()
         }
     }
 }

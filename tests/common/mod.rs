@@ -146,6 +146,38 @@ pub fn available(devices: Vec<LogicalDevice>) -> Vec<LogicalDevice> {
         .collect()
 }
 
+/// `ops::dense` of random `m×k` and `k×n` matrices and a bias (from `seed`) on `dev`, checked
+/// against the f64 oracle within `tol`.
+pub fn dense_checked(
+    dev: &LogicalDevice,
+    (m, k, n): (usize, usize, usize),
+    act: anygpu::ops::spec::Activation,
+    seed: u64,
+    tol: f64,
+) {
+    use anygpu::ops::reference::{self, random_vec, to_f64};
+    let (a, w, b) = (
+        random_vec(m * k, seed),
+        random_vec(k * n, seed + 1),
+        random_vec(n, seed + 2),
+    );
+    let put = |data: &[f32], shape: &[usize]| Tensor::from_slice_on(data, shape, dev).unwrap();
+    let y = {
+        let _s = dev.scope();
+        anygpu::ops::dense(
+            &put(&a, &[m, k]),
+            &put(&w, &[k, n]),
+            Some(&put(&b, &[n])),
+            act,
+        )
+        .unwrap()
+    };
+    let (a, w, b) = (to_f64(&a), to_f64(&w), to_f64(&b));
+    let expected = reference::matmul_bias_act(&a, &w, Some(&b), m, k, n, act);
+    let what = format!("dense on {} ({})", dev.name(), dev.adapter_name());
+    reference::assert_close(&y.to_vec::<f32>().unwrap(), &expected, tol, &what);
+}
+
 /// Deterministic values in [-1, 1).
 pub fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -32,7 +32,8 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::shader::{ShaderFamily, PIPELINES_CREATED};
+use crate::shader::pipelines::PIPELINES_FIRST_USED;
+use crate::shader::ShaderFamily;
 
 mod cache;
 pub use cache::parse_cache;
@@ -147,6 +148,9 @@ fn time_block(
     Ok(clock.now().saturating_sub(start) / reps)
 }
 
+/// The most background compile threads `ANYGPU_COMPILE_THREADS` may ask for per adapter.
+const MAX_COMPILE_THREADS: usize = 64;
+
 /// What the runtime hands each adapter's tuner.
 #[derive(Clone, Debug)]
 pub(crate) struct TuneConfig {
@@ -158,6 +162,9 @@ pub(crate) struct TuneConfig {
     pub(crate) force: Option<String>,
     /// `ANYGPU_KERNEL_CLASS`: the adapter class the heuristics assume (`software`, `gpu`).
     pub(crate) kernel_class: Option<String>,
+    /// `ANYGPU_COMPILE_THREADS`: background compile threads per adapter (`None`: the
+    /// adapter's default, see `pipelines::default_compile_threads`).
+    pub(crate) compile_threads: Option<usize>,
 }
 
 impl TuneConfig {
@@ -181,6 +188,17 @@ impl TuneConfig {
             cache_dir,
             force: env("ANYGPU_AUTOTUNE_FORCE").filter(|f| !f.is_empty()),
             kernel_class: env("ANYGPU_KERNEL_CLASS").filter(|c| !c.is_empty()),
+            compile_threads: env("ANYGPU_COMPILE_THREADS")
+                .filter(|t| !t.is_empty())
+                .and_then(|t| match t.trim().parse::<usize>() {
+                    Ok(n) => Some(n.min(MAX_COMPILE_THREADS)),
+                    Err(_) => {
+                        log::warn!(
+                            "ANYGPU_COMPILE_THREADS={t:?} ignored: use a number of threads (0: none)"
+                        );
+                        None
+                    }
+                }),
         }
     }
 }
@@ -526,7 +544,7 @@ impl Tuner {
             // 100 ms). Some drivers compile at the first dispatch (lavapipe: 100 ms for a
             // kernel written out at length, more than five runs of the candidate it beats), so
             // a warm-up over the cut-off that created a pipeline gets a second before it counts.
-            let created = PIPELINES_CREATED.load(Ordering::Relaxed);
+            let created = PIPELINES_FIRST_USED.load(Ordering::Relaxed);
             let mut warm_up = loop {
                 let nested = self.measurements.load(Ordering::Relaxed);
                 let start = self.clock.now();
@@ -537,7 +555,7 @@ impl Tuner {
                 }
             };
             let over_cutoff = |t: Duration| best.is_some_and(|(_, b)| t > b * WARM_UP_CUTOFF);
-            let compiled = PIPELINES_CREATED.load(Ordering::Relaxed) != created;
+            let compiled = PIPELINES_FIRST_USED.load(Ordering::Relaxed) != created;
             if over_cutoff(warm_up) && compiled {
                 let start = self.clock.now();
                 run(candidate)?;
@@ -631,6 +649,7 @@ mod tests {
             cache_dir: Some(dir.to_path_buf()),
             force: None,
             kernel_class: None,
+            compile_threads: None,
         }
     }
 
@@ -775,7 +794,7 @@ mod tests {
         tuner
             .run(&choice, &|| Ok(()), &mut |c| {
                 let compiling = if first_runs.insert(c.to_string()) {
-                    PIPELINES_CREATED.fetch_add(1, Ordering::Relaxed);
+                    PIPELINES_FIRST_USED.fetch_add(1, Ordering::Relaxed);
                     20
                 } else {
                     0
@@ -1028,5 +1047,20 @@ mod tests {
         assert_eq!(TuneMode::parse(Some("sideways")), TuneMode::On);
         assert_eq!(bucket(5), 5);
         assert_eq!(bucket(100), 128);
+    }
+
+    #[test]
+    fn compile_threads_parse_like_the_docs_say() {
+        let threads = |value: &str| {
+            TuneConfig::from_env(|k| (k == "ANYGPU_COMPILE_THREADS").then(|| value.to_string()))
+                .compile_threads
+        };
+        assert_eq!(threads("0"), Some(0));
+        assert_eq!(threads(" 3 "), Some(3));
+        assert_eq!(threads("100000"), Some(MAX_COMPILE_THREADS));
+        // Not a number, or unset: the adapter's default.
+        assert_eq!(threads("many"), None);
+        assert_eq!(threads(""), None);
+        assert_eq!(TuneConfig::from_env(|_| None).compile_threads, None);
     }
 }
