@@ -188,6 +188,13 @@ impl GpuContext {
         }))
     }
 
+    /// The pipeline for `kernel`, compiled on first use (and its file's other kernels compiled
+    /// ahead while the tuner measures: they are its next candidates).
+    pub(crate) fn pipeline(&self, kernel: Kernel, device_name: &str) -> Result<Arc<Pipeline>> {
+        self.pipelines
+            .get(kernel, device_name, self.tuner.measuring())
+    }
+
     /// The counter this adapter's arenas bump when they release a region.
     pub(crate) fn regions_released(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.regions_released)
@@ -501,7 +508,7 @@ impl GpuContext {
             dst_offset: dst_offset as u32,
             _alpha: 0.0,
         };
-        let pipeline = self.pipelines.get(COPY_RANGE, device_name)?;
+        let pipeline = self.pipeline(COPY_RANGE, device_name)?;
         let params = bytemuck::bytes_of(&params);
         self.dispatch(&pipeline, params, &[src, dst], grid_1d(len, 256));
         Ok(())

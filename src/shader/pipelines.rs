@@ -1,19 +1,21 @@
 //! Per-adapter cache of compiled kernels: shader modules, bind group layouts and compute
 //! pipelines, each made once, on first use.
 //!
-//! A driver compiles a pipeline on the host, and the first training step asks for a hundred of
-//! them one after another: the tuner runs each candidate of an op, and the candidates are
-//! mostly entry points of one shader file. So on hardware adapters the first kernel asked of a
-//! file sends the file's other entry points to background threads; by the time the tuner gets to
-//! them they are ready, or being finished by the thread that started them (an op never compiles
-//! a kernel twice, and never waits behind a queue: it compiles what it needs itself when no
-//! thread has started it). Software adapters compile on the cores that run their kernels, so
-//! they get no background threads unless asked (`ANYGPU_COMPILE_THREADS`).
+//! A driver compiles a pipeline on the host, and a first training step that tunes its kernels
+//! asks for a hundred of them one after another: the tuner runs each candidate of an op, and the
+//! candidates are mostly entry points of one shader file. So on hardware adapters, while the
+//! tuner measures, the first kernel asked of a file sends the file's other entry points to
+//! background threads; by the time the tuner gets to them they are ready, or being finished by
+//! the thread that started them (an op never compiles a kernel twice, and never waits behind a
+//! queue: it compiles what it needs itself when no thread has started it). Outside tuning
+//! nothing is compiled ahead: a program that runs a few kernels compiles just those. Software
+//! adapters compile on the cores that run their kernels, so they get no background threads
+//! unless asked (`ANYGPU_COMPILE_THREADS`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::{capabilities_of, validate_source, EntryInfo, Kernel, ShaderFamily, Validated};
 use crate::error::{Error, Result};
@@ -84,6 +86,8 @@ struct Shared {
     pipelines: Mutex<HashMap<Kernel, Arc<Slot>>>,
     /// Kernels for the background threads, and how many threads run.
     queue: Mutex<Queue>,
+    /// Signalled when a background thread stops.
+    stopped: Condvar,
     threads: usize,
     compiled: AtomicU64,
     wait_nanos: AtomicU64,
@@ -147,6 +151,7 @@ impl PipelineCache {
                 layouts: Mutex::new(HashMap::new()),
                 pipelines: Mutex::new(HashMap::new()),
                 queue: Mutex::new(Queue::default()),
+                stopped: Condvar::new(),
                 threads,
                 compiled: AtomicU64::new(0),
                 wait_nanos: AtomicU64::new(0),
@@ -162,8 +167,14 @@ impl PipelineCache {
         self.shared.check(kernel)
     }
 
-    /// The pipeline for `kernel`, compiled on first use.
-    pub(crate) fn get(&self, kernel: Kernel, device_name: &str) -> Result<Arc<Pipeline>> {
+    /// The pipeline for `kernel`, compiled on first use; `ahead` (the tuner is measuring): the
+    /// first use of a file's kernel has its siblings compiled in the background.
+    pub(crate) fn get(
+        &self,
+        kernel: Kernel,
+        device_name: &str,
+        ahead: bool,
+    ) -> Result<Arc<Pipeline>> {
         let shared = &self.shared;
         let known = lock(&shared.pipelines).get(&kernel).cloned();
         let slot = match known {
@@ -175,7 +186,9 @@ impl PipelineCache {
                     missing,
                 })?;
                 let slot = Arc::clone(lock(&shared.pipelines).entry(kernel).or_default());
-                Shared::queue_siblings(shared, kernel);
+                if ahead {
+                    Shared::queue_siblings(shared, kernel);
+                }
                 slot
             }
         };
@@ -209,11 +222,31 @@ impl PipelineCache {
     }
 }
 
+/// How long dropping a cache waits for its background threads to finish the compiles they
+/// started (a driver torn down under a compiling thread may crash it).
+const DROP_WAIT: Duration = Duration::from_secs(10);
+
 impl Drop for PipelineCache {
     fn drop(&mut self) {
         let mut queue = lock(&self.shared.queue);
         queue.closed = true;
         queue.kernels.clear();
+        let deadline = Instant::now() + DROP_WAIT;
+        while queue.running > 0 {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                log::warn!(
+                    "{} pipeline compiles still running after {DROP_WAIT:?}; not waiting for them",
+                    queue.running
+                );
+                return;
+            };
+            queue = self
+                .shared
+                .stopped
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }
 
@@ -331,6 +364,7 @@ impl Shared {
                     Some(kernel) if !queue.closed => kernel,
                     _ => {
                         queue.running -= 1;
+                        self.stopped.notify_all();
                         return;
                     }
                 }

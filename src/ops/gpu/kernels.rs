@@ -145,7 +145,7 @@ impl<'a> GpuKernels<'a> {
         ranges: &[GpuRange<'_>],
         workgroups: [u32; 3],
     ) -> Result<()> {
-        let pipeline = self.dev.ctx.pipelines.get(kernel, self.name)?;
+        let pipeline = self.dev.ctx.pipeline(kernel, self.name)?;
         self.dev
             .ctx
             .dispatch(&pipeline, bytemuck::bytes_of(params), ranges, workgroups);

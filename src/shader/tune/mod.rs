@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -250,7 +250,26 @@ pub(crate) struct Tuner {
     /// as a product) tunes that op inside its own warm-up; this count tells the warm-up to
     /// run again, so the nested tuning's time is not charged to the candidate.
     measurements: AtomicU64,
+    /// Measurements running now, on any thread: while one runs, its candidates' kernels are
+    /// asked for one after another (the pipeline cache compiles ahead then).
+    running: AtomicUsize,
     clock: Clock,
+}
+
+/// Counts a measurement as running until dropped.
+struct Running<'a>(&'a AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn start(count: &'a AtomicUsize) -> Running<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Running(count)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -357,6 +376,7 @@ impl Tuner {
             state: Mutex::new(state),
             tuned: Condvar::new(),
             measurements: AtomicU64::new(0),
+            running: AtomicUsize::new(0),
             clock: Clock::default(),
         }
     }
@@ -402,6 +422,11 @@ impl Tuner {
                 }
             }
         }
+    }
+
+    /// Whether candidates are being timed on this adapter now (on any thread).
+    pub(crate) fn measuring(&self) -> bool {
+        self.running.load(Ordering::Relaxed) > 0
     }
 
     /// Whether `ANYGPU_AUTOTUNE_FORCE` names the candidate every op runs.
@@ -531,6 +556,7 @@ impl Tuner {
         run: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<(&'static str, Vec<(String, f64)>)> {
         self.measurements.fetch_add(1, Ordering::Relaxed);
+        let _running = Running::start(&self.running);
         let blocks = self.config.mode.timed_runs();
         let mut best: Option<(&'static str, Duration)> = None;
         // (candidate, best time per run, runs per timed block) of those not cut.
