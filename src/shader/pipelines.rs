@@ -25,11 +25,13 @@ use crate::error::{Error, Result};
 /// compiling at the first dispatch).
 pub(crate) static PIPELINES_FIRST_USED: AtomicU64 = AtomicU64::new(0);
 
-/// Background compile threads an adapter gets by default: none for software adapters, else one
-/// per core but the one recording, at most 8 (a training step's kernels compile in about a
-/// second on 8 threads; more would only take cores from the host side of other work).
+/// Background compile threads an adapter gets by default: one per core but the one recording,
+/// at most 8 (more would only take cores from the host side of other work); none for software
+/// adapters, nor on GL, whose driver compiles under the context lock that every submission takes
+/// too (wgpu's GL backend has one), so a background compile would hold up the ops rather than
+/// run beside them.
 pub(crate) fn default_compile_threads(adapter: &wgpu::AdapterInfo) -> usize {
-    if adapter.device_type == wgpu::DeviceType::Cpu {
+    if adapter.device_type == wgpu::DeviceType::Cpu || adapter.backend == wgpu::Backend::Gl {
         return 0;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -479,12 +481,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn software_adapters_compile_on_the_ops_thread_and_gpus_on_all_but_one_core() {
-        let adapter = |device_type| wgpu::AdapterInfo::new(device_type, wgpu::Backend::Vulkan);
-        assert_eq!(default_compile_threads(&adapter(wgpu::DeviceType::Cpu)), 0);
+    fn software_adapters_and_gl_compile_on_the_ops_thread_and_gpus_on_all_but_one_core() {
+        use wgpu::{Backend, DeviceType};
+        let threads = |device_type, backend| {
+            default_compile_threads(&wgpu::AdapterInfo::new(device_type, backend))
+        };
+        assert_eq!(threads(DeviceType::Cpu, Backend::Vulkan), 0);
+        assert_eq!(threads(DeviceType::DiscreteGpu, Backend::Gl), 0);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let gpu = default_compile_threads(&adapter(wgpu::DeviceType::DiscreteGpu));
+        let gpu = threads(DeviceType::DiscreteGpu, Backend::Vulkan);
         assert_eq!(gpu, (cores - 1).min(8));
+        assert_eq!(threads(DeviceType::IntegratedGpu, Backend::Metal), gpu);
     }
 
     #[test]
