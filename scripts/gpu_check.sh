@@ -6,7 +6,8 @@
 # cache (the first step pays the tuning) and warm, profiled, in float32 and under
 # mixed_float16; then ours, PyTorch's
 # variants (scripts/torch_train_step.py) and Burn's side by side, alternating, at batch 128 and
-# 1024, and one table of their medians at the end.
+# 1024, one table of their medians at the end, and each target of the GPU issue met or missed
+# (scripts/gpu_verdict.py).
 #
 #   scripts/gpu_check.sh              # builds with cargo first
 #   scripts/gpu_check.sh BIN_DIR      # uses binaries built beforehand (scripts/gpu_pack.sh)
@@ -128,6 +129,17 @@ busy() {
         END { if (steps && total != "") printf "%.2f", total / steps }')
     echo "$label:kernels ${ms:-failed}" >>"$table"
 }
+# A run from a cold tuning cache, passed through, and "<batch> <label>:cold <ms>" in the table:
+# its first step (compiling and tuning included).
+cold() {
+    local label=$1
+    shift
+    local lines ms
+    lines=$("$@" 2>&1)
+    echo "$lines"
+    ms=$(echo "$lines" | sed -n 's/^warm-up steps: \([0-9.]*\).*/\1/p' | head -1)
+    echo "$label:cold ${ms:-failed}" >>"$table"
+}
 torch() {
     timeout "${2:-90}" python3 scripts/torch_train_step.py --variant "$1" --batch "$batch" \
         --steps "$steps"
@@ -170,8 +182,9 @@ fi
 for batch in $batches; do
     section "train step, GPU:0, batch $batch, tuning from a cold cache (f32, then mixed_float16)"
     rm -rf "$out/cache-$batch"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" clocks ours --batch-size "$batch" --mixed-precision
+    ANYGPU_CACHE_DIR="$out/cache-$batch" cold "$batch anygpu-f32" clocks ours --batch-size "$batch"
+    ANYGPU_CACHE_DIR="$out/cache-$batch" cold "$batch anygpu-mixed_float16" clocks ours \
+        --batch-size "$batch" --mixed-precision
     section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, f32"
     ANYGPU_CACHE_DIR="$out/cache-$batch" busy "$batch anygpu-f32" clocks ours \
         --batch-size "$batch" --profile "$out/profile-$batch"
@@ -220,7 +233,7 @@ fi
 
 section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step)"
 # By batch, the profiled runs' kernel times last.
-awk '{ print ($2 ~ /:kernels$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d' ' -f2- | awk '{
+awk '{ print ($2 ~ /:(kernels|cold)$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d' ' -f2- | awk '{
     key = $1 " " $2
     if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
     ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
@@ -228,4 +241,6 @@ awk '{ print ($2 ~ /:kernels$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d
     printf "%-6s %-32s %s\n", "batch", "step", "per round (ms)"
     for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-32s %s\n", k[1], k[2], ms[order[i]] }
 }'
+section "the issue's targets (scripts/gpu_verdict.py)"
+python3 "$(dirname "$0")/gpu_verdict.py" "$table"
 section "done"
