@@ -115,30 +115,28 @@ row() {
     echo "$label ${ms:-failed}" >>"$table"
     echo "$label:b2b ${b2b:-failed}" >>"$table"
 }
-# A profiled run, passed through, and "<batch> <label>:kernels <ms>" in the table: the device
-# time of its kernels per step (a step that keeps the GPU busy takes about that long).
-busy() {
-    local label=$1
-    shift
+# Runs a command, passed through, and adds "<batch> <label><suffix> <ms>" to the table, the ms
+# read off its output by an awk program: record SUFFIX AWK_PROGRAM "<batch> <label>" COMMAND...
+record() {
+    local suffix=$1 program=$2 label=$3
+    shift 3
     local lines ms
     lines=$("$@" 2>&1)
     echo "$lines"
-    ms=$(echo "$lines" | awk '
+    ms=$(echo "$lines" | awk "$program")
+    echo "$label$suffix ${ms:-failed}" >>"$table"
+}
+# A profiled run: the device time of its kernels per step (a step that keeps the GPU busy takes
+# about that long).
+busy() {
+    record :kernels '
         /^profile of [0-9]+ train steps/ { steps = $3 }
         / kernels timed on a device, / { for (i = 1; i <= NF; i++) if ($i == "ms") total = $(i - 1) }
-        END { if (steps && total != "") printf "%.2f", total / steps }')
-    echo "$label:kernels ${ms:-failed}" >>"$table"
+        END { if (steps && total != "") printf "%.2f", total / steps }' "$@"
 }
-# A run from a cold tuning cache, passed through, and "<batch> <label>:cold <ms>" in the table:
-# its first step (compiling and tuning included).
+# A run from a cold tuning cache: its first step (compiling and tuning included).
 cold() {
-    local label=$1
-    shift
-    local lines ms
-    lines=$("$@" 2>&1)
-    echo "$lines"
-    ms=$(echo "$lines" | sed -n 's/^warm-up steps: \([0-9.]*\).*/\1/p' | head -1)
-    echo "$label:cold ${ms:-failed}" >>"$table"
+    record :cold '/^warm-up steps: / { sub(",", "", $3); print $3; exit }' "$@"
 }
 torch() {
     timeout "${2:-90}" python3 scripts/torch_train_step.py --variant "$1" --batch "$batch" \
@@ -231,7 +229,7 @@ if [ "${GPU_CHECK_BENCH:-0}" != 0 ]; then
         grep -E '^[a-z0-9_]+/|time:'
 fi
 
-section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step)"
+section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step; :cold = a cold run's first step)"
 # By batch, the profiled runs' kernel times last.
 awk '{ print ($2 ~ /:(kernels|cold)$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d' ' -f2- | awk '{
     key = $1 " " $2
