@@ -206,7 +206,8 @@ impl PipelineCache {
                 done
             }
         };
-        if !slot.used.swap(true, Ordering::Relaxed) {
+        // Read first: every dispatch passes here, and a write would bounce the line between cores.
+        if !slot.used.load(Ordering::Relaxed) && !slot.used.swap(true, Ordering::Relaxed) {
             PIPELINES_FIRST_USED.fetch_add(1, Ordering::Relaxed);
         }
         pipeline.map_err(|message| Error::Gpu {

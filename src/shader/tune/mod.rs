@@ -569,7 +569,8 @@ impl Tuner {
             // start short on software adapters, where a losing candidate's run can take
             // 100 ms). Some drivers compile at the first dispatch (lavapipe: 100 ms for a
             // kernel written out at length, more than five runs of the candidate it beats), so
-            // a warm-up over the cut-off that created a pipeline gets a second before it counts.
+            // a warm-up over the cut-off that used a pipeline for the first time gets a second
+            // before it counts.
             let created = PIPELINES_FIRST_USED.load(Ordering::Relaxed);
             let mut warm_up = loop {
                 let nested = self.measurements.load(Ordering::Relaxed);
