@@ -64,8 +64,9 @@ pub struct StreamStats {
     /// Compute pipelines compiled for the adapter, on any thread (its background compile
     /// threads included: `ANYGPU_COMPILE_THREADS`).
     pub pipelines_compiled: u64,
-    /// Host time ops waited for the pipelines they needed, in nanoseconds: compiling them, or
-    /// waiting for a background thread that had started. Most of a cold first step on a GPU.
+    /// Host time ops waited for pipelines, in nanoseconds: compiling the ones they needed,
+    /// waiting for a background thread that had started one, or, before the tuner times
+    /// anything, for the background compiles to finish. Most of a cold first step on a GPU.
     pub compile_nanos: u64,
 }
 

@@ -7,7 +7,8 @@
 //! tuner measures, the first kernel asked of a file sends the file's other entry points to
 //! background threads; by the time the tuner gets to them they are ready, or being finished by
 //! the thread that started them (an op never compiles a kernel twice, and never waits behind a
-//! queue: it compiles what it needs itself when no thread has started it). Outside tuning
+//! queue: it compiles what it needs itself when no thread has started it). The tuner's waits
+//! wait for the queue to drain too, so no compile runs beside a timed block. Outside tuning
 //! nothing is compiled ahead: a program that runs a few kernels compiles just those. Software
 //! adapters compile on the cores that run their kernels, so they get no background threads
 //! unless asked (`ANYGPU_COMPILE_THREADS`).
@@ -60,8 +61,8 @@ type LayoutKey = (Vec<u32>, Vec<u32>);
 pub(crate) struct CompileStats {
     /// Pipelines compiled, on any thread.
     pub(crate) compiled: u64,
-    /// Host time ops spent getting pipelines they asked for compiled: compiling them, or
-    /// waiting for a background thread that had started.
+    /// Host time ops spent getting pipelines they asked for compiled: compiling them, waiting
+    /// for a background thread that had started, or for the queue to drain before a timing.
     pub(crate) wait_nanos: u64,
 }
 
@@ -199,10 +200,7 @@ impl PipelineCache {
             None => {
                 let start = Instant::now();
                 let done = slot.pipeline.get_or_init(|| shared.compile(kernel)).clone();
-                let waited = start.elapsed().as_nanos();
-                shared
-                    .wait_nanos
-                    .fetch_add(u64::try_from(waited).unwrap_or(u64::MAX), Ordering::Relaxed);
+                shared.waited(start);
                 done
             }
         };
@@ -214,6 +212,20 @@ impl PipelineCache {
             device: device_name.to_string(),
             message,
         })
+    }
+
+    /// Waits until the background threads have compiled everything queued (at most
+    /// [`QUIET_WAIT`]): the tuner times candidates on a quiet host and driver, so that a compile
+    /// beside a timed block cannot make a candidate look slow (its pick is kept on disk).
+    pub(crate) fn wait_for_compiles(&self) {
+        let start = Instant::now();
+        let running = self
+            .shared
+            .wait_for_threads(lock(&self.shared.queue), QUIET_WAIT);
+        self.shared.waited(start);
+        if running > 0 {
+            log::warn!("{running} background pipeline compiles still running after {QUIET_WAIT:?}");
+        }
     }
 
     /// Pipelines compiled so far, and the time ops waited for them.
@@ -229,31 +241,45 @@ impl PipelineCache {
 /// started (a driver torn down under a compiling thread may crash it).
 const DROP_WAIT: Duration = Duration::from_secs(10);
 
+/// How long [`PipelineCache::wait_for_compiles`] waits at most (a file's kernels compile in
+/// well under a second on a GPU driver; a hung one must not hang the tuner).
+const QUIET_WAIT: Duration = Duration::from_secs(60);
+
 impl Drop for PipelineCache {
     fn drop(&mut self) {
         let mut queue = lock(&self.shared.queue);
         queue.closed = true;
         queue.kernels.clear();
-        let deadline = Instant::now() + DROP_WAIT;
-        while queue.running > 0 {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                log::warn!(
-                    "{} pipeline compiles still running after {DROP_WAIT:?}; not waiting for them",
-                    queue.running
-                );
-                return;
-            };
-            queue = self
-                .shared
-                .stopped
-                .wait_timeout(queue, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        let running = self.shared.wait_for_threads(queue, DROP_WAIT);
+        if running > 0 {
+            log::warn!("{running} pipeline compiles still running after {DROP_WAIT:?}; not waiting for them");
         }
     }
 }
 
 impl Shared {
+    /// Counts the time since `start` as waited for pipelines.
+    fn waited(&self, start: Instant) {
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Waits (at most `limit`) until no background thread runs; returns how many still do.
+    fn wait_for_threads(&self, mut queue: MutexGuard<'_, Queue>, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        while queue.running > 0 {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            queue = self
+                .stopped
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        queue.running
+    }
+
     fn check(&self, kernel: Kernel) -> std::result::Result<(), String> {
         let mut modules = lock(&self.modules);
         let info = modules

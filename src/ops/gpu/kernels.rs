@@ -644,6 +644,7 @@ impl GpuKernels<'_> {
         }
         let wait = || {
             let _cause = crate::profiler::WaitCause::enter("autotune: timing a candidate");
+            ctx.pipelines.wait_for_compiles();
             ctx.wait_idle()
         };
         ctx.tuner.run(&choice, &wait, run)
