@@ -18,8 +18,19 @@ use anygpu::{LogicalDevice, Runtime, Tensor};
 const MORE_THAN_THE_CANDIDATES: u64 = 4;
 
 /// A runtime with `threads` background compile threads per adapter, tuning `on` (from an empty
-/// cache of its own) or `off`.
-fn runtime(threads: usize, tuning: &str) -> Runtime {
+/// cache of its own, removed with it) or `off`.
+struct Cold {
+    rt: Runtime,
+    cache: std::path::PathBuf,
+}
+
+impl Drop for Cold {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.cache).ok();
+    }
+}
+
+fn runtime(threads: usize, tuning: &str) -> Cold {
     static RUNTIMES: AtomicUsize = AtomicUsize::new(0);
     let cache = std::env::temp_dir().join(format!(
         "anygpu-compile-threads-{}-{}",
@@ -27,7 +38,7 @@ fn runtime(threads: usize, tuning: &str) -> Runtime {
         RUNTIMES.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::remove_dir_all(&cache).ok();
-    common::builder()
+    let rt = common::builder()
         .memory_growth(true)
         .env("ANYGPU_AUTOTUNE", Some(tuning))
         .env(
@@ -36,11 +47,12 @@ fn runtime(threads: usize, tuning: &str) -> Runtime {
         )
         .env("ANYGPU_COMPILE_THREADS", Some(&threads.to_string()))
         .build()
-        .expect("runtime")
+        .expect("runtime");
+    Cold { rt, cache }
 }
 
-fn gpus(rt: &Runtime) -> Vec<LogicalDevice> {
-    common::available(rt.list_logical_devices("GPU").expect("GPUs"))
+fn gpus(cold: &Cold) -> Vec<LogicalDevice> {
+    common::available(cold.rt.list_logical_devices("GPU").expect("GPUs"))
 }
 
 fn compiled(dev: &LogicalDevice) -> u64 {
