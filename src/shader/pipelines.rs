@@ -114,10 +114,12 @@ struct ModuleInfo {
     workgroup_bytes: u64,
 }
 
-/// `name` as a slice of the family's source, which lives as long as a [`Kernel`]'s entry name
-/// must (a float16 twin's entry points have the names of the float32 source's).
+/// Entry point `name` as a slice of the family's source, at its declaration (`fn name(`): it
+/// lives as long as a [`Kernel`]'s entry name must (a float16 twin's entry points have the
+/// names of the float32 source's), and where it lies is its place in the file.
 fn in_source(source: &'static str, name: &str) -> Option<&'static str> {
-    source.find(name).map(|at| &source[at..at + name.len()])
+    let at = source.find(&format!("fn {name}("))? + "fn ".len();
+    Some(&source[at..at + name.len()])
 }
 
 impl ModuleInfo {
@@ -363,7 +365,7 @@ impl Shared {
                 .collect()
         };
         // In the order of the file: deterministic, and files list their usual picks first.
-        siblings.sort_by_key(|name| source.find(&format!("fn {name}(")).unwrap_or(usize::MAX));
+        siblings.sort_by_key(|name| name.as_ptr());
         let mut queue = lock(&shared.queue);
         if queue.closed || !queue.queued.insert(key) {
             return;
