@@ -212,6 +212,10 @@ for round in $(seq "$rounds"); do
         section "side by side, round $round, batch $batch: ours, PyTorch, alternating"
         export ANYGPU_CACHE_DIR="$out/cache-$batch"
         row "$batch anygpu-f32" ours --batch-size "$batch"
+        if [ "$round" = 1 ] && [ "$batch" = "$first_batch" ]; then
+            # What submitting early after each step's wait saves: every submission 64 commands.
+            ANYGPU_FIRST_SUBMIT=64 row "$batch anygpu-f32-first-submit-64" ours --batch-size "$batch"
+        fi
         if [ "$has_torch" = 1 ]; then
             row "$batch torch-fp32-eager(TF32-off)" torch fp32
             row "$batch torch-default-eager" torch default

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use crate::device::physical::AdapterEntry;
 use crate::device::stream::GpuRange;
-use crate::device::stream::{Stream, StreamCounters, StreamStats, Timestamps, SUBMIT_THRESHOLD};
+use crate::device::stream::{
+    default_first_submit, Stream, StreamCounters, StreamStats, Timestamps,
+};
 use crate::error::{Error, Result};
 use crate::profiler::{self, DeviceInterval};
 use crate::shader::coop::CoopSupport;
@@ -83,6 +85,8 @@ struct TimedSubmission {
 pub(crate) struct PendingRead {
     staging: Option<wgpu::Buffer>,
     submission: Option<wgpu::SubmissionIndex>,
+    /// The stream's number of that submission (see `Stream::drained`).
+    number: u64,
     bytes: u64,
     /// The map's outcome once its callback ran, after [`GpuContext::read_try`] asked for it.
     mapping: Option<MapSlot>,
@@ -160,7 +164,12 @@ impl GpuContext {
         let pipelines =
             PipelineCache::new(&device, adapter.features, &adapter.limits, compile_threads);
         let software_kernels = kernel_class(&adapter.info, tune.kernel_class.as_deref());
-        let stream = Stream::new(&device, &adapter.limits);
+        let stream = Stream::new(
+            &device,
+            &adapter.limits,
+            tune.first_submit
+                .unwrap_or_else(|| default_first_submit(&adapter.info)),
+        );
         let tuner = Tuner::new(tune, &adapter.info);
         let coop = CoopSupport::new(&adapter.adapter, device.features());
         let uniform_scratch = device.create_buffer(&wgpu::BufferDescriptor {
@@ -232,7 +241,7 @@ impl GpuContext {
     fn submit(&self, stream: &mut Stream) -> Option<wgpu::SubmissionIndex> {
         stream.end_pass();
         let mut encoder = stream.encoder.take()?;
-        stream.recorded = 0;
+        stream.batching.count_submission();
         stream.params.flush(&self.queue);
         self.counters.submits.fetch_add(1, Ordering::Relaxed);
         let timed = stream.timestamps.as_mut().filter(|t| !t.pending.is_empty());
@@ -358,15 +367,14 @@ impl GpuContext {
     }
 
     /// Records one command (not a dispatch) into the pending encoder and submits, without
-    /// waiting, once [`SUBMIT_THRESHOLD`] commands are pending.
+    /// waiting, once the stream's threshold of commands is pending (see `stream::FIRST_SUBMIT`).
     fn record(&self, stream: &mut Stream, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
         command(stream.encoder(&self.device));
         self.recorded_one(stream);
     }
 
     fn recorded_one(&self, stream: &mut Stream) {
-        stream.recorded += 1;
-        if stream.recorded >= SUBMIT_THRESHOLD {
+        if stream.batching.count_command() {
             self.submit(stream);
         }
     }
@@ -635,6 +643,7 @@ impl GpuContext {
             return PendingRead {
                 staging: None,
                 submission: None,
+                number: 0,
                 bytes,
                 mapping: None,
             };
@@ -645,17 +654,18 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let submission = {
+        let (submission, number) = {
             let mut stream = self.stream();
             self.record(&mut stream, |encoder| {
                 encoder.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, padded)
             });
-            self.submit(&mut stream)
+            (self.submit(&mut stream), stream.batching.last_submission())
         };
         self.read_timed();
         PendingRead {
             staging: Some(staging),
             submission,
+            number,
             bytes,
             mapping: None,
         }
@@ -722,6 +732,7 @@ impl GpuContext {
                 timeout: None,
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.stream().batching.drained(pending.number);
         self.take_error()?;
         let take = || slot.lock().unwrap_or_else(|e| e.into_inner()).take();
         let mut outcome = take();
@@ -761,9 +772,9 @@ impl GpuContext {
 
     /// Submits what is pending and waits for the queue to drain.
     pub(crate) fn wait_idle(&self) -> Result<()> {
-        let submission = {
+        let (submission, number) = {
             let mut stream = self.stream();
-            self.submit(&mut stream)
+            (self.submit(&mut stream), stream.batching.last_submission())
         };
         self.read_timed();
         let wait = crate::profiler::wait_begin("synchronize");
@@ -773,6 +784,7 @@ impl GpuContext {
                 timeout: None,
             })
             .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.stream().batching.drained(number);
         if let Some(w) = wait {
             w.end(&self.label);
         }

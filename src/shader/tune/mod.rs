@@ -165,6 +165,9 @@ pub(crate) struct TuneConfig {
     /// `ANYGPU_COMPILE_THREADS`: background compile threads per adapter (`None`: the
     /// adapter's default, see `pipelines::default_compile_threads`).
     pub(crate) compile_threads: Option<usize>,
+    /// `ANYGPU_FIRST_SUBMIT`: commands before the first submission after a drained queue
+    /// (`None`: the stream's default; the stream caps it at its usual batch of commands).
+    pub(crate) first_submit: Option<usize>,
 }
 
 impl TuneConfig {
@@ -195,6 +198,17 @@ impl TuneConfig {
                     Err(_) => {
                         log::warn!(
                             "ANYGPU_COMPILE_THREADS={t:?} ignored: use a number of threads (0: none)"
+                        );
+                        None
+                    }
+                }),
+            first_submit: env("ANYGPU_FIRST_SUBMIT")
+                .filter(|n| !n.is_empty())
+                .and_then(|n| match n.trim().parse::<usize>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        log::warn!(
+                            "ANYGPU_FIRST_SUBMIT={n:?} ignored: use a number of commands, 1 or more"
                         );
                         None
                     }
@@ -677,6 +691,7 @@ mod tests {
             force: None,
             kernel_class: None,
             compile_threads: None,
+            first_submit: None,
         }
     }
 
@@ -1089,5 +1104,21 @@ mod tests {
         assert_eq!(threads("many"), None);
         assert_eq!(threads(""), None);
         assert_eq!(TuneConfig::from_env(|_| None).compile_threads, None);
+    }
+
+    #[test]
+    fn first_submit_parses_like_the_docs_say() {
+        let first = |value: &str| {
+            TuneConfig::from_env(|k| (k == "ANYGPU_FIRST_SUBMIT").then(|| value.to_string()))
+                .first_submit
+        };
+        assert_eq!(first(" 16 "), Some(16));
+        assert_eq!(first("1000"), Some(1000));
+        // Zero, not a number, or unset: the stream's default.
+        assert_eq!(first("0"), None);
+        assert_eq!(first("-4"), None);
+        assert_eq!(first("soon"), None);
+        assert_eq!(first(""), None);
+        assert_eq!(TuneConfig::from_env(|_| None).first_submit, None);
     }
 }
