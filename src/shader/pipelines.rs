@@ -12,10 +12,19 @@
 //! nothing is compiled ahead: a program that runs a few kernels compiles just those. Software
 //! adapters compile on the cores that run their kernels, so they get no background threads
 //! unless asked (`ANYGPU_COMPILE_THREADS`).
+//!
+//! What goes wrong stays with the kernel it went wrong on: a compile the driver refuses
+//! (validation, internal or out-of-memory errors, each caught in its own error scope) or one
+//! that panics leaves an error in that kernel's slot, which the op that uses it reports; the
+//! background thread goes on with its queue. A compile stuck in the driver costs one wait of
+//! [`QUIET_WAIT`], after which nothing more is compiled ahead on that adapter. A dropped cache
+//! waits (at most [`DROP_WAIT`]) for its threads and joins them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{capabilities_of, validate_source, EntryInfo, Kernel, ShaderFamily, Validated};
@@ -92,8 +101,13 @@ struct Shared {
     /// Signalled when a background thread stops.
     stopped: Condvar,
     threads: usize,
+    /// How long [`PipelineCache::wait_for_compiles`] waits at most ([`QUIET_WAIT`]).
+    quiet_wait: Duration,
     compiled: AtomicU64,
     wait_nanos: AtomicU64,
+    /// A kernel whose compile panics or hangs, to test what the cache does then.
+    #[cfg(test)]
+    fault: Option<(&'static str, Fault)>,
 }
 
 #[derive(Default)]
@@ -102,8 +116,13 @@ struct Queue {
     /// Modules whose entry points were queued (each once).
     queued: HashSet<ModuleKey>,
     running: usize,
+    /// The background threads started, joined when the cache is dropped.
+    handles: Vec<JoinHandle<()>>,
     /// The cache is gone: threads stop after the kernel at hand.
     closed: bool,
+    /// A wait for the threads ran out of time (a compile stuck in the driver): nothing more is
+    /// queued, and later waits do not wait again.
+    stalled: bool,
 }
 
 struct ModuleInfo {
@@ -158,8 +177,11 @@ impl PipelineCache {
                 queue: Mutex::new(Queue::default()),
                 stopped: Condvar::new(),
                 threads,
+                quiet_wait: QUIET_WAIT,
                 compiled: AtomicU64::new(0),
                 wait_nanos: AtomicU64::new(0),
+                #[cfg(test)]
+                fault: None,
             }),
         }
     }
@@ -218,16 +240,29 @@ impl PipelineCache {
 
     /// Waits until the background threads have compiled everything queued (at most
     /// [`QUIET_WAIT`]): the tuner times candidates on a quiet host and driver, so that a compile
-    /// beside a timed block cannot make a candidate look slow (its pick is kept on disk).
+    /// beside a timed block cannot make a candidate look slow (its pick is kept on disk). A
+    /// wait that runs out of time stops the background compiles for good (the ops compile what
+    /// they use), so that a compile stuck in the driver costs it once, not at every timing.
     pub(crate) fn wait_for_compiles(&self) {
+        let shared = &self.shared;
         let start = Instant::now();
-        let running = self
-            .shared
-            .wait_for_threads(lock(&self.shared.queue), QUIET_WAIT);
-        self.shared.waited(start);
-        if running > 0 {
-            log::warn!("{running} background pipeline compiles still running after {QUIET_WAIT:?}");
+        let mut queue = lock(&shared.queue);
+        if queue.stalled {
+            return;
         }
+        queue = shared.wait_for_threads(queue, shared.quiet_wait);
+        if queue.running > 0 {
+            queue.stalled = true;
+            queue.kernels.clear();
+            log::warn!(
+                "{} background pipeline compiles still running after {:?}: no more kernels are \
+                 compiled ahead on this adapter (each compiles when first used)",
+                queue.running,
+                shared.quiet_wait
+            );
+        }
+        drop(queue);
+        shared.waited(start);
     }
 
     /// Pipelines compiled so far, and the time ops waited for them.
@@ -252,9 +287,20 @@ impl Drop for PipelineCache {
         let mut queue = lock(&self.shared.queue);
         queue.closed = true;
         queue.kernels.clear();
-        let running = self.shared.wait_for_threads(queue, DROP_WAIT);
-        if running > 0 {
-            log::warn!("{running} pipeline compiles still running after {DROP_WAIT:?}; not waiting for them");
+        let mut queue = self.shared.wait_for_threads(queue, DROP_WAIT);
+        if queue.running > 0 {
+            log::warn!(
+                "{} pipeline compiles still running after {DROP_WAIT:?}; not waiting for them",
+                queue.running
+            );
+            return;
+        }
+        // Every thread has counted itself out and is returning: joined, they have dropped
+        // their share of the device's objects before the caller goes on (to exit, say).
+        let handles = std::mem::take(&mut queue.handles);
+        drop(queue);
+        for handle in handles {
+            let _ = handle.join();
         }
     }
 }
@@ -266,8 +312,13 @@ impl Shared {
         self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// Waits (at most `limit`) until no background thread runs; returns how many still do.
-    fn wait_for_threads(&self, mut queue: MutexGuard<'_, Queue>, limit: Duration) -> usize {
+    /// Waits (at most `limit`) until no background thread runs, and hands the queue back
+    /// (`running` is how many still do).
+    fn wait_for_threads<'a>(
+        &self,
+        mut queue: MutexGuard<'a, Queue>,
+        limit: Duration,
+    ) -> MutexGuard<'a, Queue> {
         let deadline = Instant::now() + limit;
         while queue.running > 0 {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
@@ -279,7 +330,7 @@ impl Shared {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        queue.running
+        queue
     }
 
     fn check(&self, kernel: Kernel) -> std::result::Result<(), String> {
@@ -367,7 +418,7 @@ impl Shared {
         // In the order of the file: deterministic, and files list their usual picks first.
         siblings.sort_by_key(|name| name.as_ptr());
         let mut queue = lock(&shared.queue);
-        if queue.closed || !queue.queued.insert(key) {
+        if queue.closed || queue.stalled || !queue.queued.insert(key) {
             return;
         }
         queue
@@ -378,24 +429,31 @@ impl Shared {
             let spawned = std::thread::Builder::new()
                 .name("anygpu-compile".into())
                 .spawn(move || worker.compile_queued());
-            if spawned.is_err() {
+            let Ok(handle) = spawned else {
                 // No thread: the ops compile what they use, as without background threads.
                 break;
-            }
+            };
+            queue.handles.retain(|h| !h.is_finished());
+            queue.handles.push(handle);
             queue.running += 1;
         }
     }
 
     /// A background thread's loop: compiles queued kernels until the queue is empty.
     fn compile_queued(&self) {
+        let mut worker = CountedOut {
+            shared: self,
+            counted: false,
+        };
         loop {
             let kernel = {
                 let mut queue = lock(&self.queue);
                 match queue.kernels.pop_front() {
                     Some(kernel) if !queue.closed => kernel,
                     _ => {
-                        queue.running -= 1;
-                        self.stopped.notify_all();
+                        // Under the lock that found the queue empty: a kernel queued after
+                        // this starts a thread of its own.
+                        worker.count_out(&mut queue);
                         return;
                     }
                 }
@@ -408,8 +466,31 @@ impl Shared {
         }
     }
 
-    /// Compiles `kernel` (its module is loaded: `check` passed).
+    /// Compiles `kernel` (its module is loaded: `check` passed). A panic in wgpu or the driver
+    /// is this kernel's error, as a failed compile is: the op that uses the kernel reports it,
+    /// and the background thread that met it goes on with its queue.
     fn compile(&self, kernel: Kernel) -> std::result::Result<Arc<Pipeline>, String> {
+        catch_unwind(AssertUnwindSafe(|| self.compile_unguarded(kernel))).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("a panic without a message");
+            Err(format!(
+                "compiling {}::{} panicked: {why}",
+                kernel.family.file(),
+                kernel.entry
+            ))
+        })
+    }
+
+    fn compile_unguarded(&self, kernel: Kernel) -> std::result::Result<Arc<Pipeline>, String> {
+        #[cfg(test)]
+        if let Some((entry, fault)) = self.fault {
+            if entry == kernel.entry {
+                fault.strike(entry);
+            }
+        }
         let (module, bindings, uniform) = {
             let modules = lock(&self.modules);
             let info = modules
@@ -423,6 +504,16 @@ impl Shared {
                 entry.uniform.clone(),
             )
         };
+        // Error scopes are per thread: these see only this pipeline's errors. Validation is
+        // what a shader the adapter cannot take gives; a driver that fails to compile one gives
+        // an internal error (or out of memory), which without a scope would land in the
+        // device's error sink and fail whatever op waits next.
+        let scopes = [
+            wgpu::ErrorFilter::Validation,
+            wgpu::ErrorFilter::Internal,
+            wgpu::ErrorFilter::OutOfMemory,
+        ]
+        .map(|filter| self.device.push_error_scope(filter));
         let layout = self.layout(&bindings, &uniform);
         let pipeline_layout = self
             .device
@@ -431,8 +522,6 @@ impl Shared {
                 bind_group_layouts: &[Some(&layout)],
                 immediate_size: 0,
             });
-        // Error scopes are per thread: this one sees only this pipeline's errors.
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -448,11 +537,19 @@ impl Shared {
                 },
                 cache: None,
             });
-        if let Some(err) = pollster::block_on(scope.pop()) {
+        // The innermost scope first.
+        let [validation, internal, memory] = scopes;
+        let errors: Vec<String> = [memory, internal, validation]
+            .into_iter()
+            .filter_map(|scope| pollster::block_on(scope.pop()))
+            .map(|err| err.to_string())
+            .collect();
+        if !errors.is_empty() {
             return Err(format!(
-                "compiling {}::{} failed: {err}",
+                "compiling {}::{} failed: {}",
                 kernel.family.file(),
-                kernel.entry
+                kernel.entry,
+                errors.join("; ")
             ));
         }
         self.compiled.fetch_add(1, Ordering::Relaxed);
@@ -505,6 +602,51 @@ impl Shared {
     }
 }
 
+/// A background thread's share of [`Queue::running`], given back however the thread stops: a
+/// thread that unwound without it would leave every later wait for the threads waiting its
+/// full time.
+struct CountedOut<'a> {
+    shared: &'a Shared,
+    counted: bool,
+}
+
+impl CountedOut<'_> {
+    fn count_out(&mut self, queue: &mut Queue) {
+        if !self.counted {
+            self.counted = true;
+            queue.running -= 1;
+            self.shared.stopped.notify_all();
+        }
+    }
+}
+
+impl Drop for CountedOut<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            let shared = self.shared;
+            self.count_out(&mut lock(&shared.queue));
+        }
+    }
+}
+
+/// What a test makes a kernel's compile do.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Panic,
+    Hang(Duration),
+}
+
+#[cfg(test)]
+impl Fault {
+    fn strike(self, entry: &str) {
+        match self {
+            Fault::Panic => panic!("{entry}: a fault the test asked for"),
+            Fault::Hang(time) => std::thread::sleep(time),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -521,6 +663,124 @@ mod tests {
         let gpu = threads(DeviceType::DiscreteGpu, Backend::Vulkan);
         assert_eq!(gpu, (cores - 1).min(8));
         assert_eq!(threads(DeviceType::IntegratedGpu, Backend::Metal), gpu);
+    }
+
+    /// A Vulkan device of the first adapter there is (lavapipe here), or `None` (the test
+    /// skips, unless `ANYGPU_REQUIRE_ADAPTER=1`).
+    fn vulkan_device() -> Option<(wgpu::Device, wgpu::Features, wgpu::Limits)> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapter =
+            pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()));
+        let Ok(adapter) = adapter else {
+            assert!(
+                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter"
+            );
+            eprintln!("SKIPPED: no Vulkan adapter");
+            return None;
+        };
+        let (device, _queue) =
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+                .expect("a device");
+        Some((device, wgpu::Features::empty(), wgpu::Limits::default()))
+    }
+
+    /// `elementwise.wgsl`'s kernel `entry`.
+    fn elementwise(entry: &str) -> Kernel {
+        let family = ShaderFamily::Elementwise;
+        let entry = in_source(family.source(), entry).expect("an entry point");
+        Kernel::new(family, entry)
+    }
+
+    /// A cache of `threads` threads on `device` whose compile of `entry` meets `fault`.
+    fn faulty(
+        (device, features, limits): &(wgpu::Device, wgpu::Features, wgpu::Limits),
+        threads: usize,
+        entry: &str,
+        fault: Fault,
+    ) -> PipelineCache {
+        let mut cache = PipelineCache::new(device, *features, limits, threads);
+        let shared = Arc::get_mut(&mut cache.shared).expect("not shared yet");
+        shared.fault = Some((elementwise(entry).entry, fault));
+        cache
+    }
+
+    #[test]
+    fn a_compile_that_panics_is_its_kernels_error_and_the_threads_go_on() {
+        let Some(device) = vulkan_device() else {
+            return;
+        };
+        for threads in [0, 2] {
+            let cache = faulty(&device, threads, "scale", Fault::Panic);
+            // As the tuner asks: the file's other kernels go to the threads.
+            let binary = cache.get(elementwise("binary"), "GPU:0", true);
+            assert!(binary.is_ok(), "{threads} threads");
+            let start = Instant::now();
+            cache.wait_for_compiles();
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{threads} threads"
+            );
+            assert_eq!(lock(&cache.shared.queue).running, 0);
+            let err = cache
+                .get(elementwise("scale"), "GPU:0", true)
+                .err()
+                .expect("the kernel that panicked fails");
+            assert!(
+                err.to_string().contains("scale panicked") && err.to_string().contains("GPU:0"),
+                "{err}"
+            );
+            assert!(cache.get(elementwise("copy_range"), "GPU:0", true).is_ok());
+            if threads > 0 {
+                // Compiled by the threads, past the one that panicked.
+                assert!(cache.stats().compiled >= 4, "{:?}", cache.stats());
+            }
+        }
+    }
+
+    #[test]
+    fn a_stuck_compile_stops_the_background_compiles_once() {
+        let Some(device) = vulkan_device() else {
+            return;
+        };
+        let hang = Duration::from_millis(1500);
+        // `scale` is the first sibling in the file after `binary`.
+        let mut cache = faulty(&device, 1, "scale", Fault::Hang(hang));
+        Arc::get_mut(&mut cache.shared)
+            .expect("not shared yet")
+            .quiet_wait = Duration::from_millis(200);
+        let weak = Arc::downgrade(&cache.shared);
+        let start = Instant::now();
+        assert!(cache.get(elementwise("binary"), "GPU:0", true).is_ok());
+        cache.wait_for_compiles();
+        let first = start.elapsed();
+        assert!(
+            first >= Duration::from_millis(200) && first < hang,
+            "{first:?}"
+        );
+        assert!(lock(&cache.shared.queue).stalled);
+        // The next waits do not wait, and no other file is queued.
+        let again = Instant::now();
+        cache.wait_for_compiles();
+        assert!(
+            again.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            again.elapsed()
+        );
+        let reduce = Kernel::new(
+            ShaderFamily::Reduce,
+            in_source(ShaderFamily::Reduce.source(), "sum_all").expect("sum_all"),
+        );
+        assert!(cache.get(reduce, "GPU:0", true).is_ok());
+        assert!(lock(&cache.shared.queue).kernels.is_empty());
+        // Dropped, the cache waits for the stuck compile and joins its thread, which lets go
+        // of the device's objects.
+        drop(cache);
+        assert!(start.elapsed() >= hang);
+        assert!(weak.upgrade().is_none(), "a thread still holds the cache");
     }
 
     #[test]
