@@ -742,6 +742,39 @@ mod tests {
     }
 
     #[test]
+    fn threads_and_ops_racing_for_a_files_kernels_compile_each_once() {
+        let Some((device, features, limits)) = vulkan_device() else {
+            return;
+        };
+        let cache = PipelineCache::new(&device, features, &limits, 4);
+        let family = ShaderFamily::Elementwise;
+        let validated =
+            validate_source(family.file(), family.source(), capabilities_of(features)).unwrap();
+        let mut kernels: Vec<Kernel> = validated
+            .entries
+            .keys()
+            .map(|name| elementwise(name))
+            .collect();
+        assert!(kernels.len() >= 6, "{} entry points", kernels.len());
+        // Six ops, each asking for every kernel of the file from a different one on, while the
+        // first use sends them all to four background threads.
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                let mine = kernels.clone();
+                kernels.rotate_left(1);
+                let cache = &cache;
+                s.spawn(move || {
+                    for kernel in mine {
+                        cache.get(kernel, "GPU:0", true).expect("compiles");
+                    }
+                });
+            }
+        });
+        cache.wait_for_compiles();
+        assert_eq!(cache.stats().compiled, kernels.len() as u64);
+    }
+
+    #[test]
     fn a_stuck_compile_stops_the_background_compiles_once() {
         let Some(device) = vulkan_device() else {
             return;
