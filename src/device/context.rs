@@ -85,7 +85,7 @@ struct TimedSubmission {
 pub(crate) struct PendingRead {
     staging: Option<wgpu::Buffer>,
     submission: Option<wgpu::SubmissionIndex>,
-    /// The stream's number of that submission (see `Stream::drained`).
+    /// The stream's number of that submission (see `Batching::drained`).
     number: u64,
     bytes: u64,
     /// The map's outcome once its callback ran, after [`GpuContext::read_try`] asked for it.

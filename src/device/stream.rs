@@ -221,13 +221,12 @@ impl Batching {
         self.recorded >= self.threshold
     }
 
-    /// Counts the pending encoder's submission and returns its number; the next one waits for
-    /// twice as many commands, up to [`SUBMIT_THRESHOLD`].
-    pub(crate) fn count_submission(&mut self) -> u64 {
+    /// Counts the pending encoder's submission; the next one waits for twice as many
+    /// commands, up to [`SUBMIT_THRESHOLD`].
+    pub(crate) fn count_submission(&mut self) {
         self.recorded = 0;
         self.submitted += 1;
         self.threshold = (self.threshold * 2).min(SUBMIT_THRESHOLD);
-        self.submitted
     }
 
     /// The number of the last submission (0 before the first).
