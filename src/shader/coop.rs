@@ -151,7 +151,18 @@ impl CoopSupport {
             Vec::new()
         };
         let info = adapter.get_info();
-        let missing = missing(device_features, &configs, &info);
+        let missing = if device_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            missing(device_features, &configs, &info)
+        } else {
+            // Why it was not asked for (the adapter's own features and configurations), or
+            // that the device refused it.
+            let offered = adapter.cooperative_matrix_properties();
+            Some(
+                missing(adapter.features(), &offered, &info).unwrap_or_else(|| {
+                    "the device was opened without cooperative matrices (wgpu refused them)".into()
+                }),
+            )
+        };
         if let Some(why) = &missing {
             log::debug!("{}: no tensor-core products: {why}", info.name);
         }

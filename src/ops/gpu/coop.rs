@@ -86,8 +86,23 @@ const CHECK_SHAPES: [(usize, usize, usize); 4] =
     [(37, 45, 51), (100, 70, 131), (37, 44, 52), (100, 72, 132)];
 
 /// The layouts (trans_a, trans_b) of the self-check: every one the dense layers' forward and
-/// gradients use.
-const CHECK_LAYOUTS: [(bool, bool); 3] = [(false, false), (true, false), (false, true)];
+/// gradients use, and both transposed (`matmul_transposed`).
+const CHECK_LAYOUTS: [(bool, bool); 4] =
+    [(false, false), (true, false), (false, true), (true, true)];
+
+/// A split-k product whose slices of k are two steps long and the last one ragged (the shapes
+/// above get one-step slices): 32 output tiles, k = 544, `xᵀ · dz` as a 1×1 convolution's
+/// kernel gradient takes it. Split candidates only.
+const SPLIT_CHECK: (MatmulDims, Activation) = (
+    MatmulDims {
+        m: 256,
+        k: 544,
+        n: 512,
+        trans_a: true,
+        trans_b: false,
+    },
+    Activation::Linear,
+);
 
 /// The self-check's tolerance: four float16 ulps relative to max(1, |expected|), as
 /// tests/mixed_precision.rs (products accumulate in float32; the output is rounded once).
@@ -117,13 +132,13 @@ impl GpuKernels<'_> {
         bias: Option<&Tensor>,
         out: &Tensor,
         d: MatmulDims,
-    ) -> Vec<&'static str> {
+    ) -> Result<Vec<&'static str>> {
         let half = [Some(a), Some(b), bias, Some(out)]
             .into_iter()
             .flatten()
             .all(|t| t.dtype() == DType::F16);
         if !half {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         self.coop_offered(&self.dev.ctx.coop, d, out.device_handle())
     }
@@ -134,9 +149,9 @@ impl GpuKernels<'_> {
         support: &CoopSupport,
         d: MatmulDims,
         device: &LogicalDevice,
-    ) -> Vec<&'static str> {
+    ) -> Result<Vec<&'static str>> {
         if !support.usable() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         // A 32-column tile only where the product is that narrow: wider ones have the others;
         // split k only for few tiles and a long k.
@@ -144,13 +159,17 @@ impl GpuKernels<'_> {
             applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays(d))
         });
         if self.dev.ctx.tuner.forced() {
-            return takes.map(|c| c.name).collect();
+            return Ok(takes.map(|c| c.name).collect());
         }
-        let verdicts = self.coop_verdicts(support, device);
-        takes
+        if self.dev.ctx.tuner.off() {
+            // Never picked: no self-check (its time, its risk) for them.
+            return Ok(Vec::new());
+        }
+        let verdicts = self.coop_verdicts(support, device)?;
+        Ok(takes
             .filter(|c| verdicts.iter().any(|(n, v)| *n == c.name && v.is_ok()))
             .map(|c| c.name)
-            .collect()
+            .collect())
     }
 
     /// Each candidate's self-check verdict on this adapter (kept in `support`), checking on
@@ -159,18 +178,31 @@ impl GpuKernels<'_> {
         &self,
         support: &'s CoopSupport,
         device: &LogicalDevice,
-    ) -> &'s [(&'static str, std::result::Result<(), String>)] {
+    ) -> Result<&'s [(&'static str, std::result::Result<(), String>)]> {
         let ctx = &self.dev.ctx;
-        support.verdicts.get_or_init(|| {
+        if let Some(verdicts) = support.verdicts.get() {
+            return Ok(verdicts);
+        }
+        // An error of the work before is that work's: it fails the op at hand here, rather
+        // than a candidate's check.
+        ctx.wait_idle()?;
+        Ok(support.verdicts.get_or_init(|| {
             // The check waits for the device: a warm-up of a tuned op around this one must
             // not count that time against its candidate.
             ctx.tuner.note_outside_work();
+            let mut lost: Option<&str> = None;
             CANDIDATES
                 .iter()
                 .map(|&Candidate { name, .. }| {
-                    let verdict = match self.coop_self_check(device, name) {
-                        Ok(verdict) => verdict,
-                        Err(e) => Err(format!("the device failed: {e}")),
+                    // After a device failure every check would fail, and blame its kernel.
+                    let verdict = match lost {
+                        Some(first) => Err(format!(
+                            "not checked: the device failed in {first}'s self-check"
+                        )),
+                        None => self.coop_self_check(device, name).unwrap_or_else(|e| {
+                            lost = Some(name);
+                            Err(format!("the device failed: {e}"))
+                        }),
                     };
                     match &verdict {
                         Ok(()) => log::info!("{}: {name} passed its self-check", self.name),
@@ -182,7 +214,7 @@ impl GpuKernels<'_> {
                     (name, verdict)
                 })
                 .collect()
-        })
+        }))
     }
 
     /// Runs candidate `name` on float16 products of [`CHECK_SHAPES`] in every layout the
@@ -200,9 +232,14 @@ impl GpuKernels<'_> {
                 .collect();
             (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
         };
-        let Some(c) = CANDIDATES.iter().find(|c| c.name == name) else {
+        let Some((index, c)) = CANDIDATES.iter().enumerate().find(|(_, c)| c.name == name) else {
             return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
         };
+        // A kernel the driver does not compile is this candidate's failure, not the device's.
+        if let Err(e) = self.dev.ctx.pipeline(c.kernel, self.name) {
+            return Ok(Err(e.to_string()));
+        }
+        let mut products = Vec::new();
         for (s, &(m, k, n)) in CHECK_SHAPES.iter().enumerate() {
             for (l, (trans_a, trans_b)) in CHECK_LAYOUTS.into_iter().enumerate() {
                 let d = MatmulDims {
@@ -212,32 +249,47 @@ impl GpuKernels<'_> {
                     trans_a,
                     trans_b,
                 };
-                if !applies(c, d) {
-                    continue;
-                }
-                let seed = 91_000 + 100 * s as u64 + 10 * l as u64;
-                let act = [Activation::Relu, Activation::Linear, Activation::Selu][l];
-                let ashape = if trans_a { [k, m] } else { [m, k] };
-                let bshape = if trans_b { [n, k] } else { [k, n] };
-                let (av, ah) = halves(m * k, seed);
-                let (bv, bh) = halves(k * n, seed + 1);
-                let (cv, ch) = halves(n, seed + 2);
-                let at = Tensor::from_slice_on(&ah, &ashape, device)?;
-                let bt = Tensor::from_slice_on(&bh, &bshape, device)?;
-                let ct = Tensor::from_slice_on(&ch, &[n], device)?;
-                let out = Tensor::uninit(&[m, n], DType::F16, device)?;
-                self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?;
-                let got = out.to_vec::<f16>()?;
-                let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
-                let want = reference::bias_act(&product, Some(&cv), act);
-                if let Some((i, g, w)) = first_off(&got, &want) {
-                    return Ok(Err(format!(
-                        "{m}x{k}x{n} trans_a={trans_a} trans_b={trans_b} {act:?}: out[{}, {}] = {g} \
-                         where the f64 oracle has {w:.5}",
-                        i / n,
-                        i % n
-                    )));
-                }
+                let act = [Activation::Relu, Activation::Linear, Activation::Selu][(s + l) % 3];
+                products.push((d, act));
+            }
+        }
+        if c.split {
+            products.push(SPLIT_CHECK);
+        }
+        for (p, (d, act)) in products.into_iter().enumerate() {
+            if !applies(c, d) {
+                continue;
+            }
+            let MatmulDims {
+                m,
+                k,
+                n,
+                trans_a,
+                trans_b,
+            } = d;
+            // Each candidate and product its own numbers, and an output of NaN: one that
+            // leaves elements unwritten cannot pass on what the last check left in memory.
+            let seed = 91_000 + 1_000 * index as u64 + 10 * p as u64;
+            let ashape = if trans_a { [k, m] } else { [m, k] };
+            let bshape = if trans_b { [n, k] } else { [k, n] };
+            let (av, ah) = halves(m * k, seed);
+            let (bv, bh) = halves(k * n, seed + 1);
+            let (cv, ch) = halves(n, seed + 2);
+            let at = Tensor::from_slice_on(&ah, &ashape, device)?;
+            let bt = Tensor::from_slice_on(&bh, &bshape, device)?;
+            let ct = Tensor::from_slice_on(&ch, &[n], device)?;
+            let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], device)?;
+            self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?;
+            let got = out.to_vec::<f16>()?;
+            let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
+            let want = reference::bias_act(&product, Some(&cv), act);
+            if let Some((i, g, w)) = first_off(&got, &want) {
+                return Ok(Err(format!(
+                    "{m}x{k}x{n} trans_a={trans_a} trans_b={trans_b} {act:?}: out[{}, {}] = {g} \
+                     where the f64 oracle has {w:.5}",
+                    i / n,
+                    i % n
+                )));
             }
         }
         Ok(Ok(()))
@@ -305,12 +357,17 @@ impl GpuKernels<'_> {
 
     /// Whether the split-k candidate is offered for `op(a) · op(b)` of `d` (float16 operands):
     /// tensor cores, its self-check passed, few tiles and a long k.
-    pub(crate) fn coop_split_offered(&self, (a, b): (&Tensor, &Tensor), d: MatmulDims) -> bool {
+    pub(crate) fn coop_split_offered(
+        &self,
+        (a, b): (&Tensor, &Tensor),
+        d: MatmulDims,
+    ) -> Result<bool> {
         let half = a.dtype() == DType::F16 && b.dtype() == DType::F16;
-        half && d.k > 0 && {
-            let offered = self.coop_offered(&self.dev.ctx.coop, d, a.device_handle());
-            offered.contains(&SPLIT_CANDIDATE)
+        if !half || d.k == 0 {
+            return Ok(false);
         }
+        let offered = self.coop_offered(&self.dev.ctx.coop, d, a.device_handle())?;
+        Ok(offered.contains(&SPLIT_CANDIDATE))
     }
 
     /// `out = op(a) · op(b)` on the tensor cores, split over k, the layers added up by a column
@@ -375,15 +432,34 @@ impl LogicalDevice {
             .unwrap_or_default()
     }
 
+    /// Why the tensor-core products do not run on this device (the feature, configuration or
+    /// subgroup size its adapter lacks), `None` where they do.
+    ///
+    /// ```
+    /// let rt = anygpu::Runtime::builder().build()?;
+    /// assert!(rt.cpu()?.cooperative_matrix_missing().is_some());
+    /// # Ok::<(), anygpu::Error>(())
+    /// ```
+    pub fn cooperative_matrix_missing(&self) -> Option<String> {
+        match self.gpu() {
+            Some(g) => g.ctx.coop.missing.clone(),
+            None => Some(format!("{} is no GPU", self.name())),
+        }
+    }
+
     /// The matrix-product kernels on cooperative matrices (tensor cores) the autotuner may
     /// offer for float16 products on this device, each with its self-check against the f64
     /// oracle (run on first use; a candidate whose check fails is never offered). Empty where
     /// the adapter has no matching configuration (and on the CPU).
     ///
+    /// # Errors
+    /// The device's failure, if the work recorded before the check fails (the check waits for
+    /// it first).
+    ///
     /// ```
     /// let rt = anygpu::Runtime::builder().build()?;
     /// for gpu in rt.list_logical_devices(anygpu::DeviceKind::Gpu)? {
-    ///     for (kernel, check) in gpu.cooperative_matrix_kernels() {
+    ///     for (kernel, check) in gpu.cooperative_matrix_kernels()? {
     ///         println!("{kernel}: {check:?}");
     ///     }
     /// }
@@ -391,16 +467,16 @@ impl LogicalDevice {
     /// ```
     pub fn cooperative_matrix_kernels(
         &self,
-    ) -> Vec<(&'static str, std::result::Result<(), String>)> {
+    ) -> Result<Vec<(&'static str, std::result::Result<(), String>)>> {
         let Some(g) = self.gpu() else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         if !g.ctx.coop.usable() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        GpuKernels::new(g, self.full_name())
-            .coop_verdicts(&g.ctx.coop, self)
-            .to_vec()
+        Ok(GpuKernels::new(g, self.full_name())
+            .coop_verdicts(&g.ctx.coop, self)?
+            .to_vec())
     }
 }
 
@@ -806,10 +882,16 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let bt = Tensor::from_slice_on(&bh, &bshape, dev).unwrap();
                     let ct = Tensor::from_slice_on(&ch, &[n], dev).unwrap();
                     let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
-                    if c.split {
+                    // Split k: the slices `split_slices` gives, and slices of two and three
+                    // steps of k (long products get those), the last one ragged.
+                    let (natural, _) = split_slices(d);
+                    let slices = [natural, 64, 96]
+                        .into_iter()
+                        .filter(|&s| c.split && (s == natural || s < k));
+                    for k_slice in slices {
                         // The layers' raw float32 sums, added up here: the bias, the activation
                         // and the rounding are matmul.wgsl's splitk_reduce's.
-                        let (k_slice, splits) = split_slices(d);
+                        let splits = k.div_ceil(k_slice);
                         let len = splits * m * n;
                         let part =
                             Tensor::from_slice_on(&vec![f32::NAN; len], &[len], dev).unwrap();
@@ -841,6 +923,8 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                                 product[i]
                             ));
                         }
+                    }
+                    if c.split {
                         continue;
                     }
                     let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], dev).unwrap();
@@ -911,7 +995,10 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                 trans_a,
                 trans_b: false,
             };
-            assert_eq!(kernels.coop_offered(&support, d, dev), Vec::<&str>::new());
+            assert_eq!(
+                kernels.coop_offered(&support, d, dev).expect("offered"),
+                Vec::<&str>::new()
+            );
         }
         let verdicts = support.verdicts.get().expect("checked once");
         assert_eq!(verdicts.len(), CANDIDATES.len());

@@ -160,7 +160,7 @@ impl GpuKernels<'_> {
                 candidates.push("ubo8");
             }
             // Tensor cores, where the adapter has them (float16 only).
-            candidates.extend(self.coop_candidates(a, b, bias, out, d));
+            candidates.extend(self.coop_candidates(a, b, bias, out, d)?);
             let heuristic = if software { "tall_16x8" } else { "tile64_v4" };
             let class = format!("v4 {}x{}x{}", bucket(d.m), bucket(d.n), bucket(d.k));
             return self.tuned(
@@ -208,7 +208,7 @@ impl GpuKernels<'_> {
         if d.n.is_multiple_of(4) && d.k.is_multiple_of(4) {
             candidates.push("untransposed");
         }
-        candidates.extend(self.coop_candidates(a, b, bias, out, d));
+        candidates.extend(self.coop_candidates(a, b, bias, out, d)?);
         let choice = Choice::new("matmul", class, &candidates, heuristic);
         self.tuned(choice, &mut |c| match c {
             "untransposed" => self.matmul_untransposed(a, b, bias, out, d, act),

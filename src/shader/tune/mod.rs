@@ -448,6 +448,12 @@ impl Tuner {
         self.config.force.is_some()
     }
 
+    /// Whether every op runs its heuristic pick (`ANYGPU_AUTOTUNE=off`, nothing forced): the
+    /// other candidates are never run.
+    pub(crate) fn off(&self) -> bool {
+        self.config.mode == TuneMode::Off && !self.forced()
+    }
+
     /// Tells a warm-up in progress that work besides its candidate ran in it (a one-time
     /// check), so that it runs again before it counts.
     pub(crate) fn note_outside_work(&self) {

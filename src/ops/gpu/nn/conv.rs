@@ -333,7 +333,7 @@ impl GpuKernels<'_> {
             if s.c_out.is_multiple_of(16) {
                 candidates.push("co16");
             }
-            if self.coop_split_offered((x, dz), product) {
+            if self.coop_split_offered((x, dz), product)? {
                 candidates.push(SPLIT_CANDIDATE);
             }
             if candidates.len() == 1 {
