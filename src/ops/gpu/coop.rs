@@ -90,18 +90,19 @@ const CHECK_SHAPES: [(usize, usize, usize); 4] =
 const CHECK_LAYOUTS: [(bool, bool); 4] =
     [(false, false), (true, false), (false, true), (true, true)];
 
-/// A split-k product whose slices of k are two steps long and the last one ragged (the shapes
-/// above get one-step slices): 32 output tiles, k = 544, `xᵀ · dz` as a 1×1 convolution's
-/// kernel gradient takes it. Split candidates only.
-const SPLIT_CHECK: (MatmulDims, Activation) = (
+/// A split-k product cut into slices of two steps of k, the last one ragged, as a 1×1
+/// convolution's kernel gradient (`xᵀ · dz`) is: `split_slices` gives the shapes above
+/// one-step slices, and longer ones only to products of 67M multiply-adds or more (a quarter
+/// of a second of the f64 oracle). Split candidates only.
+const SPLIT_CHECK: (MatmulDims, usize) = (
     MatmulDims {
-        m: 256,
-        k: 544,
-        n: 512,
+        m: 100,
+        k: 200,
+        n: 132,
         trans_a: true,
         trans_b: false,
     },
-    Activation::Linear,
+    64,
 );
 
 /// The self-check's tolerance: four float16 ulps relative to max(1, |expected|), as
@@ -250,13 +251,14 @@ impl GpuKernels<'_> {
                     trans_b,
                 };
                 let act = [Activation::Relu, Activation::Linear, Activation::Selu][(s + l) % 3];
-                products.push((d, act));
+                products.push((d, act, None));
             }
         }
         if c.split {
-            products.push(SPLIT_CHECK);
+            let (d, k_slice) = SPLIT_CHECK;
+            products.push((d, Activation::Selu, Some(k_slice)));
         }
-        for (p, (d, act)) in products.into_iter().enumerate() {
+        for (p, (d, act, k_slice)) in products.into_iter().enumerate() {
             if !applies(c, d) {
                 continue;
             }
@@ -279,7 +281,12 @@ impl GpuKernels<'_> {
             let bt = Tensor::from_slice_on(&bh, &bshape, device)?;
             let ct = Tensor::from_slice_on(&ch, &[n], device)?;
             let out = Tensor::from_slice_on(&vec![f16::NAN; m * n], &[m, n], device)?;
-            self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?;
+            match k_slice {
+                Some(k_slice) => {
+                    self.coop_split_product(&at, &bt, Some(&ct), &out, d, act, k_slice)?
+                }
+                None => self.matmul_coop(name, &at, &bt, Some(&ct), &out, d, act)?,
+            }
             let got = out.to_vec::<f16>()?;
             let product = reference::matmul(&av, &bv, m, k, n, trans_a, trans_b);
             let want = reference::bias_act(&product, Some(&cv), act);
@@ -316,16 +323,11 @@ impl GpuKernels<'_> {
             .or_else(|| CANDIDATES.iter().find(|c| applies(c, d) && !c.split))
             .copied()
             .unwrap_or(CANDIDATES[0]);
-        let bias_or_out = bias.unwrap_or(out);
         if c.split {
-            // The layers' float32 sums, then matmul.wgsl's reduction with the bias and the
-            // activation (its float16 twin rounds once, at the end).
-            let (partials, splits) = self.coop_split(a, b, d)?;
-            let (mut r, _) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
-            r.k = splits as u32;
-            let grid = grid_1d(d.m * d.n, 256);
-            return self.launch(SPLITK_REDUCE, &r, &[bias_or_out, out, &partials], grid);
+            let (k_slice, _) = split_slices(d);
+            return self.coop_split_product(a, b, bias, out, d, act, k_slice);
         }
+        let bias_or_out = bias.unwrap_or(out);
         let (p, grid) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
         if c.v4 {
             // Bindings 3, 4, 5, 6: bias, out, then a and b as vec4.
@@ -337,10 +339,42 @@ impl GpuKernels<'_> {
 }
 
 impl GpuKernels<'_> {
+    /// `out = act(op(a) · op(b) + bias)` on the tensor cores, split over k in slices of
+    /// `k_slice` (whole steps of 32): the layers' float32 sums, then matmul.wgsl's reduction
+    /// with the bias and the activation (its float16 twin rounds once, at the end).
+    #[allow(clippy::too_many_arguments)] // matmul_coop's, and the slice
+    fn coop_split_product(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        d: MatmulDims,
+        act: Activation,
+        k_slice: usize,
+    ) -> Result<()> {
+        let (partials, splits) = self.coop_split(a, b, d, k_slice)?;
+        let (mut r, _) = launch_shape(d, bias.is_some(), act, (64, 64));
+        r.k = splits as u32;
+        let grid = grid_1d(d.m * d.n, 256);
+        self.launch(
+            SPLITK_REDUCE,
+            &r,
+            &[bias.unwrap_or(out), out, &partials],
+            grid,
+        )
+    }
+
     /// The float32 partial sums `[splits, m, n]` of `op(a) · op(b)` by
     /// `matmul_coop_64x64_splitk`, one layer per slice of k (float16 tensors; k > 0).
-    fn coop_split(&self, a: &Tensor, b: &Tensor, d: MatmulDims) -> Result<(Tensor, usize)> {
-        let (k_slice, splits) = split_slices(d);
+    fn coop_split(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        d: MatmulDims,
+        k_slice: usize,
+    ) -> Result<(Tensor, usize)> {
+        let splits = d.k.div_ceil(k_slice).max(1);
         let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, a.device_handle())?;
         let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
         p.k_slice = k_slice as u32;
@@ -379,7 +413,8 @@ impl GpuKernels<'_> {
         out: &Tensor,
         d: MatmulDims,
     ) -> Result<()> {
-        let (partials, splits) = self.coop_split(a, b, d)?;
+        let (k_slice, _) = split_slices(d);
+        let (partials, splits) = self.coop_split(a, b, d, k_slice)?;
         self.sum_rows(&partials, splits, d.m * d.n, out)
     }
 }
