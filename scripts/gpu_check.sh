@@ -17,10 +17,17 @@
 # GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0 Burn, GPU_CHECK_COMPILE=0 torch.compile (the
 # slowest PyTorch row: it compiles for a minute); GPU_CHECK_BENCH=1 adds the kernel benchmarks
 # (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
-# GPU_CHECK_OUT (default runs/gpu_check). Keep it under 8 minutes on any GPU: a lent machine's
-# time is short. A rehearsal on a software adapter (a few minutes):
+# GPU_CHECK_OUT (default runs/gpu_check); GPU_CHECK_KEEP=DIR copies what a record needs into
+# DIR, in three files (medians.txt, top_ops.txt: every profile's, choices.txt: every tuning
+# cache's), after each batch of the comparison and at the end: a lent machine returns only a
+# few files. GPU_CHECK_BUDGET (default 400) is the check's own deadline in seconds: each run's
+# timeout is cut to what is left of it, the optional runs (the extra cold run, the old
+# batching, torch.compile, Burn, the benchmarks) are skipped when little is left, and the table
+# and verdict are printed after each batch of the comparison, so a check that runs out of time
+# still leaves them. A rehearsal on a software adapter (a few minutes):
 #   GPU_CHECK_STEPS=3 GPU_CHECK_ROUNDS=1 GPU_CHECK_BATCHES=128 scripts/gpu_check.sh
 set -u
+here=$(cd "$(dirname "$0")" && pwd)
 
 bin=${1:-}
 # A machine with the NVIDIA driver but no Vulkan loader (some lent GPU machines): the loaders
@@ -49,16 +56,60 @@ else
     mixed=$bin/mixed_precision
     coop=$bin/coop_matrix
 fi
+# The budget counts from here, after any build.
+SECONDS=0
 steps=${GPU_CHECK_STEPS:-30}
 batches=${GPU_CHECK_BATCHES:-128 1024}
 rounds=${GPU_CHECK_ROUNDS:-2}
+budget=${GPU_CHECK_BUDGET:-400}
+keep=${GPU_CHECK_KEEP:-}
 out=${GPU_CHECK_OUT:-runs/gpu_check}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 table="$out/medians.txt"
 : >"$table"
+reported=-1
 
-section() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
+section() { printf '\n=== %s (%s, %d s in)\n' "$*" "$(date +%T)" "$SECONDS"; }
+# Seconds a run may take: its own limit WANT, cut to what is left of the budget less a margin
+# for the table; 0 when too little is left to start one.
+allowed() {
+    local want=$1 left=$((budget - SECONDS - 20))
+    if [ "$left" -lt 10 ]; then
+        echo 0
+    elif [ "$left" -lt "$want" ]; then
+        echo "$left"
+    else
+        echo "$want"
+    fi
+}
+# Runs COMMAND under `timeout` with the limit `allowed` gives it (killed 10 s after, if it
+# ignores the signal); exit 125, and says so, when the budget is spent.
+limited() {
+    local secs
+    secs=$(allowed "$1")
+    shift
+    if [ "$secs" = 0 ]; then
+        echo "skipped: the check's budget of $budget s is spent"
+        return 125
+    fi
+    timeout -k 10 "$secs" "$@"
+}
+# Whether an optional run still fits: at least SECONDS (default 150) of the budget left.
+fits() { [ $((budget - SECONDS)) -ge "${1:-150}" ]; }
+# Sets `why` to what a table row says when its run gave no number ("skipped" when the budget
+# was spent, else "failed"), from the run's exit status, and prints the end of a failed run's
+# output LINES (when given), which says why.
+explain() {
+    local rc=$1 lines=$2
+    if [ "$rc" = 125 ]; then
+        why=skipped
+        return
+    fi
+    why=failed
+    echo "the run gave no number (exit $rc; 124: timed out)${lines:+; its last lines:}"
+    [ -z "$lines" ] || echo "$lines" | tail -5
+}
 # Runs a test binary, keeping the lines that match PATTERN and what each failure said; says so
 # when it reported no test result at all (a binary that is not the test it should be, or one
 # that died before reporting).
@@ -66,7 +117,7 @@ oracle() {
     local pattern=$1
     shift
     local lines
-    lines=$(ANYGPU_REQUIRE_ADAPTER=1 "$@" 2>&1)
+    lines=$(ANYGPU_REQUIRE_ADAPTER=1 limited "$@" 2>&1)
     echo "$lines" | grep -E "$pattern"
     echo "$lines" | grep -A4 '^thread .* panicked' | grep -v '^note: run with'
     if ! echo "$lines" | grep -q '^test result'; then
@@ -97,8 +148,15 @@ clocks() {
     return "$rc"
 }
 ours() {
-    timeout 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
+    local secs
+    secs=$(allowed 120)
+    if [ "$secs" = 0 ]; then
+        echo "skipped: the check's budget of $budget s is spent"
+        return 125
+    fi
+    timeout -k 10 "$secs" "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
         sed -n '/^warm-up steps/,$p'
+    return "${PIPESTATUS[0]}"
 }
 # Two rows of the table, "<batch> <label> <ms>" and "<batch> <label>:b2b <ms>", from a run's
 # "median train step: X ms" line (a wait after every step) and its "back-to-back train step:
@@ -106,25 +164,35 @@ ours() {
 row() {
     local label=$1
     shift
-    local lines
-    lines=$(clocks "$@" 2>&1 | grep -E '(median|back-to-back) train step|^sm clock')
-    echo "$lines"
-    local ms b2b
+    local lines rc ms b2b
+    lines=$(clocks "$@" 2>&1)
+    rc=$?
+    echo "$lines" | grep -E '(median|back-to-back) train step|^sm clock|^skipped'
     ms=$(echo "$lines" | sed -n 's/.*median train step: \([0-9.]*\) ms.*/\1/p' | tail -1)
     b2b=$(echo "$lines" | sed -n 's/.*back-to-back train step: \([0-9.]*\) ms.*/\1/p' | tail -1)
-    echo "$label ${ms:-failed}" >>"$table"
-    echo "$label:b2b ${b2b:-failed}" >>"$table"
+    if [ -z "$ms" ]; then
+        explain "$rc" "$lines"
+        ms=$why
+    fi
+    echo "$label $ms" >>"$table"
+    echo "$label:b2b ${b2b:-${why:-failed}}" >>"$table"
 }
 # Runs a command, passed through, and adds "<batch> <label><suffix> <ms>" to the table, the ms
 # read off its output by an awk program: record SUFFIX AWK_PROGRAM "<batch> <label>" COMMAND...
 record() {
     local suffix=$1 program=$2 label=$3
     shift 3
-    local lines ms
+    local lines rc ms
     lines=$("$@" 2>&1)
+    rc=$?
     echo "$lines"
     ms=$(echo "$lines" | awk "$program")
-    echo "$label$suffix ${ms:-failed}" >>"$table"
+    if [ -z "$ms" ]; then
+        # Its output is shown whole, just above.
+        explain "$rc" ""
+        ms=$why
+    fi
+    echo "$label$suffix $ms" >>"$table"
 }
 # A profiled run: the device time of its kernels per step (a step that keeps the GPU busy takes
 # about that long).
@@ -139,7 +207,7 @@ cold() {
     record :cold '/^warm-up steps: / { sub(",", "", $3); print $3; exit }' "$@"
 }
 torch() {
-    timeout "${2:-90}" python3 scripts/torch_train_step.py --variant "$1" --batch "$batch" \
+    limited "${2:-90}" python3 "$here/torch_train_step.py" --variant "$1" --batch "$batch" \
         --steps "$steps"
 }
 # The peer's wgpu-vulkan asks for a software adapter (lavapipe); elsewhere wgpu-auto takes the
@@ -148,32 +216,60 @@ burn_backend=wgpu-auto
 if ! command -v nvidia-smi >/dev/null; then burn_backend=wgpu-vulkan; fi
 burn() {
     # Burn writes its autotune cache under XDG_CACHE_HOME and next to a Cargo.toml above it.
-    (cd "$(mktemp -d)" && XDG_CACHE_HOME="$out/burn-cache" timeout 240 \
+    (cd "$(mktemp -d)" && XDG_CACHE_HOME="$out/burn-cache" limited 240 \
         "$bin/burn_peer" "$burn_backend" --warmup 3 --steps "$steps" --fwd-steps 1 2>&1 | tail -4)
 }
 
+# The table and the verdict (the last lines of the check's output, also printed after each
+# batch of the comparison), and what GPU_CHECK_KEEP keeps.
+report() {
+    section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step; :cold = a cold run's first step)"
+    # By batch, the profiled runs' kernel times last.
+    awk '{ print ($2 ~ /:(kernels|cold)$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d' ' -f2- | awk '{
+        key = $1 " " $2
+        if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
+        ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
+    } END {
+        printf "%-6s %-36s %s\n", "batch", "step", "per round (ms)"
+        for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-36s %s\n", k[1], k[2], ms[order[i]] }
+    }'
+    section "the issue's targets (scripts/gpu_verdict.py)"
+    python3 "$here/gpu_verdict.py" "$table"
+    reported=$(wc -l <"$table")
+    if [ -n "$keep" ]; then
+        mkdir -p "$keep"
+        cp "$table" "$keep/medians.txt"
+        for f in "$out"/profile-*/top_ops.txt; do
+            [ -f "$f" ] && printf '=== %s\n' "${f#"$out"/}" && cat "$f"
+        done >"$keep/top_ops.txt"
+        for f in "$out"/cache-*/*.txt; do
+            [ -f "$f" ] && printf '=== %s\n' "${f#"$out"/}" && cat "$f"
+        done >"$keep/choices.txt"
+    fi
+}
+
 section "adapters"
-command -v nvidia-smi >/dev/null && nvidia-smi -L
-"$bin/device_info"
+command -v nvidia-smi >/dev/null && timeout -k 5 30 nvidia-smi -L
+timeout -k 5 60 "$bin/device_info"
 
 if [ -x "$coop" ]; then
     # Before anything is timed: a candidate that fails here is also failed by the self-check
     # each process runs before tuning, and never picked; the line names it.
     section "tensor-core products (cooperative matrices) against the f64 oracle (tests/coop_matrix)"
     oracle '^test |test result|skipped|coop|cooperative|products|matmul' \
-        timeout 180 "$coop" --test-threads 1 --nocapture
+        180 "$coop" --test-threads 1 --nocapture
 fi
 
 if [ -x "$mixed" ]; then
     section "float16 kernels and loss scaling against the f64 oracle (tests/mixed_precision)"
-    oracle '^test |test result' timeout 120 "$mixed" --test-threads 1 f16 loss_scale
+    oracle '^test |test result' 120 "$mixed" --test-threads 1 f16 loss_scale
 fi
 
 if [ -x "$kernel_tests" ]; then
     # Every candidate the tuner may pick, forced in turn, and the fused gradients, in float32
     # (the float16 twins were checked just above).
     section "float32 kernels, every tuning candidate forced, against the f64 oracle (tests/kernels)"
-    oracle '^test |test result' timeout 150 "$kernel_tests" --test-threads 1 \
+    oracle '^test |test result' 150 "$kernel_tests" --test-threads 1 \
         every_tuning max_pool activation_and_bias register_blocked
 fi
 
@@ -191,7 +287,7 @@ for batch in $batches; do
     ANYGPU_CACHE_DIR="$out/cache-$batch" coldly "$batch anygpu-f32" clocks ours --batch-size "$batch"
     ANYGPU_CACHE_DIR="$out/cache-$batch" coldly "$batch anygpu-mixed_float16" clocks ours \
         --batch-size "$batch" --mixed-precision
-    if [ "$batch" = "$first_batch" ]; then
+    if [ "$batch" = "$first_batch" ] && fits 240; then
         # What the background compile threads save: the same cold run compiling on one thread.
         rm -rf "$out/cache-serial"
         ANYGPU_CACHE_DIR="$out/cache-serial" ANYGPU_COMPILE_THREADS=0 \
@@ -206,13 +302,15 @@ for batch in $batches; do
 done
 
 has_torch=0
-if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && python3 -c 'import torch' 2>/dev/null; then has_torch=1; fi
+if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && timeout -k 5 60 python3 -c 'import torch' 2>/dev/null; then
+    has_torch=1
+fi
 for round in $(seq "$rounds"); do
     for batch in $batches; do
         section "side by side, round $round, batch $batch: ours, PyTorch, alternating"
         export ANYGPU_CACHE_DIR="$out/cache-$batch"
         row "$batch anygpu-f32" ours --batch-size "$batch"
-        if [ "$round" = 1 ] && [ "$batch" = "$first_batch" ]; then
+        if [ "$round" = 1 ] && [ "$batch" = "$first_batch" ] && fits 200; then
             # What submitting early after each step's wait saves: every submission 64 commands.
             ANYGPU_FIRST_SUBMIT=64 row "$batch anygpu-f32-first-submit-64" ours --batch-size "$batch"
         fi
@@ -224,15 +322,16 @@ for round in $(seq "$rounds"); do
         if [ "$has_torch" = 1 ]; then
             row "$batch torch-amp-fp16" torch amp
             row "$batch torch-cuda-graph" torch graph
-            if [ "$round" = 1 ] && [ "${GPU_CHECK_COMPILE:-1}" != 0 ]; then
+            if [ "$round" = 1 ] && [ "${GPU_CHECK_COMPILE:-1}" != 0 ] && fits 200; then
                 row "$batch torch-compile" torch compile 150
             fi
         fi
         unset ANYGPU_CACHE_DIR
+        report
     done
 done
 
-if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ]; then
+if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ] && fits 300; then
     section "Burn 0.22 (wgpu, Vulkan), batch 128: cold autotune cache, then warm; ours between"
     rm -rf "$out/burn-cache"
     burn
@@ -241,22 +340,12 @@ if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ]; then
     ANYGPU_CACHE_DIR="$out/cache-128" ours | grep '^median'
 fi
 
-if [ "${GPU_CHECK_BENCH:-0}" != 0 ]; then
+if [ "${GPU_CHECK_BENCH:-0}" != 0 ] && fits 200; then
     section "kernels, GPU:0 (criterion, quick; tuned, batch 128 cache)"
-    ANYGPU_CACHE_DIR="$out/cache-128" ANYGPU_BENCH_DEVICES=gpu0 timeout 150 "$kernels" --bench --quick --noplot 2>&1 |
+    ANYGPU_CACHE_DIR="$out/cache-128" ANYGPU_BENCH_DEVICES=gpu0 limited 150 "$kernels" --bench --quick --noplot 2>&1 |
         grep -E '^[a-z0-9_]+/|time:'
 fi
 
-section "medians (ms per train step; each round's runs alternate; :b2b = back to back, one wait at the end; :kernels = the profiled run's kernel time per step; :cold = a cold run's first step)"
-# By batch, the profiled runs' kernel times last.
-awk '{ print ($2 ~ /:(kernels|cold)$/), $0 }' "$table" | sort -s -k2,2n -k1,1n | cut -d' ' -f2- | awk '{
-    key = $1 " " $2
-    if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
-    ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
-} END {
-    printf "%-6s %-36s %s\n", "batch", "step", "per round (ms)"
-    for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-36s %s\n", k[1], k[2], ms[order[i]] }
-}'
-section "the issue's targets (scripts/gpu_verdict.py)"
-python3 "$(dirname "$0")/gpu_verdict.py" "$table"
+# The last lines of the output: the table again only if a run came after the last one printed.
+[ "$(wc -l <"$table")" = "$reported" ] || report
 section "done"

@@ -33,6 +33,10 @@ else
     echo "gpu_pack: could not download the Vulkan/EGL loaders; packing without them" >&2
 fi
 rm -rf .gpucheck/debs
-tar cJf .gpucheck/bins.tar.xz -C .gpucheck/bin .
+# Written aside, tested, then moved into place: a half-written archive carried to the GPU
+# machine would cost the whole call (its `tar xJf ... &&` never starts the check).
+tar cJf .gpucheck/bins.tar.xz.part -C .gpucheck/bin .
+xz -t .gpucheck/bins.tar.xz.part
+mv .gpucheck/bins.tar.xz.part .gpucheck/bins.tar.xz
 rm -rf .gpucheck/bin
 du -sh .gpucheck/bins.tar.xz

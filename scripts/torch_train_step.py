@@ -3,7 +3,8 @@
 The same model as `anygpu::nn::tutorial_cnn` and `scripts/tf_train_step.py` (184,234 parameters,
 SELU, softmax cross-entropy, SGD at 0.01), in PyTorch's own layout (NCHW) as a PyTorch user
 writes it. A step is forward, loss, backward, update and a synchronize; the batch is made on the
-GPU before timing, as `fashion_mnist --time-steps N` uploads its batches before timing.
+GPU once, before timing (`fashion_mnist --time-steps N` uploads each step's batch just before
+the step, and the copy runs inside it: ours moves more).
 
     python3 scripts/torch_train_step.py --variant fp32 --batch 1024 --steps 30
 
@@ -15,7 +16,8 @@ Variants:
              launch overhead
     compile  torch.compile(model) (default mode), eager otherwise; the first steps compile
 
-Warms up for at least 5 steps and 1 s, times each step with a synchronize after it, then the
+Needs a CUDA device: without one it exits with an error rather than time the CPU. Warms up for
+at least 5 steps and 1 s after the first step (as ours does), times each step with a synchronize after it, then the
 same steps back to back (one synchronize at the end, as a training loop runs). Prints two
 lines, `torch <variant> median train step: X ms (batch B; ...)` and `torch <variant>
 back-to-back train step: Y ms (...)`, which scripts/gpu_check.sh collects into its table. Run each variant in a process of its own (the
@@ -84,7 +86,10 @@ def main():
     )
     args = parser.parse_args()
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        # A CPU timing in the GPU table would pass for PyTorch's.
+        raise SystemExit(f"torch {args.variant}: no CUDA device (torch {torch.__version__})")
+    device = torch.device("cuda")
     if args.variant == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -99,7 +104,7 @@ def main():
     x = torch.randn(args.batch, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize
     if args.variant == "compile":
         model = torch.compile(model)
 
@@ -115,8 +120,6 @@ def main():
             scaler.update()
 
     elif args.variant == "graph":
-        if device.type != "cuda":
-            raise SystemExit("torch graph: needs CUDA")
         # PyTorch's recipe for whole-network capture: warm up on a side stream, then capture
         # forward, backward and the update; replay runs the step as one launch.
         side = torch.cuda.Stream()
@@ -161,7 +164,7 @@ def main():
         sync()
         times.append((time.perf_counter() - start) * 1e3)
     med = statistics.median(times)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    name = torch.cuda.get_device_name()
     print(
         f"torch {args.variant} median train step: {med:.2f} ms (batch {args.batch}, {name}, "
         f"torch {torch.__version__}; min {min(times):.2f}, max {max(times):.2f} over "

@@ -16,9 +16,10 @@ use crate::BoxError;
 /// Training steps the profiler records (`--profile`).
 const PROFILED_STEPS: usize = 5;
 
-/// The warm-up runs at least 3 steps and at least this long: a GPU that has idled raises its
-/// clocks only after some time busy (an H200 at batch 128 timed 2.1 or 6-7.7 ms a step,
-/// depending on the run, after 3 steps).
+/// The warm-up runs at least 3 steps, and at least this long after the first (which compiles,
+/// and may tune, with the GPU mostly idle): a GPU that has idled raises its clocks only after
+/// some time busy (an H200 at batch 128 timed 2.1 or 6-7.7 ms a step, depending on the run,
+/// when this second included the first step). PyTorch's side times from its first step too.
 const WARM_UP: Duration = Duration::from_secs(1);
 
 /// Times `--time-steps` full training steps (forward, backward, update, synchronized) after
@@ -65,15 +66,11 @@ pub fn time_steps(
             let wall = start.elapsed().as_secs_f64() * 1e3;
             Ok((wall, host, stats(&devices) - before))
         };
+    let (ms, _, first) = step(model, true)?;
+    let mut warmup = vec![ms];
     let warm_up = Instant::now();
-    let mut warmup = Vec::new();
-    let mut first = StreamStats::default();
     while warmup.len() < 3 || warm_up.elapsed() < WARM_UP {
-        let (ms, _, stats) = step(model, true)?;
-        if warmup.is_empty() {
-            first = stats;
-        }
-        warmup.push(ms);
+        warmup.push(step(model, true)?.0);
     }
     let shown: Vec<String> = warmup.iter().take(3).map(|ms| format!("{ms:.1}")).collect();
     println!(
