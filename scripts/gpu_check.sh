@@ -278,19 +278,20 @@ if [ -x "$kernel_tests" ]; then
         every_tuning max_pool activation_and_bias register_blocked
 fi
 
-# The cold runs start from an empty tuning cache (the mixed-precision run adds its float16
-# choices to the float32 run's) and an empty driver shader cache (NVIDIA's keeps compiled
-# pipelines on disk: without a fresh one only the first process would compile), as a first run
-# on a new machine does.
+# The cold runs start from an empty tuning cache (each its own: the mixed-precision step tunes
+# float32 ops too) and an empty driver shader cache (NVIDIA's keeps compiled pipelines on disk:
+# without a fresh one only the first process would compile), as a first run on a new machine
+# does. The warm runs share one cache per batch size, which the float32 cold run fills and the
+# first mixed-precision warm run adds its float16 choices to (in its warm-up).
 coldly() {
     __GL_SHADER_DISK_CACHE_PATH=$(mktemp -d) cold "$@"
 }
 first_batch=${batches%% *}
 for batch in $batches; do
     section "train step, GPU:0, batch $batch, tuning from a cold cache (f32, then mixed_float16)"
-    rm -rf "$out/cache-$batch"
+    rm -rf "$out/cache-$batch" "$out/cache-$batch-mixed-cold"
     ANYGPU_CACHE_DIR="$out/cache-$batch" coldly "$batch anygpu-f32" clocks ours --batch-size "$batch"
-    ANYGPU_CACHE_DIR="$out/cache-$batch" coldly "$batch anygpu-mixed_float16" clocks ours \
+    ANYGPU_CACHE_DIR="$out/cache-$batch-mixed-cold" coldly "$batch anygpu-mixed_float16" clocks ours \
         --batch-size "$batch" --mixed-precision
     if [ "$batch" = "$first_batch" ] && fits 240; then
         # What the background compile threads save: the same cold run compiling on one thread.
@@ -301,7 +302,7 @@ for batch in $batches; do
     section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, f32"
     ANYGPU_CACHE_DIR="$out/cache-$batch" busy "$batch anygpu-f32" clocks ours \
         --batch-size "$batch" --profile "$out/profile-$batch"
-    section "train step, GPU:0, batch $batch, tuned (warm cache), profiled, mixed_float16"
+    section "train step, GPU:0, batch $batch, tuned (its float16 choices in its warm-up), profiled, mixed_float16"
     ANYGPU_CACHE_DIR="$out/cache-$batch" busy "$batch anygpu-mixed_float16" clocks ours \
         --batch-size "$batch" --mixed-precision --profile "$out/profile-$batch-mixed"
 done
