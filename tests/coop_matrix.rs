@@ -252,7 +252,12 @@ fn coop_matrix_candidates_are_tuned_beside_the_others() {
             .expect("the self-check runs")
             .is_empty()
         {
-            println!("skipped: {} has no cooperative matrices", label(&dev));
+            println!(
+                "skipped: {} has no cooperative matrices: {}",
+                label(&dev),
+                dev.cooperative_matrix_missing()
+                    .unwrap_or_else(|| "no candidate".into())
+            );
             continue;
         }
         let _s = dev.scope();

@@ -92,7 +92,11 @@ pub(crate) fn missing(
     info: &wgpu::AdapterInfo,
 ) -> Option<String> {
     if !features.contains(NEEDS) {
-        return Some(format!("features {:?} missing", NEEDS - features));
+        let names: Vec<&str> = (NEEDS - features)
+            .iter_names()
+            .map(|(name, _)| name)
+            .collect();
+        return Some(format!("the adapter lacks {}", names.join(", ")));
     }
     if !configs.iter().any(is_ours) {
         return Some(format!("no 16x16x16 f16->f32 configuration in {configs:?}"));

@@ -18,7 +18,7 @@ use bytemuck::{Pod, Zeroable};
 use half::f16;
 
 use crate::device::LogicalDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::{GpuKernels, SPLITK_REDUCE};
 use crate::ops::gpu::MAX_GROUPS_PER_DIM;
@@ -314,15 +314,23 @@ impl GpuKernels<'_> {
         d: MatmulDims,
         act: Activation,
     ) -> Result<()> {
-        // Only offered where it applies; another name gets the first that applies (the split
-        // kernel only where its row tiles fit in one grid dimension: z holds the slices).
+        // Offered only where it applies (the split kernel only where its row tiles fit in one
+        // grid dimension: z holds the slices); anything else is refused rather than run by
+        // another kernel, which might be one whose self-check failed.
         let split_fits = d.m.div_ceil(64) <= MAX_GROUPS_PER_DIM;
-        let c = CANDIDATES
+        let Some(&c) = CANDIDATES
             .iter()
             .find(|c| c.name == name && applies(c, d) && (!c.split || split_fits))
-            .or_else(|| CANDIDATES.iter().find(|c| applies(c, d) && !c.split))
-            .copied()
-            .unwrap_or(CANDIDATES[0]);
+        else {
+            return Err(Error::Unsupported {
+                op: "MatMul",
+                device: self.name.to_string(),
+                missing: format!(
+                    "the tensor-core kernel {name} for a {}x{}x{} product (trans_a {}, trans_b {})",
+                    d.m, d.k, d.n, d.trans_a, d.trans_b
+                ),
+            });
+        };
         if c.split {
             let (k_slice, _) = split_slices(d);
             return self.coop_split_product(a, b, bias, out, d, act, k_slice);
@@ -556,7 +564,8 @@ mod tests {
             wgpu::Features::SHADER_F16,
         ] {
             let why = missing(all - lacking, &[config(16, F16)], &nvidia());
-            assert!(why.is_some_and(|w| w.contains("missing")), "{lacking:?}");
+            let name = lacking.iter_names().next().expect("one flag").0;
+            assert!(why.is_some_and(|w| w.contains(name)), "{lacking:?}");
         }
         // Subgroups of 64 (AMD's wave64) or of varying size (Intel) would leave fragments
         // unwritten.
