@@ -153,14 +153,8 @@ clocks() {
     return "$rc"
 }
 ours() {
-    local secs
-    secs=$(allowed 120)
-    if [ "$secs" = 0 ]; then
-        echo "skipped: the check's budget of $budget s is spent"
-        return 125
-    fi
-    timeout -k 10 "$secs" "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
-        sed -n '/^warm-up steps/,$p'
+    limited 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
+        sed -n '/^skipped: /p; /^warm-up steps/,$p'
     return "${PIPESTATUS[0]}"
 }
 # Two rows of the table, "<batch> <label> <ms>" and "<batch> <label>:b2b <ms>", from a run's
@@ -169,7 +163,8 @@ ours() {
 row() {
     local label=$1
     shift
-    local lines rc ms b2b
+    # `explain` sets this function's own `why` (bash's scoping), never one a former row left.
+    local lines rc ms b2b why=failed
     lines=$(clocks "$@" 2>&1)
     rc=$?
     echo "$lines" | grep -E '(median|back-to-back) train step|^sm clock|^skipped'
@@ -180,14 +175,14 @@ row() {
         ms=$why
     fi
     echo "$label $ms" >>"$table"
-    echo "$label:b2b ${b2b:-${why:-failed}}" >>"$table"
+    echo "$label:b2b ${b2b:-$why}" >>"$table"
 }
 # Runs a command, passed through, and adds "<batch> <label><suffix> <ms>" to the table, the ms
 # read off its output by an awk program: record SUFFIX AWK_PROGRAM "<batch> <label>" COMMAND...
 record() {
     local suffix=$1 program=$2 label=$3
     shift 3
-    local lines rc ms
+    local lines rc ms why
     lines=$("$@" 2>&1)
     rc=$?
     echo "$lines"

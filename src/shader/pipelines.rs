@@ -538,9 +538,9 @@ impl Shared {
                 cache: None,
             });
         // The innermost scope first.
-        let [validation, internal, memory] = scopes;
-        let errors: Vec<String> = [memory, internal, validation]
+        let errors: Vec<String> = scopes
             .into_iter()
+            .rev()
             .filter_map(|scope| pollster::block_on(scope.pop()))
             .map(|err| err.to_string())
             .collect();

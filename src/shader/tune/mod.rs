@@ -191,28 +191,27 @@ impl TuneConfig {
             cache_dir,
             force: env("ANYGPU_AUTOTUNE_FORCE").filter(|f| !f.is_empty()),
             kernel_class: env("ANYGPU_KERNEL_CLASS").filter(|c| !c.is_empty()),
-            compile_threads: env("ANYGPU_COMPILE_THREADS")
-                .filter(|t| !t.is_empty())
-                .and_then(|t| match t.trim().parse::<usize>() {
-                    Ok(n) => Some(n.min(MAX_COMPILE_THREADS)),
-                    Err(_) => {
-                        log::warn!(
-                            "ANYGPU_COMPILE_THREADS={t:?} ignored: use a number of threads (0: none)"
-                        );
-                        None
-                    }
-                }),
-            first_submit: env("ANYGPU_FIRST_SUBMIT")
-                .filter(|n| !n.is_empty())
-                .and_then(|n| match n.trim().parse::<usize>() {
-                    Ok(n) if n > 0 => Some(n),
-                    _ => {
-                        log::warn!(
-                            "ANYGPU_FIRST_SUBMIT={n:?} ignored: use a number of commands, 1 or more"
-                        );
-                        None
-                    }
-                }),
+            compile_threads: count(&env, "ANYGPU_COMPILE_THREADS", 0, "threads (0: none)")
+                .map(|n| n.min(MAX_COMPILE_THREADS)),
+            first_submit: count(&env, "ANYGPU_FIRST_SUBMIT", 1, "commands, 1 or more"),
+        }
+    }
+}
+
+/// The number variable `name` holds, when it is one of at least `least`; another value is
+/// logged (the message asks for a number of `what`) and ignored, as an empty one is.
+fn count(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    least: usize,
+    what: &str,
+) -> Option<usize> {
+    let value = env(name).filter(|v| !v.is_empty())?;
+    match value.trim().parse::<usize>() {
+        Ok(n) if n >= least => Some(n),
+        _ => {
+            log::warn!("{name}={value:?} ignored: use a number of {what}");
+            None
         }
     }
 }
