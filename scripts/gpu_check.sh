@@ -15,11 +15,13 @@
 # GPU_CHECK_STEPS (default 30) sets the timed train steps; GPU_CHECK_ROUNDS (default 2) the
 # rounds of the side-by-side comparison; GPU_CHECK_BATCHES (default "128 1024") the batch sizes;
 # GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0 Burn, GPU_CHECK_COMPILE=0 torch.compile (the
-# slowest PyTorch row: it compiles for a minute); GPU_CHECK_BENCH=1 adds the kernel benchmarks
+# slowest PyTorch row: it compiles for a minute), GPU_CHECK_MODERN=0 the modern CNN's rows (our
+# f32 and mixed_float16 steps at batch 1024, after the comparison); GPU_CHECK_BENCH=1 adds the kernel benchmarks
 # (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
 # GPU_CHECK_OUT (default runs/gpu_check); GPU_CHECK_KEEP=DIR copies what a record needs into
 # DIR, in three files (medians.txt, top_ops.txt: every profile's, choices.txt: every tuning
-# cache's), after each batch of the comparison and at the end: a lent machine returns only a
+# cache's, and every candidate's time where the tuner measured), after each batch of the
+# comparison and at the end: a lent machine returns only a
 # few files. GPU_CHECK_BUDGET (default 400) is the check's own deadline in seconds: each run's
 # timeout is cut to what is left of it, the optional runs (the extra cold run, the old
 # batching, torch.compile, Burn, the benchmarks) are skipped when little is left, and the table
@@ -68,6 +70,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 table="$out/medians.txt"
 : >"$table"
+: >"$out/ours.log"
 reported=-1
 
 section() { printf '\n=== %s (%s, %d s in)\n' "$*" "$(date +%T)" "$SECONDS"; }
@@ -152,9 +155,11 @@ clocks() {
     rm -f "$log"
     return "$rc"
 }
+# Our example, timed: its output from the warm-up on, and its log (standard error, also kept in
+# ours.log for the tuner's timings of every candidate, which GPU_CHECK_KEEP keeps).
 ours() {
-    limited 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" |
-        sed -n '/^skipped: /p; /^warm-up steps/,$p'
+    limited 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" \
+        2> >(tee -a "$out/ours.log" >&2) | sed -n '/^skipped: /p; /^warm-up steps/,$p'
     return "${PIPESTATUS[0]}"
 }
 # Two rows of the table, "<batch> <label> <ms>" and "<batch> <label>:b2b <ms>", from a run's
@@ -242,9 +247,13 @@ report() {
         for f in "$out"/profile-*/top_ops.txt; do
             [ -f "$f" ] && printf '=== %s\n' "${f#"$out"/}" && cat "$f"
         done >"$keep/top_ops.txt"
-        for f in "$out"/cache-*/*.txt; do
-            [ -f "$f" ] && printf '=== %s\n' "${f#"$out"/}" && cat "$f"
-        done >"$keep/choices.txt"
+        {
+            for f in "$out"/cache-*/*.txt; do
+                [ -f "$f" ] && printf '=== %s\n' "${f#"$out"/}" && cat "$f"
+            done
+            echo "=== every candidate's time where the tuner measured (ours.log)"
+            grep -h 'autotune: .* ms' "$out/ours.log" 2>/dev/null
+        } >"$keep/choices.txt"
     fi
 }
 
@@ -331,6 +340,22 @@ for round in $(seq "$rounds"); do
         report
     done
 done
+
+if [ "${GPU_CHECK_MODERN:-1}" != 0 ] && fits 120; then
+    # Where 3×3 convolutions dominate (32-128 channels): whether the tensor-core convolutions
+    # (implicit products) make mixed precision pay. No peer row: the tutorial's table is the
+    # comparison.
+    section "the modern CNN (--model modern: 3x3 convolutions to 128 channels, BatchNormalization), batch 1024, tuned in its warm-up"
+    export ANYGPU_CACHE_DIR="$out/cache-modern"
+    rm -rf "$ANYGPU_CACHE_DIR"
+    row "1024 modern-f32" ours --model modern --batch-size 1024
+    row "1024 modern-mixed_float16" ours --model modern --batch-size 1024 --mixed-precision
+    if fits 60; then
+        busy "1024 modern-mixed_float16" clocks ours --model modern --batch-size 1024 \
+            --mixed-precision --profile "$out/profile-modern-mixed"
+    fi
+    unset ANYGPU_CACHE_DIR
+fi
 
 if [ -x "$bin/burn_peer" ] && [ "${GPU_CHECK_BURN:-1}" != 0 ] && fits 300; then
     section "Burn 0.22 (wgpu, Vulkan), batch 128: cold autotune cache, then warm; ours between"

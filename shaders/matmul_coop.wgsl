@@ -4,7 +4,12 @@
 // of matmul.wgsl's Params: A(i, l) = a[i * a_rs + l * a_cs], B(l, j) = b[l * b_rs + j * b_cs].
 // Every product matmul.wgsl computes (dense forward and both gradients, 1×1 convolutions run as
 // products), for float16 tensors only: this family is written in float16 and never goes through
-// the float16 twin generator (ShaderFamily::has_half_twin is false for it).
+// the float16 twin generator (ShaderFamily::has_half_twin is false for it). Convolutions too, as
+// implicit products: with p.conv set, the loads of A gather the im2col matrix of an image
+// (see im2col) instead of reading a stored A, so a k×k convolution (any strides, dilation and
+// padding) runs on the same kernels as a product without an im2col buffer: the forward pass on
+// every entry point but the split one (the vec4 ones where the input and output channels are
+// multiples of 4), the kernel gradient on the split one.
 //
 // Entry points (@workgroup_size(128): four subgroups of 32 invocations, which the host checks:
 // the adapter's subgroup size is exactly 32, as on NVIDIA; each subgroup owns the fragments its
@@ -45,7 +50,8 @@
 // has_bias), 4 out: storage read_write array<f16>, row-major; 5 a4, 6 b4: a and b as
 // array<vec4<f16>>; 7 part: the split kernel's float32 partial sums [splits, m, n].
 // Params: m, k, n, has_bias, the strides, act (0 linear, 1 relu, 2 selu), k_slice (the split
-// kernel's); the rest unused.
+// kernel's); block and chunk unused (matmul.wgsl's); then the convolution A is the im2col
+// matrix of (conv 1 or 2, see im2col; 0: A is a itself).
 // Limits: 128 invocations, 13,824 bytes of workgroup memory, four storage buffers an entry.
 
 enable f16;
@@ -64,6 +70,23 @@ struct Params {
     k_slice: u32,
     block: u32,
     chunk: u32,
+    // The convolution whose im2col matrix A is, `conv` 1 or 2 (see im2col); unused at 0.
+    conv: u32,
+    h: u32,
+    w: u32,
+    ci: u32,
+    kw: u32,
+    oh: u32,
+    ow: u32,
+    sh: u32,
+    sw: u32,
+    dh: u32,
+    dw: u32,
+    pt: u32,
+    pl: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -121,9 +144,64 @@ fn b_at(l: u32, j: u32) -> f16 {
     return select(0.0h, v, l < p.k && j < p.n);
 }
 
+// Where element (pixel, tap) of the im2col matrix of a convolution of x [batch, h, w, ci]
+// (bound as a) to oh × ow output pixels lies in x: output pixel (img, oi, oj) and tap (ki, kj,
+// c) (tap = (ki * kw + kj) * ci + c) read x[img, oi * sh + ki * dh - pt, oj * sw + kj * dw - pl,
+// c]; `inside` is false in the padding and outside the matrix (pixels × taps), where the index
+// is a clamped one inside x. A is that matrix [pixels, taps] when p.conv is 1 (m pixels, k taps:
+// the forward product with the kernel [taps, co]) and its transpose [taps, pixels] when 2 (m
+// taps, k pixels: the kernel gradient's, with dz [pixels, co]).
+struct Gathered {
+    index: u32,
+    inside: bool,
+}
+
+fn im2col_at(pixel: u32, tap: u32, pixels: u32, taps: u32) -> Gathered {
+    let px = min(pixel, pixels - 1u);
+    let tp = min(tap, taps - 1u);
+    let img = px / (p.oh * p.ow);
+    let rest = px - img * p.oh * p.ow;
+    let oi = rest / p.ow;
+    let oj = rest - oi * p.ow;
+    let kk = tp / p.ci;
+    let c = tp - kk * p.ci;
+    let ki = kk / p.kw;
+    let ih = i32(oi * p.sh + ki * p.dh) - i32(p.pt);
+    let iw = i32(oj * p.sw + (kk - ki * p.kw) * p.dw) - i32(p.pl);
+    let inside = pixel < pixels && tap < taps && ih >= 0 && ih < i32(p.h) && iw >= 0
+        && iw < i32(p.w);
+    let row = img * p.h + u32(clamp(ih, 0, i32(p.h) - 1));
+    return Gathered((row * p.w + u32(clamp(iw, 0, i32(p.w) - 1))) * p.ci + c, inside);
+}
+
+// Element (pixel, tap) of the im2col matrix (zero in the padding and outside it).
+fn im2col(pixel: u32, tap: u32) -> f16 {
+    let pixels = select(p.m, p.k, p.conv == 2u);
+    let taps = select(p.k, p.m, p.conv == 2u);
+    let g = im2col_at(pixel, tap, pixels, taps);
+    return select(0.0h, a[g.index], g.inside);
+}
+
+// Its elements (pixel, tap .. tap + 3) for p.conv 1, ci a multiple of 4 and tap of 4 (the four
+// channels of one tap): one vec4 of x through a4 (a clamped index stays in the same vec4).
+fn im2col4(pixel: u32, tap: u32) -> vec4<f16> {
+    let g = im2col_at(pixel, tap, p.m, p.k);
+    return select(vec4<f16>(0.0h), a4[g.index / 4u], g.inside);
+}
+
+// A(i, l): a's element, or im2col's (p.conv 1) or its transpose's (p.conv 2).
+fn a_elem(i: u32, l: u32) -> f16 {
+    switch p.conv {
+        case 1u: { return im2col(i, l); }
+        case 2u: { return im2col(l, i); }
+        default: { return a_at(i, l); }
+    }
+}
+
 // Copies A's rows [row0, row0 + rows) × k [k0, k0 + BK) into `at` (row-major, stride AS);
 // rows * BK is a multiple of 128. Neighbouring invocations take neighbouring addresses of A:
-// along k when A is stored [m, k], along m when stored transposed.
+// along k when a_cs is 1 (A stored [m, k]; im2col's taps, channels innermost), along m
+// otherwise (A stored transposed; im2col's transpose, whose rows are the taps).
 fn load_a(rows: u32, row0: u32, k0: u32, t: u32) {
     let along_k = p.a_cs == 1u;
     for (var e = t; e < rows * BK; e += 128u) {
@@ -133,7 +211,7 @@ fn load_a(rows: u32, row0: u32, k0: u32, t: u32) {
             r = e % rows;
             c = e / rows;
         }
-        at[r * AS + c] = a_at(row0 + r, k0 + c);
+        at[r * AS + c] = a_elem(row0 + r, k0 + c);
     }
 }
 
@@ -152,7 +230,8 @@ fn load_b(col0: u32, k0: u32, t: u32) {
     }
 }
 
-// load_a with A stored [m, k], k a multiple of 4: one vec4 of A per load (BK / 4 of a row).
+// load_a with A stored [m, k] (or im2col's, p.conv 1, ci a multiple of 4), k a multiple of 4:
+// one vec4 of A per load (BK / 4 of a row).
 fn load_a4(rows: u32, row0: u32, k0: u32, t: u32) {
     let k4 = p.k / 4u;
     for (var e = t; e < rows * BK / 4u; e += 128u) {
@@ -160,8 +239,13 @@ fn load_a4(rows: u32, row0: u32, k0: u32, t: u32) {
         let c4 = e % (BK / 4u);
         let i = row0 + r;
         let l4 = k0 / 4u + c4;
-        let v = a4[min(i, p.m - 1u) * k4 + min(l4, k4 - 1u)];
-        let w = select(vec4<f16>(0.0h), v, i < p.m && l4 < k4);
+        var w: vec4<f16>;
+        if (p.conv == 1u) {
+            w = im2col4(i, 4u * l4);
+        } else {
+            let v = a4[min(i, p.m - 1u) * k4 + min(l4, k4 - 1u)];
+            w = select(vec4<f16>(0.0h), v, i < p.m && l4 < k4);
+        }
         let o = r * AS + 4u * c4;
         at[o] = w.x;
         at[o + 1u] = w.y;

@@ -10,7 +10,7 @@ mod common;
 
 use anygpu::ops;
 use anygpu::ops::reference::{self as r, random_vec};
-use anygpu::ops::spec::{Activation, Conv2dShape, Padding};
+use anygpu::ops::spec::{Activation, Conv2dShape, ConvOptions, Padding};
 use anygpu::ops::GradDType;
 use anygpu::{DType, DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
 use half::f16;
@@ -172,6 +172,83 @@ fn check_pointwise_kernel_grads(dev: &LogicalDevice) -> Vec<String> {
     failures
 }
 
+/// Convolutions as implicit products on the tensor cores (the im2col matrix gathered in the
+/// loads): the forward pass with a bias and an activation ('same' and 'valid', strides,
+/// dilation, channel counts with and without the vec4 kernels), the input gradient of the
+/// stride-1 ones (a forward correlation with the flipped kernel), and the kernel gradients
+/// long enough in pixels for the split candidate, in float32 as the layers ask for them. The
+/// failures, each naming the convolution.
+fn check_convolutions(dev: &LogicalDevice) -> Vec<String> {
+    let _s = dev.scope();
+    let mut failures = Vec::new();
+    let shapes = [
+        (4, 16, 16, 16, 32, 3, 1, 1, Padding::Same),
+        (2, 15, 13, 32, 64, 3, 2, 1, Padding::Same),
+        (3, 12, 14, 5, 24, 3, 1, 1, Padding::Valid),
+        (2, 17, 11, 8, 40, 3, 1, 2, Padding::Same),
+        (2, 14, 14, 64, 128, 3, 1, 1, Padding::Same),
+    ];
+    for (t, &(n, h, w, c_in, c_out, k, stride, dilation, padding)) in shapes.iter().enumerate() {
+        let s = Conv2dShape {
+            n,
+            h,
+            w,
+            c_in,
+            c_out,
+            kh: k,
+            kw: k,
+            padding,
+            strides: [stride, stride],
+            dilation: [dilation, dilation],
+        };
+        let options = ConvOptions::new(padding).strides(stride).dilation(dilation);
+        let what =
+            format!("{k}x{k} conv {n}x{h}x{w} {c_in}->{c_out} s{stride} d{dilation} {padding:?}");
+        let seed = 79_000 + 10 * t as u64;
+        let act = [Activation::Relu, Activation::Selu, Activation::Linear][t % 3];
+        let (x, xt) = half_input(dev, &[n, h, w, c_in], seed);
+        let (kv, kt) = half_input(dev, &[k, k, c_in, c_out], seed + 1);
+        let (b, bt) = half_input(dev, &[c_out], seed + 2);
+        let y = ops::conv2d(&xt, &kt, Some(&bt), options, act).expect("conv2d");
+        let want = r::conv2d_forward(&x, &kv, Some(&b), &s, act);
+        if let Some(e) = first_wrong(&y, &want, c_out) {
+            failures.push(format!("{what} {act:?}: {e}"));
+        }
+        let (oh, ow) = s.out_hw();
+        let (dz, dzt) = half_input(dev, &[n, oh, ow, c_out], seed + 3);
+        if stride == 1 && dilation == 1 {
+            let dx = ops::conv2d_backward_input(&dzt, &kt, &[n, h, w, c_in], options)
+                .expect("input gradient");
+            let want = r::conv2d_backward_input(&dz, &kv, &s);
+            if let Some(e) = first_wrong(&dx, &want, c_in) {
+                failures.push(format!("input gradient of {what}: {e}"));
+            }
+        }
+        let dk = ops::conv2d_backward_kernel_as(
+            &xt,
+            &dzt,
+            &[k, k, c_in, c_out],
+            options,
+            GradDType::Float32,
+        )
+        .expect("kernel gradient");
+        let got = dk.to_vec::<f32>().expect("readback");
+        let want = r::conv2d_backward_kernel(&x, &dz, &s);
+        // float16 operands multiply exactly in float32; only the sums round.
+        if let Some(i) = got
+            .iter()
+            .zip(&want)
+            .position(|(g, w)| (f64::from(*g) - w).abs() > 1e-4 * w.abs().max(1.0))
+        {
+            failures.push(format!(
+                "kernel gradient of {what}: dk[{i}] = {}, oracle {:.5}",
+                got[i], want[i]
+            ));
+        }
+    }
+    failures
+}
+
 #[test]
 fn coop_matrix_candidates_match_the_oracle() {
     let rt = common::builder()
@@ -215,10 +292,12 @@ fn coop_matrix_candidates_match_the_oracle() {
                 .expect("the same device in a second runtime");
             let mut wrong = check_products(&same);
             wrong.extend(check_pointwise_kernel_grads(&same));
+            wrong.extend(check_convolutions(&same));
             // The candidate runs the products it applies to; the others fall back to the
             // default kernels and are checked all the same.
             println!(
-                "{candidate} forced on {}: {} products and 3 kernel gradients checked, {} wrong",
+                "{candidate} forced on {}: {} products, 3 kernel gradients and 5 convolutions \
+                 checked, {} wrong",
                 label(&dev),
                 4 * shapes().len(),
                 wrong.len()

@@ -23,7 +23,7 @@ use crate::ops::gpu::grid_1d;
 use crate::ops::gpu::kernels::{GpuKernels, SPLITK_REDUCE};
 use crate::ops::gpu::MAX_GROUPS_PER_DIM;
 use crate::ops::reference;
-use crate::ops::spec::Activation;
+use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry, Padding};
 use crate::ops::Kernels;
 use crate::ops::MatmulDims;
 pub(crate) use crate::shader::coop::is_candidate;
@@ -77,6 +77,95 @@ struct CoopParams {
     /// `matmul_coop_64x64_splitk`'s slice of k.
     k_slice: u32,
     _unused: [u32; 2],
+    /// The convolution whose im2col matrix A is ([`ConvMode`]), and its geometry.
+    conv: u32,
+    h: u32,
+    w: u32,
+    ci: u32,
+    kw: u32,
+    oh: u32,
+    ow: u32,
+    sh: u32,
+    sw: u32,
+    dh: u32,
+    dw: u32,
+    pt: u32,
+    pl: u32,
+    _pad: [u32; 3],
+}
+
+/// What A is in a convolution on the tensor cores (`conv` in matmul_coop.wgsl's Params).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ConvMode {
+    /// The im2col matrix `[pixels, taps]` of the input: the forward product with the kernel
+    /// `[taps, co]`.
+    Forward = 1,
+    /// Its transpose `[taps, pixels]`: the kernel gradient's product with dz `[pixels, co]`.
+    KernelGrad = 2,
+}
+
+impl CoopParams {
+    /// These params with A gathered as `mode` of the convolution `g`.
+    fn gathering(self, mode: ConvMode, g: &ConvGeometry) -> CoopParams {
+        let u = |x: usize| x as u32;
+        CoopParams {
+            // Neighbouring invocations along the taps (channels innermost in the image):
+            // along k for the forward matrix, along m for its transpose (load_a).
+            a_rs: 0,
+            a_cs: u32::from(mode == ConvMode::Forward),
+            conv: mode as u32,
+            h: u(g.h),
+            w: u(g.w),
+            ci: u(g.ci),
+            kw: u(g.kw),
+            oh: u(g.oh),
+            ow: u(g.ow),
+            sh: u(g.sh),
+            sw: u(g.sw),
+            dh: u(g.dh),
+            dw: u(g.dw),
+            pt: u(g.pt),
+            pl: u(g.pl),
+            ..self
+        }
+    }
+}
+
+/// The product a convolution `g` (one group) is in `mode`: the forward pass's
+/// `[pixels, taps] · [taps, co]`, or the kernel gradient's `[taps, pixels] · [pixels, co]`.
+fn conv_dims(g: &ConvGeometry, mode: ConvMode) -> MatmulDims {
+    let (pixels, taps) = (g.n * g.oh * g.ow, g.kh * g.kw * g.ci);
+    match mode {
+        ConvMode::Forward => MatmulDims {
+            m: pixels,
+            k: taps,
+            n: g.co,
+            trans_a: false,
+            trans_b: false,
+        },
+        ConvMode::KernelGrad => MatmulDims {
+            m: taps,
+            k: pixels,
+            n: g.co,
+            trans_a: true,
+            trans_b: false,
+        },
+    }
+}
+
+/// Whether candidate `c` takes the forward pass of convolution `g`: not the split one; the
+/// vec4 ones where the channels (in and out) are multiples of 4 (a vec4 of the image is then
+/// one tap's channels), the scalar ones elsewhere; a 32-column tile only for 32 output
+/// channels or fewer.
+fn conv_applies(c: &Candidate, g: &ConvGeometry) -> bool {
+    let v4 = g.ci.is_multiple_of(4) && g.co.is_multiple_of(4);
+    !c.split && c.v4 == v4 && (c.cols == 64 || g.co <= c.cols)
+}
+
+/// Whether a convolution `g` goes to the tensor cores at all: one group, and taps enough to
+/// fill a step of k (a one-channel 3×3 convolution would multiply mostly zeros).
+fn conv_fits(g: &ConvGeometry) -> bool {
+    g.cig == g.ci && g.cog == g.co && g.kh * g.kw * g.ci >= 32 && g.co > 0 && g.n * g.oh * g.ow > 0
 }
 
 /// Shapes of the self-check: ragged (no dimension a multiple of 16, tiles cut at every edge)
@@ -111,15 +200,62 @@ const CHECK_TOL: f64 = 4.0 * 0.000_976_562_5;
 
 /// The first element of `got` off `want` by more than [`CHECK_TOL`] (NaN included): its index,
 /// value and the expected one.
-fn first_off(got: &[f16], want: &[f64]) -> Option<(usize, f32, f64)> {
+fn first_off<T: Copy + Into<f32>>(got: &[T], want: &[f64]) -> Option<(usize, f32, f64)> {
     got.iter()
+        .map(|&g| g.into())
         .zip(want)
         .enumerate()
         .find(|&(_, (g, w))| {
-            let close = (f64::from(g.to_f32()) - w).abs() <= CHECK_TOL * w.abs().max(1.0);
+            let close = (f64::from(g) - w).abs() <= CHECK_TOL * w.abs().max(1.0);
             !close
         })
-        .map(|(i, (g, w))| (i, g.to_f32(), *w))
+        .map(|(i, (g, w))| (i, g, *w))
+}
+
+/// `len` random float16 values in [-1, 1) from `seed`, and the same as f64.
+fn halves(len: usize, seed: u64) -> (Vec<f64>, Vec<f16>) {
+    let h: Vec<f16> = reference::random_vec(len, seed)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
+}
+
+/// The convolutions of the self-check, each candidate taking those it applies to (the vec4
+/// ones channels in multiples of 4, the 32-column one at most 32 output channels, the split
+/// one every kernel gradient): ragged images and channel counts, 'same' and 'valid' padding,
+/// strides and dilation, a kernel that is not square.
+const CONV_CHECKS: [Conv2dShape; 4] = [
+    conv_check(2, 9, 7, 12, 20, (3, 3), Padding::Same, 1, 1),
+    conv_check(2, 9, 7, 5, 19, (3, 3), Padding::Same, 1, 1),
+    conv_check(1, 10, 11, 8, 36, (3, 3), Padding::Valid, 2, 1),
+    conv_check(2, 8, 9, 6, 10, (2, 3), Padding::Same, 1, 2),
+];
+
+#[allow(clippy::too_many_arguments)] // a convolution's every dimension
+const fn conv_check(
+    n: usize,
+    h: usize,
+    w: usize,
+    c_in: usize,
+    c_out: usize,
+    (kh, kw): (usize, usize),
+    padding: Padding,
+    stride: usize,
+    dilation: usize,
+) -> Conv2dShape {
+    Conv2dShape {
+        n,
+        h,
+        w,
+        c_in,
+        c_out,
+        kh,
+        kw,
+        padding,
+        strides: [stride, stride],
+        dilation: [dilation, dilation],
+    }
 }
 
 impl GpuKernels<'_> {
@@ -151,14 +287,24 @@ impl GpuKernels<'_> {
         d: MatmulDims,
         device: &LogicalDevice,
     ) -> Result<Vec<&'static str>> {
+        // A 32-column tile only where the product is that narrow: wider ones have the others;
+        // split k only for few tiles and a long k.
+        self.coop_passing(support, device, &|c| {
+            applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays(d))
+        })
+    }
+
+    /// The candidates `support` lets the tuner offer on `device` of those `takes` accepts.
+    fn coop_passing(
+        &self,
+        support: &CoopSupport,
+        device: &LogicalDevice,
+        takes: &dyn Fn(&Candidate) -> bool,
+    ) -> Result<Vec<&'static str>> {
         if !support.usable() {
             return Ok(Vec::new());
         }
-        // A 32-column tile only where the product is that narrow: wider ones have the others;
-        // split k only for few tiles and a long k.
-        let takes = CANDIDATES.iter().filter(|c| {
-            applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays(d))
-        });
+        let takes = CANDIDATES.iter().filter(|c| takes(c));
         if self.dev.ctx.tuner.forced() {
             return Ok(takes.map(|c| c.name).collect());
         }
@@ -226,13 +372,6 @@ impl GpuKernels<'_> {
         device: &LogicalDevice,
         name: &'static str,
     ) -> Result<std::result::Result<(), String>> {
-        let halves = |len: usize, seed: u64| -> (Vec<f64>, Vec<f16>) {
-            let h: Vec<f16> = reference::random_vec(len, seed)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect();
-            (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
-        };
         let Some((index, c)) = CANDIDATES.iter().enumerate().find(|(_, c)| c.name == name) else {
             return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
         };
@@ -299,6 +438,50 @@ impl GpuKernels<'_> {
                 )));
             }
         }
+        for (q, s) in CONV_CHECKS.iter().enumerate() {
+            let g = ConvGeometry::conv(s);
+            let seed = 95_000 + 1_000 * index as u64 + 10 * q as u64;
+            let what = format!(
+                "{}x{}x{}x{}->{} {}x{} {:?} strides {:?} dilation {:?}",
+                s.n, s.h, s.w, s.c_in, s.c_out, s.kh, s.kw, s.padding, s.strides, s.dilation
+            );
+            let (xv, xh) = halves(s.input_len(), seed);
+            let x = Tensor::from_slice_on(&xh, &[s.n, s.h, s.w, s.c_in], device)?;
+            let (oh, ow) = s.out_hw();
+            if c.split {
+                // The kernel gradient in slices of two steps of k (pixels), the last ragged.
+                let (dzv, dzh) = halves(s.output_len(), seed + 1);
+                let dz = Tensor::from_slice_on(&dzh, &[s.n, oh, ow, s.c_out], device)?;
+                let klen = s.kernel_len();
+                let dk = Tensor::from_slice_on(&vec![f32::NAN; klen], &[klen], device)?;
+                self.coop_conv_dk_sliced(&x, &dz, &dk, &g, 64)?;
+                let got = dk.to_vec::<f32>()?;
+                let want = reference::conv2d_backward_kernel(&xv, &dzv, s);
+                if let Some((i, g, w)) = first_off(&got, &want) {
+                    return Ok(Err(format!(
+                        "kernel gradient of {what}: dk[{i}] = {g} where the f64 oracle has {w:.5}"
+                    )));
+                }
+            } else if conv_applies(c, &g) {
+                let kshape = [s.kh, s.kw, s.c_in, s.c_out];
+                let (kv, kh) = halves(s.kernel_len(), seed + 1);
+                let (bv, bh) = halves(s.c_out, seed + 2);
+                let kernel = Tensor::from_slice_on(&kh, &kshape, device)?;
+                let bias = Tensor::from_slice_on(&bh, &[s.c_out], device)?;
+                let len = s.output_len();
+                let y =
+                    Tensor::from_slice_on(&vec![f16::NAN; len], &[s.n, oh, ow, s.c_out], device)?;
+                let act = [Activation::Relu, Activation::Selu][q % 2];
+                self.conv_coop(name, &x, &kernel, Some(&bias), &y, &g, act)?;
+                let got = y.to_vec::<f16>()?;
+                let want = reference::conv2d_forward(&xv, &kv, Some(&bv), s, act);
+                if let Some((i, g, w)) = first_off(&got, &want) {
+                    return Ok(Err(format!(
+                        "{what} {act:?}: y[{i}] = {g} where the f64 oracle has {w:.5}"
+                    )));
+                }
+            }
+        }
         Ok(Ok(()))
     }
 
@@ -361,7 +544,7 @@ impl GpuKernels<'_> {
         act: Activation,
         k_slice: usize,
     ) -> Result<()> {
-        let (partials, splits) = self.coop_split(a, b, d, k_slice)?;
+        let (partials, splits) = self.coop_split(a, b, d, k_slice, None)?;
         let (mut r, _) = launch_shape(d, bias.is_some(), act, (64, 64));
         r.k = splits as u32;
         let grid = grid_1d(d.m * d.n, 256);
@@ -374,17 +557,22 @@ impl GpuKernels<'_> {
     }
 
     /// The float32 partial sums `[splits, m, n]` of `op(a) · op(b)` by
-    /// `matmul_coop_64x64_splitk`, one layer per slice of k (float16 tensors; k > 0).
+    /// `matmul_coop_64x64_splitk`, one layer per slice of k (float16 tensors; k > 0); with
+    /// `gather`, A is the transposed im2col matrix of that convolution of the image `a`.
     fn coop_split(
         &self,
         a: &Tensor,
         b: &Tensor,
         d: MatmulDims,
         k_slice: usize,
+        gather: Option<&ConvGeometry>,
     ) -> Result<(Tensor, usize)> {
         let splits = d.k.div_ceil(k_slice).max(1);
         let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, a.device_handle())?;
         let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
+        if let Some(g) = gather {
+            p = p.gathering(ConvMode::KernelGrad, g);
+        }
         p.k_slice = k_slice as u32;
         // No row tile folds into z, which holds the slices: the callers check that the row
         // tiles fit in y.
@@ -422,8 +610,118 @@ impl GpuKernels<'_> {
         d: MatmulDims,
     ) -> Result<()> {
         let (k_slice, _) = split_slices(d);
-        let (partials, splits) = self.coop_split(a, b, d, k_slice)?;
+        let (partials, splits) = self.coop_split(a, b, d, k_slice, None)?;
         self.sum_rows(&partials, splits, d.m * d.n, out)
+    }
+}
+
+impl GpuKernels<'_> {
+    /// The tensor-core candidates for the forward pass of convolution `g`, `y = act(conv(x,
+    /// kernel) + bias)` as the implicit product of its im2col matrix and the kernel: float16
+    /// tensors, one group and taps enough ([`conv_fits`]), the candidates that take it whose
+    /// self-check passed.
+    pub(crate) fn coop_conv_candidates(
+        &self,
+        (x, kernel, bias, y): (&Tensor, &Tensor, Option<&Tensor>, &Tensor),
+        g: &ConvGeometry,
+    ) -> Result<Vec<&'static str>> {
+        let half = [Some(x), Some(kernel), bias, Some(y)]
+            .into_iter()
+            .flatten()
+            .all(|t| t.dtype() == DType::F16);
+        if !half || !conv_fits(g) {
+            return Ok(Vec::new());
+        }
+        self.coop_passing(&self.dev.ctx.coop, y.device_handle(), &|c| {
+            conv_applies(c, g)
+        })
+    }
+
+    /// `y = act(conv(x, kernel) + bias)` (convolution `g`, float16 tensors) by candidate
+    /// `name`, where [`coop_conv_candidates`](Self::coop_conv_candidates) offers it.
+    #[allow(clippy::too_many_arguments)] // a convolution's operands, geometry and activation
+    pub(crate) fn conv_coop(
+        &self,
+        name: &str,
+        x: &Tensor,
+        kernel: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        g: &ConvGeometry,
+        act: Activation,
+    ) -> Result<()> {
+        let Some(&c) = CANDIDATES
+            .iter()
+            .find(|c| c.name == name && conv_applies(c, g) && conv_fits(g))
+        else {
+            return Err(Error::Unsupported {
+                op: "Conv2D",
+                device: self.name.to_string(),
+                missing: format!(
+                    "the tensor-core kernel {name} for a {}x{} convolution of {} to {} channels \
+                     in {} group(s)",
+                    g.kh,
+                    g.kw,
+                    g.ci,
+                    g.co,
+                    g.ci / g.cig.max(1)
+                ),
+            });
+        };
+        let d = conv_dims(g, ConvMode::Forward);
+        let (p, grid) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
+        let p = p.gathering(ConvMode::Forward, g);
+        let b = bias.unwrap_or(y);
+        if c.v4 {
+            self.launch(c.kernel, &p, &[b, y, x, kernel], grid)
+        } else {
+            self.launch(c.kernel, &p, &[x, kernel, b, y], grid)
+        }
+    }
+
+    /// Whether the kernel gradient of convolution `g` is offered on the tensor cores
+    /// ([`coop_conv_dk`](Self::coop_conv_dk)): float16 `x` and `dz`, one group and taps
+    /// enough, pixels enough to split, and the split candidate's self-check passed.
+    pub(crate) fn coop_conv_dk_offered(
+        &self,
+        (x, dz): (&Tensor, &Tensor),
+        g: &ConvGeometry,
+    ) -> Result<bool> {
+        let half = x.dtype() == DType::F16 && dz.dtype() == DType::F16;
+        let d = conv_dims(g, ConvMode::KernelGrad);
+        if !half || !conv_fits(g) || d.k < SPLIT_MIN_K || d.m.div_ceil(64) > MAX_GROUPS_PER_DIM {
+            return Ok(false);
+        }
+        let offered = self.coop_passing(&self.dev.ctx.coop, x.device_handle(), &|c| c.split)?;
+        Ok(!offered.is_empty())
+    }
+
+    /// The kernel gradient `dk = im2col(x)ᵀ · dz` of convolution `g` (`dk` `[kh, kw, ci, co]`
+    /// of either float dtype) on the tensor cores, split over the pixels, the slices added up
+    /// by a column sum.
+    pub(crate) fn coop_conv_dk(
+        &self,
+        x: &Tensor,
+        dz: &Tensor,
+        dk: &Tensor,
+        g: &ConvGeometry,
+    ) -> Result<()> {
+        let (k_slice, _) = split_slices(conv_dims(g, ConvMode::KernelGrad));
+        self.coop_conv_dk_sliced(x, dz, dk, g, k_slice)
+    }
+
+    /// [`coop_conv_dk`](Self::coop_conv_dk) in slices of `k_slice` pixels.
+    fn coop_conv_dk_sliced(
+        &self,
+        x: &Tensor,
+        dz: &Tensor,
+        dk: &Tensor,
+        g: &ConvGeometry,
+        k_slice: usize,
+    ) -> Result<()> {
+        let d = conv_dims(g, ConvMode::KernelGrad);
+        let (partials, splits) = self.coop_split(x, dz, d, k_slice, Some(g))?;
+        self.sum_rows(&partials, splits, d.m * d.n, dk)
     }
 }
 
@@ -449,8 +747,7 @@ fn launch_shape(
         b_rs: u(b_rs),
         b_cs: u(b_cs),
         act: act.code(),
-        k_slice: 0,
-        _unused: [0; 2],
+        ..CoopParams::zeroed()
     };
     // Row tiles past one grid dimension fold into z (the shader's row_tile).
     let row_tiles = d.m.div_ceil(rows);
@@ -910,13 +1207,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let act = [Activation::Relu, Activation::Linear, Activation::Selu][(s + l) % 3];
                     let has_bias = (s + l) % 2 == 0;
                     let seed = 5_000 + 100 * s as u64 + 10 * l as u64;
-                    let values = |len: usize, seed: u64| -> (Vec<f64>, Vec<f16>) {
-                        let h: Vec<f16> = reference::random_vec(len, seed)
-                            .into_iter()
-                            .map(f16::from_f32)
-                            .collect();
-                        (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
-                    };
+                    let values = halves;
                     let (av, ah) = values(m * k, seed);
                     let (bv, bh) = values(k * n, seed + 1);
                     let (cv, ch) = values(n, seed + 2);
@@ -994,8 +1285,104 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     }
                 }
             }
+            failures.extend(emulated_convolutions(dev, &c, &pipeline));
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// The convolutions candidate `c` takes, run on its emulated `pipeline` through this
+    /// module's params and grid ([`CoopParams::gathering`]) against the f64 oracle: the
+    /// self-check's and larger ones (several tiles each way, several steps of k), the forward
+    /// pass with a bias and an activation on the product kernels, the kernel gradient in
+    /// ragged slices on the split one. The failures, each naming the convolution.
+    fn emulated_convolutions(
+        dev: &LogicalDevice,
+        c: &Candidate,
+        pipeline: &crate::shader::Pipeline,
+    ) -> Vec<String> {
+        let ctx = &dev.gpu().expect("a GPU").ctx;
+        let values = halves;
+        let upload = |h: &[f16]| Tensor::from_slice_on(h, &[h.len()], dev).unwrap();
+        let run = |p: CoopParams, tensors: &[&Tensor], grid: [u32; 3]| {
+            let ranges: Vec<_> = tensors.iter().map(|t| t.gpu_range().unwrap()).collect();
+            ctx.dispatch(pipeline, bytemuck::bytes_of(&p), &ranges, grid);
+        };
+        let mut shapes = CONV_CHECKS.to_vec();
+        shapes.extend([
+            conv_check(2, 14, 14, 16, 72, (3, 3), Padding::Same, 1, 1),
+            conv_check(3, 11, 13, 7, 40, (3, 3), Padding::Same, 2, 1),
+            conv_check(2, 12, 10, 8, 32, (3, 3), Padding::Valid, 1, 2),
+            conv_check(1, 9, 9, 32, 16, (1, 1), Padding::Valid, 2, 1),
+        ]);
+        let mut failures = Vec::new();
+        for (q, s) in shapes.iter().enumerate() {
+            let g = ConvGeometry::conv(s);
+            if !conv_fits(&g) {
+                continue;
+            }
+            let what = format!("{} {s:?}", c.name);
+            let seed = 6_000 + 100 * q as u64;
+            let (xv, xh) = values(s.input_len(), seed);
+            let x = upload(&xh);
+            if c.split {
+                let (dzv, dzh) = values(s.output_len(), seed + 1);
+                let dz = upload(&dzh);
+                let d = conv_dims(&g, ConvMode::KernelGrad);
+                let want = reference::conv2d_backward_kernel(&xv, &dzv, s);
+                let (natural, _) = split_slices(d);
+                for k_slice in [natural, 64, 96] {
+                    let splits = d.k.div_ceil(k_slice);
+                    let len = splits * d.m * d.n;
+                    let part = Tensor::from_slice_on(&vec![f32::NAN; len], &[len], dev).unwrap();
+                    let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
+                    p = p.gathering(ConvMode::KernelGrad, &g);
+                    p.k_slice = k_slice as u32;
+                    let grid = [
+                        d.n.div_ceil(64) as u32,
+                        d.m.div_ceil(64) as u32,
+                        splits as u32,
+                    ];
+                    run(p, &[&x, &dz, &part], grid);
+                    let layers = part.to_vec::<f32>().unwrap();
+                    let sum: Vec<f32> = (0..d.m * d.n)
+                        .map(|i| (0..splits).map(|z| layers[z * d.m * d.n + i]).sum())
+                        .collect();
+                    if let Some((i, got, w)) = first_off(&sum, &want) {
+                        failures.push(format!(
+                            "{what} kernel gradient in {splits} slices: dk[{i}] = {got}, \
+                             oracle {w:.5}"
+                        ));
+                    }
+                }
+                continue;
+            }
+            if !conv_applies(c, &g) {
+                continue;
+            }
+            let (kv, kh) = values(s.kernel_len(), seed + 1);
+            let (bv, bh) = values(s.c_out, seed + 2);
+            let (kernel, bias) = (upload(&kh), upload(&bh));
+            let y = upload(&vec![f16::NAN; s.output_len()]);
+            let act = [Activation::Relu, Activation::Linear, Activation::Selu][q % 3];
+            let has_bias = q % 2 == 0;
+            let d = conv_dims(&g, ConvMode::Forward);
+            let (p, grid) = launch_shape(d, has_bias, act, (c.rows, c.cols));
+            let p = p.gathering(ConvMode::Forward, &g);
+            if c.v4 {
+                run(p, &[&bias, &y, &x, &kernel], grid);
+            } else {
+                run(p, &[&x, &kernel, &bias, &y], grid);
+            }
+            let got = y.to_vec::<f16>().unwrap();
+            let bias = has_bias.then_some(&bv[..]);
+            let want = reference::conv2d_forward(&xv, &kv, bias, s, act);
+            if let Some((i, got, w)) = first_off(&got, &want) {
+                failures.push(format!(
+                    "{what} bias={has_bias} {act:?}: y[{i}] = {got}, oracle {w:.5}"
+                ));
+            }
+        }
+        failures
     }
 
     /// The self-check run for real where the kernels cannot run (lavapipe has no cooperative

@@ -80,7 +80,7 @@ pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
 /// `SeluGrad`; `Linear` passes `dy` through, logged as `Identity`).
 ///
 /// # Errors
-/// Non-f32 tensors; `dy` and `y` of different shapes.
+/// Tensors not all float32 or all float16; `dy` and `y` of different shapes.
 pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<Tensor> {
     let info = act_info(act, true);
     let dtype = float_dtype(info.name, &[dy, y])?;
@@ -119,7 +119,7 @@ pub fn activation_backward(dy: &Tensor, y: &Tensor, act: Activation) -> Result<T
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; `dy` and `y` of different shapes, or scalars.
+/// Tensors not all float32 or all float16; `dy` and `y` of different shapes, or scalars.
 pub fn activation_bias_grad(dy: &Tensor, y: &Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
     activation_bias_grad_as(dy, y, act, GradDType::Inputs)
 }

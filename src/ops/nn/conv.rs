@@ -80,7 +80,7 @@ pub(super) fn conv_shape(
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together (named in the message); a stride or
+/// Tensors not all float32 or all float16; shapes that do not fit together (named in the message); a stride or
 /// dilation of 0, or strides and dilation both above 1 (Keras' message).
 pub fn conv2d(
     x: &Tensor,
@@ -123,7 +123,7 @@ pub fn conv2d(
 /// `options` the forward pass's.
 ///
 /// # Errors
-/// Non-f32 tensors; a `dz` whose shape is not the forward output's.
+/// Tensors not all float32 or all float16; a `dz` whose shape is not the forward output's.
 pub fn conv2d_backward_input(
     dz: &Tensor,
     kernel: &Tensor,
@@ -162,7 +162,7 @@ pub fn conv2d_backward_input(
 /// `kernel_shape` is `[kh, kw, c_in, c_out]`; `dz` the gradient w.r.t. the pre-activation output.
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn conv2d_backward_kernel(
     x: &Tensor,
     dz: &Tensor,
@@ -227,7 +227,7 @@ pub fn conv2d_backward_kernel_as(
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn conv2d_backward_weights(
     x: &Tensor,
     y: &Tensor,
@@ -295,7 +295,7 @@ pub fn conv2d_backward_weights_as(
 /// [`matmul_transposed`](crate::ops::matmul_transposed) on the `[n*h*w, c]` reshapes).
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn pointwise_conv2d(
     x: &Tensor,
     kernel: &Tensor,

@@ -18,7 +18,7 @@ const DENSE_BACKWARD: OpInfo = op("FusedDenseGrad", gn::DENSE_BACKWARD);
 /// `w` `[in, units]`, `b` `[units]`. Logged as `MatMul` (bias and activation are fused).
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn dense(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Result<Tensor> {
     matmul_ex(x, w, false, false, b, act)
 }
@@ -28,7 +28,7 @@ pub fn dense(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Res
 /// `dw = xᵀ · dz` is `matmul_transposed(x, dz, true, false)`.
 ///
 /// # Errors
-/// Non-f32 or non-2-D tensors; inner dimensions that differ.
+/// Tensors not all float32 or all float16, or not 2-D; inner dimensions that differ.
 pub fn matmul_transposed(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
     matmul_ex(a, b, trans_a, trans_b, None, Activation::Linear)
 }
@@ -57,7 +57,7 @@ pub fn matmul_transposed(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn dense_backward(
     x: &Tensor,
     w: &Tensor,

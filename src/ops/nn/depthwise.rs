@@ -60,7 +60,7 @@ pub(super) fn depthwise_shape(
 /// `x` `[n, h, w, c]`, `kernel` `[kh, kw, c, 1]`; the output has `x`'s shape.
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
     if kernel.shape().get(3).is_some_and(|&m| m != 1) {
         return Err(mismatch(
@@ -94,7 +94,7 @@ pub fn depthwise_conv2d(x: &Tensor, kernel: &Tensor) -> Result<Tensor> {
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together; bad strides or dilation (as
+/// Tensors not all float32 or all float16; shapes that do not fit together; bad strides or dilation (as
 /// [`conv2d`](crate::ops::conv2d)).
 pub fn depthwise_conv2d_with(
     x: &Tensor,
@@ -137,7 +137,7 @@ pub fn depthwise_conv2d_with(
 /// (`tf.raw_ops.DepthwiseConv2dNativeBackpropInput`); `dy` has the input's shape.
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn depthwise_conv2d_backward_input(dy: &Tensor, kernel: &Tensor) -> Result<Tensor> {
     depthwise_conv2d_backward_input_with(dy, kernel, dy.shape(), Padding::Same)
 }
@@ -147,7 +147,7 @@ pub fn depthwise_conv2d_backward_input(dy: &Tensor, kernel: &Tensor) -> Result<T
 /// `input_shape` the forward input's `[n, h, w, c]`, `options` the forward pass's.
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn depthwise_conv2d_backward_input_with(
     dy: &Tensor,
     kernel: &Tensor,
@@ -187,7 +187,7 @@ fn check_depthwise_dy(name: &'static str, s: &DepthwiseShape, dy: &[usize]) -> R
 /// (`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`); `kernel_shape` is `[kh, kw, c, 1]`.
 ///
 /// # Errors
-/// Non-f32 tensors; `x` and `dy` of different shapes; a kernel shape that does not fit.
+/// Tensors not all float32 or all float16; `x` and `dy` of different shapes; a kernel shape that does not fit.
 pub fn depthwise_conv2d_backward_kernel(
     x: &Tensor,
     dy: &Tensor,
@@ -200,7 +200,7 @@ pub fn depthwise_conv2d_backward_kernel(
 /// (`tf.raw_ops.DepthwiseConv2dNativeBackpropFilter`); `options` the forward pass's.
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn depthwise_conv2d_backward_kernel_with(
     x: &Tensor,
     dy: &Tensor,

@@ -44,7 +44,7 @@ pub fn max_pool2d(x: &Tensor) -> Result<Tensor> {
 /// maximum of its window (row-major order, recomputed from `x`), everything else is 0.
 ///
 /// # Errors
-/// Non-f32 tensors; a `dy` whose shape is not the pooled output's.
+/// Tensors not all float32 or all float16; a `dy` whose shape is not the pooled output's.
 pub fn max_pool2d_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let name = MAXPOOL_BACKWARD.name;
     let dtype = float_dtype(name, &[x, dy])?;
@@ -88,7 +88,7 @@ pub fn max_pool2d_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; a `y` that is not rank 4; a `dpooled` that is not `y`'s pooled shape.
+/// Tensors not all float32 or all float16; a `y` that is not rank 4; a `dpooled` that is not `y`'s pooled shape.
 pub fn max_pool2d_activation_bias_grad(
     y: &Tensor,
     dpooled: &Tensor,

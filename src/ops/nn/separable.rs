@@ -84,7 +84,7 @@ fn separable_shape(
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together (named in the message).
+/// Tensors not all float32 or all float16; shapes that do not fit together (named in the message).
 pub fn separable_conv2d(
     x: &Tensor,
     depthwise: &Tensor,
@@ -292,7 +292,7 @@ pub struct SeparableConv2dGrads {
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn separable_conv2d_backward(
     x: &Tensor,
     depthwise: &Tensor,
@@ -360,7 +360,7 @@ impl Default for SeparableBackwardOptions {
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn separable_conv2d_backward_with(
     x: &Tensor,
     [depthwise, pointwise]: [&Tensor; 2],
@@ -413,7 +413,7 @@ pub fn separable_conv2d_backward_with(
 /// ```
 ///
 /// # Errors
-/// Non-f32 tensors; shapes that do not fit together.
+/// Tensors not all float32 or all float16; shapes that do not fit together.
 pub fn separable_conv2d_max_pool_backward(
     x: &Tensor,
     depthwise: &Tensor,

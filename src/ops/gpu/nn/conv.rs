@@ -8,6 +8,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::GpuRange;
 use crate::error::Result;
+use crate::ops::gpu::coop;
 use crate::ops::gpu::kernels::GpuKernels;
 use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, MAX_GROUPS_PER_DIM};
@@ -28,6 +29,23 @@ fn pointwise_as_product(s: &Conv2dShape) -> bool {
     s.c_out.is_multiple_of(4)
         && s.c_in.is_multiple_of(4)
         && (s.n * s.h * s.w).div_ceil(128) <= MAX_GROUPS_PER_DIM
+}
+
+/// The tuner's class of a convolution of any strides and dilation: kernel, channels, strides,
+/// dilation and the pixels' bucket.
+fn general_class(g: &ConvGeometry) -> String {
+    format!(
+        "{}x{} {}->{} s{}x{} d{}x{} p{}",
+        g.kh,
+        g.kw,
+        g.ci,
+        g.co,
+        g.sh,
+        g.sw,
+        g.dh,
+        g.dw,
+        bucket(g.n * g.oh * g.ow)
+    )
 }
 
 /// Mirror of `Params` in conv2d.wgsl.
@@ -74,6 +92,29 @@ struct Correlation {
 }
 
 impl Correlation {
+    /// This correlation as a convolution of one group (strides and dilation 1).
+    fn geometry(&self) -> ConvGeometry {
+        ConvGeometry {
+            n: self.n,
+            h: self.h,
+            w: self.w,
+            ci: self.ci,
+            co: self.co,
+            cig: self.ci,
+            cog: self.co,
+            kh: self.kh,
+            kw: self.kw,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            pt: self.pt,
+            pl: self.pl,
+            oh: self.oh,
+            ow: self.ow,
+        }
+    }
+
     /// The kernel params of this correlation, with `act` and the bias flag.
     fn params(&self, act: Activation, has_bias: bool) -> ConvParams {
         ConvParams {
@@ -116,7 +157,8 @@ fn c1_windows(g: &Correlation) -> Option<usize> {
 
 impl GpuKernels<'_> {
     /// Runs `out = act(correlate(input, kernel) + bias)`: when `co` is a multiple of 4, tuned
-    /// between `conv2d_v4` and the workgroup-memory `conv2d_smem_v4`; `conv2d_s` otherwise.
+    /// between `conv2d_v4`, the workgroup-memory `conv2d_smem_v4` and, for float16, the
+    /// tensor cores (an implicit product, `coop.rs`); `conv2d_s` otherwise.
     fn correlate(
         &self,
         g: &Correlation,
@@ -137,10 +179,14 @@ impl GpuKernels<'_> {
             if c1_windows(g).is_some() && input.dtype() == DType::F32 {
                 candidates.push("ubo_c1");
             }
+            let geometry = g.geometry();
+            candidates.extend(self.coop_conv_candidates((input, kernel, bias, out), &geometry)?);
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64"]);
             let choice = Choice::new("conv2d", class, &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
-                if candidate == "smem64" {
+                if coop::is_candidate(candidate) {
+                    self.conv_coop(candidate, input, kernel, bias, out, &geometry, act)
+                } else if candidate == "smem64" {
                     self.correlate_smem(g, input, kernel, bias, out, act)
                 } else if candidate == "ubo_c1" {
                     self.correlate_c1_ubo8(g, input, kernel, bias, out, act)
@@ -422,7 +468,19 @@ impl GpuKernels<'_> {
         }
         if !s.is_unit_stride() {
             let g = ConvGeometry::conv(s);
-            return self.conv_general_forward(x, kernel, bias, y, &g, act);
+            let coop = self.coop_conv_candidates((x, kernel, bias, y), &g)?;
+            if coop.is_empty() {
+                return self.conv_general_forward(x, kernel, bias, y, &g, act);
+            }
+            let candidates: Vec<&'static str> = std::iter::once("general").chain(coop).collect();
+            let choice = Choice::new("conv2d_general", general_class(&g), &candidates, "general");
+            return self.tuned(choice, &mut |c| {
+                if coop::is_candidate(c) {
+                    self.conv_coop(c, x, kernel, bias, y, &g, act)
+                } else {
+                    self.conv_general_forward(x, kernel, bias, y, &g, act)
+                }
+            });
         }
         if s.kh == 1 && s.kw == 1 && pointwise_as_product(s) {
             // A 1×1 convolution is the product [n·h·w, c_in] · [c_in, c_out].
@@ -536,6 +594,33 @@ impl GpuKernels<'_> {
         if dk.is_empty() {
             return Ok(());
         }
+        let g = ConvGeometry::conv(s);
+        let pixels = s.n * g.oh * g.ow;
+        // (A 1×1 kernel gradient has its own tensor-core candidate among its partial sums.)
+        let pointwise = s.kh == 1 && s.kw == 1 && s.is_unit_stride();
+        if pixels > 0 && !pointwise && self.coop_conv_dk_offered((x, dz), &g)? {
+            let candidates = ["partials", SPLIT_CANDIDATE];
+            let choice = Choice::new("conv_dk_coop", general_class(&g), &candidates, "partials");
+            return self.tuned(choice, &mut |c| {
+                if c == SPLIT_CANDIDATE {
+                    self.coop_conv_dk(x, dz, dk, &g)
+                } else {
+                    self.conv2d_backward_kernel_partials(x, dz, dk, s)
+                }
+            });
+        }
+        self.conv2d_backward_kernel_partials(x, dz, dk, s)
+    }
+
+    /// The kernel gradient as partial sums over chunks of pixels (the general kernels' for
+    /// strides and dilation), then their sum.
+    fn conv2d_backward_kernel_partials(
+        &self,
+        x: &Tensor,
+        dz: &Tensor,
+        dk: &Tensor,
+        s: &Conv2dShape,
+    ) -> Result<()> {
         if !s.is_unit_stride() {
             return self.conv_general_backward_kernel(x, dz, dk, &ConvGeometry::conv(s));
         }
