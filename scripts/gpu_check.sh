@@ -16,8 +16,8 @@
 # rounds of the side-by-side comparison; GPU_CHECK_BATCHES (default "128 1024") the batch sizes;
 # GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0 Burn, GPU_CHECK_COMPILE=0 torch.compile (the
 # slowest PyTorch row: it compiles for a minute), GPU_CHECK_MODERN=0 the modern CNN's rows (our
-# f32 and mixed_float16 steps at batch 1024, after the comparison); GPU_CHECK_BENCH=1 adds the kernel benchmarks
-# (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
+# f32 and mixed_float16 steps at batch GPU_CHECK_MODERN_BATCH, default 1024, after the
+# comparison); GPU_CHECK_BENCH=1 adds the kernel benchmarks (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
 # GPU_CHECK_OUT (default runs/gpu_check); GPU_CHECK_KEEP=DIR copies what a record needs into
 # DIR, in three files (medians.txt, top_ops.txt: every profile's, choices.txt: every tuning
 # cache's, and every candidate's time where the tuner measured), after each batch of the
@@ -27,7 +27,7 @@
 # batching, torch.compile, Burn, the benchmarks) are skipped when little is left, and the table
 # and verdict are printed after each batch of the comparison, so a check that runs out of time
 # still leaves them. A rehearsal on a software adapter (a few minutes):
-#   GPU_CHECK_STEPS=3 GPU_CHECK_ROUNDS=1 GPU_CHECK_BATCHES=128 scripts/gpu_check.sh
+#   GPU_CHECK_STEPS=3 GPU_CHECK_ROUNDS=1 GPU_CHECK_BATCHES=128 GPU_CHECK_MODERN_BATCH=64 scripts/gpu_check.sh
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -155,11 +155,13 @@ clocks() {
     rm -f "$log"
     return "$rc"
 }
-# Our example, timed: its output from the warm-up on, and its log (standard error, also kept in
-# ours.log for the tuner's timings of every candidate, which GPU_CHECK_KEEP keeps).
+# Our example, timed: its output from the warm-up on (the tuner's decisions, with every measured
+# candidate's time, among it) and its log; both also go to ours.log, whose measured decisions
+# GPU_CHECK_KEEP keeps.
 ours() {
     limited 120 "$bin/fashion_mnist" --device gpu:0 --time-steps "$steps" "$@" \
-        2> >(tee -a "$out/ours.log" >&2) | sed -n '/^skipped: /p; /^warm-up steps/,$p'
+        2> >(tee -a "$out/ours.log" >&2) | tee -a "$out/ours.log" |
+        sed -n '/^skipped: /p; /^warm-up steps/,$p'
     return "${PIPESTATUS[0]}"
 }
 # Two rows of the table, "<batch> <label> <ms>" and "<batch> <label>:b2b <ms>", from a run's
@@ -252,7 +254,7 @@ report() {
                 [ -f "$f" ] && printf '=== %s\n' "${f#"$out"/}" && cat "$f"
             done
             echo "=== every candidate's time where the tuner measured (ours.log)"
-            grep -h 'autotune: .* ms' "$out/ours.log" 2>/dev/null
+            grep -h '^autotune: .*Measured' "$out/ours.log" 2>/dev/null | sort -u
         } >"$keep/choices.txt"
     fi
 }
@@ -345,13 +347,14 @@ if [ "${GPU_CHECK_MODERN:-1}" != 0 ] && fits 120; then
     # Where 3×3 convolutions dominate (32-128 channels): whether the tensor-core convolutions
     # (implicit products) make mixed precision pay. No peer row: the tutorial's table is the
     # comparison.
-    section "the modern CNN (--model modern: 3x3 convolutions to 128 channels, BatchNormalization), batch 1024, tuned in its warm-up"
+    mb=${GPU_CHECK_MODERN_BATCH:-1024}
+    section "the modern CNN (--model modern: 3x3 convolutions to 128 channels, BatchNormalization), batch $mb, tuned in its warm-up"
     export ANYGPU_CACHE_DIR="$out/cache-modern"
     rm -rf "$ANYGPU_CACHE_DIR"
-    row "1024 modern-f32" ours --model modern --batch-size 1024
-    row "1024 modern-mixed_float16" ours --model modern --batch-size 1024 --mixed-precision
+    row "$mb modern-f32" ours --model modern --batch-size "$mb"
+    row "$mb modern-mixed_float16" ours --model modern --batch-size "$mb" --mixed-precision
     if fits 60; then
-        busy "1024 modern-mixed_float16" clocks ours --model modern --batch-size 1024 \
+        busy "$mb modern-mixed_float16" clocks ours --model modern --batch-size "$mb" \
             --mixed-precision --profile "$out/profile-modern-mixed"
     fi
     unset ANYGPU_CACHE_DIR

@@ -6,8 +6,9 @@
 // products), for float16 tensors only: this family is written in float16 and never goes through
 // the float16 twin generator (ShaderFamily::has_half_twin is false for it). Convolutions too, as
 // implicit products: with p.conv set, the loads of A gather the im2col matrix of an image
-// (see im2col) instead of reading a stored A, so a k×k convolution (any strides, dilation and
-// padding) runs on the same kernels as a product without an im2col buffer: the forward pass on
+// (see load_a_gathered) instead of reading a stored A, so a k×k convolution (any strides, dilation and
+// padding) runs on the same kernels as a product without an im2col buffer: the forward pass and
+// the input gradient (dz, seen upsampled by the strides, correlated with the flipped kernel) on
 // every entry point but the split one (the vec4 ones where the input and output channels are
 // multiples of 4), the kernel gradient on the split one.
 //
@@ -51,7 +52,7 @@
 // array<vec4<f16>>; 7 part: the split kernel's float32 partial sums [splits, m, n].
 // Params: m, k, n, has_bias, the strides, act (0 linear, 1 relu, 2 selu), k_slice (the split
 // kernel's); block and chunk unused (matmul.wgsl's); then the convolution A is the im2col
-// matrix of (conv 1 or 2, see im2col; 0: A is a itself).
+// matrix of (conv 1 or 2, see load_a_gathered; 0: A is a itself).
 // Limits: 128 invocations, 13,824 bytes of workgroup memory, four storage buffers an entry.
 
 enable f16;
@@ -70,7 +71,7 @@ struct Params {
     k_slice: u32,
     block: u32,
     chunk: u32,
-    // The convolution whose im2col matrix A is, `conv` 1 or 2 (see im2col); unused at 0.
+    // The convolution whose im2col matrix A is, `conv` 1 or 2 (see load_a_gathered); unused at 0.
     conv: u32,
     h: u32,
     w: u32,
@@ -84,9 +85,9 @@ struct Params {
     dw: u32,
     pt: u32,
     pl: u32,
+    uh: u32,
+    uw: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -144,65 +145,108 @@ fn b_at(l: u32, j: u32) -> f16 {
     return select(0.0h, v, l < p.k && j < p.n);
 }
 
-// Where element (pixel, tap) of the im2col matrix of a convolution of x [batch, h, w, ci]
-// (bound as a) to oh × ow output pixels lies in x: output pixel (img, oi, oj) and tap (ki, kj,
-// c) (tap = (ki * kw + kj) * ci + c) read x[img, oi * sh + ki * dh - pt, oj * sw + kj * dw - pl,
-// c]; `inside` is false in the padding and outside the matrix (pixels × taps), where the index
-// is a clamped one inside x. A is that matrix [pixels, taps] when p.conv is 1 (m pixels, k taps:
-// the forward product with the kernel [taps, co]) and its transpose [taps, pixels] when 2 (m
-// taps, k pixels: the kernel gradient's, with dz [pixels, co]).
+// The im2col matrix of a convolution of x [batch, h, w, ci] (bound as a) to oh × ow output
+// pixels: element (pixel, tap), output pixel (img, oi, oj) and tap (ki, kj, c) (tap = (ki * kw +
+// kj) * ci + c), reads x[img, oi * sh + ki * dh - pt, oj * sw + kj * dw - pl, c], zero in the
+// padding and outside the matrix. With uh, uw above 1, x is seen upsampled by them (uh - 1 rows
+// of zeros between its rows, likewise columns): the input gradient of a strided convolution.
+// A is that matrix [pixels, taps] when p.conv is 1 (m pixels, k taps: the forward product with
+// the kernel [taps, co]) and its transpose [taps, pixels] when 2 (m taps, k pixels: the kernel
+// gradient's, with dz [pixels, co]). The loads split an element into its pixel's part and its
+// tap's, each computed once where an invocation keeps it across a tile (the divisions are most
+// of a gather's work).
+
+// An output pixel's image and first input row and column; `inside`: a pixel of the matrix.
+struct Pixel {
+    img: u32,
+    y: i32,
+    x: i32,
+    inside: bool,
+}
+
+fn pixel_of(pixel: u32, pixels: u32) -> Pixel {
+    let px = min(pixel, pixels - 1u);
+    let img = px / (p.oh * p.ow);
+    let rest = px - img * p.oh * p.ow;
+    let oi = rest / p.ow;
+    let oj = rest - oi * p.ow;
+    return Pixel(img, i32(oi * p.sh), i32(oj * p.sw), pixel < pixels);
+}
+
+// A tap's row and column offsets (padding included) and channel; `inside`: a tap of the matrix.
+struct Tap {
+    dy: i32,
+    dx: i32,
+    c: u32,
+    inside: bool,
+}
+
+fn tap_of(tap: u32, taps: u32) -> Tap {
+    let tp = min(tap, taps - 1u);
+    let kk = tp / p.ci;
+    let ki = kk / p.kw;
+    let dy = i32(ki * p.dh) - i32(p.pt);
+    let dx = i32((kk - ki * p.kw) * p.dw) - i32(p.pl);
+    return Tap(dy, dx, tp - kk * p.ci, tap < taps);
+}
+
+// Where element (pixel, tap) lies in x, and whether it is there at all (outside, the index is
+// a clamped one inside x).
 struct Gathered {
     index: u32,
     inside: bool,
 }
 
-fn im2col_at(pixel: u32, tap: u32, pixels: u32, taps: u32) -> Gathered {
-    let px = min(pixel, pixels - 1u);
-    let tp = min(tap, taps - 1u);
-    let img = px / (p.oh * p.ow);
-    let rest = px - img * p.oh * p.ow;
-    let oi = rest / p.ow;
-    let oj = rest - oi * p.ow;
-    let kk = tp / p.ci;
-    let c = tp - kk * p.ci;
-    let ki = kk / p.kw;
-    let ih = i32(oi * p.sh + ki * p.dh) - i32(p.pt);
-    let iw = i32(oj * p.sw + (kk - ki * p.kw) * p.dw) - i32(p.pl);
-    let inside = pixel < pixels && tap < taps && ih >= 0 && ih < i32(p.h) && iw >= 0
+fn locate(px: Pixel, tp: Tap) -> Gathered {
+    var ih = px.y + tp.dy;
+    var iw = px.x + tp.dx;
+    var on_grid = true;
+    if (p.uh * p.uw > 1u) {
+        // (A negative row that divides gives a negative quotient, outside all the same.)
+        on_grid = ih % i32(p.uh) == 0 && iw % i32(p.uw) == 0;
+        ih /= i32(p.uh);
+        iw /= i32(p.uw);
+    }
+    let inside = on_grid && px.inside && tp.inside && ih >= 0 && ih < i32(p.h) && iw >= 0
         && iw < i32(p.w);
-    let row = img * p.h + u32(clamp(ih, 0, i32(p.h) - 1));
-    return Gathered((row * p.w + u32(clamp(iw, 0, i32(p.w) - 1))) * p.ci + c, inside);
+    let row = px.img * p.h + u32(clamp(ih, 0, i32(p.h) - 1));
+    return Gathered((row * p.w + u32(clamp(iw, 0, i32(p.w) - 1))) * p.ci + tp.c, inside);
 }
 
-// Element (pixel, tap) of the im2col matrix (zero in the padding and outside it).
-fn im2col(pixel: u32, tap: u32) -> f16 {
-    let pixels = select(p.m, p.k, p.conv == 2u);
-    let taps = select(p.k, p.m, p.conv == 2u);
-    let g = im2col_at(pixel, tap, pixels, taps);
+fn gather(px: Pixel, tp: Tap) -> f16 {
+    let g = locate(px, tp);
     return select(0.0h, a[g.index], g.inside);
 }
 
-// Its elements (pixel, tap .. tap + 3) for p.conv 1, ci a multiple of 4 and tap of 4 (the four
-// channels of one tap): one vec4 of x through a4 (a clamped index stays in the same vec4).
-fn im2col4(pixel: u32, tap: u32) -> vec4<f16> {
-    let g = im2col_at(pixel, tap, p.m, p.k);
-    return select(vec4<f16>(0.0h), a4[g.index / 4u], g.inside);
-}
-
-// A(i, l): a's element, or im2col's (p.conv 1) or its transpose's (p.conv 2).
-fn a_elem(i: u32, l: u32) -> f16 {
-    switch p.conv {
-        case 1u: { return im2col(i, l); }
-        case 2u: { return im2col(l, i); }
-        default: { return a_at(i, l); }
+// load_a for a gathered A (p.conv 1 or 2). An invocation keeps one column of the tile (p.conv 1,
+// along the taps) or one row (p.conv 2: rows is 64 or 32, which divide 128) in every round, so
+// that tap is split once.
+fn load_a_gathered(rows: u32, row0: u32, k0: u32, t: u32) {
+    if (p.conv == 1u) {
+        let c = t % BK;
+        let tp = tap_of(k0 + c, p.k);
+        for (var e = t; e < rows * BK; e += 128u) {
+            let r = e / BK;
+            at[r * AS + c] = gather(pixel_of(row0 + r, p.m), tp);
+        }
+    } else {
+        let r = t % rows;
+        let tp = tap_of(row0 + r, p.m);
+        for (var e = t; e < rows * BK; e += 128u) {
+            let c = e / rows;
+            at[r * AS + c] = gather(pixel_of(k0 + c, p.k), tp);
+        }
     }
 }
 
 // Copies A's rows [row0, row0 + rows) × k [k0, k0 + BK) into `at` (row-major, stride AS);
 // rows * BK is a multiple of 128. Neighbouring invocations take neighbouring addresses of A:
-// along k when a_cs is 1 (A stored [m, k]; im2col's taps, channels innermost), along m
-// otherwise (A stored transposed; im2col's transpose, whose rows are the taps).
+// along k when A is stored [m, k], along m when stored transposed.
 fn load_a(rows: u32, row0: u32, k0: u32, t: u32) {
+    if (p.conv != 0u) {
+        load_a_gathered(rows, row0, k0, t);
+        return;
+    }
     let along_k = p.a_cs == 1u;
     for (var e = t; e < rows * BK; e += 128u) {
         var r = e / BK;
@@ -211,7 +255,7 @@ fn load_a(rows: u32, row0: u32, k0: u32, t: u32) {
             r = e % rows;
             c = e / rows;
         }
-        at[r * AS + c] = a_elem(row0 + r, k0 + c);
+        at[r * AS + c] = a_at(row0 + r, k0 + c);
     }
 }
 
@@ -230,10 +274,16 @@ fn load_b(col0: u32, k0: u32, t: u32) {
     }
 }
 
-// load_a with A stored [m, k] (or im2col's, p.conv 1, ci a multiple of 4), k a multiple of 4:
-// one vec4 of A per load (BK / 4 of a row).
+// load_a with A stored [m, k] (or the im2col matrix, p.conv 1, ci a multiple of 4), k a
+// multiple of 4: one vec4 of A per load (BK / 4 of a row).
 fn load_a4(rows: u32, row0: u32, k0: u32, t: u32) {
     let k4 = p.k / 4u;
+    // A gathered A's tap (four channels of one: ci is a multiple of 4), the same in every round
+    // (BK / 4 divides 128). A clamped index stays in the same vec4.
+    var tp: Tap;
+    if (p.conv == 1u) {
+        tp = tap_of(k0 + 4u * (t % (BK / 4u)), p.k);
+    }
     for (var e = t; e < rows * BK / 4u; e += 128u) {
         let r = e / (BK / 4u);
         let c4 = e % (BK / 4u);
@@ -241,7 +291,8 @@ fn load_a4(rows: u32, row0: u32, k0: u32, t: u32) {
         let l4 = k0 / 4u + c4;
         var w: vec4<f16>;
         if (p.conv == 1u) {
-            w = im2col4(i, 4u * l4);
+            let g = locate(pixel_of(i, p.m), tp);
+            w = select(vec4<f16>(0.0h), a4[g.index / 4u], g.inside);
         } else {
             let v = a4[min(i, p.m - 1u) * k4 + min(l4, k4 - 1u)];
             w = select(vec4<f16>(0.0h), v, i < p.m && l4 < k4);

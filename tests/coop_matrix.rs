@@ -174,8 +174,8 @@ fn check_pointwise_kernel_grads(dev: &LogicalDevice) -> Vec<String> {
 
 /// Convolutions as implicit products on the tensor cores (the im2col matrix gathered in the
 /// loads): the forward pass with a bias and an activation ('same' and 'valid', strides,
-/// dilation, channel counts with and without the vec4 kernels), the input gradient of the
-/// stride-1 ones (a forward correlation with the flipped kernel), and the kernel gradients
+/// dilation, channel counts with and without the vec4 kernels), the input gradients (a
+/// correlation of dz, upsampled by the strides, with the flipped kernel), and the kernel gradients
 /// long enough in pixels for the split candidate, in float32 as the layers ask for them. The
 /// failures, each naming the convolution.
 fn check_convolutions(dev: &LogicalDevice) -> Vec<String> {
@@ -183,10 +183,11 @@ fn check_convolutions(dev: &LogicalDevice) -> Vec<String> {
     let mut failures = Vec::new();
     let shapes = [
         (4, 16, 16, 16, 32, 3, 1, 1, Padding::Same),
-        (2, 15, 13, 32, 64, 3, 2, 1, Padding::Same),
-        (3, 12, 14, 5, 24, 3, 1, 1, Padding::Valid),
-        (2, 17, 11, 8, 40, 3, 1, 2, Padding::Same),
-        (2, 14, 14, 64, 128, 3, 1, 1, Padding::Same),
+        (10, 15, 13, 32, 64, 3, 2, 1, Padding::Same),
+        (5, 12, 14, 5, 24, 3, 1, 1, Padding::Valid),
+        (3, 17, 11, 8, 40, 3, 1, 2, Padding::Same),
+        (13, 13, 11, 6, 20, 3, 2, 1, Padding::Same),
+        (3, 14, 14, 64, 128, 3, 1, 1, Padding::Same),
     ];
     for (t, &(n, h, w, c_in, c_out, k, stride, dilation, padding)) in shapes.iter().enumerate() {
         let s = Conv2dShape {
@@ -216,13 +217,11 @@ fn check_convolutions(dev: &LogicalDevice) -> Vec<String> {
         }
         let (oh, ow) = s.out_hw();
         let (dz, dzt) = half_input(dev, &[n, oh, ow, c_out], seed + 3);
-        if stride == 1 && dilation == 1 {
-            let dx = ops::conv2d_backward_input(&dzt, &kt, &[n, h, w, c_in], options)
-                .expect("input gradient");
-            let want = r::conv2d_backward_input(&dz, &kv, &s);
-            if let Some(e) = first_wrong(&dx, &want, c_in) {
-                failures.push(format!("input gradient of {what}: {e}"));
-            }
+        let dx = ops::conv2d_backward_input(&dzt, &kt, &[n, h, w, c_in], options)
+            .expect("input gradient");
+        let want = r::conv2d_backward_input(&dz, &kv, &s);
+        if let Some(e) = first_wrong(&dx, &want, c_in) {
+            failures.push(format!("input gradient of {what}: {e}"));
         }
         let dk = ops::conv2d_backward_kernel_as(
             &xt,
@@ -296,7 +295,7 @@ fn coop_matrix_candidates_match_the_oracle() {
             // The candidate runs the products it applies to; the others fall back to the
             // default kernels and are checked all the same.
             println!(
-                "{candidate} forced on {}: {} products, 3 kernel gradients and 5 convolutions \
+                "{candidate} forced on {}: {} products, 3 kernel gradients and 6 convolutions \
                  checked, {} wrong",
                 label(&dev),
                 4 * shapes().len(),

@@ -238,6 +238,15 @@ impl PipelineCache {
         })
     }
 
+    /// Puts `pipeline` in `kernel`'s place, as if compiled (a test runs code that dispatches
+    /// `kernel` on a stand-in: the tensor-core kernels' emulation where there are none).
+    #[cfg(test)]
+    pub(crate) fn replace_for_test(&self, kernel: Kernel, pipeline: Pipeline) {
+        let slot = Slot::default();
+        let _ = slot.pipeline.set(Ok(Arc::new(pipeline)));
+        lock(&self.shared.pipelines).insert(kernel, Arc::new(slot));
+    }
+
     /// Waits until the background threads have compiled everything queued (at most
     /// [`QUIET_WAIT`]): the tuner times candidates on a quiet host and driver, so that a compile
     /// beside a timed block cannot make a candidate look slow (its pick is kept on disk). A

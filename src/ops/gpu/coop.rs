@@ -91,7 +91,9 @@ struct CoopParams {
     dw: u32,
     pt: u32,
     pl: u32,
-    _pad: [u32; 3],
+    uh: u32,
+    uw: u32,
+    _pad: u32,
 }
 
 /// What A is in a convolution on the tensor cores (`conv` in matmul_coop.wgsl's Params).
@@ -104,9 +106,52 @@ enum ConvMode {
     KernelGrad = 2,
 }
 
+/// The correlation a gathered A reads (matmul_coop.wgsl's `load_a_gathered`): `g`'s image
+/// `[n, h, w, ci]`, its `oh × ow` outputs, kernel, strides, dilation and padding, the image
+/// seen upsampled by `up` (zeros between its rows and columns; 1 for a plain convolution).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gather {
+    pub(crate) g: ConvGeometry,
+    pub(crate) up: [usize; 2],
+}
+
+impl Gather {
+    /// The convolution `g` itself.
+    pub(crate) fn conv(g: ConvGeometry) -> Gather {
+        Gather { g, up: [1, 1] }
+    }
+
+    /// The input gradient of convolution `g`, `dx = correlate(up(dz), kt)`: the
+    /// correlation of `dz` upsampled by the strides with `kt[a, b, o, c] = kernel[kh-1-a,
+    /// kw-1-b, c, o]` (`conv2d_flip`'s), at stride 1, the same dilation, and the padding that
+    /// puts tap `a` of input row `i` on `dz`'s row `(i + pt - (kh-1-a)·dh) / sh` when that
+    /// divides.
+    pub(crate) fn input_grad(g: &ConvGeometry) -> Gather {
+        let up = [g.sh, g.sw];
+        let g = ConvGeometry {
+            h: g.oh,
+            w: g.ow,
+            ci: g.co,
+            co: g.ci,
+            // (Swapped, so that a grouped convolution's stays unfit for the kernels.)
+            cig: g.cog,
+            cog: g.cig,
+            sh: 1,
+            sw: 1,
+            pt: (g.kh - 1) * g.dh - g.pt,
+            pl: (g.kw - 1) * g.dw - g.pl,
+            oh: g.h,
+            ow: g.w,
+            ..*g
+        };
+        Gather { g, up }
+    }
+}
+
 impl CoopParams {
-    /// These params with A gathered as `mode` of the convolution `g`.
-    fn gathering(self, mode: ConvMode, g: &ConvGeometry) -> CoopParams {
+    /// These params with A gathered as `mode` of `gather`.
+    fn gathering(self, mode: ConvMode, gather: &Gather) -> CoopParams {
+        let Gather { g, up } = gather;
         let u = |x: usize| x as u32;
         CoopParams {
             // Neighbouring invocations along the taps (channels innermost in the image):
@@ -126,6 +171,8 @@ impl CoopParams {
             dw: u(g.dw),
             pt: u(g.pt),
             pl: u(g.pl),
+            uh: u(up[0]),
+            uw: u(up[1]),
             ..self
         }
     }
@@ -221,15 +268,37 @@ fn halves(len: usize, seed: u64) -> (Vec<f64>, Vec<f16>) {
     (h.iter().map(|v| f64::from(v.to_f32())).collect(), h)
 }
 
+/// `kt[a, b, o, c] = kernel[kh-1-a, kw-1-b, c, o]` of a kernel `[kh, kw, c_in, c_out]` of `s`
+/// (what `conv2d_flip` writes on the device).
+fn flipped<T: Copy>(kernel: &[T], s: &Conv2dShape) -> Vec<T> {
+    let (kh, kw, ci, co) = (s.kh, s.kw, s.c_in, s.c_out);
+    let mut kt = Vec::with_capacity(kernel.len());
+    for a in 0..kh {
+        for b in 0..kw {
+            for o in 0..co {
+                for c in 0..ci {
+                    kt.push(kernel[(((kh - 1 - a) * kw + (kw - 1 - b)) * ci + c) * co + o]);
+                }
+            }
+        }
+    }
+    kt
+}
+
 /// The convolutions of the self-check, each candidate taking those it applies to (the vec4
 /// ones channels in multiples of 4, the 32-column one at most 32 output channels, the split
 /// one every kernel gradient): ragged images and channel counts, 'same' and 'valid' padding,
-/// strides and dilation, a kernel that is not square.
-const CONV_CHECKS: [Conv2dShape; 4] = [
+/// strides and dilation, kernels that are not square, more than 64 output channels; each kind
+/// of candidate gets strides and dilation, and each its input gradients at strides above 1.
+const CONV_CHECKS: [Conv2dShape; 8] = [
     conv_check(2, 9, 7, 12, 20, (3, 3), Padding::Same, 1, 1),
     conv_check(2, 9, 7, 5, 19, (3, 3), Padding::Same, 1, 1),
     conv_check(1, 10, 11, 8, 36, (3, 3), Padding::Valid, 2, 1),
     conv_check(2, 8, 9, 6, 10, (2, 3), Padding::Same, 1, 2),
+    conv_check(3, 11, 13, 7, 40, (3, 3), Padding::Same, 2, 1),
+    conv_check(2, 11, 10, 12, 28, (2, 3), Padding::Valid, 1, 2),
+    conv_check(1, 7, 6, 8, 72, (3, 3), Padding::Same, 1, 1),
+    conv_check(3, 10, 9, 4, 12, (3, 3), Padding::Same, 2, 1),
 ];
 
 #[allow(clippy::too_many_arguments)] // a convolution's every dimension
@@ -354,7 +423,8 @@ impl GpuKernels<'_> {
                     match &verdict {
                         Ok(()) => log::info!("{}: {name} passed its self-check", self.name),
                         Err(e) => log::error!(
-                            "{}: matmul candidate {name} disabled, its self-check failed: {e}",
+                            "{}: tensor-core candidate {name} disabled (products and \
+                             convolutions), its self-check failed: {e}",
                             self.name
                         ),
                     }
@@ -452,10 +522,14 @@ impl GpuKernels<'_> {
                 // The kernel gradient in slices of two steps of k (pixels), the last ragged.
                 let (dzv, dzh) = halves(s.output_len(), seed + 1);
                 let dz = Tensor::from_slice_on(&dzh, &[s.n, oh, ow, s.c_out], device)?;
-                let klen = s.kernel_len();
-                let dk = Tensor::from_slice_on(&vec![f32::NAN; klen], &[klen], device)?;
-                self.coop_conv_dk_sliced(&x, &dz, &dk, &g, 64)?;
-                let got = dk.to_vec::<f32>()?;
+                // The layers added up here: a column sum on the device would be tuned, on
+                // these toy shapes, inside the check.
+                let d = conv_dims(&g, ConvMode::KernelGrad);
+                let (partials, splits) = self.coop_split(&x, &dz, d, 64, Some(&g))?;
+                let layers = partials.to_vec::<f32>()?;
+                let got: Vec<f32> = (0..d.m * d.n)
+                    .map(|i| (0..splits).map(|z| layers[z * d.m * d.n + i]).sum())
+                    .collect();
                 let want = reference::conv2d_backward_kernel(&xv, &dzv, s);
                 if let Some((i, g, w)) = first_off(&got, &want) {
                     return Ok(Err(format!(
@@ -471,13 +545,37 @@ impl GpuKernels<'_> {
                 let len = s.output_len();
                 let y =
                     Tensor::from_slice_on(&vec![f16::NAN; len], &[s.n, oh, ow, s.c_out], device)?;
-                let act = [Activation::Relu, Activation::Selu][q % 2];
-                self.conv_coop(name, &x, &kernel, Some(&bias), &y, &g, act)?;
+                // ReLU would hide a wrong negative output: mostly the others.
+                let act = [Activation::Linear, Activation::Selu, Activation::Relu][q % 3];
+                let bias = (q % 2 == 0).then_some(&bias);
+                let gather = Gather::conv(g);
+                self.conv_coop(name, &x, &kernel, bias, &y, &gather, act)?;
                 let got = y.to_vec::<f16>()?;
-                let want = reference::conv2d_forward(&xv, &kv, Some(&bv), s, act);
+                let bias = (q % 2 == 0).then_some(&bv[..]);
+                let want = reference::conv2d_forward(&xv, &kv, bias, s, act);
                 if let Some((i, g, w)) = first_off(&got, &want) {
                     return Ok(Err(format!(
                         "{what} {act:?}: y[{i}] = {g} where the f64 oracle has {w:.5}"
+                    )));
+                }
+            }
+            // The input gradient, over dz upsampled by the strides (and dilated taps).
+            let gather = Gather::input_grad(&g);
+            if !c.split && !s.is_unit_stride() && conv_applies(c, &gather.g) {
+                let (kv, kh) = halves(s.kernel_len(), seed + 3);
+                let (dzv, dzh) = halves(s.output_len(), seed + 4);
+                let kt = flipped(&kh, s);
+                let kt = Tensor::from_slice_on(&kt, &[s.kh, s.kw, s.c_out, s.c_in], device)?;
+                let dz = Tensor::from_slice_on(&dzh, &[s.n, oh, ow, s.c_out], device)?;
+                let len = s.input_len();
+                let dx =
+                    Tensor::from_slice_on(&vec![f16::NAN; len], &[s.n, s.h, s.w, s.c_in], device)?;
+                self.conv_coop(name, &dz, &kt, None, &dx, &gather, Activation::Linear)?;
+                let got = dx.to_vec::<f16>()?;
+                let want = reference::conv2d_backward_input(&dzv, &kv, s);
+                if let Some((i, g, w)) = first_off(&got, &want) {
+                    return Ok(Err(format!(
+                        "input gradient of {what}: dx[{i}] = {g} where the f64 oracle has {w:.5}"
                     )));
                 }
             }
@@ -571,7 +669,7 @@ impl GpuKernels<'_> {
         let partials = Tensor::uninit(&[splits, d.m, d.n], DType::F32, a.device_handle())?;
         let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
         if let Some(g) = gather {
-            p = p.gathering(ConvMode::KernelGrad, g);
+            p = p.gathering(ConvMode::KernelGrad, &Gather::conv(*g));
         }
         p.k_slice = k_slice as u32;
         // No row tile folds into z, which holds the slices: the callers check that the row
@@ -623,8 +721,9 @@ impl GpuKernels<'_> {
     pub(crate) fn coop_conv_candidates(
         &self,
         (x, kernel, bias, y): (&Tensor, &Tensor, Option<&Tensor>, &Tensor),
-        g: &ConvGeometry,
+        gather: &Gather,
     ) -> Result<Vec<&'static str>> {
+        let g = &gather.g;
         let half = [Some(x), Some(kernel), bias, Some(y)]
             .into_iter()
             .flatten()
@@ -647,9 +746,10 @@ impl GpuKernels<'_> {
         kernel: &Tensor,
         bias: Option<&Tensor>,
         y: &Tensor,
-        g: &ConvGeometry,
+        gather: &Gather,
         act: Activation,
     ) -> Result<()> {
+        let g = &gather.g;
         let Some(&c) = CANDIDATES
             .iter()
             .find(|c| c.name == name && conv_applies(c, g) && conv_fits(g))
@@ -670,7 +770,7 @@ impl GpuKernels<'_> {
         };
         let d = conv_dims(g, ConvMode::Forward);
         let (p, grid) = launch_shape(d, bias.is_some(), act, (c.rows, c.cols));
-        let p = p.gathering(ConvMode::Forward, g);
+        let p = p.gathering(ConvMode::Forward, gather);
         let b = bias.unwrap_or(y);
         if c.v4 {
             self.launch(c.kernel, &p, &[b, y, x, kernel], grid)
@@ -706,20 +806,8 @@ impl GpuKernels<'_> {
         dk: &Tensor,
         g: &ConvGeometry,
     ) -> Result<()> {
-        let (k_slice, _) = split_slices(conv_dims(g, ConvMode::KernelGrad));
-        self.coop_conv_dk_sliced(x, dz, dk, g, k_slice)
-    }
-
-    /// [`coop_conv_dk`](Self::coop_conv_dk) in slices of `k_slice` pixels.
-    fn coop_conv_dk_sliced(
-        &self,
-        x: &Tensor,
-        dz: &Tensor,
-        dk: &Tensor,
-        g: &ConvGeometry,
-        k_slice: usize,
-    ) -> Result<()> {
         let d = conv_dims(g, ConvMode::KernelGrad);
+        let (k_slice, _) = split_slices(d);
         let (partials, splits) = self.coop_split(x, dz, d, k_slice, Some(g))?;
         self.sum_rows(&partials, splits, d.m * d.n, dk)
     }
@@ -1095,89 +1183,153 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
         assert_eq!(v.entries.len(), CANDIDATES.len());
     }
 
-    /// The kernels' text with the cooperative operations emulated, on every adapter with
-    /// float16 (lavapipe here), through this module's params and grid, against the f64 oracle:
-    /// ragged shapes, every transpose, bias and activations.
-    #[test]
-    fn the_emulated_kernels_match_the_oracle() {
+    /// A runtime on Vulkan (lavapipe here), tuning unforced, and its first GPU with float16;
+    /// `None` (the test skips; under `ANYGPU_REQUIRE_ADAPTER=1` it fails) without one.
+    fn float16_gpu() -> Option<(crate::Runtime, LogicalDevice)> {
         let rt = crate::Runtime::builder()
             .env("WGPU_BACKEND", Some("vulkan"))
+            .env("ANYGPU_AUTOTUNE_FORCE", None)
             .build()
             .expect("runtime");
         let gpus = rt
             .list_logical_devices(crate::DeviceKind::Gpu)
             .expect("devices");
-        let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
+        let Some(dev) = gpus.into_iter().find(|d| d.has_f16()) else {
             assert!(
                 std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
                 "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with float16"
             );
             eprintln!("SKIPPED: no adapter with float16");
-            return;
+            return None;
         };
-        let ctx = &dev.gpu().expect("a GPU").ctx;
+        Some((rt, dev))
+    }
+
+    /// Candidate `c`'s kernel compiled from `source` (the emulated text) on `ctx`'s device,
+    /// with the layout the pipeline cache would give it.
+    fn emulated_pipeline(
+        ctx: &crate::device::context::GpuContext,
+        source: &str,
+        c: &Candidate,
+    ) -> crate::shader::Pipeline {
         let module = ctx
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("matmul_coop.wgsl (emulated)"),
-                source: wgpu::ShaderSource::Wgsl(emulated_source().into()),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
             });
         let entries = crate::shader::validate_source(
             "emulated",
-            &emulated_source(),
+            source,
             capabilities_of(wgpu::Features::SHADER_F16),
         )
         .unwrap()
         .entries;
+        let bindings = entries[c.kernel.entry].bindings.clone();
+        let buffer = |binding: u32| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: if binding == 0 {
+                    wgpu::BufferBindingType::Uniform
+                } else {
+                    wgpu::BufferBindingType::Storage { read_only: false }
+                },
+                has_dynamic_offset: binding == 0,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let layout_entries: Vec<_> = std::iter::once(0)
+            .chain(bindings.iter().copied())
+            .map(buffer)
+            .collect();
+        let layout = ctx
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &layout_entries,
+            });
+        let pipeline_layout = ctx
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        crate::shader::Pipeline {
+            name: c.kernel.entry,
+            pipeline: ctx
+                .device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(c.kernel.entry),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some(c.kernel.entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                }),
+            layout,
+            bindings,
+        }
+    }
+
+    /// The self-check itself, through this module's dispatch code (`matmul_coop`, the split
+    /// product, `conv_coop`, the gathered split), on the emulated kernels put in the device's
+    /// pipeline cache in place of the real ones: every candidate passes; with a gather that
+    /// reads the wrong padding, each fails on a convolution, and says which.
+    #[test]
+    fn the_self_check_passes_the_emulated_kernels_and_fails_a_wrong_gather() {
+        let Some((_rt, dev)) = float16_gpu() else {
+            return;
+        };
+        let dev = &dev;
+        let g = dev.gpu().expect("a GPU");
+        let kernels = GpuKernels::new(g, dev.full_name());
+        let right = emulated_source();
+        let wrong = right.replacen("* p.dw) - i32(p.pl);", "* p.dw) - i32(p.pt);", 1);
+        assert_ne!(
+            right, wrong,
+            "the gather's column padding is where the test expects it"
+        );
+        for (source, passes) in [(&right, true), (&wrong, false)] {
+            for c in CANDIDATES {
+                g.ctx
+                    .pipelines
+                    .replace_for_test(c.kernel, emulated_pipeline(&g.ctx, source, &c));
+            }
+            let support = CoopSupport {
+                configs: Vec::new(),
+                missing: None,
+                verdicts: OnceLock::new(),
+            };
+            let verdicts = kernels.coop_verdicts(&support, dev).expect("checked");
+            for (name, verdict) in verdicts {
+                match (passes, verdict) {
+                    (true, Err(e)) => panic!("{name} failed its self-check: {e}"),
+                    (false, Ok(())) => panic!("{name} passed with a wrong gather"),
+                    // The products read no image: a convolution is what fails.
+                    (false, Err(e)) => assert!(e.contains("strides"), "{name}: {e}"),
+                    (true, Ok(())) => {}
+                }
+            }
+        }
+    }
+
+    /// The kernels' text with the cooperative operations emulated, on every adapter with
+    /// float16 (lavapipe here), through this module's params and grid, against the f64 oracle:
+    /// ragged shapes, every transpose, bias and activations.
+    #[test]
+    fn the_emulated_kernels_match_the_oracle() {
+        let Some((_rt, dev)) = float16_gpu() else {
+            return;
+        };
+        let dev = &dev;
+        let ctx = &dev.gpu().expect("a GPU").ctx;
+        let source = emulated_source();
         let mut failures = Vec::new();
         for c in CANDIDATES {
-            let bindings = entries[c.kernel.entry].bindings.clone();
-            let buffer = |binding: u32| wgpu::BindGroupLayoutEntry {
-                binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: if binding == 0 {
-                        wgpu::BufferBindingType::Uniform
-                    } else {
-                        wgpu::BufferBindingType::Storage { read_only: false }
-                    },
-                    has_dynamic_offset: binding == 0,
-                    min_binding_size: None,
-                },
-                count: None,
-            };
-            let layout_entries: Vec<_> = std::iter::once(0)
-                .chain(bindings.iter().copied())
-                .map(buffer)
-                .collect();
-            let layout = ctx
-                .device
-                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                    label: None,
-                    entries: &layout_entries,
-                });
-            let pipeline_layout =
-                ctx.device
-                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                        label: None,
-                        bind_group_layouts: &[Some(&layout)],
-                        immediate_size: 0,
-                    });
-            let pipeline = crate::shader::Pipeline {
-                name: c.kernel.entry,
-                pipeline: ctx
-                    .device
-                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(c.kernel.entry),
-                        layout: Some(&pipeline_layout),
-                        module: &module,
-                        entry_point: Some(c.kernel.entry),
-                        compilation_options: Default::default(),
-                        cache: None,
-                    }),
-                layout,
-                bindings,
-            };
+            let pipeline = emulated_pipeline(ctx, &source, &c);
             let shapes = [
                 (1, 1, 1),
                 (37, 45, 51),
@@ -1310,7 +1462,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
         let mut shapes = CONV_CHECKS.to_vec();
         shapes.extend([
             conv_check(2, 14, 14, 16, 72, (3, 3), Padding::Same, 1, 1),
-            conv_check(3, 11, 13, 7, 40, (3, 3), Padding::Same, 2, 1),
+            conv_check(2, 9, 9, 32, 40, (3, 3), Padding::Same, 1, 1),
             conv_check(2, 12, 10, 8, 32, (3, 3), Padding::Valid, 1, 2),
             conv_check(1, 9, 9, 32, 16, (1, 1), Padding::Valid, 2, 1),
         ]);
@@ -1335,7 +1487,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let len = splits * d.m * d.n;
                     let part = Tensor::from_slice_on(&vec![f32::NAN; len], &[len], dev).unwrap();
                     let (mut p, _) = launch_shape(d, false, Activation::Linear, (64, 64));
-                    p = p.gathering(ConvMode::KernelGrad, &g);
+                    p = p.gathering(ConvMode::KernelGrad, &Gather::conv(g));
                     p.k_slice = k_slice as u32;
                     let grid = [
                         d.n.div_ceil(64) as u32,
@@ -1367,7 +1519,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
             let has_bias = q % 2 == 0;
             let d = conv_dims(&g, ConvMode::Forward);
             let (p, grid) = launch_shape(d, has_bias, act, (c.rows, c.cols));
-            let p = p.gathering(ConvMode::Forward, &g);
+            let p = p.gathering(ConvMode::Forward, &Gather::conv(g));
             if c.v4 {
                 run(p, &[&bias, &y, &x, &kernel], grid);
             } else {
@@ -1382,6 +1534,34 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                 ));
             }
         }
+        // The input gradients: dz upsampled by the strides, correlated with the flipped kernel.
+        for (q, s) in shapes.iter().enumerate() {
+            let gather = Gather::input_grad(&ConvGeometry::conv(s));
+            if c.split || !conv_fits(&gather.g) || !conv_applies(c, &gather.g) {
+                continue;
+            }
+            let seed = 7_000 + 100 * q as u64;
+            let (kv, kh) = values(s.kernel_len(), seed);
+            let (dzv, dzh) = values(s.output_len(), seed + 1);
+            let (kt, dz) = (upload(&flipped(&kh, s)), upload(&dzh));
+            let dx = upload(&vec![f16::NAN; s.input_len()]);
+            let d = conv_dims(&gather.g, ConvMode::Forward);
+            let (p, grid) = launch_shape(d, false, Activation::Linear, (c.rows, c.cols));
+            let p = p.gathering(ConvMode::Forward, &gather);
+            if c.v4 {
+                run(p, &[&dx, &dx, &dz, &kt], grid);
+            } else {
+                run(p, &[&dz, &kt, &dx, &dx], grid);
+            }
+            let got = dx.to_vec::<f16>().unwrap();
+            let want = reference::conv2d_backward_input(&dzv, &kv, s);
+            if let Some((i, got, w)) = first_off(&got, &want) {
+                failures.push(format!(
+                    "{} input gradient of {s:?}: dx[{i}] = {got}, oracle {w:.5}",
+                    c.name
+                ));
+            }
+        }
         failures
     }
 
@@ -1390,22 +1570,10 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
     /// none is offered.
     #[test]
     fn a_candidate_that_fails_its_self_check_is_never_offered() {
-        let rt = crate::Runtime::builder()
-            .env("WGPU_BACKEND", Some("vulkan"))
-            .env("ANYGPU_AUTOTUNE_FORCE", None)
-            .build()
-            .expect("runtime");
-        let gpus = rt
-            .list_logical_devices(crate::DeviceKind::Gpu)
-            .expect("devices");
-        let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
-            assert!(
-                std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"),
-                "ANYGPU_REQUIRE_ADAPTER=1 but no Vulkan adapter with float16"
-            );
-            eprintln!("SKIPPED: no adapter with float16");
+        let Some((_rt, dev)) = float16_gpu() else {
             return;
         };
+        let dev = &dev;
         let g = dev.gpu().expect("a GPU");
         assert!(
             !g.ctx.coop.usable(),

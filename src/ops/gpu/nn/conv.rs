@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::device::context::UNIFORM_SCRATCH_BYTES;
 use crate::device::logical::GpuRange;
 use crate::error::Result;
-use crate::ops::gpu::coop;
+use crate::ops::gpu::coop::{self, Gather};
 use crate::ops::gpu::kernels::GpuKernels;
 use crate::ops::gpu::tune::{bucket, Choice};
 use crate::ops::gpu::{grid_1d, MAX_GROUPS_PER_DIM};
@@ -179,13 +179,13 @@ impl GpuKernels<'_> {
             if c1_windows(g).is_some() && input.dtype() == DType::F32 {
                 candidates.push("ubo_c1");
             }
-            let geometry = g.geometry();
-            candidates.extend(self.coop_conv_candidates((input, kernel, bias, out), &geometry)?);
+            let gather = Gather::conv(g.geometry());
+            candidates.extend(self.coop_conv_candidates((input, kernel, bias, out), &gather)?);
             let full_only = self.workgroup_tiles(&mut candidates, &["smem64"]);
             let choice = Choice::new("conv2d", class, &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 if coop::is_candidate(candidate) {
-                    self.conv_coop(candidate, input, kernel, bias, out, &geometry, act)
+                    self.conv_coop(candidate, input, kernel, bias, out, &gather, act)
                 } else if candidate == "smem64" {
                     self.correlate_smem(g, input, kernel, bias, out, act)
                 } else if candidate == "ubo_c1" {
@@ -468,7 +468,8 @@ impl GpuKernels<'_> {
         }
         if !s.is_unit_stride() {
             let g = ConvGeometry::conv(s);
-            let coop = self.coop_conv_candidates((x, kernel, bias, y), &g)?;
+            let gather = Gather::conv(g);
+            let coop = self.coop_conv_candidates((x, kernel, bias, y), &gather)?;
             if coop.is_empty() {
                 return self.conv_general_forward(x, kernel, bias, y, &g, act);
             }
@@ -476,7 +477,7 @@ impl GpuKernels<'_> {
             let choice = Choice::new("conv2d_general", general_class(&g), &candidates, "general");
             return self.tuned(choice, &mut |c| {
                 if coop::is_candidate(c) {
-                    self.conv_coop(c, x, kernel, bias, y, &g, act)
+                    self.conv_coop(c, x, kernel, bias, y, &gather, act)
                 } else {
                     self.conv_general_forward(x, kernel, bias, y, &g, act)
                 }
@@ -518,7 +519,33 @@ impl GpuKernels<'_> {
             return Ok(());
         }
         if !s.is_unit_stride() {
-            return self.conv_general_backward_input(dz, kernel, dx, &ConvGeometry::conv(s));
+            let g = ConvGeometry::conv(s);
+            // On the tensor cores: the correlation of dz, upsampled by the strides, with the
+            // flipped kernel.
+            let gather = Gather::input_grad(&g);
+            let coop = if dz.is_empty() {
+                Vec::new()
+            } else {
+                self.coop_conv_candidates((dz, kernel, None, dx), &gather)?
+            };
+            if coop.is_empty() {
+                return self.conv_general_backward_input(dz, kernel, dx, &g);
+            }
+            let kt = self.flipped_kernel(kernel, s)?;
+            let candidates: Vec<&'static str> = std::iter::once("general").chain(coop).collect();
+            let choice = Choice::new(
+                "conv2d_general_dx",
+                general_class(&g),
+                &candidates,
+                "general",
+            );
+            return self.tuned(choice, &mut |c| {
+                if coop::is_candidate(c) {
+                    self.conv_coop(c, dz, &kt, None, dx, &gather, Activation::Linear)
+                } else {
+                    self.conv_general_backward_input(dz, kernel, dx, &g)
+                }
+            });
         }
         if dz.is_empty() || kernel.is_empty() {
             // No output pixels or no output channels: nothing flows back.
@@ -527,19 +554,9 @@ impl GpuKernels<'_> {
         }
         let (oh, ow) = s.out_hw();
         let (pt, pl) = s.pad_top_left();
-        // kt[a, b, o, c] = kernel[kh-1-a, kw-1-b, c, o]: dx is the forward correlation of dz
-        // with kt and the complementary padding.
-        let kt = self.scratch(&[s.kh, s.kw, s.c_out, s.c_in], kernel)?;
-        let items = s.kernel_len();
-        let p = ConvParams {
-            ci: u(s.c_in),
-            co: u(s.c_out),
-            kh: u(s.kh),
-            kw: u(s.kw),
-            items: u(items),
-            ..Default::default()
-        };
-        self.launch(CONV2D_FLIP, &p, &[kernel, &kt], grid_1d(items, 256))?;
+        // dx is the forward correlation of dz with the flipped kernel and the complementary
+        // padding.
+        let kt = self.flipped_kernel(kernel, s)?;
         let transposed = Conv2dShape {
             c_in: s.c_out,
             c_out: s.c_in,
@@ -582,6 +599,23 @@ impl GpuKernels<'_> {
             );
         }
         self.correlate(&g, dz, &kt, None, dx, Activation::Linear)
+    }
+
+    /// `kt[a, b, o, c] = kernel[kh-1-a, kw-1-b, c, o]` (`conv2d_flip`, into scratch): the
+    /// kernel of the correlation that gives a convolution's input gradient.
+    fn flipped_kernel(&self, kernel: &Tensor, s: &Conv2dShape) -> Result<Tensor> {
+        let kt = self.scratch(&[s.kh, s.kw, s.c_out, s.c_in], kernel)?;
+        let items = s.kernel_len();
+        let p = ConvParams {
+            ci: u(s.c_in),
+            co: u(s.c_out),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            items: u(items),
+            ..Default::default()
+        };
+        self.launch(CONV2D_FLIP, &p, &[kernel, &kt], grid_1d(items, 256))?;
+        Ok(kt)
     }
 
     pub(super) fn conv2d_backward_kernel_impl(
