@@ -1302,6 +1302,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                 configs: Vec::new(),
                 missing: None,
                 verdicts: OnceLock::new(),
+                emulated: Default::default(),
             };
             let verdicts = kernels.coop_verdicts(&support, dev).expect("checked");
             for (name, verdict) in verdicts {
@@ -1311,6 +1312,98 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     // The products read no image: a convolution is what fails.
                     (false, Err(e)) => assert!(e.contains("strides"), "{name}: {e}"),
                     (true, Ok(())) => {}
+                }
+            }
+        }
+    }
+
+    /// The convolution ops through `nn/conv.rs`'s choices (the stride-1 correlation, the
+    /// general forward pass, the input gradients at stride 1 and 2, the kernel gradient), each
+    /// tensor-core candidate forced in turn on the emulated kernels (the device told it has
+    /// them): right against the f64 oracle with the right emulation, and wrong with a gather
+    /// one row off (so that it ran, not a fallback; each candidate's forward pass and input
+    /// gradient at both strides, or the split one's kernel gradients, fail then).
+    #[test]
+    fn the_convolution_ops_run_each_forced_candidate() {
+        use crate::ops::spec::ConvOptions;
+        use crate::ops::GradDType;
+        let shapes = [
+            // (n, h, w, c_in, c_out, stride): the vec4 candidates', the scalar ones', and the
+            // split one's (pixels enough to split).
+            (2, 9, 8, 8, 24, 1),
+            (2, 10, 9, 8, 12, 2),
+            (2, 9, 8, 5, 20, 1),
+            (2, 10, 9, 6, 10, 2),
+            (8, 10, 9, 8, 12, 1),
+            (24, 10, 9, 6, 10, 2),
+        ];
+        for c in CANDIDATES {
+            let rt = crate::Runtime::builder()
+                .env("WGPU_BACKEND", Some("vulkan"))
+                .env("ANYGPU_AUTOTUNE_FORCE", Some(c.name))
+                .build()
+                .expect("runtime");
+            let gpus = rt
+                .list_logical_devices(crate::DeviceKind::Gpu)
+                .expect("devices");
+            let Some(dev) = gpus.iter().find(|d| d.has_f16()) else {
+                assert!(std::env::var("ANYGPU_REQUIRE_ADAPTER").as_deref() != Ok("1"));
+                return;
+            };
+            let g = dev.gpu().expect("a GPU");
+            g.ctx
+                .coop
+                .emulated
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let _scope = dev.scope();
+            let right = emulated_source();
+            // Every tap one row off.
+            let wrong = right.replacen("- i32(p.pt);", "- i32(p.pt) + 1;", 1);
+            assert_ne!(right, wrong);
+            for (source, passes) in [(&right, true), (&wrong, false)] {
+                for k in CANDIDATES {
+                    g.ctx
+                        .pipelines
+                        .replace_for_test(k.kernel, emulated_pipeline(&g.ctx, source, &k));
+                }
+                let mut failures = Vec::new();
+                for (q, &(n, h, w, c_in, c_out, stride)) in shapes.iter().enumerate() {
+                    let s = conv_check(n, h, w, c_in, c_out, (3, 3), Padding::Same, stride, 1);
+                    let options = ConvOptions::new(Padding::Same).strides(stride);
+                    let (oh, ow) = s.out_hw();
+                    let seed = 8_000 + 10 * q as u64;
+                    let (xv, xh) = halves(s.input_len(), seed);
+                    let (kv, kh) = halves(s.kernel_len(), seed + 1);
+                    let (dzv, dzh) = halves(s.output_len(), seed + 2);
+                    let x = Tensor::from_slice_on(&xh, &[n, h, w, c_in], dev).unwrap();
+                    let kshape = [3, 3, c_in, c_out];
+                    let kernel = Tensor::from_slice_on(&kh, &kshape, dev).unwrap();
+                    let dz = Tensor::from_slice_on(&dzh, &[n, oh, ow, c_out], dev).unwrap();
+                    let y =
+                        crate::ops::conv2d(&x, &kernel, None, options, Activation::Linear).unwrap();
+                    let want = reference::conv2d_forward(&xv, &kv, None, &s, Activation::Linear);
+                    if let Some((i, got, w)) = first_off(&y.to_vec::<f16>().unwrap(), &want) {
+                        failures.push(format!("{s:?}: y[{i}] = {got}, oracle {w:.5}"));
+                    }
+                    let dx =
+                        crate::ops::conv2d_backward_input(&dz, &kernel, &[n, h, w, c_in], options)
+                            .unwrap();
+                    let want = reference::conv2d_backward_input(&dzv, &kv, &s);
+                    if let Some((i, got, w)) = first_off(&dx.to_vec::<f16>().unwrap(), &want) {
+                        failures.push(format!("{s:?}: dx[{i}] = {got}, oracle {w:.5}"));
+                    }
+                    let f32_grads = GradDType::Float32;
+                    let dk =
+                        crate::ops::conv2d_backward_kernel_as(&x, &dz, &kshape, options, f32_grads)
+                            .unwrap();
+                    let want = reference::conv2d_backward_kernel(&xv, &dzv, &s);
+                    if let Some((i, got, w)) = first_off(&dk.to_vec::<f32>().unwrap(), &want) {
+                        failures.push(format!("{s:?}: dk[{i}] = {got}, oracle {w:.5}"));
+                    }
+                }
+                match passes {
+                    true => assert!(failures.is_empty(), "{}: {}", c.name, failures.join("\n")),
+                    false => assert!(!failures.is_empty(), "{} never ran", c.name),
                 }
             }
         }
@@ -1584,6 +1677,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
             configs: Vec::new(),
             missing: None,
             verdicts: OnceLock::new(),
+            emulated: Default::default(),
         };
         let kernels = GpuKernels::new(g, dev.full_name());
         for (trans_a, k) in [(false, 64), (true, 63)] {

@@ -157,8 +157,8 @@ fn c1_windows(g: &Correlation) -> Option<usize> {
 
 impl GpuKernels<'_> {
     /// Runs `out = act(correlate(input, kernel) + bias)`: when `co` is a multiple of 4, tuned
-    /// between `conv2d_v4`, the workgroup-memory `conv2d_smem_v4` and, for float16, the
-    /// tensor cores (an implicit product, `coop.rs`); `conv2d_s` otherwise.
+    /// between `conv2d_v4` and the workgroup-memory `conv2d_smem_v4`, `conv2d_s` otherwise,
+    /// and for float16 against the tensor cores too (an implicit product, `coop.rs`).
     fn correlate(
         &self,
         g: &Correlation,
@@ -172,21 +172,31 @@ impl GpuKernels<'_> {
         let pixels = g.n * g.oh * g.ow;
         // (A 1×1 correlation is already tuned against the products, workgroup tiles included.)
         let pointwise = g.kh * g.kw == 1;
-        if v4 && !pointwise && pixels.div_ceil(64) <= MAX_GROUPS_PER_DIM && pixels > 0 {
+        let tiled = v4 && !pointwise && pixels.div_ceil(64) <= MAX_GROUPS_PER_DIM && pixels > 0;
+        let gather = Gather::conv(g.geometry());
+        let coop = if pointwise {
+            Vec::new()
+        } else {
+            self.coop_conv_candidates((input, kernel, bias, out), &gather)?
+        };
+        if tiled || !coop.is_empty() {
             let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
             let mut candidates = vec!["direct"];
             // Its uniform windows hold float32 weights: no float16 twin.
-            if c1_windows(g).is_some() && input.dtype() == DType::F32 {
+            if tiled && c1_windows(g).is_some() && input.dtype() == DType::F32 {
                 candidates.push("ubo_c1");
             }
-            let gather = Gather::conv(g.geometry());
-            candidates.extend(self.coop_conv_candidates((input, kernel, bias, out), &gather)?);
-            let full_only = self.workgroup_tiles(&mut candidates, &["smem64"]);
+            candidates.extend(coop);
+            let full_only = if tiled {
+                self.workgroup_tiles(&mut candidates, &["smem64"])
+            } else {
+                &[]
+            };
             let choice = Choice::new("conv2d", class, &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 if coop::is_candidate(candidate) {
                     self.conv_coop(candidate, input, kernel, bias, out, &gather, act)
-                } else if candidate == "smem64" {
+                } else if candidate == "smem64" && tiled {
                     self.correlate_smem(g, input, kernel, bias, out, act)
                 } else if candidate == "ubo_c1" {
                     self.correlate_c1_ubo8(g, input, kernel, bias, out, act)
