@@ -291,14 +291,14 @@ fn flipped<T: Copy>(kernel: &[T], s: &Conv2dShape) -> Vec<T> {
 /// strides and dilation, kernels that are not square, more than 64 output channels; each kind
 /// of candidate gets strides and dilation, and each its input gradients at strides above 1.
 const CONV_CHECKS: [Conv2dShape; 8] = [
-    conv_check(2, 9, 7, 12, 20, (3, 3), Padding::Same, 1, 1),
-    conv_check(2, 9, 7, 5, 19, (3, 3), Padding::Same, 1, 1),
-    conv_check(1, 10, 11, 8, 36, (3, 3), Padding::Valid, 2, 1),
-    conv_check(2, 8, 9, 6, 10, (2, 3), Padding::Same, 1, 2),
-    conv_check(3, 11, 13, 7, 40, (3, 3), Padding::Same, 2, 1),
-    conv_check(2, 11, 10, 12, 28, (2, 3), Padding::Valid, 1, 2),
-    conv_check(1, 7, 6, 8, 72, (3, 3), Padding::Same, 1, 1),
-    conv_check(3, 10, 9, 4, 12, (3, 3), Padding::Same, 2, 1),
+    conv_check(2, 9, 7, 12, 20, (3, 3), Padding::Same, [1, 1], [1, 1]),
+    conv_check(2, 9, 7, 5, 19, (3, 3), Padding::Same, [1, 1], [1, 1]),
+    conv_check(1, 10, 11, 8, 36, (3, 3), Padding::Valid, [2, 2], [1, 1]),
+    conv_check(2, 8, 9, 6, 10, (2, 3), Padding::Same, [1, 1], [2, 2]),
+    conv_check(3, 11, 13, 7, 40, (3, 3), Padding::Same, [2, 3], [1, 1]),
+    conv_check(2, 11, 10, 12, 28, (2, 3), Padding::Valid, [1, 1], [1, 2]),
+    conv_check(1, 7, 6, 8, 72, (3, 3), Padding::Same, [1, 1], [1, 1]),
+    conv_check(3, 10, 9, 4, 12, (3, 3), Padding::Same, [3, 2], [1, 1]),
 ];
 
 #[allow(clippy::too_many_arguments)] // a convolution's every dimension
@@ -310,8 +310,8 @@ const fn conv_check(
     c_out: usize,
     (kh, kw): (usize, usize),
     padding: Padding,
-    stride: usize,
-    dilation: usize,
+    strides: [usize; 2],
+    dilation: [usize; 2],
 ) -> Conv2dShape {
     Conv2dShape {
         n,
@@ -322,8 +322,8 @@ const fn conv_check(
         kh,
         kw,
         padding,
-        strides: [stride, stride],
-        dilation: [dilation, dilation],
+        strides,
+        dilation,
     }
 }
 
@@ -536,7 +536,7 @@ impl GpuKernels<'_> {
                         "kernel gradient of {what}: dk[{i}] = {g} where the f64 oracle has {w:.5}"
                     )));
                 }
-            } else if conv_applies(c, &g) {
+            } else if conv_fits(&g) && conv_applies(c, &g) {
                 let kshape = [s.kh, s.kw, s.c_in, s.c_out];
                 let (kv, kh) = halves(s.kernel_len(), seed + 1);
                 let (bv, bh) = halves(s.c_out, seed + 2);
@@ -561,7 +561,8 @@ impl GpuKernels<'_> {
             }
             // The input gradient, over dz upsampled by the strides (and dilated taps).
             let gather = Gather::input_grad(&g);
-            if !c.split && !s.is_unit_stride() && conv_applies(c, &gather.g) {
+            if !c.split && !s.is_unit_stride() && conv_fits(&gather.g) && conv_applies(c, &gather.g)
+            {
                 let (kv, kh) = halves(s.kernel_len(), seed + 3);
                 let (dzv, dzh) = halves(s.output_len(), seed + 4);
                 let kt = flipped(&kh, s);
@@ -1328,14 +1329,16 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
         use crate::ops::spec::ConvOptions;
         use crate::ops::GradDType;
         let shapes = [
-            // (n, h, w, c_in, c_out, stride): the vec4 candidates', the scalar ones', and the
-            // split one's (pixels enough to split).
-            (2, 9, 8, 8, 24, 1),
-            (2, 10, 9, 8, 12, 2),
-            (2, 9, 8, 5, 20, 1),
-            (2, 10, 9, 6, 10, 2),
-            (8, 10, 9, 8, 12, 1),
-            (24, 10, 9, 6, 10, 2),
+            // (n, h, w, c_in, c_out, strides): the vec4 candidates', the scalar ones', and the
+            // split one's (pixels enough to split), strides uneven too.
+            (2, 9, 8, 8, 24, [1, 1]),
+            (2, 10, 9, 8, 12, [2, 2]),
+            (2, 9, 8, 5, 20, [1, 1]),
+            (2, 10, 9, 6, 10, [2, 2]),
+            (8, 10, 9, 8, 12, [1, 1]),
+            (24, 10, 9, 6, 10, [2, 2]),
+            (3, 11, 13, 8, 12, [2, 3]),
+            (20, 11, 13, 6, 10, [3, 2]),
         ];
         for c in CANDIDATES {
             let rt = crate::Runtime::builder()
@@ -1366,10 +1369,22 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                         .pipelines
                         .replace_for_test(k.kernel, emulated_pipeline(&g.ctx, source, &k));
                 }
+                // (shape, op) of each wrong output, and what the candidate takes.
                 let mut failures = Vec::new();
-                for (q, &(n, h, w, c_in, c_out, stride)) in shapes.iter().enumerate() {
-                    let s = conv_check(n, h, w, c_in, c_out, (3, 3), Padding::Same, stride, 1);
-                    let options = ConvOptions::new(Padding::Same).strides(stride);
+                let mut takes = Vec::new();
+                for (q, &(n, h, w, c_in, c_out, strides)) in shapes.iter().enumerate() {
+                    let s =
+                        conv_check(n, h, w, c_in, c_out, (3, 3), Padding::Same, strides, [1, 1]);
+                    let options = ConvOptions::new(Padding::Same).strides(strides);
+                    let g = ConvGeometry::conv(&s);
+                    let dx_g = Gather::input_grad(&g).g;
+                    let fits = |g: &ConvGeometry| conv_fits(g) && conv_applies(&c, g);
+                    let dk_takes = conv_dims(&g, ConvMode::KernelGrad).k >= SPLIT_MIN_K;
+                    takes.extend([
+                        ((q, "y"), !c.split && fits(&g)),
+                        ((q, "dx"), !c.split && fits(&dx_g)),
+                        ((q, "dk"), c.split && dk_takes),
+                    ]);
                     let (oh, ow) = s.out_hw();
                     let seed = 8_000 + 10 * q as u64;
                     let (xv, xh) = halves(s.input_len(), seed);
@@ -1382,28 +1397,34 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                     let y =
                         crate::ops::conv2d(&x, &kernel, None, options, Activation::Linear).unwrap();
                     let want = reference::conv2d_forward(&xv, &kv, None, &s, Activation::Linear);
-                    if let Some((i, got, w)) = first_off(&y.to_vec::<f16>().unwrap(), &want) {
-                        failures.push(format!("{s:?}: y[{i}] = {got}, oracle {w:.5}"));
+                    if let Some(off) = first_off(&y.to_vec::<f16>().unwrap(), &want) {
+                        failures.push(((q, "y"), format!("{s:?}: y {off:?}")));
                     }
                     let dx =
                         crate::ops::conv2d_backward_input(&dz, &kernel, &[n, h, w, c_in], options)
                             .unwrap();
                     let want = reference::conv2d_backward_input(&dzv, &kv, &s);
-                    if let Some((i, got, w)) = first_off(&dx.to_vec::<f16>().unwrap(), &want) {
-                        failures.push(format!("{s:?}: dx[{i}] = {got}, oracle {w:.5}"));
+                    if let Some(off) = first_off(&dx.to_vec::<f16>().unwrap(), &want) {
+                        failures.push(((q, "dx"), format!("{s:?}: dx {off:?}")));
                     }
                     let f32_grads = GradDType::Float32;
                     let dk =
                         crate::ops::conv2d_backward_kernel_as(&x, &dz, &kshape, options, f32_grads)
                             .unwrap();
                     let want = reference::conv2d_backward_kernel(&xv, &dzv, &s);
-                    if let Some((i, got, w)) = first_off(&dk.to_vec::<f32>().unwrap(), &want) {
-                        failures.push(format!("{s:?}: dk[{i}] = {got}, oracle {w:.5}"));
+                    if let Some(off) = first_off(&dk.to_vec::<f32>().unwrap(), &want) {
+                        failures.push(((q, "dk"), format!("{s:?}: dk {off:?}")));
                     }
                 }
-                match passes {
-                    true => assert!(failures.is_empty(), "{}: {}", c.name, failures.join("\n")),
-                    false => assert!(!failures.is_empty(), "{} never ran", c.name),
+                if passes {
+                    let all: Vec<&str> = failures.iter().map(|(_, f)| f.as_str()).collect();
+                    assert!(all.is_empty(), "{}: {}", c.name, all.join("\n"));
+                    continue;
+                }
+                // Wrong wherever the candidate runs: no choice fell back to another kernel.
+                for (op, taken) in takes {
+                    let failed = failures.iter().any(|(f, _)| *f == op);
+                    assert_eq!(failed, taken, "{}: shape {} {}", c.name, op.0, op.1);
                 }
             }
         }
@@ -1554,10 +1575,10 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
         };
         let mut shapes = CONV_CHECKS.to_vec();
         shapes.extend([
-            conv_check(2, 14, 14, 16, 72, (3, 3), Padding::Same, 1, 1),
-            conv_check(2, 9, 9, 32, 40, (3, 3), Padding::Same, 1, 1),
-            conv_check(2, 12, 10, 8, 32, (3, 3), Padding::Valid, 1, 2),
-            conv_check(1, 9, 9, 32, 16, (1, 1), Padding::Valid, 2, 1),
+            conv_check(2, 14, 14, 16, 72, (3, 3), Padding::Same, [1, 1], [1, 1]),
+            conv_check(2, 9, 9, 32, 40, (3, 3), Padding::Same, [1, 1], [1, 1]),
+            conv_check(2, 12, 10, 8, 32, (3, 3), Padding::Valid, [1, 1], [2, 2]),
+            conv_check(1, 9, 9, 32, 16, (1, 1), Padding::Valid, [2, 2], [1, 1]),
         ]);
         let mut failures = Vec::new();
         for (q, s) in shapes.iter().enumerate() {

@@ -541,7 +541,6 @@ impl GpuKernels<'_> {
             if coop.is_empty() {
                 return self.conv_general_backward_input(dz, kernel, dx, &g);
             }
-            let kt = self.flipped_kernel(kernel, s)?;
             let candidates: Vec<&'static str> = std::iter::once("general").chain(coop).collect();
             let choice = Choice::new(
                 "conv2d_general_dx",
@@ -551,6 +550,8 @@ impl GpuKernels<'_> {
             );
             return self.tuned(choice, &mut |c| {
                 if coop::is_candidate(c) {
+                    // (Flipped here: the general kernel reads the kernel as it is.)
+                    let kt = self.flipped_kernel(kernel, s)?;
                     self.conv_coop(c, dz, &kt, None, dx, &gather, Activation::Linear)
                 } else {
                     self.conv_general_backward_input(dz, kernel, dx, &g)
