@@ -266,7 +266,7 @@ timeout -k 5 60 "$bin/device_info"
 if [ -x "$coop" ]; then
     # Before anything is timed: a candidate that fails here is also failed by the self-check
     # each process runs before tuning, and never picked; the line names it.
-    section "tensor-core products (cooperative matrices) against the f64 oracle (tests/coop_matrix)"
+    section "tensor-core products and convolutions (cooperative matrices) against the f64 oracle (tests/coop_matrix)"
     oracle '^test |test result|skipped|coop|cooperative|products|matmul' \
         180 "$coop" --test-threads 1 --nocapture
 fi
