@@ -118,8 +118,10 @@ pub(crate) struct CoopSupport {
     pub(crate) configs: Vec<wgpu::CooperativeMatrixProperties>,
     /// Why the kernels do not run here; `None` when they do.
     pub(crate) missing: Option<String>,
-    /// (candidate, verdict) of the self-check.
+    /// (candidate, verdict) of the products' self-check.
     pub(crate) verdicts: OnceLock<Vec<(&'static str, std::result::Result<(), String>)>>,
+    /// (candidate, verdict) of the convolutions' self-check.
+    pub(crate) conv_verdicts: OnceLock<Vec<(&'static str, std::result::Result<(), String>)>>,
     /// Set by a test that put the kernels' emulation in the pipeline cache: they are offered
     /// as if the adapter ran them.
     #[cfg(test)]
@@ -178,6 +180,7 @@ impl CoopSupport {
             configs,
             missing,
             verdicts: OnceLock::new(),
+            conv_verdicts: OnceLock::new(),
             #[cfg(test)]
             emulated: Default::default(),
         }

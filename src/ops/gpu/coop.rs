@@ -96,6 +96,24 @@ struct CoopParams {
     _pad: u32,
 }
 
+/// What a candidate is checked for and offered for: each has its own self-check and verdicts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Work {
+    /// Matrix products (dense layers, 1×1 convolutions).
+    Products,
+    /// k×k convolutions, A gathered from the image.
+    Convolutions,
+}
+
+impl Work {
+    fn name(self) -> &'static str {
+        match self {
+            Work::Products => "products",
+            Work::Convolutions => "convolutions",
+        }
+    }
+}
+
 /// What A is in a convolution on the tensor cores (`conv` in matmul_coop.wgsl's Params).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum ConvMode {
@@ -358,16 +376,18 @@ impl GpuKernels<'_> {
     ) -> Result<Vec<&'static str>> {
         // A 32-column tile only where the product is that narrow: wider ones have the others;
         // split k only for few tiles and a long k.
-        self.coop_passing(support, device, &|c| {
+        self.coop_passing(support, device, Work::Products, &|c| {
             applies(c, d) && (c.cols == 64 || d.n <= c.cols) && (!c.split || split_pays(d))
         })
     }
 
-    /// The candidates `support` lets the tuner offer on `device` of those `takes` accepts.
+    /// The candidates `support` lets the tuner offer for `work` on `device` of those `takes`
+    /// accepts.
     fn coop_passing(
         &self,
         support: &CoopSupport,
         device: &LogicalDevice,
+        work: Work,
         takes: &dyn Fn(&Candidate) -> bool,
     ) -> Result<Vec<&'static str>> {
         if !support.usable() {
@@ -381,28 +401,35 @@ impl GpuKernels<'_> {
             // Never picked: no self-check (its time, its risk) for them.
             return Ok(Vec::new());
         }
-        let verdicts = self.coop_verdicts(support, device)?;
+        let verdicts = self.coop_verdicts(support, device, work)?;
         Ok(takes
             .filter(|c| verdicts.iter().any(|(n, v)| *n == c.name && v.is_ok()))
             .map(|c| c.name)
             .collect())
     }
 
-    /// Each candidate's self-check verdict on this adapter (kept in `support`), checking on
-    /// first use.
+    /// Each candidate's self-check verdict for `work` on this adapter (kept in `support`),
+    /// checking on first use: the products' when a product first asks, the convolutions' when
+    /// a convolution does (a model without one never pays for their check), so that a
+    /// candidate whose gather fails still takes the products.
     fn coop_verdicts<'s>(
         &self,
         support: &'s CoopSupport,
         device: &LogicalDevice,
+        work: Work,
     ) -> Result<&'s [(&'static str, std::result::Result<(), String>)]> {
         let ctx = &self.dev.ctx;
-        if let Some(verdicts) = support.verdicts.get() {
+        let cell = match work {
+            Work::Products => &support.verdicts,
+            Work::Convolutions => &support.conv_verdicts,
+        };
+        if let Some(verdicts) = cell.get() {
             return Ok(verdicts);
         }
         // An error of the work before is that work's: it fails the op at hand here, rather
         // than a candidate's check.
         ctx.wait_idle()?;
-        Ok(support.verdicts.get_or_init(|| {
+        Ok(cell.get_or_init(|| {
             // The check waits for the device: a warm-up of a tuned op around this one must
             // not count that time against its candidate.
             ctx.tuner.note_outside_work();
@@ -410,21 +437,28 @@ impl GpuKernels<'_> {
             CANDIDATES
                 .iter()
                 .map(|&Candidate { name, .. }| {
+                    let check = match work {
+                        Work::Products => Self::coop_self_check,
+                        Work::Convolutions => Self::coop_conv_self_check,
+                    };
                     // After a device failure every check would fail, and blame its kernel.
                     let verdict = match lost {
                         Some(first) => Err(format!(
                             "not checked: the device failed in {first}'s self-check"
                         )),
-                        None => self.coop_self_check(device, name).unwrap_or_else(|e| {
+                        None => check(self, device, name).unwrap_or_else(|e| {
                             lost = Some(name);
                             Err(format!("the device failed: {e}"))
                         }),
                     };
+                    let what = work.name();
                     match &verdict {
-                        Ok(()) => log::info!("{}: {name} passed its self-check", self.name),
+                        Ok(()) => {
+                            log::info!("{}: {name} passed its self-check ({what})", self.name)
+                        }
                         Err(e) => log::error!(
-                            "{}: tensor-core candidate {name} disabled (products and \
-                             convolutions), its self-check failed: {e}",
+                            "{}: tensor-core candidate {name} disabled for {what}, its \
+                             self-check failed: {e}",
                             self.name
                         ),
                     }
@@ -507,6 +541,24 @@ impl GpuKernels<'_> {
                     i % n
                 )));
             }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Runs candidate `name` on the float16 convolutions of [`CONV_CHECKS`] it takes (the
+    /// forward pass with and without a bias, the input gradients at strides above 1; the split
+    /// candidate: every kernel gradient) against the f64 oracle. `Err` is a device failure;
+    /// `Ok(Err)` names the first wrong output.
+    fn coop_conv_self_check(
+        &self,
+        device: &LogicalDevice,
+        name: &'static str,
+    ) -> Result<std::result::Result<(), String>> {
+        let Some((index, c)) = CANDIDATES.iter().enumerate().find(|(_, c)| c.name == name) else {
+            return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
+        };
+        if let Err(e) = self.dev.ctx.pipeline(c.kernel, self.name) {
+            return Ok(Err(e.to_string()));
         }
         for (q, s) in CONV_CHECKS.iter().enumerate() {
             let g = ConvGeometry::conv(s);
@@ -732,9 +784,12 @@ impl GpuKernels<'_> {
         if !half || !conv_fits(g) {
             return Ok(Vec::new());
         }
-        self.coop_passing(&self.dev.ctx.coop, y.device_handle(), &|c| {
-            conv_applies(c, g)
-        })
+        self.coop_passing(
+            &self.dev.ctx.coop,
+            y.device_handle(),
+            Work::Convolutions,
+            &|c| conv_applies(c, g),
+        )
     }
 
     /// `y = act(conv(x, kernel) + bias)` (convolution `g`, float16 tensors) by candidate
@@ -793,7 +848,9 @@ impl GpuKernels<'_> {
         if !half || !conv_fits(g) || d.k < SPLIT_MIN_K || d.m.div_ceil(64) > MAX_GROUPS_PER_DIM {
             return Ok(false);
         }
-        let offered = self.coop_passing(&self.dev.ctx.coop, x.device_handle(), &|c| c.split)?;
+        let support = &self.dev.ctx.coop;
+        let offered =
+            self.coop_passing(support, x.device_handle(), Work::Convolutions, &|c| c.split)?;
         Ok(!offered.is_empty())
     }
 
@@ -876,10 +933,11 @@ impl LogicalDevice {
         }
     }
 
-    /// The matrix-product kernels on cooperative matrices (tensor cores) the autotuner may
-    /// offer for float16 products on this device, each with its self-check against the f64
-    /// oracle (run on first use; a candidate whose check fails is never offered). Empty where
-    /// the adapter has no matching configuration (and on the CPU).
+    /// The kernels on cooperative matrices (tensor cores) the autotuner may offer for float16
+    /// products and convolutions on this device, each with its self-checks against the f64
+    /// oracle (run here if no op ran them yet): `Ok` when it passed both, else what failed,
+    /// for products or for convolutions (a candidate is never offered for the work whose check
+    /// it failed). Empty where the adapter has no matching configuration (and on the CPU).
     ///
     /// # Errors
     /// The device's failure, if the work recorded before the check fails (the check waits for
@@ -903,9 +961,24 @@ impl LogicalDevice {
         if !g.ctx.coop.usable() {
             return Ok(Vec::new());
         }
-        Ok(GpuKernels::new(g, self.full_name())
-            .coop_verdicts(&g.ctx.coop, self)?
-            .to_vec())
+        let kernels = GpuKernels::new(g, self.full_name());
+        let products = kernels.coop_verdicts(&g.ctx.coop, self, Work::Products)?;
+        let convolutions = kernels.coop_verdicts(&g.ctx.coop, self, Work::Convolutions)?;
+        Ok(products
+            .iter()
+            .zip(convolutions)
+            .map(|((name, p), (_, c))| {
+                let verdict = match (p, c) {
+                    (Ok(()), Ok(())) => Ok(()),
+                    (p, c) => Err([("products", p), ("convolutions", c)]
+                        .into_iter()
+                        .filter_map(|(what, v)| v.as_ref().err().map(|e| format!("{what}: {e}")))
+                        .collect::<Vec<_>>()
+                        .join("; ")),
+                };
+                (*name, verdict)
+            })
+            .collect())
     }
 }
 
@@ -1278,7 +1351,8 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
     /// The self-check itself, through this module's dispatch code (`matmul_coop`, the split
     /// product, `conv_coop`, the gathered split), on the emulated kernels put in the device's
     /// pipeline cache in place of the real ones: every candidate passes; with a gather that
-    /// reads the wrong padding, each fails on a convolution, and says which.
+    /// reads the wrong padding, each fails its convolutions' check, says which convolution,
+    /// and is offered for products still, never for convolutions.
     #[test]
     fn the_self_check_passes_the_emulated_kernels_and_fails_a_wrong_gather() {
         let Some((_rt, dev)) = float16_gpu() else {
@@ -1303,18 +1377,38 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                 configs: Vec::new(),
                 missing: None,
                 verdicts: OnceLock::new(),
+                conv_verdicts: OnceLock::new(),
                 emulated: Default::default(),
             };
-            let verdicts = kernels.coop_verdicts(&support, dev).expect("checked");
-            for (name, verdict) in verdicts {
+            let products = kernels.coop_verdicts(&support, dev, Work::Products);
+            for (name, verdict) in products.expect("checked") {
+                // The products read no image: they pass either way.
+                assert_eq!(verdict, &Ok(()), "{name} failed its products' self-check");
+            }
+            let convolutions = kernels.coop_verdicts(&support, dev, Work::Convolutions);
+            for (name, verdict) in convolutions.expect("checked") {
                 match (passes, verdict) {
                     (true, Err(e)) => panic!("{name} failed its self-check: {e}"),
                     (false, Ok(())) => panic!("{name} passed with a wrong gather"),
-                    // The products read no image: a convolution is what fails.
                     (false, Err(e)) => assert!(e.contains("strides"), "{name}: {e}"),
                     (true, Ok(())) => {}
                 }
             }
+            // What the tuner is offered: the products still, the convolutions only if right.
+            let d = MatmulDims {
+                m: 64,
+                k: 64,
+                n: 64,
+                trans_a: false,
+                trans_b: false,
+            };
+            let offered = kernels.coop_offered(&support, d, dev).expect("offered");
+            assert!(offered.contains(&"coop16_64x64_v4"), "{offered:?}");
+            let g = ConvGeometry::conv(&CONV_CHECKS[0]);
+            let offered = kernels
+                .coop_passing(&support, dev, Work::Convolutions, &|c| conv_applies(c, &g))
+                .expect("offered");
+            assert_eq!(offered.is_empty(), !passes, "{offered:?}");
         }
     }
 
@@ -1698,6 +1792,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
             configs: Vec::new(),
             missing: None,
             verdicts: OnceLock::new(),
+            conv_verdicts: OnceLock::new(),
             emulated: Default::default(),
         };
         let kernels = GpuKernels::new(g, dev.full_name());
