@@ -277,6 +277,15 @@ fn first_off<T: Copy + Into<f32>>(got: &[T], want: &[f64]) -> Option<(usize, f32
         .map(|(i, (g, w))| (i, g, *w))
 }
 
+/// The sum of the `splits` equal layers of `layers` (a split product's partial sums), element
+/// by element.
+fn layer_sums(layers: &[f32], splits: usize) -> Vec<f32> {
+    let len = layers.len() / splits.max(1);
+    (0..len)
+        .map(|i| (0..splits).map(|z| layers[z * len + i]).sum())
+        .collect()
+}
+
 /// `len` random float16 values in [-1, 1) from `seed`, and the same as f64.
 fn halves(len: usize, seed: u64) -> (Vec<f64>, Vec<f16>) {
     let h: Vec<f16> = reference::random_vec(len, seed)
@@ -434,22 +443,29 @@ impl GpuKernels<'_> {
             // not count that time against its candidate.
             ctx.tuner.note_outside_work();
             let mut lost: Option<&str> = None;
+            let check = match work {
+                Work::Products => Self::coop_self_check,
+                Work::Convolutions => Self::coop_conv_self_check,
+            };
             CANDIDATES
                 .iter()
-                .map(|&Candidate { name, .. }| {
-                    let check = match work {
-                        Work::Products => Self::coop_self_check,
-                        Work::Convolutions => Self::coop_conv_self_check,
-                    };
+                .enumerate()
+                .map(|(index, c)| {
+                    let name = c.name;
                     // After a device failure every check would fail, and blame its kernel.
                     let verdict = match lost {
                         Some(first) => Err(format!(
                             "not checked: the device failed in {first}'s self-check"
                         )),
-                        None => check(self, device, name).unwrap_or_else(|e| {
-                            lost = Some(name);
-                            Err(format!("the device failed: {e}"))
-                        }),
+                        // A kernel the driver does not compile is this candidate's failure,
+                        // not the device's.
+                        None => match ctx.pipeline(c.kernel, self.name) {
+                            Err(e) => Err(e.to_string()),
+                            Ok(_) => check(self, device, index, c).unwrap_or_else(|e| {
+                                lost = Some(name);
+                                Err(format!("the device failed: {e}"))
+                            }),
+                        },
                     };
                     let what = work.name();
                     match &verdict {
@@ -468,21 +484,17 @@ impl GpuKernels<'_> {
         }))
     }
 
-    /// Runs candidate `name` on float16 products of [`CHECK_SHAPES`] in every layout the
-    /// gradients use, with a bias and an activation, against the f64 oracle. `Err` is a device
-    /// failure; `Ok(Err)` names the first wrong output.
+    /// Runs candidate `c` (the `index`-th, which seeds its inputs) on float16 products of
+    /// [`CHECK_SHAPES`] in every layout the gradients use, with a bias and an activation,
+    /// against the f64 oracle. `Err` is a device failure; `Ok(Err)` names the first wrong
+    /// output.
     fn coop_self_check(
         &self,
         device: &LogicalDevice,
-        name: &'static str,
+        index: usize,
+        c: &Candidate,
     ) -> Result<std::result::Result<(), String>> {
-        let Some((index, c)) = CANDIDATES.iter().enumerate().find(|(_, c)| c.name == name) else {
-            return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
-        };
-        // A kernel the driver does not compile is this candidate's failure, not the device's.
-        if let Err(e) = self.dev.ctx.pipeline(c.kernel, self.name) {
-            return Ok(Err(e.to_string()));
-        }
+        let name = c.name;
         let mut products = Vec::new();
         for (s, &(m, k, n)) in CHECK_SHAPES.iter().enumerate() {
             for (l, (trans_a, trans_b)) in CHECK_LAYOUTS.into_iter().enumerate() {
@@ -545,21 +557,17 @@ impl GpuKernels<'_> {
         Ok(Ok(()))
     }
 
-    /// Runs candidate `name` on the float16 convolutions of [`CONV_CHECKS`] it takes (the
-    /// forward pass with and without a bias, the input gradients at strides above 1; the split
-    /// candidate: every kernel gradient) against the f64 oracle. `Err` is a device failure;
-    /// `Ok(Err)` names the first wrong output.
+    /// Runs candidate `c` (the `index`-th, which seeds its inputs) on the float16 convolutions
+    /// of [`CONV_CHECKS`] it takes (the forward pass with and without a bias, the input
+    /// gradients at strides above 1; the split candidate: every kernel gradient) against the
+    /// f64 oracle. `Err` is a device failure; `Ok(Err)` names the first wrong output.
     fn coop_conv_self_check(
         &self,
         device: &LogicalDevice,
-        name: &'static str,
+        index: usize,
+        c: &Candidate,
     ) -> Result<std::result::Result<(), String>> {
-        let Some((index, c)) = CANDIDATES.iter().enumerate().find(|(_, c)| c.name == name) else {
-            return Ok(Err(format!("{name} is no cooperative-matrix candidate")));
-        };
-        if let Err(e) = self.dev.ctx.pipeline(c.kernel, self.name) {
-            return Ok(Err(e.to_string()));
-        }
+        let name = c.name;
         for (q, s) in CONV_CHECKS.iter().enumerate() {
             let g = ConvGeometry::conv(s);
             let seed = 95_000 + 1_000 * index as u64 + 10 * q as u64;
@@ -578,10 +586,7 @@ impl GpuKernels<'_> {
                 // these toy shapes, inside the check.
                 let d = conv_dims(&g, ConvMode::KernelGrad);
                 let (partials, splits) = self.coop_split(&x, &dz, d, 64, Some(&g))?;
-                let layers = partials.to_vec::<f32>()?;
-                let got: Vec<f32> = (0..d.m * d.n)
-                    .map(|i| (0..splits).map(|z| layers[z * d.m * d.n + i]).sum())
-                    .collect();
+                let got = layer_sums(&partials.to_vec::<f32>()?, splits);
                 let want = reference::conv2d_backward_kernel(&xv, &dzv, s);
                 if let Some((i, g, w)) = first_off(&got, &want) {
                     return Ok(Err(format!(
@@ -1703,10 +1708,7 @@ fn emu_store(c: array<f32, 8>, slot: u32, lane: u32) {
                         splits as u32,
                     ];
                     run(p, &[&x, &dz, &part], grid);
-                    let layers = part.to_vec::<f32>().unwrap();
-                    let sum: Vec<f32> = (0..d.m * d.n)
-                        .map(|i| (0..splits).map(|z| layers[z * d.m * d.n + i]).sum())
-                        .collect();
+                    let sum = layer_sums(&part.to_vec::<f32>().unwrap(), splits);
                     if let Some((i, got, w)) = first_off(&sum, &want) {
                         failures.push(format!(
                             "{what} kernel gradient in {splits} slices: dk[{i}] = {got}, \
