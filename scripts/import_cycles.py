@@ -2,7 +2,7 @@
 """Import circles between the crate's modules.
 
 A module `a` imports `b` when a non-test line of a file under `a` names `crate::b` (in a `use` or
-in a path). The nodes are the top-level modules of src/ and, one level down, the children of
+in a path; a file that is a `#[cfg(test)] mod` is all test). The nodes are the top-level modules of src/ and, one level down, the children of
 `ops`, `device` and `nn` (`ops/mod.rs` is the node `ops` itself; a parent's `mod`/`pub use` of
 its own children is structure, not an import; a name a `mod.rs` re-exports counts as its
 child's).
@@ -126,13 +126,24 @@ def child_reexports(parent):
     return out
 
 
+def test_files():
+    """Files that are test-only modules: declared `#[cfg(test)] mod name;` by their parent."""
+    out = set()
+    for f in SRC.rglob("*.rs"):
+        here = f.parent if f.name == "mod.rs" else f.with_suffix("")
+        for name in re.findall(r"#\[cfg\(test\)\]\s*mod (\w+);", f.read_text()):
+            out |= {here / f"{name}.rs", here / name / "mod.rs"}
+    return out
+
+
 def graph():
+    tests = test_files()
     reexp = lib_reexports()
     child = {p: child_reexports(p) for p in SPLIT}
     edges = {}
     for f in sorted(SRC.rglob("*.rs")):
         src = node_of_file(f)
-        if src is None:
+        if src is None or f in tests:
             continue
         for segs in paths(strip(f.read_text())):
             dst = node_of_path(segs) or reexp.get(segs[0] if segs else "")

@@ -1,7 +1,7 @@
 //! The matrix products on a GPU (`matmul.wgsl`): the kernel picked per shape and adapter (64×64
 //! tiles, vec4, workgroup-memory tiles, tall register blocks, the uniform window of `matmul_ubo8`,
 //! split k, a transposed operand copied row-major first; for float16, cooperative matrices where
-//! the adapter has them, see `coop.rs`), by the tuner where several apply.
+//! the adapter has them, see `coop/`), by the tuner where several apply.
 
 use bytemuck::{Pod, Zeroable};
 

@@ -158,7 +158,7 @@ fn c1_windows(g: &Correlation) -> Option<usize> {
 impl GpuKernels<'_> {
     /// Runs `out = act(correlate(input, kernel) + bias)`: when `co` is a multiple of 4, tuned
     /// between `conv2d_v4` and the workgroup-memory `conv2d_smem_v4`, `conv2d_s` otherwise,
-    /// and for float16 against the tensor cores too (an implicit product, `coop.rs`).
+    /// and for float16 against the tensor cores too (an implicit product, `coop/gather.rs`).
     fn correlate(
         &self,
         g: &Correlation,
