@@ -1,14 +1,19 @@
-// Direct stride-1 2-D convolution (NHWC activations, HWIO kernels) and its gradients.
+// Direct 2-D convolution (NHWC activations, HWIO kernels, one group) and its gradients, at any
+// strides and dilation.
 //
 // The main entry points are one correlation between an input [n, h, w, ci] and an output
-// [n, oh, ow, co]: out[n, i, j, o] = Σ_{a, b, c} in[n, i + a - pt, j + b - pl, c] · K[a, b, c, o],
-// out-of-range inputs reading as zero, with bias + activation fused into the store.
-//   forward         in = x, out = y, K = k.
-//   backward input  in = dz ([.., c_out]), out = dx ([.., c_in]), padding (kh-1-pt, kw-1-pl),
-//                   K = the flipped, channel-swapped kernel from conv2d_flip (no bias, act 0).
-//   backward kernel dk[a, b, c, o] = Σ_{n, i, j} x[n, i + a - pt, j + b - pl, c] · dz[n, i, j, o],
-//                   as partial sums over chunks of output pixels; the caller sums the partials
-//                   (Kernels::sum_rows over [chunks, kh*kw*c_in*c_out]).
+// [n, oh, ow, co]: out[n, i, j, o] = Σ_{a, b, c} in↑[n, i·sh + a·dh - pt, j·sw + b·dw - pl, c] ·
+// K[a, b, c, o], where in↑ is the input seen upsampled by (uh, uw) (in↑[r, s] = in[r/uh, s/uw]
+// where both divide, zero between) and out-of-range inputs read as zero, with bias + activation
+// fused into the store.
+//   forward         in = x, out = y, K = k (uh = uw = 1).
+//   backward input  in = dz ([.., c_out]) upsampled by the forward strides, out = dx ([..,
+//                   c_in]), strides 1, the forward dilation, padding ((kh-1)·dh - pt,
+//                   (kw-1)·dw - pl), K = the flipped, channel-swapped kernel from conv2d_flip (no
+//                   bias, act 0).
+//   backward kernel dk[a, b, c, o] = Σ_{n, i, j} x[n, i·sh + a·dh - pt, j·sw + b·dw - pl, c] ·
+//                   dz[n, i, j, o], as partial sums over chunks of output pixels; the caller sums
+//                   the partials (Kernels::sum_rows over [chunks, kh*kw*c_in*c_out]).
 // Loads dominate the cost (on software rasterizers every non-uniform load is a per-lane loop), so
 // the entry points are register blocked: each invocation keeps a block of outputs in registers
 // and reads each operand once per block. Out-of-range taps read a clamped, valid address and are
@@ -71,7 +76,9 @@
 // Tensors are bound to the USED bindings in ascending order (as listed per entry point).
 // Params: in the correlation's terms (for backward input: h, w = the forward oh, ow; ci = c_out;
 // co = c_in; oh, ow = the forward h, w); act 0 linear, 1 relu, 2 selu; has_bias; wblocks;
-// items; chunk, pixels, taps (backward kernel); block (conv2d_c1_ubo8).
+// items; chunk, pixels, taps (backward kernel); block (conv2d_c1_ubo8); strides sh, sw,
+// dilation dh, dw and upsampling uh, uw (all 1 for a stride-1 correlation; conv2d_c1_ubo8 and
+// conv2d_dk_1x1[_16] only run at 1, the backward kernel entry points never upsample).
 // Limits: four storage buffers, 8 KiB of workgroup memory (conv2d_smem_v4), no f16 or subgroups
 // (GL-compatible).
 
@@ -89,13 +96,21 @@ struct Params {
     pl: u32,
     act: u32,
     has_bias: u32,
-    _pad0: u32,
+    sh: u32,
     wblocks: u32,
     items: u32,
     chunk: u32,
     pixels: u32,
     taps: u32,
     block: u32,
+    sw: u32,
+    dh: u32,
+    dw: u32,
+    uh: u32,
+    uw: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -155,10 +170,18 @@ struct Taps {
 
 fn taps_of(blk: Block, a: u32, b: u32, q0: u32) -> Taps {
     // u32 arithmetic wraps, so negative positions become huge and fail the `< h` tests.
-    let ii = blk.i + a - p.pt;
+    var ii = blk.i * p.sh + a * p.dh - p.pt;
+    let j = vec4<u32>(blk.j0 + q0) + vec4<u32>(0u, 1u, 2u, 3u);
+    var jj = j * p.sw + vec4<u32>(b * p.dw - p.pl);
+    var on = vec4<bool>(true);
+    // (Uniform: only an input gradient at strides above 1 pays the divisions.)
+    if (p.uh != 1u || p.uw != 1u) {
+        on = vec4<bool>(ii % p.uh == 0u) & (jj % vec4<u32>(p.uw) == vec4<u32>(0u));
+        ii = ii / p.uh;
+        jj = jj / vec4<u32>(p.uw);
+    }
     let row = (blk.n * p.h + min(ii, p.h - 1u)) * p.w;
-    let jj = vec4<u32>(blk.j0 + q0) + vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(b - p.pl);
-    let valid = (jj < vec4<u32>(p.w)) & vec4<bool>(ii < p.h);
+    let valid = (jj < vec4<u32>(p.w)) & vec4<bool>(ii < p.h) & on;
     let base = (vec4<u32>(row) + min(jj, vec4<u32>(p.w - 1u))) * p.ci;
     return Taps(base, valid);
 }
@@ -341,8 +364,13 @@ fn patch_at(n: u32, oi: u32, oj: u32, t: u32) -> f32 {
     let c = t % p.ci;
     let tap = t / p.ci;
     // u32 arithmetic wraps, so positions above or left of the image fail the `< h` tests.
-    let ii = oi + tap / p.kw - p.pt;
-    let jj = oj + tap % p.kw - p.pl;
+    var ii = oi * p.sh + (tap / p.kw) * p.dh - p.pt;
+    var jj = oj * p.sw + (tap % p.kw) * p.dw - p.pl;
+    if (p.uh != 1u || p.uw != 1u) {
+        if (ii % p.uh != 0u || jj % p.uw != 0u) { return 0.0; }
+        ii = ii / p.uh;
+        jj = jj / p.uw;
+    }
     if (ii >= p.h || jj >= p.w) { return 0.0; }
     return x[((n * p.h + ii) * p.w + jj) * p.ci + c];
 }
@@ -420,11 +448,12 @@ fn conv2d_flip(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 // Backward kernel: partial sums over chunks of output pixels.
 
 // The 4 flattened taps r0..r0+3 (clamped to the last): their x offsets relative to an output
-// pixel's own position (wrapping u32, in scalars) and their (a - pt, b - pl) shifts.
+// pixel's window corner (i·sh, j·sw) (wrapping u32, in scalars) and their (a·dh - pt,
+// b·dw - pl) shifts.
 struct TapBlock {
-    // ((a - pt) * w + (b - pl)) * ci + c, wrapping.
+    // ((a·dh - pt) * w + (b·dw - pl)) * ci + c, wrapping.
     off: vec4<u32>,
-    // a - pt and b - pl, wrapping.
+    // a·dh - pt and b·dw - pl, wrapping.
     da: vec4<u32>,
     db: vec4<u32>,
 }
@@ -435,8 +464,8 @@ fn tap_block(r0: u32) -> TapBlock {
     let ab = r / p.ci;
     let a = ab / p.kw;
     let b = ab % p.kw;
-    let da = a - vec4<u32>(p.pt);
-    let db = b - vec4<u32>(p.pl);
+    let da = a * p.dh - vec4<u32>(p.pt);
+    let db = b * p.dw - vec4<u32>(p.pl);
     let off = (da * p.w + db) * p.ci + c;
     return TapBlock(off, da, db);
 }
@@ -467,12 +496,16 @@ fn walk_next(s: Walk) -> Walk {
     return r;
 }
 
+// The window corner (i·sh, j·sw) of output pixel `s`, as an x offset in scalars.
+fn corner(s: Walk) -> u32 {
+    return ((s.n * p.h + s.i * p.sh) * p.w + s.j * p.sw) * p.ci;
+}
+
 fn x_taps(s: Walk, tb: TapBlock, live: bool) -> vec4<f32> {
-    let ii = vec4<u32>(s.i) + tb.da;
-    let jj = vec4<u32>(s.j) + tb.db;
+    let ii = vec4<u32>(s.i * p.sh) + tb.da;
+    let jj = vec4<u32>(s.j * p.sw) + tb.db;
     let valid = (ii < vec4<u32>(p.h)) & (jj < vec4<u32>(p.w)) & vec4<bool>(live);
-    let at = min(vec4<u32>(((s.n * p.h + s.i) * p.w + s.j) * p.ci) + tb.off,
-                 vec4<u32>(arrayLength(&x) - 1u));
+    let at = min(vec4<u32>(corner(s)) + tb.off, vec4<u32>(arrayLength(&x) - 1u));
     let v = vec4<f32>(x[at.x], x[at.y], x[at.z], x[at.w]);
     return select(vec4<f32>(0.0), v, valid);
 }
@@ -620,10 +653,10 @@ fn conv2d_dk_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 
 // The 9th tap of conv2d_dk9_v4 (x_taps for a single tap).
 fn x_tap(s: Walk, tb: TapBlock, live: bool) -> f32 {
-    let ii = s.i + tb.da.x;
-    let jj = s.j + tb.db.x;
+    let ii = s.i * p.sh + tb.da.x;
+    let jj = s.j * p.sw + tb.db.x;
     let valid = ii < p.h && jj < p.w && live;
-    let at = min(((s.n * p.h + s.i) * p.w + s.j) * p.ci + tb.off.x, arrayLength(&x) - 1u);
+    let at = min(corner(s) + tb.off.x, arrayLength(&x) - 1u);
     return select(0.0, x[at], valid);
 }
 

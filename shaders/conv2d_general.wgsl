@@ -1,7 +1,7 @@
 // General 2-D convolution: strides, dilation, TF's (possibly asymmetric) 'same' padding and
-// groups, NHWC activations. What conv2d.wgsl and depthwise.wgsl (stride 1, tuned, register
-// blocked) do not serve: strided and dilated Conv2D, DepthwiseConv2D with a depth multiplier,
-// strides, dilation or 'valid' padding.
+// groups, NHWC activations. What depthwise.wgsl (stride 1, tuned, register blocked) does not
+// serve: DepthwiseConv2D with a depth multiplier, strides, dilation or 'valid' padding (a
+// Conv2D, one group, takes conv2d.wgsl's kernels at any strides and dilation).
 //
 // A grouped convolution: output channel o belongs to group g = o / cog and reads input channels
 // g*cig .. (g+1)*cig; the kernel is [kh, kw, cig, co] (a Conv2D: cig = ci, cog = co, one group;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use anygpu::ops;
 use anygpu::ops::reference::{self as r, assert_close, random_vec, to_f64};
 use anygpu::ops::spec::{
-    Activation, AdamParams, Conv2dShape, DepthwiseShape, Padding, PoolShape, SgdParams,
+    Activation, AdamParams, Conv2dShape, ConvOptions, DepthwiseShape, Padding, PoolShape, SgdParams,
 };
 use anygpu::{DeviceKind, Error, KindFilter, LogicalDevice, Runtime, RuntimeBuilder, Tensor};
 
@@ -192,11 +192,13 @@ fn conv2d_forward_and_gradients() {
     check_conv2d(&env().devices);
 }
 
-/// Conv2D forward, input, kernel, bias and fused weight gradients on `devices`.
+/// Conv2D forward, input, kernel, bias and fused weight gradients on `devices`, at stride 1,
+/// then at strides and dilations above 1 (the same kernels; an input gradient reads dz
+/// upsampled by the strides).
 fn check_conv2d(devices: &[LogicalDevice]) {
     use Padding::{Same, Valid};
     // (n, h, w, c_in, c_out, kh, kw, padding)
-    let cases = [
+    let unit = [
         (1, 1, 1, 1, 1, 1, 1, Same),
         (1, 7, 7, 3, 32, 3, 3, Same),
         (3, 13, 7, 3, 7, 5, 5, Valid),
@@ -213,9 +215,28 @@ fn check_conv2d(devices: &[LogicalDevice]) {
         (2, 9, 11, 1, 8, 3, 3, Valid),
         (1, 5, 6, 1, 16, 3, 3, Same),
     ];
+    // (n, h, w, c_in, c_out, kh, kw, padding, strides, dilation): the vec4 kernels (c_out a
+    // multiple of 4, workgroup tiles too) and the scalar ones, uneven strides, TF's uneven
+    // 'same' padding at stride 2, a strided 1×1 (a ResNet shortcut), 9 taps on one channel.
+    let strided = [
+        (2, 14, 14, 32, 32, 3, 3, Same, [2, 2], [1, 1]),
+        (2, 7, 6, 8, 12, 3, 3, Same, [2, 2], [1, 1]),
+        (3, 9, 11, 5, 7, 3, 3, Valid, [2, 3], [1, 1]),
+        (1, 10, 9, 4, 8, 4, 4, Same, [3, 2], [1, 1]),
+        (2, 11, 10, 8, 16, 3, 3, Same, [1, 1], [2, 2]),
+        (1, 12, 9, 3, 5, 3, 2, Valid, [1, 1], [2, 3]),
+        (2, 9, 9, 16, 8, 1, 1, Valid, [2, 2], [1, 1]),
+        (2, 13, 12, 1, 8, 3, 3, Same, [2, 2], [1, 1]),
+    ];
+    let cases = unit
+        .iter()
+        .map(|&(n, h, w, ci, co, kh, kw, pad)| (n, h, w, ci, co, kh, kw, pad, [1, 1], [1, 1]))
+        .chain(strided);
     for dev in devices {
         let _s = dev.scope();
-        for (t, &(n, h, w, c_in, c_out, kh, kw, padding)) in cases.iter().enumerate() {
+        for (t, (n, h, w, c_in, c_out, kh, kw, padding, strides, dilation)) in
+            cases.clone().enumerate()
+        {
             let s = Conv2dShape {
                 n,
                 h,
@@ -225,9 +246,12 @@ fn check_conv2d(devices: &[LogicalDevice]) {
                 kh,
                 kw,
                 padding,
-                strides: [1, 1],
-                dilation: [1, 1],
+                strides,
+                dilation,
             };
+            let options = ConvOptions::new(padding)
+                .strides(strides)
+                .dilation(dilation);
             let (oh, ow) = s.out_hw();
             let act = ACTS[t % 3];
             let with_bias = t % 2 == 0;
@@ -244,7 +268,7 @@ fn check_conv2d(devices: &[LogicalDevice]) {
             let what = format!("{} {s:?} {act:?} bias={with_bias}", label(dev));
 
             trap(dev, &[s.output_len()]);
-            let y = ops::conv2d(&xt, &kt, with_bias.then_some(&bt), padding, act).unwrap();
+            let y = ops::conv2d(&xt, &kt, with_bias.then_some(&bt), options, act).unwrap();
             on(&y, dev);
             assert_eq!(y.shape(), [n, oh, ow, c_out]);
             let b64 = with_bias.then(|| to_f64(&b));
@@ -252,14 +276,14 @@ fn check_conv2d(devices: &[LogicalDevice]) {
             assert_close(&get(&y), &expected, TOL, &format!("conv2d {what}"));
 
             trap(dev, &[s.input_len()]);
-            let dx = ops::conv2d_backward_input(&dzt, &kt, &[n, h, w, c_in], padding).unwrap();
+            let dx = ops::conv2d_backward_input(&dzt, &kt, &[n, h, w, c_in], options).unwrap();
             on(&dx, dev);
             let expected = r::conv2d_backward_input(&dz64, &k64, &s);
             assert_close(&get(&dx), &expected, TOL, &format!("conv2d dx {what}"));
 
             trap(dev, &[s.kernel_len()]);
             let dk =
-                ops::conv2d_backward_kernel(&xt, &dzt, &[kh, kw, c_in, c_out], padding).unwrap();
+                ops::conv2d_backward_kernel(&xt, &dzt, &[kh, kw, c_in, c_out], options).unwrap();
             on(&dk, dev);
             let expected = r::conv2d_backward_kernel(&x64, &dz64, &s);
             assert_close(&get(&dk), &expected, TOL, &format!("conv2d dk {what}"));
@@ -275,7 +299,7 @@ fn check_conv2d(devices: &[LogicalDevice]) {
             trap(dev, &[s.kernel_len(), c_out]);
             let kshape = [kh, kw, c_in, c_out];
             let (dk, db) =
-                ops::conv2d_backward_weights(&xt, &y, &dzt, &kshape, padding, act).unwrap();
+                ops::conv2d_backward_weights(&xt, &y, &dzt, &kshape, options, act).unwrap();
             let dz_act = r::activation_backward(&dz64, &to_f64(&get(&y)), act);
             for (got, expected, name) in [
                 (&dk, r::conv2d_backward_kernel(&x64, &dz_act, &s), "dk"),

@@ -1,7 +1,7 @@
-//! The convolutions on a GPU (`conv2d.wgsl`): the register-blocked correlation and its
-//! variants (workgroup-memory tiles, the uniform window of a one-channel input, the direct
-//! kernel), the 1×1 convolution as a product where that is faster, and the kernel gradients as
-//! partial sums.
+//! The convolutions on a GPU (`conv2d.wgsl`), at any strides and dilation: the register-blocked
+//! correlation and its variants (workgroup-memory tiles, the uniform window of a one-channel
+//! input, the direct kernel), the 1×1 convolution as a product where that is faster, and the
+//! kernel gradients as partial sums.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -48,9 +48,10 @@ fn general_class(g: &ConvGeometry) -> String {
     )
 }
 
-/// Mirror of `Params` in conv2d.wgsl.
+/// Mirror of `Params` in conv2d.wgsl. Its default is a stride-1 correlation (strides, dilation
+/// and upsampling 1), everything else 0.
 #[repr(C)]
-#[derive(Clone, Copy, Default, Pod, Zeroable)]
+#[derive(Clone, Copy, Pod, Zeroable)]
 struct ConvParams {
     n: u32,
     h: u32,
@@ -65,7 +66,7 @@ struct ConvParams {
     pl: u32,
     act: u32,
     has_bias: u32,
-    _pad0: u32,
+    sh: u32,
     wblocks: u32,
     items: u32,
     chunk: u32,
@@ -73,62 +74,103 @@ struct ConvParams {
     taps: u32,
     /// `conv2d_c1_ubo8`'s block of 8 output channels.
     block: u32,
+    sw: u32,
+    dh: u32,
+    dw: u32,
+    /// The input seen upsampled by (uh, uw): an input gradient at strides above 1.
+    uh: u32,
+    uw: u32,
+    _pad: [u32; 3],
 }
 
-/// One stride-1 correlation `out[n, i, j, o] = Σ in[n, i + a - pt, j + b - pl, c] · k[a, b, c, o]`
-/// between `in` `[n, h, w, ci]` and `out` `[n, oh, ow, co]`.
-struct Correlation {
-    n: usize,
-    h: usize,
-    w: usize,
-    ci: usize,
-    co: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    pt: usize,
-    pl: usize,
-}
-
-impl Correlation {
-    /// This correlation as a convolution of one group (strides and dilation 1).
-    fn geometry(&self) -> ConvGeometry {
-        ConvGeometry {
-            n: self.n,
-            h: self.h,
-            w: self.w,
-            ci: self.ci,
-            co: self.co,
-            cig: self.ci,
-            cog: self.co,
-            kh: self.kh,
-            kw: self.kw,
+impl Default for ConvParams {
+    fn default() -> ConvParams {
+        ConvParams {
             sh: 1,
             sw: 1,
             dh: 1,
             dw: 1,
-            pt: self.pt,
-            pl: self.pl,
-            oh: self.oh,
-            ow: self.ow,
+            uh: 1,
+            uw: 1,
+            ..ConvParams::zeroed()
         }
+    }
+}
+
+/// One correlation `out[n, i, j, o] = Σ in↑[n, i·sh + a·dh - pt, j·sw + b·dw - pl, c] ·
+/// k[a, b, c, o]` between `in` `[n, h, w, ci]` and `out` `[n, oh, ow, co]` of `g` (one group),
+/// `in↑` the input seen upsampled by `up` (zeros between its rows and columns): a convolution's
+/// forward pass (`up` 1), or its input gradient (`dz` upsampled by the strides, the flipped
+/// kernel; [`Gather::input_grad`]).
+struct Correlation {
+    g: ConvGeometry,
+    up: [usize; 2],
+}
+
+impl Correlation {
+    /// The forward pass of convolution `s`.
+    fn forward(s: &Conv2dShape) -> Correlation {
+        Correlation::of(Gather::conv(ConvGeometry::conv(s)))
+    }
+
+    /// The input gradient of convolution `s`, over the flipped kernel.
+    fn input_grad(s: &Conv2dShape) -> Correlation {
+        Correlation::of(Gather::input_grad(&ConvGeometry::conv(s)))
+    }
+
+    fn of(Gather { g, up }: Gather) -> Correlation {
+        Correlation { g, up }
+    }
+
+    /// The same correlation as the tensor-core kernels read it.
+    fn gather(&self) -> Gather {
+        Gather {
+            g: self.g,
+            up: self.up,
+        }
+    }
+
+    /// Whether strides, dilation and upsampling are all 1.
+    fn unit(&self) -> bool {
+        let g = &self.g;
+        [g.sh, g.sw, g.dh, g.dw, self.up[0], self.up[1]] == [1; 6]
+    }
+
+    /// The tuner's class of this correlation: kernel, channels, and the pixels' bucket; then
+    /// strides, dilation and upsampling where any is not 1.
+    fn class(&self) -> String {
+        let g = &self.g;
+        let pixels = g.n * g.oh * g.ow;
+        let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
+        if self.unit() {
+            return class;
+        }
+        let [uh, uw] = self.up;
+        let (sh, sw, dh, dw) = (g.sh, g.sw, g.dh, g.dw);
+        format!("{class} s{sh}x{sw} d{dh}x{dw} u{uh}x{uw}")
     }
 
     /// The kernel params of this correlation, with `act` and the bias flag.
     fn params(&self, act: Activation, has_bias: bool) -> ConvParams {
+        let g = &self.g;
         ConvParams {
-            n: u(self.n),
-            h: u(self.h),
-            w: u(self.w),
-            ci: u(self.ci),
-            co: u(self.co),
-            kh: u(self.kh),
-            kw: u(self.kw),
-            oh: u(self.oh),
-            ow: u(self.ow),
-            pt: u(self.pt),
-            pl: u(self.pl),
+            n: u(g.n),
+            h: u(g.h),
+            w: u(g.w),
+            ci: u(g.ci),
+            co: u(g.co),
+            kh: u(g.kh),
+            kw: u(g.kw),
+            oh: u(g.oh),
+            ow: u(g.ow),
+            pt: u(g.pt),
+            pl: u(g.pl),
+            sh: u(g.sh),
+            sw: u(g.sw),
+            dh: u(g.dh),
+            dw: u(g.dw),
+            uh: u(self.up[0]),
+            uw: u(self.up[1]),
             act: act.code(),
             has_bias: u32::from(has_bias),
             ..Default::default()
@@ -143,10 +185,12 @@ const C1_WINDOW_STRIDE: u64 = 512;
 
 /// The number of `conv2d_c1_ubo8` windows (blocks of 8 output channels) of `g`, or `None`
 /// where the kernel does not apply: a 3×3 kernel, one input channel, output channels a
-/// multiple of 8, and every window in the uniform scratch buffer.
-fn c1_windows(g: &Correlation) -> Option<usize> {
+/// multiple of 8, every window in the uniform scratch buffer, strides and dilation 1.
+fn c1_windows(c: &Correlation) -> Option<usize> {
+    let g = &c.g;
     let blocks = g.co / 8;
-    let fits = g.ci == 1
+    let fits = c.unit()
+        && g.ci == 1
         && g.kh == 3
         && g.kw == 3
         && g.co.is_multiple_of(8)
@@ -161,29 +205,30 @@ impl GpuKernels<'_> {
     /// and for float16 against the tensor cores too (an implicit product, `coop/gather.rs`).
     fn correlate(
         &self,
-        g: &Correlation,
+        c: &Correlation,
         input: &Tensor,
         kernel: &Tensor,
         bias: Option<&Tensor>,
         out: &Tensor,
         act: Activation,
     ) -> Result<()> {
+        let g = &c.g;
         let v4 = g.co.is_multiple_of(4);
         let pixels = g.n * g.oh * g.ow;
-        // (A 1×1 correlation is already tuned against the products, workgroup tiles included.)
-        let pointwise = g.kh * g.kw == 1;
+        // (A stride-1 1×1 correlation is already tuned against the products, workgroup tiles
+        // included.)
+        let pointwise = g.kh * g.kw == 1 && c.unit();
         let tiled = v4 && !pointwise && pixels.div_ceil(64) <= MAX_GROUPS_PER_DIM && pixels > 0;
-        let gather = Gather::conv(g.geometry());
+        let gather = c.gather();
         let coop = if pointwise {
             Vec::new()
         } else {
             self.coop_conv_candidates((input, kernel, bias, out), &gather)?
         };
         if tiled || !coop.is_empty() {
-            let class = format!("{}x{} {}->{} p{}", g.kh, g.kw, g.ci, g.co, bucket(pixels));
             let mut candidates = vec!["direct"];
             // Its uniform windows hold float32 weights: no float16 twin.
-            if tiled && c1_windows(g).is_some() && input.dtype() == DType::F32 {
+            if tiled && c1_windows(c).is_some() && input.dtype() == DType::F32 {
                 candidates.push("ubo_c1");
             }
             candidates.extend(coop);
@@ -192,34 +237,35 @@ impl GpuKernels<'_> {
             } else {
                 &[]
             };
-            let choice = Choice::new("conv2d", class, &candidates, "direct").full_only(full_only);
+            let choice =
+                Choice::new("conv2d", c.class(), &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 if coop::is_candidate(candidate) {
                     self.conv_coop(candidate, input, kernel, bias, out, &gather, act)
                 } else if candidate == "smem64" && tiled {
-                    self.correlate_smem(g, input, kernel, bias, out, act)
+                    self.correlate_smem(c, input, kernel, bias, out, act)
                 } else if candidate == "ubo_c1" {
-                    self.correlate_c1_ubo8(g, input, kernel, bias, out, act)
+                    self.correlate_c1_ubo8(c, input, kernel, bias, out, act)
                 } else {
-                    self.correlate_direct(g, input, kernel, bias, out, act)
+                    self.correlate_direct(c, input, kernel, bias, out, act)
                 }
             });
         }
-        self.correlate_direct(g, input, kernel, bias, out, act)
+        self.correlate_direct(c, input, kernel, bias, out, act)
     }
 
     /// [`GpuKernels::correlate`] by `conv2d_smem_v4`: an implicit product on workgroup-memory
     /// tiles (co a multiple of 4).
     fn correlate_smem(
         &self,
-        g: &Correlation,
+        c: &Correlation,
         input: &Tensor,
         kernel: &Tensor,
         bias: Option<&Tensor>,
         out: &Tensor,
         act: Activation,
     ) -> Result<()> {
-        let p = g.params(act, bias.is_some());
+        let (g, p) = (&c.g, c.params(act, bias.is_some()));
         let grid = [u(g.co.div_ceil(64)), u((g.n * g.oh * g.ow).div_ceil(64)), 1];
         // Without a bias the (unread) bias binding takes the output.
         let b = bias.unwrap_or(out);
@@ -231,17 +277,18 @@ impl GpuKernels<'_> {
     /// dispatch per window.
     fn correlate_c1_ubo8(
         &self,
-        g: &Correlation,
+        c: &Correlation,
         input: &Tensor,
         kernel: &Tensor,
         bias: Option<&Tensor>,
         out: &Tensor,
         act: Activation,
     ) -> Result<()> {
-        let Some(blocks) = c1_windows(g) else {
+        let Some(blocks) = c1_windows(c) else {
             // Only offered where it applies; a forced pick elsewhere runs the direct kernels.
-            return self.correlate_direct(g, input, kernel, bias, out, act);
+            return self.correlate_direct(c, input, kernel, bias, out, act);
         };
+        let g = &c.g;
         let b = bias.unwrap_or(out);
         let bytes = blocks as u64 * C1_WINDOW_STRIDE;
         self.with_uniform_windows(
@@ -268,7 +315,7 @@ impl GpuKernels<'_> {
                         wblocks: u(wpairs),
                         items: u(items),
                         block: u(block),
-                        ..g.params(act, bias.is_some())
+                        ..c.params(act, bias.is_some())
                     };
                     let ranges = [input, b, out, window];
                     self.launch_ranges(CONV2D_C1_UBO8, &p, &ranges, grid_1d(items, 64))?;
@@ -281,13 +328,14 @@ impl GpuKernels<'_> {
     /// [`GpuKernels::correlate`] by the register-blocked direct kernels.
     fn correlate_direct(
         &self,
-        g: &Correlation,
+        c: &Correlation,
         input: &Tensor,
         kernel: &Tensor,
         bias: Option<&Tensor>,
         out: &Tensor,
         act: Activation,
     ) -> Result<()> {
+        let g = &c.g;
         let v4 = g.co.is_multiple_of(4);
         // Output pixels per invocation along a row, and output channels per invocation.
         let (width, channels, entry) = if v4 {
@@ -300,7 +348,7 @@ impl GpuKernels<'_> {
         let p = ConvParams {
             wblocks: u(wblocks),
             items: u(items),
-            ..g.params(act, bias.is_some())
+            ..c.params(act, bias.is_some())
         };
         let [gx, gy, _] = grid_1d(items, 64);
         let gz = u(g.co.div_ceil(channels));
@@ -319,21 +367,7 @@ impl GpuKernels<'_> {
         s: &Conv2dShape,
         act: Activation,
     ) -> Result<()> {
-        let (oh, ow) = s.out_hw();
-        let (pt, pl) = s.pad_top_left();
-        let g = Correlation {
-            n: s.n,
-            h: s.h,
-            w: s.w,
-            ci: s.c_in,
-            co: s.c_out,
-            kh: s.kh,
-            kw: s.kw,
-            oh,
-            ow,
-            pt,
-            pl,
-        };
+        let g = Correlation::forward(s);
         // No input channels: x and the kernel have no buffers and the tap loops do not run;
         // bind the output in their place.
         let xin = if x.is_empty() { y } else { x };
@@ -353,9 +387,9 @@ impl GpuKernels<'_> {
     ) -> Result<()> {
         let (oh, ow) = s.out_hw();
         let pixels = s.n * oh * ow;
-        let (pt, pl) = s.pad_top_left();
         let taps = s.kh * s.kw * s.c_in;
-        if s.kh == 1 && s.kw == 1 && s.c_in.is_multiple_of(16) && s.c_out.is_multiple_of(8) {
+        let pointwise = s.kh == 1 && s.kw == 1 && s.is_unit_stride();
+        if pointwise && s.c_in.is_multiple_of(16) && s.c_out.is_multiple_of(8) {
             // A plain xᵀ · dz over the pixels: no taps to compute, all loads vec4; 8 or 16
             // output channels per unit (conv2d_dk_1x1, conv2d_dk_1x1_16).
             let run = |wide: bool| -> Result<()> {
@@ -427,22 +461,11 @@ impl GpuKernels<'_> {
         let (chunk, chunks) = chunking(target, units, pixels, MIN_CHUNK);
         let items = units * chunks;
         let p = ConvParams {
-            n: u(s.n),
-            h: u(s.h),
-            w: u(s.w),
-            ci: u(s.c_in),
-            co: u(s.c_out),
-            kh: u(s.kh),
-            kw: u(s.kw),
-            oh: u(oh),
-            ow: u(ow),
-            pt: u(pt),
-            pl: u(pl),
             items: u(items),
             chunk: u(chunk),
             pixels: u(pixels),
             taps: u(taps),
-            ..Default::default()
+            ..Correlation::forward(s).params(Activation::Linear, false)
         };
         let entry = match (v4, nine) {
             (true, true) => CONV2D_DK9_V4,
@@ -476,24 +499,7 @@ impl GpuKernels<'_> {
         if s.output_len() == 0 {
             return Ok(());
         }
-        if !s.is_unit_stride() {
-            let g = ConvGeometry::conv(s);
-            let gather = Gather::conv(g);
-            let coop = self.coop_conv_candidates((x, kernel, bias, y), &gather)?;
-            if coop.is_empty() {
-                return self.conv_general_forward(x, kernel, bias, y, &g, act);
-            }
-            let candidates: Vec<&'static str> = std::iter::once("general").chain(coop).collect();
-            let choice = Choice::new("conv2d_general", general_class(&g), &candidates, "general");
-            return self.tuned(choice, &mut |c| {
-                if coop::is_candidate(c) {
-                    self.conv_coop(c, x, kernel, bias, y, &gather, act)
-                } else {
-                    self.conv_general_forward(x, kernel, bias, y, &g, act)
-                }
-            });
-        }
-        if s.kh == 1 && s.kw == 1 && pointwise_as_product(s) {
+        if s.kh == 1 && s.kw == 1 && s.is_unit_stride() && pointwise_as_product(s) {
             // A 1×1 convolution is the product [n·h·w, c_in] · [c_in, c_out].
             let dims = MatmulDims {
                 m: s.n * s.h * s.w,
@@ -528,65 +534,21 @@ impl GpuKernels<'_> {
         if s.input_len() == 0 {
             return Ok(());
         }
-        if !s.is_unit_stride() {
-            let g = ConvGeometry::conv(s);
-            // On the tensor cores: the correlation of dz, upsampled by the strides, with the
-            // flipped kernel.
-            let gather = Gather::input_grad(&g);
-            let coop = if dz.is_empty() {
-                Vec::new()
-            } else {
-                self.coop_conv_candidates((dz, kernel, None, dx), &gather)?
-            };
-            if coop.is_empty() {
-                return self.conv_general_backward_input(dz, kernel, dx, &g);
-            }
-            let candidates: Vec<&'static str> = std::iter::once("general").chain(coop).collect();
-            let choice = Choice::new(
-                "conv2d_general_dx",
-                general_class(&g),
-                &candidates,
-                "general",
-            );
-            return self.tuned(choice, &mut |c| {
-                if coop::is_candidate(c) {
-                    // (Flipped here: the general kernel reads the kernel as it is.)
-                    let kt = self.flipped_kernel(kernel, s)?;
-                    self.conv_coop(c, dz, &kt, None, dx, &gather, Activation::Linear)
-                } else {
-                    self.conv_general_backward_input(dz, kernel, dx, &g)
-                }
-            });
-        }
         if dz.is_empty() || kernel.is_empty() {
             // No output pixels or no output channels: nothing flows back.
             self.clear(dx);
             return Ok(());
         }
-        let (oh, ow) = s.out_hw();
-        let (pt, pl) = s.pad_top_left();
-        // dx is the forward correlation of dz with the flipped kernel and the complementary
-        // padding.
+        // dx is the correlation of dz, upsampled by the strides, with the flipped kernel and
+        // the complementary padding.
         let kt = self.flipped_kernel(kernel, s)?;
         let transposed = Conv2dShape {
             c_in: s.c_out,
             c_out: s.c_in,
             ..*s
         };
-        let g = Correlation {
-            n: s.n,
-            h: oh,
-            w: ow,
-            ci: s.c_out,
-            co: s.c_in,
-            kh: s.kh,
-            kw: s.kw,
-            oh: s.h,
-            ow: s.w,
-            pt: s.kh - 1 - pt,
-            pl: s.kw - 1 - pl,
-        };
-        if s.kh == 1 && s.kw == 1 && pointwise_as_product(&transposed) {
+        let g = Correlation::input_grad(s);
+        if s.kh == 1 && s.kw == 1 && s.is_unit_stride() && pointwise_as_product(&transposed) {
             // For a 1×1 kernel, kt is the transposed kernel [c_out, c_in]: dx = dz · kt, the
             // forward case of a 1×1 convolution with the channel counts swapped.
             let dims = MatmulDims {
@@ -657,8 +619,7 @@ impl GpuKernels<'_> {
         self.conv2d_backward_kernel_partials(x, dz, dk, s)
     }
 
-    /// The kernel gradient as partial sums over chunks of pixels (the general kernels' for
-    /// strides and dilation), then their sum.
+    /// The kernel gradient as partial sums over chunks of pixels, then their sum.
     fn conv2d_backward_kernel_partials(
         &self,
         x: &Tensor,
@@ -666,23 +627,14 @@ impl GpuKernels<'_> {
         dk: &Tensor,
         s: &Conv2dShape,
     ) -> Result<()> {
-        if !s.is_unit_stride() {
-            return self.conv_general_backward_kernel(x, dz, dk, &ConvGeometry::conv(s));
-        }
         let (oh, ow) = s.out_hw();
         let pixels = s.n * oh * ow;
         if pixels == 0 {
             self.clear(dk);
             return Ok(());
         }
-        let class = format!(
-            "conv_dk {}x{} {}->{} p{}",
-            s.kh,
-            s.kw,
-            s.c_in,
-            s.c_out,
-            bucket(pixels)
-        );
+        let forward = Correlation::forward(s);
+        let class = format!("conv_dk {}", forward.class());
         self.tuned_partials(class, &mut |target| {
             self.conv2d_backward_kernel_in(x, dz, dk, s, target)
         })

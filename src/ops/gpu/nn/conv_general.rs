@@ -1,7 +1,8 @@
-//! The general convolutions of `conv2d_general.wgsl` on a GPU: strided, dilated and grouped
-//! (depthwise with a multiplier, strides or 'valid' padding), forward and both gradients.
-//! A child of `nn.rs`, whose dispatchers send here exactly the shapes the stride-1 kernels do
-//! not serve (`Conv2dShape::is_unit_stride`, `DepthwiseShape::is_same_unit`).
+//! The general convolutions of `conv2d_general.wgsl` on a GPU: any groups, strides, dilation
+//! and padding, forward and both gradients. A child of `nn.rs`, whose depthwise dispatchers
+//! send here exactly the shapes the depthwise kernels do not serve (a multiplier, strides,
+//! dilation or 'valid' padding: `DepthwiseShape::is_same_unit`); a `Conv2D` of any strides takes
+//! `conv.rs`'s kernels.
 
 use bytemuck::{Pod, Zeroable};
 

@@ -72,7 +72,6 @@ pub(crate) const LOSS_SCALE_UNSCALE: Kernel = opt("loss_scale_unscale");
 
 /// Kernels of `Conv2D`.
 pub(crate) const CONV2D: &[Kernel] = &[
-    CONV_GENERAL_FWD,
     CONV2D_S,
     CONV2D_V4,
     CONV2D_C1_UBO8,
@@ -88,7 +87,6 @@ pub(crate) const CONV2D: &[Kernel] = &[
 /// (1×1 kernels with 64+ input channels on software adapters: the product on the flipped
 /// kernel.)
 pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
-    CONV_GENERAL_DX,
     CONV2D_FLIP,
     CONV2D_S,
     CONV2D_V4,
@@ -103,7 +101,6 @@ pub(crate) const CONV2D_BACKWARD_INPUT: &[Kernel] = &[
 ];
 /// Kernels of `Conv2DBackpropFilter` (partial sums, then `sum_rows`).
 pub(crate) const CONV2D_BACKWARD_KERNEL: &[Kernel] = &[
-    CONV_GENERAL_DK,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK9_V4,
@@ -119,7 +116,6 @@ pub(crate) const CONV2D_BACKWARD_WEIGHTS: &[Kernel] = &[
     gk::ACTIVATION_BACKWARD,
     gk::ACTIVATION_BACKWARD_V4,
     gk::ACT_GRAD_SUM_ROWS_V4,
-    CONV_GENERAL_DK,
     CONV2D_DK_S,
     CONV2D_DK_V4,
     CONV2D_DK9_V4,
