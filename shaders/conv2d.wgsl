@@ -17,15 +17,18 @@
 // Loads dominate the cost (on software rasterizers every non-uniform load is a per-lane loop), so
 // the entry points are register blocked: each invocation keeps a block of outputs in registers
 // and reads each operand once per block. Out-of-range taps read a clamped, valid address and are
-// zeroed with select, so the loops have no divergent control flow.
+// zeroed with select, so the loops have no divergent control flow (except over an upsampled
+// input, where a block skips the taps that fall between the rows or columns of dz: three in
+// four at strides 2×2).
 //
 // Entry points (@workgroup_size(64) unless noted; the "items" dimension is folded as
 // grid_1d(items, 64): flat item = gid.x + gid.y * num_workgroups.x * 64):
 //   conv2d_s     any co: 4 output pixels along a row × 4 output channels (scalar) per invocation;
-//                items = n*oh*ceil(ow/4) (p.wblocks = ceil(ow/4)); dispatch
-//                (grid_1d(items).x, grid_1d(items).y, ceil(co/4)). bindings x, k, bias, y.
+//                items = n*oh*wblocks (p.wblocks = ceil(ow/4), or uw·ceil(ceil(ow/uw)/4) over
+//                an upsampled input: `block_of`); dispatch (grid_1d(items).x,
+//                grid_1d(items).y, ceil(co/4)). bindings x, k, bias, y.
 //   conv2d_v4    co % 4 == 0: 4 output pixels × 32 output channels (8 vec4) per invocation;
-//                items = n*oh*ceil(ow/4); dispatch (.., .., ceil(co/32)).
+//                items = n*oh*wblocks (as conv2d_s); dispatch (.., .., ceil(co/32)).
 //                bindings x, k4, bias4, y4.
 //   conv2d_smem_v4  co % 4 == 0, for GPUs: the correlation as an implicit matrix product
 //                (m = n*oh*ow output pixels × k = kh*kw*ci taps × co; no im2col buffer) on
@@ -51,7 +54,7 @@
 //                product; GPUs: twice the invocations with conv2d_dk_1x1).
 //   conv2d_dk9_v4 conv2d_dk_v4 for exactly 9 taps (3×3 on one input channel): all 9 × 16
 //                output channels in one unit; units = ceil(co/16). bindings x, dz4, dk4.
-//   conv2d_dk_1x1 backward kernel of a 1×1 'same'/'valid' convolution (xᵀ · dz over the
+//   conv2d_dk_1x1 backward kernel of a stride-1 1×1 convolution (xᵀ · dz over the
 //                pixels), c_in % 16 == 0 and c_out % 8 == 0: 16 input channels (4 vec4 of x) ×
 //                8 output channels (2 vec4 of dz) per unit, so per pixel 6 vec4 loads feed 128
 //                multiply-adds with no tap arithmetic; units = (ci/16) * (co/8).
@@ -147,18 +150,33 @@ fn item_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
 }
 
-// Where an invocation of the pixel-blocked kernels works: image n, output row i, first column j0.
+// Where an invocation of the pixel-blocked kernels works: image n, output row i, its columns
+// j0 + q·step. Over an input upsampled by uw (an input gradient at strides above 1) a block
+// takes the columns of one phase j % uw, step uw apart (p.wblocks = uw · ceil(ceil(ow / uw) /
+// width), block jb has phase jb % uw): a tap column then reads the input for all of them or
+// for none, and the kernels skip the taps that read none.
 struct Block {
     n: u32,
     i: u32,
     j0: u32,
+    step: u32,
 }
 
 fn block_of(item: u32, width: u32) -> Block {
     let it = min(item, p.items - 1u);
     let jb = it % p.wblocks;
     let t = it / p.wblocks;
-    return Block(t / p.oh, t % p.oh, jb * width);
+    if (p.uw == 1u) {
+        return Block(t / p.oh, t % p.oh, jb * width, 1u);
+    }
+    let j0 = (jb / p.uw) * width * p.uw + jb % p.uw;
+    return Block(t / p.oh, t % p.oh, j0, p.uw);
+}
+
+// Whether a tap reads nothing for any pixel of the block, over an upsampled input (elsewhere the
+// kernels keep their loops free of divergent branches).
+fn skipped(t: Taps) -> bool {
+    return (p.uh != 1u || p.uw != 1u) && !any(t.valid);
 }
 
 // Per tap (a, b) of a 4-pixel block: the x element offsets (times ci) of the 4 pixels (clamped
@@ -171,7 +189,7 @@ struct Taps {
 fn taps_of(blk: Block, a: u32, b: u32, q0: u32) -> Taps {
     // u32 arithmetic wraps, so negative positions become huge and fail the `< h` tests.
     var ii = blk.i * p.sh + a * p.dh - p.pt;
-    let j = vec4<u32>(blk.j0 + q0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let j = vec4<u32>(blk.j0) + (vec4<u32>(q0) + vec4<u32>(0u, 1u, 2u, 3u)) * blk.step;
     var jj = j * p.sw + vec4<u32>(b * p.dw - p.pl);
     var on = vec4<bool>(true);
     // (Uniform: only an input gradient at strides above 1 pays the divisions.)
@@ -200,6 +218,7 @@ fn corr_s(blk: Block, oc: vec4<u32>) -> array<vec4<f32>, 4> {
     for (var a = 0u; a < p.kh; a++) {
         for (var b = 0u; b < p.kw; b++) {
             let t = taps_of(blk, a, b, 0u);
+            if (skipped(t)) { continue; }
             let kbase = (a * p.kw + b) * p.ci * p.co;
             for (var c = 0u; c < p.ci; c++) {
                 let kr = kbase + c * p.co;
@@ -216,7 +235,7 @@ fn corr_s(blk: Block, oc: vec4<u32>) -> array<vec4<f32>, 4> {
 }
 
 fn store_s(blk: Block, q: u32, oc0: u32, v: vec4<f32>) {
-    let j = blk.j0 + q;
+    let j = blk.j0 + q * blk.step;
     if (j >= p.ow) { return; }
     var r = v;
     if (p.has_bias == 1u) {
@@ -252,7 +271,7 @@ fn conv2d_s(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 // channel block is the workgroup's z) feed 128 multiply-adds.
 
 fn store_v4(blk: Block, q: u32, ob: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) {
-    let j = blk.j0 + q;
+    let j = blk.j0 + q * blk.step;
     let co4 = p.co / 4u;
     if (j >= p.ow || ob >= co4) { return; }
     let base = ((blk.n * p.oh + blk.i) * p.ow + j) * co4 + ob;
@@ -293,6 +312,7 @@ fn conv2d_v4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     for (var a = 0u; a < p.kh; a++) {
         for (var b = 0u; b < p.kw; b++) {
             let t = taps_of(blk, a, b, 0u);
+            if (skipped(t)) { continue; }
             let kbase = (a * p.kw + b) * p.ci * co4;
             for (var c = 0u; c < p.ci; c++) {
                 let kr = kbase + c * co4;
@@ -428,7 +448,8 @@ fn conv2d_smem_v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
 // ---------------------------------------------------------------------------------------------
 // conv2d_flip: the backward-input kernel. kt[a, b, o, c] = k[kh-1-a, kw-1-b, c, o] for a forward
-// kernel k [kh, kw, ci, co]; the input gradient is then the forward correlation of dz with kt.
+// kernel k [kh, kw, ci, co]; the input gradient is then the correlation of dz (upsampled by the
+// strides) with kt.
 
 @compute @workgroup_size(256)
 fn conv2d_flip(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

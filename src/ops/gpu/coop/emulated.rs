@@ -238,8 +238,8 @@ fn the_self_check_passes_the_emulated_kernels_and_fails_a_wrong_gather() {
     }
 }
 
-/// The convolution ops through `nn/conv.rs`'s choices (the stride-1 correlation, the
-/// general forward pass, the input gradients at stride 1 and 2, the kernel gradient), each
+/// The convolution ops through `nn/conv.rs`'s choices (the correlation at stride 1 and
+/// above, the input gradients at stride 1 and 2, the kernel gradient), each
 /// tensor-core candidate forced in turn on the emulated kernels (the device told it has
 /// them): right against the f64 oracle with the right emulation, and wrong with a gather
 /// one row off (so that it ran, not a fallback; each candidate's forward pass and input

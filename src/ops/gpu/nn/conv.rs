@@ -343,7 +343,10 @@ impl GpuKernels<'_> {
         } else {
             (4, 4, CONV2D_S)
         };
-        let wblocks = g.ow.div_ceil(width);
+        // Over an upsampled input each block takes one phase of the columns (conv2d.wgsl's
+        // `block_of`).
+        let uw = c.up[1];
+        let wblocks = uw * g.ow.div_ceil(uw).div_ceil(width);
         let items = g.n * g.oh * wblocks;
         let p = ConvParams {
             wblocks: u(wblocks),

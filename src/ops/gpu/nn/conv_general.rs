@@ -1,8 +1,8 @@
 //! The general convolutions of `conv2d_general.wgsl` on a GPU: any groups, strides, dilation
 //! and padding, forward and both gradients. A child of `nn.rs`, whose depthwise dispatchers
-//! send here exactly the shapes the depthwise kernels do not serve (a multiplier, strides,
-//! dilation or 'valid' padding: `DepthwiseShape::is_same_unit`); a `Conv2D` of any strides takes
-//! `conv.rs`'s kernels.
+//! send here the shapes the depthwise kernels do not serve (a multiplier, strides, dilation or
+//! 'valid' padding: `DepthwiseShape::is_same_unit`) and every depthwise convolution with a fused
+//! bias and activation; a `Conv2D` of any strides takes `conv.rs`'s kernels.
 
 use bytemuck::{Pod, Zeroable};
 

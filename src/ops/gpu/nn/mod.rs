@@ -8,8 +8,8 @@
 //! The `pub(crate) const` lists say which kernels each op may dispatch, for placement
 //! (`kernel_lists.rs`). One file per shader family beside this one (`conv`, `depthwise` with the
 //! separable convolution, `pool`, `softmax`, `optim`, and `conv_general` for the grouped
-//! shapes `depthwise` does not take); this one holds the partial-sum helpers they share and the trait's
-//! implementation, which hands each family's methods to its file.
+//! convolutions `depthwise` does not take); this one holds the partial-sum helpers they share
+//! and the trait's implementation, which hands each family's methods to its file.
 //!
 //! Design notes:
 //! * Every output is written by exactly one invocation (no atomics, no zero-fill first); the
