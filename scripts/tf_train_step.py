@@ -1,4 +1,5 @@
-"""TensorFlow's side of the CPU:0 speed comparison (scripts/cpu_vs_tf.sh): the tutorial CNN's training step.
+"""TensorFlow's side of the CPU:0 speed comparison (scripts/cpu_vs_tf.sh): the training step of the
+tutorial CNN, or of the modern one (`fashion_mnist --model modern`).
 
 Times N training steps at batch 128 after a warm-up, as `fashion_mnist --time-steps N` does,
 so the two can be run alternately on the same machine (its speed drifts by tens of percent
@@ -7,6 +8,8 @@ within an hour, so only side-by-side numbers compare):
     pip install tensorflow-cpu==2.21.*
     python3 scripts/tf_train_step.py 40
     cargo run --release --example fashion_mnist -- --device cpu --time-steps 40
+    python3 scripts/tf_train_step.py 40 modern
+    cargo run --release --example fashion_mnist -- --model modern --device cpu --time-steps 40
 
 Random inputs: a step's cost does not depend on the pixel values. `TF_THREADS=N` pins
 TensorFlow's intra-op pool to N threads (inter-op 1); on the 2-core VM neither 1 nor 2 beat
@@ -47,18 +50,45 @@ def tutorial_cnn():
     )
 
 
+def modern_cnn():
+    """examples/fashion_mnist/models.rs's modern CNN: Conv-BN-ReLU blocks, strided convolutions,
+    global average pooling, Dropout (141,098 weights)."""
+    stack = [keras.Input((28, 28, 1))]
+    for filters, strides in [(32, 1), (32, 2), (64, 1), (64, 2), (128, 1)]:
+        stack += [
+            layers.Conv2D(filters, 3, strides=strides, padding="same", use_bias=False),
+            layers.BatchNormalization(),
+            layers.ReLU(),
+        ]
+    stack += [
+        layers.GlobalAveragePooling2D(),
+        layers.Dropout(0.3),
+        layers.Dense(10, activation="softmax"),
+    ]
+    return keras.Sequential(stack)
+
+
 def main():
     if os.environ.get("TF_THREADS"):
         n = int(os.environ["TF_THREADS"])
         tf.config.threading.set_intra_op_parallelism_threads(n)
         tf.config.threading.set_inter_op_parallelism_threads(1)
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    name = sys.argv[2] if len(sys.argv) > 2 else "tutorial"
     batch = 128
     tf.keras.utils.set_random_seed(0)
-    model = tutorial_cnn()
+    if name == "modern":
+        # Its optimizer in the example: AdamW, with a schedule that costs nothing per step.
+        model = modern_cnn()
+        optimizer = keras.optimizers.AdamW(learning_rate=0.003, weight_decay=0.004)
+    elif name == "tutorial":
+        model = tutorial_cnn()
+        optimizer = keras.optimizers.SGD(learning_rate=0.01)
+    else:
+        sys.exit(f"unknown model {name!r}: tutorial or modern")
     model.compile(
         loss="sparse_categorical_crossentropy",
-        optimizer=keras.optimizers.SGD(learning_rate=0.01),
+        optimizer=optimizer,
         metrics=["accuracy"],
     )
     rng = np.random.default_rng(0)
