@@ -16,8 +16,8 @@
 # rounds of the side-by-side comparison; GPU_CHECK_BATCHES (default "128 1024") the batch sizes;
 # GPU_CHECK_TORCH=0 skips PyTorch, GPU_CHECK_BURN=0 Burn, GPU_CHECK_COMPILE=0 torch.compile (the
 # slowest PyTorch row: it compiles for a minute), GPU_CHECK_MODERN=0 the modern CNN's rows (our
-# f32 and mixed_float16 steps at batch GPU_CHECK_MODERN_BATCH, default 1024, after the
-# comparison); GPU_CHECK_BENCH=1 adds the kernel benchmarks (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
+# f32 and mixed_float16 steps and PyTorch's fp32 and AMP ones at batch GPU_CHECK_MODERN_BATCH,
+# default 1024, after the comparison); GPU_CHECK_BENCH=1 adds the kernel benchmarks (criterion, quick). Profiles (trace.json, top_ops.txt) and the tuning caches go under
 # GPU_CHECK_OUT (default runs/gpu_check); GPU_CHECK_KEEP=DIR copies what a record needs into
 # DIR, in three files (medians.txt, top_ops.txt: every profile's, choices.txt: every tuning
 # cache's, and every candidate's time where the tuner measured), after each batch of the
@@ -213,9 +213,10 @@ busy() {
 cold() {
     record :cold '/^warm-up steps: / { sub(",", "", $3); print $3; exit }' "$@"
 }
+# PyTorch's step: torch VARIANT [TIMEOUT [MODEL]], at $batch.
 torch() {
     limited "${2:-90}" python3 "$here/torch_train_step.py" --variant "$1" --batch "$batch" \
-        --steps "$steps"
+        --steps "$steps" --model "${3:-tutorial}"
 }
 # The peer's wgpu-vulkan asks for a software adapter (lavapipe); elsewhere wgpu-auto takes the
 # first GPU.
@@ -344,15 +345,20 @@ for round in $(seq "$rounds"); do
 done
 
 if [ "${GPU_CHECK_MODERN:-1}" != 0 ] && fits 120; then
-    # Where 3×3 convolutions dominate (32-128 channels): whether the tensor-core convolutions
-    # (implicit products) make mixed precision pay. No peer row: the tutorial's table is the
-    # comparison.
+    # Where 3×3 convolutions dominate (32-128 channels, two of them strided): whether the
+    # tensor-core convolutions (implicit products) make mixed precision pay, and how ours
+    # compare with cuDNN's (PyTorch's fp32 and AMP rows, when time is left).
     mb=${GPU_CHECK_MODERN_BATCH:-1024}
     section "the modern CNN (--model modern: 3x3 convolutions to 128 channels, BatchNormalization), batch $mb, tuned in its warm-up"
     export ANYGPU_CACHE_DIR="$out/cache-modern"
     rm -rf "$ANYGPU_CACHE_DIR"
     row "$mb modern-f32" ours --model modern --batch-size "$mb"
     row "$mb modern-mixed_float16" ours --model modern --batch-size "$mb" --mixed-precision
+    if [ "$has_torch" = 1 ] && fits 90; then
+        batch=$mb
+        row "$mb modern-torch-fp32-eager(TF32-off)" torch fp32 60 modern
+        row "$mb modern-torch-amp-fp16" torch amp 60 modern
+    fi
     if fits 60; then
         busy "$mb modern-mixed_float16" clocks ours --model modern --batch-size "$mb" \
             --mixed-precision --profile "$out/profile-modern-mixed"

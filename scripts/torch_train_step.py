@@ -1,12 +1,16 @@
-"""PyTorch's side of the GPU speed comparison: the tutorial CNN's training step.
+"""PyTorch's side of the GPU speed comparison: the training step of the tutorial CNN, or of the
+modern one (`--model modern`).
 
 The same model as `anygpu::nn::tutorial_cnn` and `scripts/tf_train_step.py` (184,234 parameters,
-SELU, softmax cross-entropy, SGD at 0.01), in PyTorch's own layout (NCHW) as a PyTorch user
+SELU, softmax cross-entropy, SGD at 0.01), or as `fashion_mnist --model modern` (Conv-BN-ReLU
+blocks with strided 3x3 convolutions, global average pooling, Dropout, AdamW; 140,458
+parameters and 640 BatchNorm statistics), in PyTorch's own layout (NCHW) as a PyTorch user
 writes it. A step is forward, loss, backward, update and a synchronize; the batch is made on the
 GPU once, before timing (`fashion_mnist --time-steps N` uploads each step's batch just before
 the step, and the copy runs inside it: ours moves more).
 
     python3 scripts/torch_train_step.py --variant fp32 --batch 1024 --steps 30
+    python3 scripts/torch_train_step.py --variant amp --batch 1024 --model modern
 
 Variants:
     fp32     eager, TF32 off for matmuls and cuDNN: the like-for-like row against anygpu's f32
@@ -70,11 +74,39 @@ def tutorial_cnn():
     )
 
 
+def modern_cnn():
+    """examples/fashion_mnist/models.rs's modern CNN. PyTorch pads a strided 3x3 convolution
+    1 and 1 where Keras' 'same' pads 0 and 1: the same output shapes, the same work."""
+    stack, c_in = [], 1
+    for filters, stride in [(32, 1), (32, 2), (64, 1), (64, 2), (128, 1)]:
+        stack += [
+            nn.Conv2d(c_in, filters, 3, stride=stride, padding=1, bias=False),
+            # Keras' defaults: epsilon 1e-3, momentum 0.99 (PyTorch's momentum is 1 - that).
+            nn.BatchNorm2d(filters, eps=1e-3, momentum=0.01),
+            nn.ReLU(),
+        ]
+        c_in = filters
+    stack += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.3), nn.Linear(128, 10)]
+    return nn.Sequential(*stack)
+
+
+MODELS = {
+    # name: (constructor, parameters, optimizer)
+    "tutorial": (tutorial_cnn, 184_234, lambda p: torch.optim.SGD(p, lr=0.01)),
+    "modern": (
+        modern_cnn,
+        140_458,
+        lambda p: torch.optim.AdamW(p, lr=0.003, weight_decay=0.004),
+    ),
+}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--variant", choices=["fp32", "default", "amp", "graph", "compile"], default="fp32"
     )
+    parser.add_argument("--model", choices=sorted(MODELS), default="tutorial")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="at least this many warm-up steps")
@@ -96,10 +128,11 @@ def main():
     torch.backends.cudnn.benchmark = True  # what a PyTorch user training a fixed shape sets
     torch.manual_seed(0)
 
-    model = tutorial_cnn().to(device)
+    build, want, make_optimizer = MODELS[args.model]
+    model = build().to(device)
     params = sum(p.numel() for p in model.parameters())
-    assert params == 184_234, f"{params} parameters, not the tutorial's 184,234"
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    assert params == want, f"{params} parameters, not the {args.model} model's {want:,}"
+    optimizer = make_optimizer(model.parameters())
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(args.batch, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
@@ -166,7 +199,7 @@ def main():
     med = statistics.median(times)
     name = torch.cuda.get_device_name()
     print(
-        f"torch {args.variant} median train step: {med:.2f} ms (batch {args.batch}, {name}, "
+        f"torch {args.variant} median train step: {med:.2f} ms ({args.model}, batch {args.batch}, {name}, "
         f"torch {torch.__version__}; min {min(times):.2f}, max {max(times):.2f} over "
         f"{args.steps} steps; first step {first:.0f} ms; {args.batch / med * 1e3:.0f} images/s)"
     )
