@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tutorial CNN's training step on CPU:0 side by side with TensorFlow's on the same machine,
+# A CNN's training step on CPU:0 side by side with TensorFlow's on the same machine,
 # in alternating pairs: each pair runs ours, then TensorFlow's (scripts/tf_train_step.py), and
 # prints both medians and their ratio, then the range of the ratios.
 #
@@ -15,6 +15,13 @@ set -euo pipefail
 pairs=${1:-4}
 steps=${2:-40}
 model=${3:-tutorial}
+case $model in
+tutorial | modern) ;;
+*)
+    echo "MODEL is tutorial or modern, not '$model'" >&2
+    exit 2
+    ;;
+esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 cargo build --release --example fashion_mnist --manifest-path "$root/Cargo.toml" >&2
 ours_bin=$root/target/release/examples/fashion_mnist

@@ -238,8 +238,8 @@ report() {
         if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
         ms[key] = ms[key] (ms[key] == "" ? "" : ", ") $3
     } END {
-        printf "%-6s %-36s %s\n", "batch", "step", "per round (ms)"
-        for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-36s %s\n", k[1], k[2], ms[order[i]] }
+        printf "%-6s %-40s %s\n", "batch", "step", "per round (ms)"
+        for (i = 1; i <= n; i++) { split(order[i], k, " "); printf "%-6s %-40s %s\n", k[1], k[2], ms[order[i]] }
     }'
     section "the issue's targets (scripts/gpu_verdict.py)"
     python3 "$here/gpu_verdict.py" "$table"

@@ -23,7 +23,7 @@ Variants:
 Needs a CUDA device: without one it exits with an error rather than time the CPU. Warms up for
 at least 5 steps and 1 s after the first step (as ours does), times each step with a synchronize after it, then the
 same steps back to back (one synchronize at the end, as a training loop runs). Prints two
-lines, `torch <variant> median train step: X ms (batch B; ...)` and `torch <variant>
+lines, `torch <variant> median train step: X ms (<model>, batch B, ...)` and `torch <variant>
 back-to-back train step: Y ms (...)`, which scripts/gpu_check.sh collects into its table. Run each variant in a process of its own (the
 check does, under a timeout): TF32 and compile settings are process-wide.
 """
@@ -91,12 +91,12 @@ def modern_cnn():
 
 
 MODELS = {
-    # name: (constructor, parameters, optimizer)
-    "tutorial": (tutorial_cnn, 184_234, lambda p: torch.optim.SGD(p, lr=0.01)),
+    # name: (constructor, parameters, optimizer of (parameters, capturable in a CUDA graph))
+    "tutorial": (tutorial_cnn, 184_234, lambda p, _: torch.optim.SGD(p, lr=0.01)),
     "modern": (
         modern_cnn,
         140_458,
-        lambda p: torch.optim.AdamW(p, lr=0.003, weight_decay=0.004),
+        lambda p, graph: torch.optim.AdamW(p, lr=0.003, weight_decay=0.004, capturable=graph),
     ),
 }
 
@@ -132,7 +132,7 @@ def main():
     model = build().to(device)
     params = sum(p.numel() for p in model.parameters())
     assert params == want, f"{params} parameters, not the {args.model} model's {want:,}"
-    optimizer = make_optimizer(model.parameters())
+    optimizer = make_optimizer(model.parameters(), args.variant == "graph")
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(args.batch, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)

@@ -153,8 +153,9 @@ fn item_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // Where an invocation of the pixel-blocked kernels works: image n, output row i, its columns
 // j0 + q·step. Over an input upsampled by uw (an input gradient at strides above 1) a block
 // takes the columns of one phase j % uw, step uw apart (p.wblocks = uw · ceil(ceil(ow / uw) /
-// width), block jb has phase jb % uw): a tap column then reads the input for all of them or
-// for none, and the kernels skip the taps that read none.
+// width), the blocks of a row phase by phase, so neighbouring invocations mostly share theirs):
+// a tap column then reads the input for all of a block's columns or for none, and the kernels
+// skip the taps that read none.
 struct Block {
     n: u32,
     i: u32,
@@ -169,7 +170,8 @@ fn block_of(item: u32, width: u32) -> Block {
     if (p.uw == 1u) {
         return Block(t / p.oh, t % p.oh, jb * width, 1u);
     }
-    let j0 = (jb / p.uw) * width * p.uw + jb % p.uw;
+    let per_phase = p.wblocks / p.uw;
+    let j0 = (jb % per_phase) * width * p.uw + jb / per_phase;
     return Block(t / p.oh, t % p.oh, j0, p.uw);
 }
 

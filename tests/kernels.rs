@@ -217,7 +217,8 @@ fn check_conv2d(devices: &[LogicalDevice]) {
     ];
     // (n, h, w, c_in, c_out, kh, kw, padding, strides, dilation): the vec4 kernels (c_out a
     // multiple of 4, workgroup tiles too) and the scalar ones, uneven strides, TF's uneven
-    // 'same' padding at stride 2, a strided 1×1 (a ResNet shortcut), 9 taps on one channel.
+    // 'same' padding at stride 2, a strided 1×1 (a ResNet shortcut), 9 taps on one channel; an
+    // input gradient narrower than its stride, and one with several blocks per phase at 3.
     let strided = [
         (2, 14, 14, 32, 32, 3, 3, Same, [2, 2], [1, 1]),
         (2, 7, 6, 8, 12, 3, 3, Same, [2, 2], [1, 1]),
@@ -227,6 +228,8 @@ fn check_conv2d(devices: &[LogicalDevice]) {
         (1, 12, 9, 3, 5, 3, 2, Valid, [1, 1], [2, 3]),
         (2, 9, 9, 16, 8, 1, 1, Valid, [2, 2], [1, 1]),
         (2, 13, 12, 1, 8, 3, 3, Same, [2, 2], [1, 1]),
+        (2, 5, 2, 4, 8, 3, 3, Same, [2, 3], [1, 1]),
+        (1, 7, 31, 4, 7, 3, 3, Valid, [1, 3], [1, 1]),
     ];
     let cases = unit
         .iter()
