@@ -169,15 +169,25 @@ fn conv_general_dk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let first = chunk * p.chunk;
     let last = min(first + p.chunk, pixels);
     var acc = 0.0;
+    // The chunk's pixels walked without dividing: (n, i, j) of `first`, then one step each.
+    var j = first % p.ow;
+    let u = first / p.ow;
+    var i = u % p.oh;
+    var n = u / p.oh;
     for (var px = first; px < last; px++) {
-        let j = px % p.ow;
-        let u = px / p.ow;
-        let i = u % p.oh;
-        let n = u / p.oh;
         let r = i * p.sh + a * p.dh - p.pt;
         let c = j * p.sw + b * p.dw - p.pl;
         if (r < p.h && c < p.w) {
             acc += x[((n * p.h + r) * p.w + c) * p.ci + ch] * dz[px * p.co + o];
+        }
+        j += 1u;
+        if (j == p.ow) {
+            j = 0u;
+            i += 1u;
+            if (i == p.oh) {
+                i = 0u;
+                n += 1u;
+            }
         }
     }
     dk[item] = acc;
