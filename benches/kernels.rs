@@ -1,5 +1,6 @@
-//! The CNN kernels at the Keras Fashion-MNIST tutorial's shapes (batch 128), forward and
-//! forward + backward, on every device.
+//! The CNN kernels at the Keras Fashion-MNIST tutorial's shapes (batch 128), and the modern
+//! CNN's strided convolutions (`fashion_mnist --model modern`), forward and forward + backward,
+//! on every device.
 //!
 //! Benchmark ids are `{kernel}/{fwd|fwd+bwd}/{device}`, e.g. `conv2d_1x32_28/fwd/gpu0-lavapipe`
 //! or `sepconv_32x64_14/fwd+bwd/cpu0`; throughput is in flops (`Throughput::Elements`, so
@@ -21,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 use anygpu::ops::reference::random_vec;
-use anygpu::ops::spec::{Activation, AdamParams, Padding};
+use anygpu::ops::spec::{Activation, AdamParams, ConvOptions, Padding};
 use anygpu::ops::{self};
 use anygpu::{DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -151,6 +152,36 @@ fn conv2d_first_layer(c: &mut Criterion, dev: &LogicalDevice) {
             let _grads =
                 ops::conv2d_backward_weights(&x, &y, &dy, &[3, 3, cin, cout], Padding::Same, ACT)
                     .unwrap();
+        },
+    );
+}
+
+/// A 3×3 'same' convolution at strides 2 from `h`×`h`, `cin` → `cout` channels (the modern
+/// CNN's), its forward pass, then with both gradients (`Conv2D::backward` with `need_dx`).
+fn strided_conv(c: &mut Criterion, dev: &LogicalDevice, cin: usize, cout: usize, h: usize) {
+    let o = h.div_ceil(2);
+    let options = ConvOptions::new(Padding::Same).strides(2);
+    let x = put(dev, &[BATCH, h, h, cin], 61, 1.0);
+    let k = put(dev, &[3, 3, cin, cout], 62, 0.3);
+    let b = put(dev, &[cout], 63, 0.1);
+    let dy = put(dev, &[BATCH, o, o, cout], 64, 1.0);
+    let name = format!("conv2d_s2_{cin}x{cout}_{h}");
+    let flops = (2 * BATCH * o * o * cout * 9 * cin) as u64;
+    let fwd = || ops::conv2d(&x, &k, Some(&b), options, ACT).unwrap();
+    bench(c, &name, "fwd", Throughput::Elements(flops), dev, || {
+        fwd();
+    });
+    let kshape = [3, 3, cin, cout];
+    bench(
+        c,
+        &name,
+        "fwd+bwd",
+        Throughput::Elements(3 * flops),
+        dev,
+        || {
+            let y = fwd();
+            let _grads = ops::conv2d_backward_weights(&x, &y, &dy, &kshape, options, ACT).unwrap();
+            let _dx = ops::conv2d_backward_input(&dy, &k, x.shape(), options).unwrap();
         },
     );
 }
@@ -377,6 +408,8 @@ fn kernels(c: &mut Criterion) {
         ] {
             sepconv(c, &dev, cin, cout, h);
         }
+        strided_conv(c, &dev, 32, 32, 28);
+        strided_conv(c, &dev, 64, 64, 14);
         maxpool(c, &dev);
         dense(c, &dev);
         head_and_update(c, &dev);
