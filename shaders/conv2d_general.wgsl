@@ -1,7 +1,8 @@
 // General 2-D convolution: strides, dilation, TF's (possibly asymmetric) 'same' padding and
 // groups, NHWC activations. What depthwise.wgsl (stride 1, tuned, register blocked) does not
-// serve: DepthwiseConv2D with a depth multiplier, strides, dilation or 'valid' padding (a
-// Conv2D, one group, takes conv2d.wgsl's kernels at any strides and dilation).
+// serve: DepthwiseConv2D with a depth multiplier, strides, dilation or 'valid' padding, and a
+// depthwise convolution's forward pass with a fused bias and activation (a Conv2D, one group,
+// takes conv2d.wgsl's kernels at any strides and dilation).
 //
 // A grouped convolution: output channel o belongs to group g = o / cog and reads input channels
 // g*cig .. (g+1)*cig; the kernel is [kh, kw, cig, co] (a Conv2D: cig = ci, cog = co, one group;
