@@ -101,33 +101,18 @@ impl Default for ConvParams {
 /// k[a, b, c, o]` between `in` `[n, h, w, ci]` and `out` `[n, oh, ow, co]` of `g` (one group),
 /// `in↑` the input seen upsampled by `up` (zeros between its rows and columns): a convolution's
 /// forward pass (`up` 1), or its input gradient (`dz` upsampled by the strides, the flipped
-/// kernel; [`Gather::input_grad`]).
-struct Correlation {
-    g: ConvGeometry,
-    up: [usize; 2],
-}
+/// kernel; [`Gather::input_grad`]). The tensor cores read the same correlation, as a gather.
+type Correlation = Gather;
 
 impl Correlation {
     /// The forward pass of convolution `s`.
     fn forward(s: &Conv2dShape) -> Correlation {
-        Correlation::of(Gather::conv(ConvGeometry::conv(s)))
+        Gather::conv(ConvGeometry::conv(s))
     }
 
     /// The input gradient of convolution `s`, over the flipped kernel.
-    fn input_grad(s: &Conv2dShape) -> Correlation {
-        Correlation::of(Gather::input_grad(&ConvGeometry::conv(s)))
-    }
-
-    fn of(Gather { g, up }: Gather) -> Correlation {
-        Correlation { g, up }
-    }
-
-    /// The same correlation as the tensor-core kernels read it.
-    fn gather(&self) -> Gather {
-        Gather {
-            g: self.g,
-            up: self.up,
-        }
+    fn of_input_grad(s: &Conv2dShape) -> Correlation {
+        Gather::input_grad(&ConvGeometry::conv(s))
     }
 
     /// Whether strides, dilation and upsampling are all 1.
@@ -219,11 +204,10 @@ impl GpuKernels<'_> {
         // included.)
         let pointwise = g.kh * g.kw == 1 && c.unit();
         let tiled = v4 && !pointwise && pixels.div_ceil(64) <= MAX_GROUPS_PER_DIM && pixels > 0;
-        let gather = c.gather();
         let coop = if pointwise {
             Vec::new()
         } else {
-            self.coop_conv_candidates((input, kernel, bias, out), &gather)?
+            self.coop_conv_candidates((input, kernel, bias, out), c)?
         };
         if tiled || !coop.is_empty() {
             let mut candidates = vec!["direct"];
@@ -241,7 +225,7 @@ impl GpuKernels<'_> {
                 Choice::new("conv2d", c.class(), &candidates, "direct").full_only(full_only);
             return self.tuned(choice, &mut |candidate| {
                 if coop::is_candidate(candidate) {
-                    self.conv_coop(candidate, input, kernel, bias, out, &gather, act)
+                    self.conv_coop(candidate, input, kernel, bias, out, c, act)
                 } else if candidate == "smem64" && tiled {
                     self.correlate_smem(c, input, kernel, bias, out, act)
                 } else if candidate == "ubo_c1" {
@@ -550,7 +534,7 @@ impl GpuKernels<'_> {
             c_out: s.c_in,
             ..*s
         };
-        let g = Correlation::input_grad(s);
+        let g = Correlation::of_input_grad(s);
         if s.kh == 1 && s.kw == 1 && s.is_unit_stride() && pointwise_as_product(&transposed) {
             // For a 1×1 kernel, kt is the transposed kernel [c_out, c_in]: dx = dz · kt, the
             // forward case of a 1×1 convolution with the channel counts swapped.
