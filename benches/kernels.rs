@@ -1,6 +1,6 @@
 //! The CNN kernels at the Keras Fashion-MNIST tutorial's shapes (batch 128), and the modern
-//! CNN's strided convolutions (`fashion_mnist --model modern`), forward and forward + backward,
-//! on every device.
+//! CNN's 3×3 convolutions (`fashion_mnist --model modern`, stride 1 and 2), forward and
+//! forward + backward, on every device.
 //!
 //! Benchmark ids are `{kernel}/{fwd|fwd+bwd}/{device}`, e.g. `conv2d_1x32_28/fwd/gpu0-lavapipe`
 //! or `sepconv_32x64_14/fwd+bwd/cpu0`; throughput is in flops (`Throughput::Elements`, so
@@ -156,16 +156,23 @@ fn conv2d_first_layer(c: &mut Criterion, dev: &LogicalDevice) {
     );
 }
 
-/// A 3×3 'same' convolution at strides 2 from `h`×`h`, `cin` → `cout` channels (the modern
-/// CNN's), its forward pass, then with both gradients (`Conv2D::backward` with `need_dx`).
-fn strided_conv(c: &mut Criterion, dev: &LogicalDevice, cin: usize, cout: usize, h: usize) {
-    let o = h.div_ceil(2);
-    let options = ConvOptions::new(Padding::Same).strides(2);
+/// A 3×3 'same' convolution of the modern CNN from `h`×`h`, `cin` → `cout` channels at
+/// `strides` (1 or 2), its forward pass, then with both gradients (`Conv2D::backward` with
+/// `need_dx`). Ids `conv2d_3x3_{cin}x{cout}_{h}` at stride 1, `conv2d_s2_...` at 2.
+fn conv3x3(
+    c: &mut Criterion,
+    dev: &LogicalDevice,
+    (cin, cout, h): (usize, usize, usize),
+    strides: usize,
+) {
+    let o = h.div_ceil(strides);
+    let options = ConvOptions::new(Padding::Same).strides(strides);
     let x = put(dev, &[BATCH, h, h, cin], 61, 1.0);
     let k = put(dev, &[3, 3, cin, cout], 62, 0.3);
     let b = put(dev, &[cout], 63, 0.1);
     let dy = put(dev, &[BATCH, o, o, cout], 64, 1.0);
-    let name = format!("conv2d_s2_{cin}x{cout}_{h}");
+    let kind = if strides == 1 { "3x3" } else { "s2" };
+    let name = format!("conv2d_{kind}_{cin}x{cout}_{h}");
     let flops = (2 * BATCH * o * o * cout * 9 * cin) as u64;
     let fwd = || ops::conv2d(&x, &k, Some(&b), options, ACT).unwrap();
     bench(c, &name, "fwd", Throughput::Elements(flops), dev, || {
@@ -408,8 +415,10 @@ fn kernels(c: &mut Criterion) {
         ] {
             sepconv(c, &dev, cin, cout, h);
         }
-        strided_conv(c, &dev, 32, 32, 28);
-        strided_conv(c, &dev, 64, 64, 14);
+        conv3x3(c, &dev, (32, 64, 14), 1);
+        conv3x3(c, &dev, (64, 128, 7), 1);
+        conv3x3(c, &dev, (32, 32, 28), 2);
+        conv3x3(c, &dev, (64, 64, 14), 2);
         maxpool(c, &dev);
         dense(c, &dev);
         head_and_update(c, &dev);

@@ -112,6 +112,7 @@ pub(crate) mod reduce;
 pub(crate) mod routed;
 pub(crate) mod separable;
 pub(crate) mod softmax;
+mod winograd;
 // ---- activations and pooling layers ----
 pub(crate) mod activation;
 pub(crate) mod pooling;
@@ -418,7 +419,7 @@ pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R 
 #[cfg(test)]
 mod ordered_tests {
     use crate::ops::reference::random_vec;
-    use crate::ops::spec::{Conv2dShape, DepthwiseShape, Padding};
+    use crate::ops::spec::{Activation, Conv2dShape, DepthwiseShape, Padding};
 
     /// `f`'s result in rayon pools of 1, 2, 3, 5 and 8 threads, as bits.
     fn bits_per_pool(f: impl Fn() -> Vec<f32> + Sync) -> Vec<Vec<u32>> {
@@ -468,6 +469,30 @@ mod ordered_tests {
                 dk
             }),
             "conv2d_backward_kernel",
+        );
+        // Winograd's F(2×2, 3×3): the forward pass and both gradients.
+        let s = Conv2dShape {
+            n: 32,
+            h: 14,
+            w: 14,
+            c_in: 32,
+            c_out: 64,
+            ..s
+        };
+        let (x, k) = (random_vec(s.input_len(), 6), random_vec(s.kernel_len(), 7));
+        all_equal(
+            &bits_per_pool(|| {
+                let mut y = vec![0.0; s.output_len()];
+                super::conv2d_forward(&x, &k, None, &mut y, &s, Activation::Linear);
+                let mut dx = vec![0.0; s.input_len()];
+                super::conv2d_backward_input(&y, &k, &mut dx, &s);
+                let mut dk = vec![0.0; s.kernel_len()];
+                super::conv2d_backward_kernel(&x, &y, &mut dk, &s);
+                y.extend(dx);
+                y.extend(dk);
+                y
+            }),
+            "conv2d_forward and both gradients (Winograd)",
         );
         let d = DepthwiseShape::same(16, 28, 28, 32, 3, 3);
         let (x, dy) = (random_vec(d.input_len(), 3), random_vec(d.input_len(), 4));
