@@ -1,5 +1,5 @@
 //! Batch normalization on CPU:0, over `x` viewed as `[rows, c]` (see
-//! [`BatchNormParams`]): per-channel moments (two passes, biased variance, as `tf.nn.moments`),
+//! [`BatchNormParams`]): per-channel moments (biased variance, as `tf.nn.moments`, in one pass),
 //! the normalization `y = x * a + b` with `a = gamma / sqrt(var + epsilon)`, `b = beta - mean * a`
 //! (`tf.nn.batch_normalization`'s arithmetic), the moving statistics' update, and the fused
 //! gradient. Sums run in f64 over fixed blocks of rows added in order
@@ -13,16 +13,22 @@ use crate::ops::spec::BatchNormParams;
 /// Rows per task of the sums and of the element-wise passes.
 const ROWS_PER_TASK: usize = 256;
 
-/// Per-channel sums of `f(row, channel)` over every row, in f64, `width` values per row.
-fn column_sums(rows: usize, width: usize, f: impl Fn(usize, &mut [f64]) + Sync) -> Vec<f64> {
+/// Per-channel sums of `f(block, acc)` over every block of [`ROWS_PER_TASK`] rows, in f64,
+/// `width` values per row: `f` adds one block's rows (`[first row, end)`) into `acc`.
+fn column_sums(
+    rows: usize,
+    width: usize,
+    f: impl Fn((usize, usize), &mut [f64]) + Sync,
+) -> Vec<f64> {
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     ordered_reduce(
         tasks,
         || vec![0.0f64; width],
         |mut acc, t| {
-            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
-                f(r, &mut acc);
-            }
+            f(
+                (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows)),
+                &mut acc,
+            );
             acc
         },
         |mut a, b| {
@@ -33,27 +39,55 @@ fn column_sums(rows: usize, width: usize, f: impl Fn(usize, &mut [f64]) + Sync) 
     .unwrap_or_else(|| vec![0.0; width])
 }
 
-/// `(mean, var)` per channel of `x` (`[rows, c]`, rows > 0): biased variance, two passes.
+multiversion! {
+    /// `acc = [Σ (x - shift); Σ (x - shift)²]` over the rows of `x` (`[rows, c]`), added in f64.
+    fn shifted_sums(x: &[f32], shift: &[f32], acc: &mut [f64]) {
+        let c = shift.len();
+        let (s1, s2) = acc.split_at_mut(c);
+        for row in x.chunks_exact(c) {
+            for j in 0..c {
+                let d = f64::from(row[j]) - f64::from(shift[j]);
+                s1[j] += d;
+                s2[j] += d * d;
+            }
+        }
+    }
+}
+
+/// `(mean, var)` per channel of `x` (`[rows, c]`, rows > 0): biased variance, in one pass of
+/// f64 sums of `x - x[0]` and its square (the shift by the first row keeps the subtraction
+/// `E[d²] - E[d]²` from cancelling when the mean is large against the spread).
 pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>, Vec<f32>) {
     assert!(
         x.len() >= rows * c,
         "x holds {} values, not {rows}x{c}",
         x.len()
     );
-    let sums = column_sums(rows, c, |r, acc| {
-        for (a, &v) in acc.iter_mut().zip(&x[r * c..(r + 1) * c]) {
-            *a += f64::from(v);
-        }
+    let shift = &x[..c.min(x.len())];
+    let sums = column_sums(rows, 2 * c, |(r0, r1), acc| {
+        shifted_sums(&x[r0 * c..r1 * c], shift, acc);
     });
-    let mean: Vec<f32> = sums.iter().map(|s| (s / rows as f64) as f32).collect();
-    let sq = column_sums(rows, c, |r, acc| {
-        for ((a, &v), &m) in acc.iter_mut().zip(&x[r * c..(r + 1) * c]).zip(&mean) {
-            let d = f64::from(v) - f64::from(m);
-            *a += d * d;
-        }
-    });
-    let var = sq.iter().map(|s| (s / rows as f64) as f32).collect();
+    let n = rows as f64;
+    let mut mean = Vec::with_capacity(c);
+    let mut var = Vec::with_capacity(c);
+    for j in 0..c {
+        let (m, sq) = (sums[j] / n, sums[c + j] / n);
+        mean.push((f64::from(shift[j]) + m) as f32);
+        var.push((sq - m * m).max(0.0) as f32);
+    }
     (mean, var)
+}
+
+multiversion! {
+    /// `y = x * a + b` per channel, row by row (`a`, `b`: `c` values).
+    fn scale_shift(x: &[f32], a: &[f32], b: &[f32], y: &mut [f32]) {
+        let c = a.len();
+        for (yr, xr) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+            for j in 0..c {
+                yr[j] = xr[j] * a[j] + b[j];
+            }
+        }
+    }
 }
 
 /// `y = x * (gamma * inv) + (beta - mean * gamma * inv)` per channel, `stats = [mean; inv]`.
@@ -65,13 +99,7 @@ fn normalize(x: &[f32], gamma: &[f32], beta: &[f32], stats: &[f32], y: &mut [f32
     y[..n]
         .par_chunks_mut(ROWS_PER_TASK * c)
         .zip(x[..n].par_chunks(ROWS_PER_TASK * c))
-        .for_each(|(y, x)| {
-            for (yr, xr) in y.chunks_mut(c).zip(x.chunks(c)) {
-                for j in 0..c {
-                    yr[j] = xr[j] * a[j] + b[j];
-                }
-            }
-        });
+        .for_each(|(y, x)| scale_shift(x, &a, &b, y));
 }
 
 /// The training forward pass: batch statistics into `stats` (`[mean; inv]`, `2c` values, what
@@ -128,13 +156,8 @@ pub(crate) fn batch_norm_backward(
 ) {
     let (rows, c) = (p.rows, p.channels);
     let (mean, inv) = stats.split_at(c);
-    let sums = column_sums(rows, 2 * c, |r, acc| {
-        let (s1, s2) = acc.split_at_mut(c);
-        let (xr, gr) = (&x[r * c..(r + 1) * c], &dy[r * c..(r + 1) * c]);
-        for j in 0..c {
-            s1[j] += f64::from(gr[j]);
-            s2[j] += f64::from(gr[j]) * f64::from(xr[j] - mean[j]);
-        }
+    let sums = column_sums(rows, 2 * c, |(r0, r1), acc| {
+        grad_sums(&x[r0 * c..r1 * c], &dy[r0 * c..r1 * c], mean, acc);
     });
     let n = rows as f32;
     let mut coef = vec![0.0f32; 3 * c];
@@ -152,11 +175,60 @@ pub(crate) fn batch_norm_backward(
         .par_chunks_mut(ROWS_PER_TASK * c)
         .zip(x[..len].par_chunks(ROWS_PER_TASK * c))
         .zip(dy[..len].par_chunks(ROWS_PER_TASK * c))
-        .for_each(|((dx, x), dy)| {
-            for ((dxr, xr), gr) in dx.chunks_mut(c).zip(x.chunks(c)).zip(dy.chunks(c)) {
-                for j in 0..c {
-                    dxr[j] = coef[j] * gr[j] + coef[c + j] * (xr[j] - mean[j]) + coef[2 * c + j];
-                }
+        .for_each(|((dx, x), dy)| input_grad(x, dy, mean, &coef, dx));
+}
+
+multiversion! {
+    /// `acc = [Σ dy; Σ dy (x - mean)]` over the rows of `x` and `dy` (`[rows, c]`), in f64.
+    fn grad_sums(x: &[f32], dy: &[f32], mean: &[f32], acc: &mut [f64]) {
+        let c = mean.len();
+        let (s1, s2) = acc.split_at_mut(c);
+        for (xr, gr) in x.chunks_exact(c).zip(dy.chunks_exact(c)) {
+            for j in 0..c {
+                s1[j] += f64::from(gr[j]);
+                s2[j] += f64::from(gr[j]) * f64::from(xr[j] - mean[j]);
             }
-        });
+        }
+    }
+}
+
+multiversion! {
+    /// `dx = k dy + k' (x - mean) + k''` per channel, `coef = [k; k'; k'']`.
+    fn input_grad(x: &[f32], dy: &[f32], mean: &[f32], coef: &[f32], dx: &mut [f32]) {
+        let c = mean.len();
+        let (k, rest) = coef.split_at(c);
+        let (k1, k2) = rest.split_at(c);
+        for ((dxr, xr), gr) in dx.chunks_exact_mut(c).zip(x.chunks_exact(c)).zip(dy.chunks_exact(c)) {
+            for j in 0..c {
+                dxr[j] = k[j] * gr[j] + k1[j] * (xr[j] - mean[j]) + k2[j];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::reference::random_vec;
+
+    /// One-pass moments against the two-pass ones in f64, on data whose mean is a million
+    /// times its spread (where unshifted sums of squares would cancel to nothing), over more
+    /// rows than one task and a channel count no vector width divides.
+    #[test]
+    fn moments_match_two_passes_with_a_large_mean() {
+        let (rows, c) = (1000, 5);
+        let x: Vec<f32> = random_vec(rows * c, 1)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| 1.0e4 * (1.0 + (i % c) as f32) + 0.01 * v)
+            .collect();
+        let (mean, var) = batch_norm_moments(&x, rows, c);
+        for j in 0..c {
+            let column = || x.iter().skip(j).step_by(c).map(|&v| f64::from(v));
+            let m = column().sum::<f64>() / rows as f64;
+            let v = column().map(|t| (t - m) * (t - m)).sum::<f64>() / rows as f64;
+            assert!((f64::from(mean[j]) - m).abs() <= 1e-7 * m.abs(), "mean {j}");
+            assert!((f64::from(var[j]) - v).abs() <= 1e-4 * v, "var {j}: {} vs {v}", var[j]);
+        }
+    }
 }
