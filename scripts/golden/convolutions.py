@@ -1,6 +1,7 @@
 """Convolutions beyond stride 1: Conv2D with strides, dilation, rectangular kernels and no bias;
 DepthwiseConv2D (multiplier 1 and 2, strides); SeparableConv2D with strides and a multiplier.
-Odd and even input sizes, so that 'same' pads asymmetrically (TF puts the odd zero after)."""
+Odd and even input sizes, so that 'same' pads asymmetrically (TF puts the odd zero after).
+And stride-1 3×3 Conv2D between 16 channels or more, which CPU:0 runs on Winograd's F(2×2, 3×3)."""
 
 from golden._common import layer_case, values
 import tensorflow as tf
@@ -87,6 +88,8 @@ CASES = [
     conv2d("k3x5_s2_same", (7, 8), (3, 5), strides=2, padding="same"),
     conv2d("no_bias_s2", (7, 6), 3, strides=2, padding="same", use_bias=False),
     conv2d("no_bias_s1", (6, 5), 3, padding="same", use_bias=False, activation="relu"),
+    conv2d("winograd_same_7x6", (7, 6), 3, padding="same", use_bias=False, cin=16, cout=24),
+    conv2d("winograd_valid_8x7_relu", (8, 7), 3, activation="relu", cin=20, cout=17),
     depthwise("m1_s1_same", (7, 6), 3, padding="same"),
     depthwise("m1_s1_valid", (7, 6), 3),
     depthwise("m2_s1_same", (7, 6), 3, padding="same", multiplier=2, activation="relu"),

@@ -228,7 +228,11 @@ mod tests {
             let m = column().sum::<f64>() / rows as f64;
             let v = column().map(|t| (t - m) * (t - m)).sum::<f64>() / rows as f64;
             assert!((f64::from(mean[j]) - m).abs() <= 1e-7 * m.abs(), "mean {j}");
-            assert!((f64::from(var[j]) - v).abs() <= 1e-4 * v, "var {j}: {} vs {v}", var[j]);
+            assert!(
+                (f64::from(var[j]) - v).abs() <= 1e-4 * v,
+                "var {j}: {} vs {v}",
+                var[j]
+            );
         }
     }
 }
