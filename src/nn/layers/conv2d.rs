@@ -303,9 +303,18 @@ impl Conv2D {
                 ops::conv2d_backward_weights_as(&x, &y, &dy, kernel.shape(), opts, act, grads)?;
             return Ok((None, with_bias(dk, db)));
         }
+        let dk_dx = |dz: &Tensor| -> Result<(Tensor, Tensor)> {
+            let dk = ops::conv2d_backward_kernel_as(&x, dz, kernel.shape(), opts, grads)?;
+            Ok((dk, ops::conv2d_backward_input(dz, kernel, x.shape(), opts)?))
+        };
+        if !self.use_bias && activation == Activation::Linear {
+            // `dz` is `dy`, and no bias wants its sum (a convolution before a
+            // BatchNormalization).
+            let (dk, dx) = dk_dx(&dy)?;
+            return Ok((Some(dx), vec![dk]));
+        }
         let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
-        let dk = ops::conv2d_backward_kernel_as(&x, &dz, kernel.shape(), opts, grads)?;
-        let dx = ops::conv2d_backward_input(&dz, kernel, x.shape(), opts)?;
+        let (dk, dx) = dk_dx(&dz)?;
         Ok((Some(dx), with_bias(dk, db)))
     }
 }
