@@ -7,7 +7,8 @@
 //! patches `[oh*ow, kh*kw*c_in]` times the kernel `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ`
 //! scattered back (col2im) for the input gradient, `patchesᵀ · dz` summed over the images for
 //! the kernel's. Grouped convolutions (depthwise) have a few taps per output: direct loops.
-//! Images run in parallel; the kernel gradients are summed per image in a fixed order
+//! Images run in parallel, a few to a task where one image alone makes a short product (their
+//! patches stacked into one matrix); the kernel gradients are summed per task in a fixed order
 //! ([`ordered_reduce`]), so a run gives the same bits every time.
 
 use rayon::prelude::*;
@@ -63,6 +64,27 @@ fn image_lens(g: &ConvGeometry) -> (usize, usize) {
     (g.h * g.w * g.ci, g.oh * g.ow * g.co)
 }
 
+/// Patch-matrix rows a task aims for: below ~256 the gemm crate's per-call packing and its
+/// 64-row micro-tiles leave much of a product idle (a 7×7 output is 49 rows an image).
+const TASK_PIXELS: usize = 256;
+
+/// Tasks a kernel gradient is cut into, at least, when the batch allows it.
+const REDUCTION_TASKS: usize = 64;
+
+/// Patch-matrix bytes a task stays under (about half a core's L2).
+const TASK_COL_BYTES: usize = 512 * 1024;
+
+/// Images per task of a one-group convolution: enough for [`TASK_PIXELS`] rows, as long as
+/// their patch matrix stays under [`TASK_COL_BYTES`], and never fewer than `min_tasks` tasks
+/// when the batch allows it. A function of the shape and `min_tasks` alone.
+fn images_per_task(g: &ConvGeometry, min_tasks: usize) -> usize {
+    let pixels = (g.oh * g.ow).max(1);
+    let by_rows = TASK_PIXELS.div_ceil(pixels);
+    let by_bytes = TASK_COL_BYTES / (4 * pixels * g.taps()).max(1);
+    let balanced = g.n.div_ceil(min_tasks.max(1));
+    by_rows.min(by_bytes).min(balanced).max(1)
+}
+
 /// `y = act(conv(x, kernel) + bias)` for the general geometry `g`.
 pub(crate) fn forward(
     x: &[f32],
@@ -83,21 +105,31 @@ pub(crate) fn forward(
         return;
     }
     let (pixels, taps) = (g.oh * g.ow, g.taps());
-    y.par_chunks_mut(image_out)
-        .zip(x.par_chunks(image_in))
-        .for_each(|(y, x)| {
-            if g.cig == g.ci {
-                with_scratch(pixels * taps, |col| {
-                    im2col(x, g, col);
-                    let (lhs, rhs) = (
-                        Strided::row_major(col, taps),
-                        Strided::row_major(kernel, g.co),
-                    );
-                    gemm_strided(y, pixels, g.co, taps, lhs, rhs, false, false);
-                });
-            } else {
+    if g.cig != g.ci {
+        y.par_chunks_mut(image_out)
+            .zip(x.par_chunks(image_in))
+            .for_each(|(y, x)| {
                 grouped_image_forward(x, kernel, y, g);
-            }
+                bias_act_rows(y, bias, g.co, act);
+            });
+        return;
+    }
+    // A few images a task, their patches stacked into one matrix: one product for all.
+    let images = images_per_task(g, 2 * rayon::current_num_threads());
+    y.par_chunks_mut(image_out * images)
+        .zip(x.par_chunks(image_in * images))
+        .for_each(|(y, x)| {
+            let rows = y.len() / g.co;
+            with_scratch(rows * taps, |col| {
+                for (x, col) in x.chunks(image_in).zip(col.chunks_mut(pixels * taps)) {
+                    im2col(x, g, col);
+                }
+                let (lhs, rhs) = (
+                    Strided::row_major(col, taps),
+                    Strided::row_major(kernel, g.co),
+                );
+                gemm_strided(y, rows, g.co, taps, lhs, rhs, false, false);
+            });
             bias_act_rows(y, bias, g.co, act);
         });
 }
@@ -134,22 +166,28 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
         return;
     }
     let (pixels, taps) = (g.oh * g.ow, g.taps());
-    dx.par_chunks_mut(image_in)
-        .zip(dz.par_chunks(image_out))
+    if g.cig != g.ci {
+        dx.par_chunks_mut(image_in)
+            .zip(dz.par_chunks(image_out))
+            .for_each(|(dx, dz)| grouped_image_backward_input(dz, kernel, dx, g));
+        return;
+    }
+    let images = images_per_task(g, 2 * rayon::current_num_threads());
+    dx.par_chunks_mut(image_in * images)
+        .zip(dz.par_chunks(image_out * images))
         .for_each(|(dx, dz)| {
-            if g.cig == g.ci {
-                with_scratch(pixels * taps, |col| {
-                    // col = dz · kernelᵀ: [pixels, co] · [co, taps].
-                    let (lhs, rhs) = (
-                        Strided::row_major(dz, g.co),
-                        Strided::transposed(kernel, g.co),
-                    );
-                    gemm_strided(col, pixels, taps, g.co, lhs, rhs, false, false);
+            let rows = dz.len() / g.co;
+            with_scratch(rows * taps, |col| {
+                // col = dz · kernelᵀ: [pixels, co] · [co, taps], for the task's images at once.
+                let (lhs, rhs) = (
+                    Strided::row_major(dz, g.co),
+                    Strided::transposed(kernel, g.co),
+                );
+                gemm_strided(col, rows, taps, g.co, lhs, rhs, false, false);
+                for (col, dx) in col.chunks(pixels * taps).zip(dx.chunks_mut(image_in)) {
                     col2im(col, g, dx);
-                });
-            } else {
-                grouped_image_backward_input(dz, kernel, dx, g);
-            }
+                }
+            });
         });
 }
 
@@ -186,17 +224,30 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         return;
     }
     let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());
+    // Tasks of a few images (one product over their stacked patches) for one group, of one
+    // image for grouped convolutions; cut by the shape alone, as the sums' rounding follows
+    // the cut.
+    let images = if g.cig == g.ci {
+        images_per_task(g, REDUCTION_TASKS)
+    } else {
+        1
+    };
     let total = ordered_reduce(
-        g.n,
+        g.n.div_ceil(images),
         || vec![0.0f32; len],
-        |mut acc, n| {
-            let x = &x[n * image_in..][..image_in];
-            let dz = &dz[n * image_out..][..image_out];
+        |mut acc, t| {
+            let first = t * images;
+            let count = images.min(g.n - first);
+            let x = &x[first * image_in..][..count * image_in];
+            let dz = &dz[first * image_out..][..count * image_out];
             if g.cig == g.ci {
-                with_scratch(pixels * taps, |col| {
-                    im2col(x, g, col);
+                let rows = count * pixels;
+                with_scratch(rows * taps, |col| {
+                    for (x, col) in x.chunks(image_in).zip(col.chunks_mut(pixels * taps)) {
+                        im2col(x, g, col);
+                    }
                     let (lhs, rhs) = (Strided::transposed(col, taps), Strided::row_major(dz, g.co));
-                    gemm_strided(&mut acc, taps, g.co, pixels, lhs, rhs, true, false);
+                    gemm_strided(&mut acc, taps, g.co, rows, lhs, rhs, true, false);
                 });
             } else {
                 grouped_image_backward_kernel(x, dz, &mut acc, g);
@@ -269,7 +320,11 @@ mod tests {
 
     #[test]
     fn general_conv_matches_the_oracle() {
-        for (t, s) in conv_cases().into_iter().enumerate() {
+        // 130 images: several to a task (see `images_per_task`), the last task short.
+        let batches = conv_cases()
+            .into_iter()
+            .flat_map(|s| [s, Conv2dShape { n: 130, ..s }]);
+        for (t, s) in batches.enumerate() {
             let g = ConvGeometry::conv(&s);
             let seed = 40 + 10 * t as u64;
             let x = random_vec(s.input_len(), seed);
