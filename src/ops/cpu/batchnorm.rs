@@ -63,7 +63,8 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
         "x holds {} values, not {rows}x{c}",
         x.len()
     );
-    let shift = &x[..c.min(x.len())];
+    assert!(rows > 0 && c > 0, "moments of {rows}x{c} values");
+    let shift = &x[..c];
     let sums = column_sums(rows, 2 * c, |(r0, r1), acc| {
         shifted_sums(&x[r0 * c..r1 * c], shift, acc);
     });
@@ -73,7 +74,9 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
     for j in 0..c {
         let (m, sq) = (sums[j] / n, sums[c + j] / n);
         mean.push((f64::from(shift[j]) + m) as f32);
-        var.push((sq - m * m).max(0.0) as f32);
+        // Rounding may leave a constant channel a hair below zero; NaN stays NaN.
+        let v = sq - m * m;
+        var.push(if v < 0.0 { 0.0 } else { v as f32 });
     }
     (mean, var)
 }

@@ -12,11 +12,15 @@
 //! * otherwise the patches are gathered into a per-thread scratch matrix (im2col) for the gemm
 //!   crate.
 //!
+//! A 3×3 kernel between at least 16 channels each way takes Winograd's F(2×2, 3×3) instead
+//! (`winograd.rs`), in all three passes.
+//!
 //! Backward-input runs the same machinery on `dz` with the kernel flipped spatially and
 //! transposed in its channels and the complementary padding (`kh - 1 - pad_top`, ...), except
-//! when the input has fewer channels than the output (the first layer), where `dz · kernelᵀ` is
-//! computed per image and summed back (col2im). Backward-kernel accumulates `patchesᵀ · dz` per
-//! task and sums the tasks' partials.
+//! when the input has fewer channels than the output (the first layer) and Winograd does not
+//! apply, where `dz · kernelᵀ` is computed per image and summed back (col2im). Backward-kernel
+//! accumulates `patchesᵀ · dz` (or Winograd's transformed sums) per task and sums the tasks'
+//! partials.
 
 use rayon::prelude::*;
 
@@ -37,7 +41,8 @@ const COL_BYTES: usize = 192 * 1024;
 const DIRECT_PIXELS: usize = 2048;
 /// Channels (in and out) from which a 3×3 correlation takes Winograd's F(2×2, 3×3). At 16 → 16
 /// channels on 28×28 images it runs as fast as the patch matrix; from 32 channels on it is
-/// 1.3-1.9× faster (forward, either gradient; `winograd.rs`' benchmark).
+/// 1.1-1.9× faster (forward, either gradient; see docs/performance.md, "The modern CNN on
+/// CPU:0").
 const WINOGRAD_MIN_CHANNELS: usize = 16;
 /// Tasks a kernel-gradient reduction is cut into, at least, when the batch allows it.
 const REDUCTION_TASKS: usize = 64;
@@ -473,9 +478,10 @@ pub(crate) fn conv2d_forward(
 /// Gradient w.r.t. the input, `dx` `[n, h, w, c_in]`, from `dz`, the gradient w.r.t. the
 /// pre-activation output `[n, out_h, out_w, c_out]`.
 ///
-/// With fewer input than output channels (the first layer), per image `dcol = dz · kernelᵀ`
-/// (`[pixels, kh*kw*c_in]`, the smaller matrix) is gathered back into `dx` (col2im); otherwise
-/// `dz` is correlated with the flipped kernel through the forward machinery.
+/// With fewer input than output channels (the first layer) and no Winograd (see
+/// [`Geometry::winograd`]), per image `dcol = dz · kernelᵀ` (`[pixels, kh*kw*c_in]`, the
+/// smaller matrix) is gathered back into `dx` (col2im); otherwise `dz` is correlated with the
+/// flipped kernel through the forward machinery.
 pub(crate) fn conv2d_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dShape) {
     check(s, dx.len(), kernel.len(), dz.len(), "conv2d_backward_input");
     if !s.is_unit_stride() {
@@ -719,7 +725,7 @@ fn weight_grads(
     let k = g.patch_len();
     // Under Winograd a task takes whole rows of 2×2 tiles (`per_task` of them), and the
     // partial sums are the gradient w.r.t. the transformed kernel.
-    let wino = g.winograd().map(|c| (c, c.reduction_rows(REDUCTION_TASKS)));
+    let wino = g.winograd().map(|c| (c, c.rows_per_task(REDUCTION_TASKS)));
     // Tasks cut independently of the thread count: each sums its rows into its own partial,
     // so the cut decides the rounding, which must be the same on every run and machine.
     let rows_per_task = g.rows_per_task(REDUCTION_TASKS);
@@ -809,7 +815,8 @@ pub(super) mod tests {
     use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
     use crate::ops::spec::Padding;
 
-    /// Shapes covering batch 1/3, sizes 1..28, channels 1/3/32, kernels 1/3/5, both paddings.
+    /// Shapes covering batch 1/2/3, sizes 1..28, channels 1 to 40, kernels 1/3/5, both
+    /// paddings, and Winograd's (3×3 between ≥ 16 channels).
     fn shapes() -> Vec<Conv2dShape> {
         let mut v = Vec::new();
         for (n, h, w, c_in, c_out, kh, kw, padding) in [

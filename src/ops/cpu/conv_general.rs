@@ -68,20 +68,23 @@ fn image_lens(g: &ConvGeometry) -> (usize, usize) {
 /// 64-row micro-tiles leave much of a product idle (a 7×7 output is 49 rows an image).
 const TASK_PIXELS: usize = 256;
 
-/// Tasks a kernel gradient is cut into, at least, when the batch allows it.
-const REDUCTION_TASKS: usize = 64;
+/// Tasks a pass over a batch is cut into, at least, when the batch allows it: two for each of
+/// 16 cores. A constant, not the pool's size: the images a task stacks set the product's row
+/// count, and with it how the gemm crate splits the sum over taps, so a cut by the thread
+/// count would round differently on another machine.
+const MIN_TASKS: usize = 32;
 
 /// Patch-matrix bytes a task stays under (about half a core's L2).
 const TASK_COL_BYTES: usize = 512 * 1024;
 
 /// Images per task of a one-group convolution: enough for [`TASK_PIXELS`] rows, as long as
-/// their patch matrix stays under [`TASK_COL_BYTES`], and never fewer than `min_tasks` tasks
-/// when the batch allows it. A function of the shape and `min_tasks` alone.
-fn images_per_task(g: &ConvGeometry, min_tasks: usize) -> usize {
+/// their patch matrix stays under [`TASK_COL_BYTES`], and never fewer than [`MIN_TASKS`] tasks
+/// when the batch allows it. A function of the shape alone.
+fn images_per_task(g: &ConvGeometry) -> usize {
     let pixels = (g.oh * g.ow).max(1);
     let by_rows = TASK_PIXELS.div_ceil(pixels);
     let by_bytes = TASK_COL_BYTES / (4 * pixels * g.taps()).max(1);
-    let balanced = g.n.div_ceil(min_tasks.max(1));
+    let balanced = g.n.div_ceil(MIN_TASKS);
     by_rows.min(by_bytes).min(balanced).max(1)
 }
 
@@ -115,7 +118,7 @@ pub(crate) fn forward(
         return;
     }
     // A few images a task, their patches stacked into one matrix: one product for all.
-    let images = images_per_task(g, 2 * rayon::current_num_threads());
+    let images = images_per_task(g);
     y.par_chunks_mut(image_out * images)
         .zip(x.par_chunks(image_in * images))
         .for_each(|(y, x)| {
@@ -172,7 +175,7 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
             .for_each(|(dx, dz)| grouped_image_backward_input(dz, kernel, dx, g));
         return;
     }
-    let images = images_per_task(g, 2 * rayon::current_num_threads());
+    let images = images_per_task(g);
     dx.par_chunks_mut(image_in * images)
         .zip(dz.par_chunks(image_out * images))
         .for_each(|(dx, dz)| {
@@ -225,13 +228,8 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
     }
     let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());
     // Tasks of a few images (one product over their stacked patches) for one group, of one
-    // image for grouped convolutions; cut by the shape alone, as the sums' rounding follows
-    // the cut.
-    let images = if g.cig == g.ci {
-        images_per_task(g, REDUCTION_TASKS)
-    } else {
-        1
-    };
+    // image for grouped convolutions.
+    let images = if g.cig == g.ci { images_per_task(g) } else { 1 };
     let total = ordered_reduce(
         g.n.div_ceil(images),
         || vec![0.0f32; len],

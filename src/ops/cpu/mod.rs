@@ -470,30 +470,39 @@ mod ordered_tests {
             }),
             "conv2d_backward_kernel",
         );
-        // Winograd's F(2×2, 3×3): the forward pass and both gradients.
-        let s = Conv2dShape {
-            n: 32,
+        // Winograd's F(2×2, 3×3) (4 images: a cut by the thread count would vary), then a
+        // strided convolution (several images a task), each pass.
+        let wino = Conv2dShape {
+            n: 4,
             h: 14,
             w: 14,
             c_in: 32,
             c_out: 64,
             ..s
         };
-        let (x, k) = (random_vec(s.input_len(), 6), random_vec(s.kernel_len(), 7));
-        all_equal(
-            &bits_per_pool(|| {
-                let mut y = vec![0.0; s.output_len()];
-                super::conv2d_forward(&x, &k, None, &mut y, &s, Activation::Linear);
-                let mut dx = vec![0.0; s.input_len()];
-                super::conv2d_backward_input(&y, &k, &mut dx, &s);
-                let mut dk = vec![0.0; s.kernel_len()];
-                super::conv2d_backward_kernel(&x, &y, &mut dk, &s);
-                y.extend(dx);
-                y.extend(dk);
-                y
-            }),
-            "conv2d_forward and both gradients (Winograd)",
-        );
+        let strided = Conv2dShape {
+            n: 40,
+            c_in: 64,
+            strides: [2, 2],
+            ..wino
+        };
+        for s in [wino, strided] {
+            let (x, k) = (random_vec(s.input_len(), 6), random_vec(s.kernel_len(), 7));
+            all_equal(
+                &bits_per_pool(|| {
+                    let mut y = vec![0.0; s.output_len()];
+                    super::conv2d_forward(&x, &k, None, &mut y, &s, Activation::Linear);
+                    let mut dx = vec![0.0; s.input_len()];
+                    super::conv2d_backward_input(&y, &k, &mut dx, &s);
+                    let mut dk = vec![0.0; s.kernel_len()];
+                    super::conv2d_backward_kernel(&x, &y, &mut dk, &s);
+                    y.extend(dx);
+                    y.extend(dk);
+                    y
+                }),
+                &format!("conv2d_forward and both gradients, {s:?}"),
+            );
+        }
         let d = DepthwiseShape::same(16, 28, 28, 32, 3, 3);
         let (x, dy) = (random_vec(d.input_len(), 3), random_vec(d.input_len(), 4));
         all_equal(

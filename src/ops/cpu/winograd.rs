@@ -1,7 +1,7 @@
 //! Winograd's F(2×2, 3×3) for the stride-1 3×3 correlations of `conv.rs`: a `Conv2D`'s
-//! forward pass and its input gradient. Each 2×2 block of outputs comes from a 4×4 block of
-//! input in 16 multiplications per channel pair instead of 36 (Lavin and Gray, "Fast
-//! Algorithms for Convolutional Neural Networks", CVPR 2016).
+//! forward pass and its input gradient, and the kernel gradient's sums. Each 2×2 block of
+//! outputs comes from a 4×4 block of input in 16 multiplications per channel pair instead of
+//! 36 (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
 //!
 //! With `d` a 4×4 input tile and `g` the 3×3 kernel, the tile's 2×2 output is
 //! `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A`. Summed over the input channels, the element-wise product is 16
@@ -10,10 +10,12 @@
 //! transforms their input into `V`, multiplies, and transforms `M` into its output rows, in
 //! per-thread scratch memory small enough to stay in L2.
 //!
+//! The kernel gradient is the same bilinear form read the other way: `dU_ξ = Σ_t V_ξ[t]ᵀ
+//! Z_ξ[t]` with `Z = A dz Aᵀ` each tile's output gradient, then `dk = Gᵀ dU G`.
+//!
 //! The transforms only add and halve, so the rounding stays close to the direct product's
-//! (within the tests' 1e-4 of the f64 reference). Each output depends only on its own tile,
-//! never on how the tiles are cut into tasks: a result is the same bits with any number of
-//! threads.
+//! (within the tests' 1e-4 of the f64 reference). Tasks are cut by the shape alone, so a
+//! result is the same bits with any number of threads.
 
 use rayon::prelude::*;
 
@@ -23,8 +25,13 @@ use super::elementwise::bias_act_rows;
 use super::gemm::{gemm_strided, Strided};
 use super::with_scratch;
 
-/// Scratch floats a task aims for (`V` and `M`: 16 × tiles × (c_in + c_out)), about 512 KiB.
+/// Scratch floats a task aims for (16 × tiles × (c_in + c_out): the transformed input and
+/// output, or output gradient), about 512 KiB.
 const TASK_FLOATS: usize = 128 * 1024;
+
+/// Tasks a forward pass is cut into, at least, when the batch allows it: two for each of 16
+/// cores.
+const MIN_TASKS: usize = 32;
 
 /// Channels a transform works on at once: one AVX-512 vector.
 const CHUNK: usize = 16;
@@ -69,10 +76,11 @@ impl Correlation {
         self.n * self.tiles_h()
     }
 
-    /// Tile rows per task of a kernel gradient: what fills [`TASK_FLOATS`] of scratch, but
-    /// at least `tasks` tasks when the batch allows it; a function of the shape alone, since
-    /// the cut decides how the partial sums round.
-    pub(super) fn reduction_rows(&self, tasks: usize) -> usize {
+    /// Tile rows per task: what fills [`TASK_FLOATS`] of scratch, but at least `tasks` tasks
+    /// when the batch allows it. A function of the shape alone: a kernel gradient's cut
+    /// decides how its partial sums round, and a task's tile count is the products' row
+    /// count, which decides how the gemm crate splits their sums over channels.
+    pub(super) fn rows_per_task(&self, tasks: usize) -> usize {
         let per_row = 16 * self.tiles_w() * (self.c_in + self.c_out);
         let balanced = self.tile_rows().div_ceil(tasks.max(1)).max(1);
         (TASK_FLOATS / per_row.max(1)).clamp(1, balanced)
@@ -106,10 +114,7 @@ pub(super) fn correlate(
         return;
     }
     let u = transform_kernel(kmat, c.c_in, c.c_out);
-    let per_row = 16 * c.tiles_w() * (c.c_in + c.c_out);
-    // Two tasks per thread at least, when the batch allows it.
-    let balanced = tile_rows.div_ceil(2 * rayon::current_num_threads()).max(1);
-    let rows = (TASK_FLOATS / per_row.max(1)).clamp(1, balanced);
+    let rows = c.rows_per_task(MIN_TASKS);
     let mut tasks = Vec::with_capacity(tile_rows.div_ceil(rows));
     let mut rest = out;
     for t0 in (0..tile_rows).step_by(rows) {
