@@ -1,6 +1,7 @@
 //! Layers against TensorFlow's own output: forward, input gradient and weight gradients on fixed
 //! inputs and weights, on CPU:0 and every GPU adapter (`tests/golden/`, written by
-//! `scripts/tf_golden.py`; see `common::golden` for the tolerances).
+//! `scripts/tf_golden.py`; see `common::golden` for the tolerances); and one whole model's
+//! training pass (`models`).
 //!
 //! Every test name has `golden` in it: `cargo test --release -- golden` runs them all. One module
 //! per family of `scripts/golden/`; the helpers here build a layer from a case and check it.
@@ -12,6 +13,7 @@ mod activations;
 mod convolutions;
 mod layers;
 mod losses;
+mod models;
 mod normalization;
 mod optimizers;
 mod pooling;
