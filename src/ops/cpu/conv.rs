@@ -754,7 +754,7 @@ fn weight_grads(
             let range = r0 * out_row..r1 * out_row;
             let pixels = range.len() / g.c_out;
             let product_len = match (wino, tiles_of(t)) {
-                (Some((c, _)), Some(tiles)) => c.kernel_grad_scratch(tiles),
+                (Some((c, _)), Some(tiles)) => c.scratch_len(tiles),
                 _ if g.is_pointwise() => 0,
                 _ => pixels * k,
             };

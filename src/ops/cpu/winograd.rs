@@ -81,13 +81,14 @@ impl Correlation {
     /// decides how its partial sums round, and a task's tile count is the products' row
     /// count, which decides how the gemm crate splits their sums over channels.
     pub(super) fn rows_per_task(&self, tasks: usize) -> usize {
-        let per_row = 16 * self.tiles_w() * (self.c_in + self.c_out);
+        let per_row = self.scratch_len((0, 1));
         let balanced = self.tile_rows().div_ceil(tasks.max(1)).max(1);
         (TASK_FLOATS / per_row.max(1)).clamp(1, balanced)
     }
 
-    /// Scratch floats [`add_kernel_grad`] needs for tile rows `[t0, t1)`.
-    pub(super) fn kernel_grad_scratch(&self, (t0, t1): (usize, usize)) -> usize {
+    /// Scratch floats a task over tile rows `[t0, t1)` needs: 16 transformed rows of input
+    /// and of output (or output gradient) per tile.
+    pub(super) fn scratch_len(&self, (t0, t1): (usize, usize)) -> usize {
         16 * (t1 - t0) * self.tiles_w() * (self.c_in + self.c_out)
     }
 
@@ -126,7 +127,7 @@ pub(super) fn correlate(
     }
     tasks.into_par_iter().for_each(|(t0, t1, out)| {
         let tiles = (t1 - t0) * c.tiles_w();
-        with_scratch(16 * tiles * (c.c_in + c.c_out), |scratch| {
+        with_scratch(c.scratch_len((t0, t1)), |scratch| {
             let (v, m) = scratch.split_at_mut(16 * tiles * c.c_in);
             transform_input(x, c, (t0, t1), v);
             for (xi, m) in m.chunks_exact_mut(tiles * c.c_out).enumerate() {
@@ -174,7 +175,7 @@ fn transform_kernel(kmat: &[f32], c_in: usize, c_out: usize) -> Vec<f32> {
 /// The gradient w.r.t. `U` of the tiles of tile rows `[t0, t1)`, added to `du` (`[16, c_in,
 /// c_out]`): `dU_ξ += V_ξᵀ Z_ξ`, with `Z = A dz Aᵀ` each tile's output gradient (zero past the
 /// output) and `V` its input as in the forward pass. `dz` holds the output rows those tiles
-/// cover; `scratch` at least [`Correlation::kernel_grad_scratch`] floats.
+/// cover; `scratch` at least [`Correlation::scratch_len`] floats.
 pub(super) fn add_kernel_grad(
     x: &[f32],
     dz: &[f32],
@@ -273,6 +274,16 @@ fn per_channel<const N: usize, const M: usize>(
     }
 }
 
+/// `out` (16 rows of `width`) as its 16 rows.
+#[inline(always)]
+fn sixteen_rows(out: &mut [f32], width: usize) -> [&mut [f32]; 16] {
+    let mut rows: [&mut [f32]; 16] = Default::default();
+    for (row, chunk) in rows.iter_mut().zip(out.chunks_exact_mut(width)) {
+        *row = chunk;
+    }
+    rows
+}
+
 /// `Bᵀ · [a, b, c, d]` with `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]`.
 #[inline(always)]
 fn bt([a, b, c, d]: [f32; 4]) -> [f32; 4] {
@@ -342,10 +353,7 @@ multiversion! {
                     }
                 }
                 let out = &mut v[t * 16 * ci..(t + 1) * 16 * ci];
-                let mut rows: [&mut [f32]; 16] = Default::default();
-                for (row, chunk) in rows.iter_mut().zip(out.chunks_exact_mut(ci)) {
-                    *row = chunk;
-                }
+                let mut rows = sixteen_rows(out, ci);
                 per_channel(d, &mut rows, input_tile);
             }
         }
@@ -389,10 +397,7 @@ multiversion! {
                     }
                 }
                 let out = &mut z[t * 16 * co..(t + 1) * 16 * co];
-                let mut rows: [&mut [f32]; 16] = Default::default();
-                for (row, chunk) in rows.iter_mut().zip(out.chunks_exact_mut(co)) {
-                    *row = chunk;
-                }
+                let mut rows = sixteen_rows(out, co);
                 per_channel(d, &mut rows, output_grad_tile);
             }
         }
