@@ -10,8 +10,8 @@ use common::{compiled, synthetic};
 
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
-    Activation, BatchNormalization, Conv2D, Dense, Dropout, Flatten, Layer, Pipeline, Sequential,
-    Sgd,
+    Activation, ActivationLayer, BatchNormalization, Conv2D, Dense, Dropout, Flatten, Layer,
+    Pipeline, ReLU, Sequential, Sgd,
 };
 use anygpu::ops::reference::{self as oracle, assert_close, to_f64};
 use anygpu::ops::spec::{DropoutMask, Padding};
@@ -708,4 +708,70 @@ fn backup_and_restore_brings_back_the_moving_statistics() {
         first.get_weights().expect("weights")
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Conv2D (no activation) → `bn` → `act` → Flatten → Dense (softmax), 8×8×1 → 3.
+fn conv_bn_act(
+    seed: u64,
+    dev: &LogicalDevice,
+    bn: BatchNormalization,
+    act: Box<dyn Layer>,
+) -> Sequential {
+    let mut m = Sequential::with_seed(seed);
+    let conv = Conv2D::new(4, 3)
+        .padding(Padding::Same)
+        .use_bias(false)
+        .input_shape(&[8, 8, 1]);
+    let layers: [Box<dyn Layer>; 5] = [
+        Box::new(conv),
+        Box::new(bn),
+        act,
+        Box::new(Flatten::new()),
+        Box::new(Dense::new(3).activation(Activation::Softmax)),
+    ];
+    for layer in layers {
+        m.add_boxed(dev, layer).expect("add");
+    }
+    compiled(m, Sgd::new(0.1).into()).expect("compile")
+}
+
+/// A ReLU after a BatchNormalization runs inside it on CPU:0 (one pass each way, the mask
+/// recomputed from the input); a ReLU with a clip it never reaches is the same function but
+/// runs as its own layer. Trained side by side, the two give the same losses, weights, moving
+/// statistics and predictions on every device, with and without gamma and beta.
+#[test]
+fn a_relu_after_batch_norm_trains_as_its_own_layer_does() {
+    let rt = runtime();
+    let bns = || {
+        [
+            BatchNormalization::new().momentum(0.9),
+            BatchNormalization::new().center(false).scale(false),
+        ]
+    };
+    for dev in common::all_devices(&rt, "a_relu_after_batch_norm_trains_as_its_own_layer_does") {
+        let data = batches(16 * 4, 16, &dev);
+        for (i, (bn, twin)) in bns().into_iter().zip(bns()).enumerate() {
+            let fused: Box<dyn Layer> = match i {
+                0 => Box::new(ReLU::new()),
+                _ => Box::new(ActivationLayer::new(Activation::Relu)),
+            };
+            let separate = Box::new(ReLU::new().max_value(f32::MAX));
+            let mut a = conv_bn_act(3, &dev, bn, fused);
+            let mut b = conv_bn_act(3, &dev, twin, separate);
+            for (step, (x, y)) in data.iter().enumerate() {
+                let what = format!("{dev} case {i} step {step}");
+                let (la, lb) = (a.train_on_batch(x, y), b.train_on_batch(x, y));
+                common::assert_close(&what, &[la.expect("fused")], &[lb.expect("twin")], 1e-6);
+                common::assert_close(&what, &all_weights(&a), &all_weights(&b), 1e-6);
+            }
+            let (x, _) = &data[0];
+            let (pa, pb) = (a.predict(x).expect("fused"), b.predict(x).expect("twin"));
+            common::assert_close(
+                &format!("{dev} case {i}: predict"),
+                &read(&pa),
+                &read(&pb),
+                1e-6,
+            );
+        }
+    }
 }

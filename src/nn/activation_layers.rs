@@ -136,6 +136,11 @@ impl Layer for ActivationLayer {
         )
     }
 
+    fn as_activation(&self) -> Option<ActivationFn> {
+        // Not softmax: the model folds that one into the loss.
+        self.activation.function()
+    }
+
     fn backward(
         &self,
         saved_tensors: &[Tensor],
@@ -281,6 +286,10 @@ impl Layer for ReLU {
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         forward_fn(x, self.function())
+    }
+
+    fn as_activation(&self) -> Option<ActivationFn> {
+        Some(self.function())
     }
 
     fn backward(

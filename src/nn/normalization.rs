@@ -11,7 +11,8 @@ use crate::nn::init::zeros;
 use crate::nn::layer_config;
 use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
 use crate::nn::replica_group::{self, ReplicaGroup};
-use crate::ops::{self, spec::DropoutMask, BatchNormVariables};
+use crate::ops::spec::{ActivationFn, DropoutMask};
+use crate::ops::{self, BatchNormVariables};
 use crate::tensor::{DType, Tensor};
 
 /// `shape` filled with ones on `device`.
@@ -341,6 +342,19 @@ impl BatchNormalization {
         }
     }
 
+    /// The gradients of the trained weights, in [`Layer::weights`] order: `dgamma` with
+    /// `scale`, `dbeta` with `center`.
+    fn trained_grads(&self, dgamma: Tensor, dbeta: Tensor) -> Vec<Tensor> {
+        let mut grads = Vec::new();
+        if self.scale {
+            grads.push(dgamma);
+        }
+        if self.center {
+            grads.push(dbeta);
+        }
+        grads
+    }
+
     fn variables(&self) -> Result<BatchNormVariables<'_>> {
         let (gamma, beta) = self.gamma_beta()?;
         let [moving_mean, moving_variance] = &self.moving[..] else {
@@ -500,6 +514,50 @@ impl Layer for BatchNormalization {
         Ok((y, vec![x.clone(), stats]))
     }
 
+    /// On CPU:0, a `ReLU()` after the layer runs in its passes (TensorFlow's
+    /// `_FusedBatchNormEx`): the normalized values go through the ReLU as they are written,
+    /// and the backward pass recomputes where they were positive from `x` (kept anyway), so
+    /// neither the ReLU's own pass nor its gradient's runs. Not for synchronized batch
+    /// normalization, nor on a GPU.
+    fn call_with_activation(
+        &self,
+        x: &Tensor,
+        act: ActivationFn,
+        training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+        let v = self.variables()?;
+        let on_cpu = v.gamma.device_handle().device_type() == crate::DeviceKind::Cpu;
+        if act != ActivationFn::RELU || self.synchronized || !on_cpu {
+            return Ok(None);
+        }
+        if !training {
+            let y = ops::batch_normalization_relu_inference(x, v, self.epsilon)?;
+            return Ok(Some((y, Vec::new())));
+        }
+        let (y, stats) = ops::batch_normalization_relu_training(x, v, self.momentum, self.epsilon)?;
+        Ok(Some((y, vec![x.clone(), stats])))
+    }
+
+    fn backward_with_activation(
+        &self,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        act: ActivationFn,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        if act != ActivationFn::RELU || self.synchronized {
+            return Ok(None);
+        }
+        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
+        let (gamma, beta) = self.gamma_beta()?;
+        let (dx, dgamma, dbeta) =
+            ops::batch_normalization_relu_backward(&x, dy, (gamma, beta), &stats, self.epsilon)?;
+        Ok(Some((
+            need_dx.then_some(dx),
+            self.trained_grads(dgamma, dbeta),
+        )))
+    }
+
     fn backward(
         &self,
         saved_tensors: &[Tensor],
@@ -521,14 +579,7 @@ impl Layer for BatchNormalization {
             let (gamma, _) = self.gamma_beta()?;
             ops::batch_normalization_backward(&x, dy, gamma, &stats, self.epsilon)?
         };
-        let mut grads = Vec::new();
-        if self.scale {
-            grads.push(dgamma);
-        }
-        if self.center {
-            grads.push(dbeta);
-        }
-        Ok((need_dx.then_some(dx), grads))
+        Ok((need_dx.then_some(dx), self.trained_grads(dgamma, dbeta)))
     }
 }
 

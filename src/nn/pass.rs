@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::nn::autocast;
 use crate::nn::layers::{BackwardPlan, FusedGrads, Layer, StemConv};
 use crate::nn::objective::Objective;
-use crate::ops::spec::Activation as OpActivation;
+use crate::ops::spec::{Activation as OpActivation, ActivationFn};
 use crate::tensor::{DType, Tensor};
 
 /// A layer, the device it runs on, and the dtype it computes in there (its policy's, or
@@ -22,7 +22,8 @@ pub(crate) struct Stage<'a> {
 /// `training` (Keras' `training=True`: a training step) each layer runs its training pass and
 /// what each layer's backward needs is returned; without, its inference pass, keeping
 /// nothing. Inputs move to each layer's device. A layer followed by a 2×2 max-pool on its
-/// device may run the pool too ([`Layer::call_through_max_pool`]).
+/// device may run the pool too ([`Layer::call_through_max_pool`]), and one followed by an
+/// activation layer that activation ([`Layer::call_with_activation`]).
 pub(crate) fn forward(
     stages: &[Stage<'_>],
     x: &Tensor,
@@ -69,6 +70,18 @@ pub(crate) fn forward(
                 continue;
             }
         }
+        if let Some(act) = activation_follows(stages, i) {
+            if let Some((out, kept)) = s.layer.call_with_activation(&input, act, training)? {
+                // The activation layer keeps nothing: this layer's backward pass answers
+                // for it ([`fused_activation`]).
+                if keep {
+                    saved.extend([kept, Vec::new()]);
+                }
+                h = out;
+                i += 2;
+                continue;
+            }
+        }
         let (out, kept) = s.layer.call(&input, training)?;
         if keep {
             saved.push(kept);
@@ -96,6 +109,36 @@ fn pool_follows(stages: &[Stage<'_>], i: usize) -> bool {
     stages
         .get(i + 1)
         .is_some_and(|pool| pool.layer.is_max_pool_2x2() && same_place(&stages[i], pool))
+}
+
+/// The activation of stage `i + 1` when it is an activation layer on stage `i`'s device and
+/// dtype, which stage `i` may apply as it writes its output ([`Layer::call_with_activation`]).
+fn activation_follows(stages: &[Stage<'_>], i: usize) -> Option<ActivationFn> {
+    let next = stages.get(i + 1)?;
+    let act = next.layer.as_activation()?;
+    same_place(&stages[i], next).then_some(act)
+}
+
+/// The activation of stage `i` when the forward pass ran it inside stage `i - 1`'s
+/// ([`activation_follows`]; the activation stage kept nothing then, the layer below kept
+/// what [`Layer::backward_with_activation`] needs).
+fn fused_activation(
+    stages: &[Stage<'_>],
+    saved: &[Vec<Tensor>],
+    i: usize,
+    dy_preactivated: bool,
+) -> Option<ActivationFn> {
+    let ran_inside = i > 0 && saved[i].is_empty() && !saved[i - 1].is_empty();
+    if !ran_inside || dy_preactivated {
+        return None;
+    }
+    activation_follows(stages, i - 1)
+}
+
+/// Weight gradients in float32, whatever dtype the layer computed them in (the dtype of its
+/// variables).
+fn in_f32(grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    grads.iter().map(|g| g.cast(DType::F32)).collect()
 }
 
 /// Whether two stages compute on the same device in the same dtype.
@@ -173,12 +216,32 @@ pub(crate) fn backward_from(
                     saved.clear();
                     on_grads(2, Vec::new())?;
                     for (j, g) in [(1, grads), (0, stem_grads)] {
-                        let g = g.iter().map(|g| g.cast(DType::F32));
-                        on_grads(j, g.collect::<Result<Vec<_>>>()?)?;
+                        on_grads(j, in_f32(&g)?)?;
                     }
                     return Ok(None);
                 }
             }
+        }
+        if let Some(act) = fused_activation(stages, &saved, i, dy_preactivated) {
+            let below = i - 1;
+            let layer = stages[below].layer;
+            let need_dx = below > 0 || input_grad;
+            let fused = layer.backward_with_activation(&saved[below], &dy_here, act, need_dx)?;
+            let Some((dx, grads)) = fused else {
+                return Err(crate::Error::Model(format!(
+                    "{}: call_with_activation ran but backward_with_activation gave nothing",
+                    layer.class_name()
+                )));
+            };
+            saved[below].clear();
+            on_grads(i, Vec::new())?;
+            on_grads(below, in_f32(&grads)?)?;
+            i = below;
+            match dx {
+                Some(dx) => dy = dx,
+                None => return Ok(None),
+            }
+            continue;
         }
         let at = (i, &dy_here, dy_preactivated);
         let fused = through_fused(stages, &mut saved, at, input_grad)?;
@@ -211,11 +274,7 @@ pub(crate) fn backward_from(
             i = layer;
         }
         dy_preactivated = dx_preactivated;
-        let grads = grads
-            .iter()
-            .map(|g| g.cast(DType::F32))
-            .collect::<Result<Vec<_>>>()?;
-        on_grads(i, grads)?;
+        on_grads(i, in_f32(&grads)?)?;
         match dx {
             Some(dx) => dy = dx,
             None => return Ok(None),

@@ -570,6 +570,7 @@ impl NnKernels for HostKernels {
                     &mut y.f32()[..n],
                     write(stats).f32(),
                     &a.p,
+                    a.relu,
                 );
             }
             None => {
@@ -580,6 +581,7 @@ impl NnKernels for HostKernels {
                     (m.f32(0), m.f32(1)),
                     &mut y.f32()[..n],
                     &a.p,
+                    a.relu,
                 );
             }
         }
@@ -587,7 +589,9 @@ impl NnKernels for HostKernels {
     }
 
     fn batch_norm_backward(&self, g: &crate::ops::norm::BatchNormGradArgs<'_>) -> Result<()> {
-        let r = Inputs::lock(&[g.x, g.dy, g.gamma, g.stats]);
+        let mut inputs = vec![g.x, g.dy, g.gamma, g.stats];
+        inputs.extend(g.relu_beta);
+        let r = Inputs::lock(&inputs);
         let (mut dx, mut dgamma, mut dbeta) = (write(g.dx), write(g.dgamma), write(g.dbeta));
         let n = g.p.rows * g.p.channels;
         cpu::batchnorm::batch_norm_backward(
@@ -595,6 +599,7 @@ impl NnKernels for HostKernels {
             &r.f32(1)[..n],
             r.f32(2),
             r.f32(3),
+            g.relu_beta.is_some().then(|| r.f32(4)),
             &mut dx.f32()[..n],
             (dgamma.f32(), dbeta.f32()),
             &g.p,

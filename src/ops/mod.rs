@@ -27,6 +27,10 @@ pub use norm::{
     batch_normalization_backward, batch_normalization_inference, batch_normalization_training,
     dropout, dropout_backward, BatchNormVariables,
 };
+pub(crate) use norm::{
+    batch_normalization_relu_backward, batch_normalization_relu_inference,
+    batch_normalization_relu_training,
+};
 
 use crate::device::logical::Backend;
 use crate::device::LogicalDevice;

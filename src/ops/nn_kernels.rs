@@ -475,20 +475,24 @@ pub struct BatchNormVariables<'a> {
 }
 
 /// What a device's batch normalization kernel gets: `stats` (`[mean; inv]`, `2c` float32) is
-/// `Some` for a training pass, which also updates the moving statistics in place.
+/// `Some` for a training pass, which also updates the moving statistics in place; `relu`: `y`
+/// goes through a ReLU too (TensorFlow's `_FusedBatchNormEx`; CPU:0 only).
 pub(crate) struct BatchNormArgs<'a> {
     pub(crate) x: &'a Tensor,
     pub(crate) v: BatchNormVariables<'a>,
     pub(crate) y: &'a Tensor,
     pub(crate) stats: Option<&'a Tensor>,
     pub(crate) p: BatchNormParams,
+    pub(crate) relu: bool,
 }
 
-/// What a device's batch normalization gradient kernel gets.
+/// What a device's batch normalization gradient kernel gets; `relu_beta` (`beta`) when the
+/// forward pass went through a ReLU, whose gradient the kernel applies to `dy` first.
 pub(crate) struct BatchNormGradArgs<'a> {
     pub(crate) x: &'a Tensor,
     pub(crate) dy: &'a Tensor,
     pub(crate) gamma: &'a Tensor,
+    pub(crate) relu_beta: Option<&'a Tensor>,
     pub(crate) stats: &'a Tensor,
     pub(crate) dx: &'a Tensor,
     pub(crate) dgamma: &'a Tensor,

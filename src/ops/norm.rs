@@ -17,6 +17,15 @@ const BATCH_NORM_GRAD: OpInfo = OpInfo {
     name: "FusedBatchNormGradV3",
     gpu: Some(gn::BATCH_NORM_GRAD),
 };
+/// Batch normalization with a fused ReLU (TensorFlow's names for its fused pair); CPU:0 only.
+const BATCH_NORM_RELU: OpInfo = OpInfo {
+    name: "_FusedBatchNormEx",
+    gpu: None,
+};
+const BATCH_NORM_RELU_GRAD: OpInfo = OpInfo {
+    name: "_FusedBatchNormGradEx",
+    gpu: None,
+};
 const DROPOUT: OpInfo = OpInfo {
     name: "Dropout",
     gpu: Some(gn::DROPOUT),
@@ -96,7 +105,30 @@ pub fn batch_normalization_training(
     momentum: f32,
     epsilon: f32,
 ) -> Result<(Tensor, Tensor)> {
-    let name = BATCH_NORM.name;
+    training_pass(x, v, (momentum, epsilon), false)
+}
+
+/// [`batch_normalization_training`] followed by a ReLU, `max(y, 0)`, in one pass on CPU:0
+/// (`BatchNormalization()` then `ReLU()` in training); [`batch_normalization_relu_backward`]
+/// differentiates both.
+pub(crate) fn batch_normalization_relu_training(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    momentum: f32,
+    epsilon: f32,
+) -> Result<(Tensor, Tensor)> {
+    training_pass(x, v, (momentum, epsilon), true)
+}
+
+/// The training pass, through a ReLU with `relu`.
+fn training_pass(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    (momentum, epsilon): (f32, f32),
+    relu: bool,
+) -> Result<(Tensor, Tensor)> {
+    let op = if relu { &BATCH_NORM_RELU } else { &BATCH_NORM };
+    let name = op.name;
     let dtype = activation_dtype(name, x)?;
     let (rows, c) = rows_channels(name, x)?;
     check_variables(name, c, &variables(&v))?;
@@ -116,7 +148,7 @@ pub fn batch_normalization_training(
     let home = v.moving_mean.device_handle().clone();
     let _scope = home.scope();
     let inputs = [x, v.gamma, v.beta, v.moving_mean, v.moving_variance];
-    run(&BATCH_NORM, &inputs, |device, moved| {
+    run(op, &inputs, |device, moved| {
         if !device.same_device(&home) || !moved[4].device_handle().same_device(&home) {
             return Err(Error::Unsupported {
                 op: name,
@@ -135,6 +167,7 @@ pub fn batch_normalization_training(
             y: &y,
             stats: Some(&stats),
             p,
+            relu,
         };
         with_kernels(device, |_, nk| nk.batch_norm(&args))?;
         Ok((y, stats))
@@ -152,7 +185,27 @@ pub fn batch_normalization_inference(
     v: BatchNormVariables<'_>,
     epsilon: f32,
 ) -> Result<Tensor> {
-    let name = BATCH_NORM.name;
+    inference_pass(x, v, epsilon, false)
+}
+
+/// [`batch_normalization_inference`] followed by a ReLU, in one pass on CPU:0.
+pub(crate) fn batch_normalization_relu_inference(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    epsilon: f32,
+) -> Result<Tensor> {
+    inference_pass(x, v, epsilon, true)
+}
+
+/// The inference pass, through a ReLU with `relu`.
+fn inference_pass(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    epsilon: f32,
+    relu: bool,
+) -> Result<Tensor> {
+    let op = if relu { &BATCH_NORM_RELU } else { &BATCH_NORM };
+    let name = op.name;
     let dtype = activation_dtype(name, x)?;
     let (rows, c) = rows_channels(name, x)?;
     check_variables(name, c, &variables(&v))?;
@@ -163,7 +216,7 @@ pub fn batch_normalization_inference(
         epsilon,
     };
     let inputs = [x, v.gamma, v.beta, v.moving_mean, v.moving_variance];
-    run(&BATCH_NORM, &inputs, |device, moved| {
+    run(op, &inputs, |device, moved| {
         let y = Tensor::uninit(x.shape(), dtype, device)?;
         if rows > 0 {
             let args = BatchNormArgs {
@@ -172,6 +225,7 @@ pub fn batch_normalization_inference(
                 y: &y,
                 stats: None,
                 p,
+                relu,
             };
             with_kernels(device, |_, nk| nk.batch_norm(&args))?;
         }
@@ -194,7 +248,37 @@ pub fn batch_normalization_backward(
     stats: &Tensor,
     epsilon: f32,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let name = BATCH_NORM_GRAD.name;
+    backward_pass(x, dy, (gamma, None), stats, epsilon)
+}
+
+/// The gradients of [`batch_normalization_relu_training`] from `dy`, the gradient w.r.t. the
+/// ReLU's output: [`batch_normalization_backward`] of ReLU's gradient, whose mask (where
+/// `x̂ · gamma + beta > 0`) comes from `x` and the layer's `beta`, as the forward pass
+/// computed it.
+pub(crate) fn batch_normalization_relu_backward(
+    x: &Tensor,
+    dy: &Tensor,
+    (gamma, beta): (&Tensor, &Tensor),
+    stats: &Tensor,
+    epsilon: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    backward_pass(x, dy, (gamma, Some(beta)), stats, epsilon)
+}
+
+/// The gradient pass, through a fused ReLU when `relu_beta` is given.
+fn backward_pass(
+    x: &Tensor,
+    dy: &Tensor,
+    (gamma, relu_beta): (&Tensor, Option<&Tensor>),
+    stats: &Tensor,
+    epsilon: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = if relu_beta.is_some() {
+        &BATCH_NORM_RELU_GRAD
+    } else {
+        &BATCH_NORM_GRAD
+    };
+    let name = op.name;
     let dtype = activation_dtype(name, x)?;
     dy.expect_dtype(name, dtype)?;
     let (rows, c) = rows_channels(name, x)?;
@@ -207,6 +291,9 @@ pub fn batch_normalization_backward(
         });
     }
     check_variables(name, c, &[("gamma", gamma)])?;
+    if let Some(beta) = relu_beta {
+        check_variables(name, c, &[("beta", beta)])?;
+    }
     stats.expect_dtype(name, DType::F32)?;
     if stats.shape() != [2, c] {
         return Err(Error::ShapeMismatch {
@@ -222,7 +309,9 @@ pub fn batch_normalization_backward(
         momentum: 0.0,
         epsilon,
     };
-    run(&BATCH_NORM_GRAD, &[x, dy, gamma, stats], |device, moved| {
+    let mut inputs = vec![x, dy, gamma, stats];
+    inputs.extend(relu_beta);
+    run(op, &inputs, |device, moved| {
         let dx = Tensor::uninit(x.shape(), dtype, device)?;
         let dgamma = Tensor::uninit(&[c], DType::F32, device)?;
         let dbeta = Tensor::uninit(&[c], DType::F32, device)?;
@@ -230,6 +319,7 @@ pub fn batch_normalization_backward(
             x: &moved[0],
             dy: &moved[1],
             gamma: &moved[2],
+            relu_beta: moved.get(4),
             stats: &moved[3],
             dx: &dx,
             dgamma: &dgamma,

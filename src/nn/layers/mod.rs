@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::activation::Activation;
 use crate::nn::autocast;
-use crate::ops::spec::Activation as OpActivation;
+use crate::ops::spec::{Activation as OpActivation, ActivationFn};
 use crate::ops::{self, GradDType};
 use crate::tensor::{DType, Tensor};
 
@@ -237,6 +237,54 @@ pub trait Layer: fmt::Debug + Send + Sync {
         plan: BackwardPlan,
     ) -> Result<Option<FusedGrads>> {
         let _ = (saved, dy, plan);
+        Ok(None)
+    }
+
+    /// The activation this layer applies and nothing else (a `ReLU()`, an
+    /// `Activation("relu")`), which the layer before it may apply as it writes its own output
+    /// (see [`call_with_activation`](Layer::call_with_activation)). Provided: `None`.
+    fn as_activation(&self) -> Option<ActivationFn> {
+        None
+    }
+
+    /// This layer's [`call`](Layer::call) followed by `act`, the activation of the layer after
+    /// it ([`as_activation`](Layer::as_activation)), in one pass: `(output, saved)`, the
+    /// activation's output and what
+    /// [`backward_with_activation`](Layer::backward_with_activation) needs. `Ok(None)` when the
+    /// layer has no such pass for `act` where it runs; the model then runs the two layers.
+    /// Provided: `Ok(None)`.
+    ///
+    /// A model asks this when an activation layer on the same device follows the layer
+    /// (`BatchNormalization` then `ReLU` on CPU:0 run as one).
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn call_with_activation(
+        &self,
+        x: &Tensor,
+        act: ActivationFn,
+        training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+        let _ = (x, act, training);
+        Ok(None)
+    }
+
+    /// The backward pass of [`call_with_activation`](Layer::call_with_activation) from `dy`,
+    /// the gradient w.r.t. the activation's output, and what that pass saved: as
+    /// [`backward`](Layer::backward) gives them. Provided: `Ok(None)` (allowed only for a layer
+    /// whose `call_with_activation` gives `None`).
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    #[allow(clippy::type_complexity)] // backward's pair, optional
+    fn backward_with_activation(
+        &self,
+        saved: &[Tensor],
+        dy: &Tensor,
+        act: ActivationFn,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        let _ = (saved, dy, act, need_dx);
         Ok(None)
     }
 

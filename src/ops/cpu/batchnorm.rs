@@ -2,8 +2,10 @@
 //! [`BatchNormParams`]): per-channel moments (biased variance, as `tf.nn.moments`, in one pass),
 //! the normalization `y = x * a + b` with `a = gamma / sqrt(var + epsilon)`, `b = beta - mean * a`
 //! (`tf.nn.batch_normalization`'s arithmetic), the moving statistics' update, and the fused
-//! gradient. Sums run in f64 over fixed blocks of rows added in order
-//! ([`ordered_reduce`]), so a result is the same bits on every run.
+//! gradient; each optionally with a ReLU after the normalization (TensorFlow's
+//! `_FusedBatchNormEx`), whose gradient mask the backward pass recomputes from `x`. Sums run
+//! in f64 over fixed blocks of rows added in order ([`ordered_reduce`]), so a result is the
+//! same bits on every run.
 
 use rayon::prelude::*;
 
@@ -82,31 +84,57 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
 }
 
 multiversion! {
-    /// `y = x * a + b` per channel, row by row (`a`, `b`: `c` values).
-    fn scale_shift(x: &[f32], a: &[f32], b: &[f32], y: &mut [f32]) {
+    /// `y = x * a + b` per channel, row by row (`a`, `b`: `c` values), then `max(y, 0)` with
+    /// `relu`.
+    fn scale_shift(x: &[f32], a: &[f32], b: &[f32], relu: bool, y: &mut [f32]) {
         let c = a.len();
         for (yr, xr) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
-            for j in 0..c {
-                yr[j] = xr[j] * a[j] + b[j];
+            if relu {
+                for j in 0..c {
+                    yr[j] = preactivation(xr[j], a[j], b[j]).max(0.0);
+                }
+            } else {
+                for j in 0..c {
+                    yr[j] = preactivation(xr[j], a[j], b[j]);
+                }
             }
         }
     }
 }
 
-/// `y = x * (gamma * inv) + (beta - mean * gamma * inv)` per channel, `stats = [mean; inv]`.
-fn normalize(x: &[f32], gamma: &[f32], beta: &[f32], stats: &[f32], y: &mut [f32], c: usize) {
+/// The normalized value `x * a + b`, before a fused ReLU: the backward pass recomputes it
+/// with this same expression (a product, then a sum: Rust never contracts it into a fused
+/// multiply-add), so its sign is the forward pass's to the bit.
+#[inline(always)]
+fn preactivation(x: f32, a: f32, b: f32) -> f32 {
+    x * a + b
+}
+
+/// `(a, b)` of `y = x * a + b`: `a = gamma * inv`, `b = beta - mean * a`, from
+/// `stats = [mean; inv]` (`tf.nn.batch_normalization`'s arithmetic).
+fn affine(gamma: &[f32], beta: &[f32], stats: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let c = gamma.len();
     let (mean, inv) = stats.split_at(c);
     let a: Vec<f32> = gamma.iter().zip(inv).map(|(g, i)| g * i).collect();
     let b: Vec<f32> = (0..c).map(|j| beta[j] - mean[j] * a[j]).collect();
+    (a, b)
+}
+
+/// `y = x * (gamma * inv) + (beta - mean * gamma * inv)` per channel, `stats = [mean; inv]`,
+/// then `max(y, 0)` with `relu`.
+fn normalize(x: &[f32], (gamma, beta): (&[f32], &[f32]), stats: &[f32], relu: bool, y: &mut [f32]) {
+    let c = gamma.len();
+    let (a, b) = affine(gamma, beta, stats);
     let n = y.len().min(x.len());
     y[..n]
         .par_chunks_mut(ROWS_PER_TASK * c)
         .zip(x[..n].par_chunks(ROWS_PER_TASK * c))
-        .for_each(|(y, x)| scale_shift(x, &a, &b, y));
+        .for_each(|(y, x)| scale_shift(x, &a, &b, relu, y));
 }
 
 /// The training forward pass: batch statistics into `stats` (`[mean; inv]`, `2c` values, what
-/// the backward pass needs), `y`, and the moving statistics updated in place.
+/// the backward pass needs), `y` (through a ReLU with `relu`), and the moving statistics
+/// updated in place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_train(
     x: &[f32],
@@ -115,6 +143,7 @@ pub(crate) fn batch_norm_train(
     y: &mut [f32],
     stats: &mut [f32],
     p: &BatchNormParams,
+    relu: bool,
 ) {
     let (rows, c) = (p.rows, p.channels);
     let (mean, var) = batch_norm_moments(x, rows, c);
@@ -125,16 +154,17 @@ pub(crate) fn batch_norm_train(
         moving_mean[j] = moving_mean[j] * p.momentum + mean[j] * one_minus;
         moving_var[j] = moving_var[j] * p.momentum + var[j] * one_minus;
     }
-    normalize(x, gamma, beta, stats, y, c);
+    normalize(x, (gamma, beta), stats, relu, y);
 }
 
-/// The inference pass: `y` from the moving statistics.
+/// The inference pass: `y` from the moving statistics (through a ReLU with `relu`).
 pub(crate) fn batch_norm_infer(
     x: &[f32],
     (gamma, beta): (&[f32], &[f32]),
     (moving_mean, moving_var): (&[f32], &[f32]),
     y: &mut [f32],
     p: &BatchNormParams,
+    relu: bool,
 ) {
     let c = p.channels;
     let mut stats = vec![0.0f32; 2 * c];
@@ -142,25 +172,30 @@ pub(crate) fn batch_norm_infer(
         stats[j] = moving_mean[j];
         stats[c + j] = 1.0 / (moving_var[j] + p.epsilon).sqrt();
     }
-    normalize(x, gamma, beta, &stats, y, c);
+    normalize(x, (gamma, beta), &stats, relu, y);
 }
 
-/// The gradients of the training pass: `dx`, `dgamma = Σ dy x̂`, `dbeta = Σ dy`, from the
-/// forward pass's `stats` (`[mean; inv]`).
+/// The gradients of the training pass: `dx`, `dgamma = Σ g x̂`, `dbeta = Σ g`, from the
+/// forward pass's `stats` (`[mean; inv]`), where `g = dy`, or, after a pass with a fused ReLU
+/// (`relu_beta`: the layer's `beta`), ReLU's gradient `g = x̂ · gamma + beta > 0 ? dy : 0`, its
+/// mask recomputed from `x` as the forward pass computed it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_backward(
     x: &[f32],
     dy: &[f32],
     gamma: &[f32],
     stats: &[f32],
+    relu_beta: Option<&[f32]>,
     dx: &mut [f32],
     (dgamma, dbeta): (&mut [f32], &mut [f32]),
     p: &BatchNormParams,
 ) {
     let (rows, c) = (p.rows, p.channels);
     let (mean, inv) = stats.split_at(c);
+    let affine = relu_beta.map(|beta| affine(gamma, beta, stats));
+    let relu = affine.as_ref().map(|(a, b)| (&a[..], &b[..]));
     let sums = column_sums(rows, 2 * c, |(r0, r1), acc| {
-        grad_sums(&x[r0 * c..r1 * c], &dy[r0 * c..r1 * c], mean, acc);
+        grad_sums(&x[r0 * c..r1 * c], &dy[r0 * c..r1 * c], mean, relu, acc);
     });
     let n = rows as f32;
     let mut coef = vec![0.0f32; 3 * c];
@@ -178,32 +213,72 @@ pub(crate) fn batch_norm_backward(
         .par_chunks_mut(ROWS_PER_TASK * c)
         .zip(x[..len].par_chunks(ROWS_PER_TASK * c))
         .zip(dy[..len].par_chunks(ROWS_PER_TASK * c))
-        .for_each(|((dx, x), dy)| input_grad(x, dy, mean, &coef, dx));
+        .for_each(|((dx, x), dy)| input_grad(x, dy, mean, &coef, relu, dx));
+}
+
+/// ReLU's gradient `dy` where its input `pre` was positive, else 0 (NaN included).
+#[inline(always)]
+fn relu_grad(dy: f32, pre: f32) -> f32 {
+    if pre > 0.0 {
+        dy
+    } else {
+        0.0
+    }
 }
 
 multiversion! {
-    /// `acc = [Σ dy; Σ dy (x - mean)]` over the rows of `x` and `dy` (`[rows, c]`), in f64.
-    fn grad_sums(x: &[f32], dy: &[f32], mean: &[f32], acc: &mut [f64]) {
+    /// `acc = [Σ g; Σ g (x - mean)]` over the rows of `x` and `dy` (`[rows, c]`), in f64: `g =
+    /// dy`, or with `relu = Some((a, b))`, ReLU's gradient at `x * a + b`.
+    fn grad_sums(
+        x: &[f32],
+        dy: &[f32],
+        mean: &[f32],
+        relu: Option<(&[f32], &[f32])>,
+        acc: &mut [f64],
+    ) {
         let c = mean.len();
         let (s1, s2) = acc.split_at_mut(c);
         for (xr, gr) in x.chunks_exact(c).zip(dy.chunks_exact(c)) {
-            for j in 0..c {
-                s1[j] += f64::from(gr[j]);
-                s2[j] += f64::from(gr[j]) * f64::from(xr[j] - mean[j]);
+            if let Some((a, b)) = relu {
+                for j in 0..c {
+                    let g = relu_grad(gr[j], preactivation(xr[j], a[j], b[j]));
+                    s1[j] += f64::from(g);
+                    s2[j] += f64::from(g) * f64::from(xr[j] - mean[j]);
+                }
+            } else {
+                for j in 0..c {
+                    s1[j] += f64::from(gr[j]);
+                    s2[j] += f64::from(gr[j]) * f64::from(xr[j] - mean[j]);
+                }
             }
         }
     }
 }
 
 multiversion! {
-    /// `dx = k dy + k' (x - mean) + k''` per channel, `coef = [k; k'; k'']`.
-    fn input_grad(x: &[f32], dy: &[f32], mean: &[f32], coef: &[f32], dx: &mut [f32]) {
+    /// `dx = k g + k' (x - mean) + k''` per channel, `coef = [k; k'; k'']`, `g` as in
+    /// [`grad_sums`].
+    fn input_grad(
+        x: &[f32],
+        dy: &[f32],
+        mean: &[f32],
+        coef: &[f32],
+        relu: Option<(&[f32], &[f32])>,
+        dx: &mut [f32],
+    ) {
         let c = mean.len();
         let (k, rest) = coef.split_at(c);
         let (k1, k2) = rest.split_at(c);
         for ((dxr, xr), gr) in dx.chunks_exact_mut(c).zip(x.chunks_exact(c)).zip(dy.chunks_exact(c)) {
-            for j in 0..c {
-                dxr[j] = k[j] * gr[j] + k1[j] * (xr[j] - mean[j]) + k2[j];
+            if let Some((a, b)) = relu {
+                for j in 0..c {
+                    let g = relu_grad(gr[j], preactivation(xr[j], a[j], b[j]));
+                    dxr[j] = k[j] * g + k1[j] * (xr[j] - mean[j]) + k2[j];
+                }
+            } else {
+                for j in 0..c {
+                    dxr[j] = k[j] * gr[j] + k1[j] * (xr[j] - mean[j]) + k2[j];
+                }
             }
         }
     }
@@ -237,5 +312,56 @@ mod tests {
                 var[j]
             );
         }
+    }
+
+    /// The passes with a fused ReLU give the bits of the plain passes with the ReLU and its
+    /// gradient (`dy` where the output is positive) applied between them: over more rows
+    /// than one task, with values at and around zero after the normalization.
+    #[test]
+    fn a_fused_relu_is_the_relu_between_the_plain_passes() {
+        let (rows, c) = (700, 6);
+        let p = BatchNormParams {
+            rows,
+            channels: c,
+            momentum: 0.9,
+            epsilon: 1e-3,
+        };
+        let x = random_vec(rows * c, 2);
+        let dy = random_vec(rows * c, 3);
+        let (gamma, beta) = (random_vec(c, 4), random_vec(c, 5));
+        let train = |relu: bool| {
+            let (mut mm, mut mv) = (vec![0.0f32; c], vec![1.0f32; c]);
+            let (mut y, mut stats) = (vec![0.0f32; rows * c], vec![0.0f32; 2 * c]);
+            let vars = (&mut mm[..], &mut mv[..]);
+            batch_norm_train(&x, (&gamma, &beta), vars, &mut y, &mut stats, &p, relu);
+            (y, stats, mm, mv)
+        };
+        let (y, stats, mm, mv) = train(false);
+        let (fused, fused_stats, fmm, fmv) = train(true);
+        let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
+        assert_eq!(fused, relu, "forward");
+        assert_eq!(
+            (fused_stats, fmm, fmv),
+            (stats.clone(), mm, mv),
+            "statistics"
+        );
+        assert!(relu.iter().filter(|&&v| v == 0.0).count() > rows * c / 4);
+
+        let backward = |dy: &[f32], relu_beta: Option<&[f32]>| {
+            let (mut dx, mut dg, mut db) = (vec![0.0f32; rows * c], vec![0.0; c], vec![0.0; c]);
+            let sums = (&mut dg[..], &mut db[..]);
+            batch_norm_backward(&x, dy, &gamma, &stats, relu_beta, &mut dx, sums, &p);
+            (dx, dg, db)
+        };
+        let masked: Vec<f32> = dy
+            .iter()
+            .zip(&fused)
+            .map(|(&d, &y)| if y > 0.0 { d } else { 0.0 })
+            .collect();
+        assert_eq!(
+            backward(&dy, Some(&beta)),
+            backward(&masked, None),
+            "backward"
+        );
     }
 }

@@ -8,7 +8,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily};
 use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs};
@@ -18,6 +18,18 @@ use crate::tensor::{DType, Tensor};
 
 const fn bn(entry: &'static str) -> Kernel {
     Kernel::new(ShaderFamily::Batchnorm, entry)
+}
+
+/// The refusal of a batch normalization with a fused ReLU, which only CPU:0 has (the layers
+/// ask for it only there).
+fn no_fused_relu(op: &'static str, out: &Tensor) -> Error {
+    Error::Unsupported {
+        op,
+        device: out.device_handle().full_name().to_string(),
+        missing: "a batch normalization kernel with a fused ReLU; run BatchNormalization and \
+                  ReLU as two ops"
+            .into(),
+    }
 }
 
 pub(crate) const BN_SUM_PART: Kernel = bn("bn_sum_part");
@@ -128,6 +140,9 @@ impl GpuKernels<'_> {
     }
 
     pub(crate) fn batch_norm_impl(&self, a: &BatchNormArgs<'_>) -> Result<()> {
+        if a.relu {
+            return Err(no_fused_relu("_FusedBatchNormEx", a.y));
+        }
         let c = a.p.channels;
         let (p, chunks) = BnParams::new(&a.p);
         let channel_groups = u(c.div_ceil(64));
@@ -159,6 +174,9 @@ impl GpuKernels<'_> {
     }
 
     pub(crate) fn batch_norm_backward_impl(&self, g: &BatchNormGradArgs<'_>) -> Result<()> {
+        if g.relu_beta.is_some() {
+            return Err(no_fused_relu("_FusedBatchNormGradEx", g.dx));
+        }
         let c = g.p.channels;
         let (p, chunks) = BnParams::new(&g.p);
         let channel_groups = u(c.div_ceil(64));
