@@ -18,21 +18,35 @@ use super::gemm::{gemm_strided, Strided};
 use super::{ordered_reduce, with_scratch};
 use crate::ops::spec::{Activation, ConvGeometry};
 
+/// The first input column of output column `j`'s taps when all `kw` of them fall inside the
+/// image next to each other (no dilation along rows): a patch row's taps of one kernel row are
+/// then one run of `kw * ci` values of the image, copied (or added back) at once.
+fn whole_run(g: &ConvGeometry, j: usize) -> Option<usize> {
+    let first = g.in_col(j, 0)?;
+    (g.dw == 1 && g.in_col(j, g.kw - 1).is_some()).then_some(first)
+}
+
 /// The patches of image `x` (`[h, w, ci]`) for group 0 of a one-group convolution:
 /// `col[(i * ow + j) * taps + (a * kw + b) * ci + c]`, zero where a tap falls in the padding.
 fn im2col(x: &[f32], g: &ConvGeometry, col: &mut [f32]) {
-    let taps = g.taps();
+    let (taps, run) = (g.taps(), g.kw * g.ci);
     for i in 0..g.oh {
         for j in 0..g.ow {
             let row = &mut col[(i * g.ow + j) * taps..][..taps];
-            for a in 0..g.kh {
-                for b in 0..g.kw {
-                    let dst = &mut row[(a * g.kw + b) * g.ci..][..g.ci];
-                    match (g.in_row(i, a), g.in_col(j, b)) {
-                        (Some(r), Some(c)) => {
-                            dst.copy_from_slice(&x[(r * g.w + c) * g.ci..][..g.ci]);
-                        }
-                        _ => dst.fill(0.0),
+            let whole = whole_run(g, j);
+            for (a, dst) in row.chunks_exact_mut(run).enumerate() {
+                let Some(r) = g.in_row(i, a) else {
+                    dst.fill(0.0);
+                    continue;
+                };
+                if let Some(c) = whole {
+                    dst.copy_from_slice(&x[(r * g.w + c) * g.ci..][..run]);
+                    continue;
+                }
+                for (b, dst) in dst.chunks_exact_mut(g.ci).enumerate() {
+                    match g.in_col(j, b) {
+                        Some(c) => dst.copy_from_slice(&x[(r * g.w + c) * g.ci..][..g.ci]),
+                        None => dst.fill(0.0),
                     }
                 }
             }
@@ -40,20 +54,31 @@ fn im2col(x: &[f32], g: &ConvGeometry, col: &mut [f32]) {
     }
 }
 
-/// The adjoint of [`im2col`]: adds each patch entry back into its input pixel (`dx` zeroed
-/// first by the caller).
-fn col2im(col: &[f32], g: &ConvGeometry, dx: &mut [f32]) {
-    let taps = g.taps();
-    for i in 0..g.oh {
-        for j in 0..g.ow {
-            let row = &col[(i * g.ow + j) * taps..][..taps];
-            for a in 0..g.kh {
-                let Some(r) = g.in_row(i, a) else { continue };
-                for b in 0..g.kw {
-                    let Some(c) = g.in_col(j, b) else { continue };
-                    let src = &row[(a * g.kw + b) * g.ci..][..g.ci];
-                    let dst = &mut dx[(r * g.w + c) * g.ci..][..g.ci];
-                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+multiversion! {
+    /// The adjoint of [`im2col`]: adds each patch entry back into its input pixel (`dx` zeroed
+    /// first by the caller).
+    fn col2im(col: &[f32], g: &ConvGeometry, dx: &mut [f32]) {
+        let (taps, run) = (g.taps(), g.kw * g.ci);
+        for i in 0..g.oh {
+            for j in 0..g.ow {
+                let row = &col[(i * g.ow + j) * taps..][..taps];
+                let whole = whole_run(g, j);
+                for (a, src) in row.chunks_exact(run).enumerate() {
+                    let Some(r) = g.in_row(i, a) else { continue };
+                    if let Some(c) = whole {
+                        let dst = &mut dx[(r * g.w + c) * g.ci..][..run];
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += s;
+                        }
+                        continue;
+                    }
+                    for (b, src) in src.chunks_exact(g.ci).enumerate() {
+                        let Some(c) = g.in_col(j, b) else { continue };
+                        let dst = &mut dx[(r * g.w + c) * g.ci..][..g.ci];
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += s;
+                        }
+                    }
                 }
             }
         }
@@ -164,15 +189,20 @@ fn grouped_image_forward(x: &[f32], kernel: &[f32], y: &mut [f32], g: &ConvGeome
 /// The input gradient `dx` from `dz` (w.r.t. the pre-activation output).
 pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &ConvGeometry) {
     let (image_in, image_out) = image_lens(g);
-    dx.fill(0.0);
     if image_in == 0 || image_out == 0 || kernel.is_empty() {
+        dx.fill(0.0);
         return;
     }
+    // Each image's dx is zeroed by its task just before the scatter adds into it, while it
+    // is in cache, rather than all at once before (a pass over memory of its own).
     let (pixels, taps) = (g.oh * g.ow, g.taps());
     if g.cig != g.ci {
         dx.par_chunks_mut(image_in)
             .zip(dz.par_chunks(image_out))
-            .for_each(|(dx, dz)| grouped_image_backward_input(dz, kernel, dx, g));
+            .for_each(|(dx, dz)| {
+                dx.fill(0.0);
+                grouped_image_backward_input(dz, kernel, dx, g);
+            });
         return;
     }
     let images = images_per_task(g);
@@ -188,6 +218,7 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
                 );
                 gemm_strided(col, rows, taps, g.co, lhs, rhs, false, false);
                 for (col, dx) in col.chunks(pixels * taps).zip(dx.chunks_mut(image_in)) {
+                    dx.fill(0.0);
                     col2im(col, g, dx);
                 }
             });
