@@ -39,9 +39,17 @@
 //                  coef.
 //   bn_dx          dx = k dy + c2 (x - mean) + c3. dispatch grid_1d(items, 64).
 //                  bindings x, dy, dx, stats, coef.
+// With a ReLU after the normalization (TensorFlow's _FusedBatchNormEx), ReLU's gradient
+// applied to dy first, its mask recomputed from x:
+//   bn_affine      per channel: affine = [a; b], a = gamma * inv, b = beta - mean * a.
+//                  dispatch (ceil(c/64), 1, 1). bindings gamma, beta, stats, affine.
+//   bn_apply_relu  y = max(x * a + b, 0). dispatch grid_1d(items, 64).
+//                  bindings x, y, affine.
+//   bn_relu_grad_part, bn_relu_dx  bn_grad_part and bn_dx of g = x * a + b > 0 ? dy : 0.
+//                  bindings x, dy, partials, stats, affine; x, dy, dx, stats, coef, affine.
 // Bindings (group 0): 0 uniform Params; 1 x, 2 dy, 3 y, 4 dx (array<f32>, float16 in the
 // twin); 5 partials, 6 sums, 7 sq, 8 gamma, 9 beta, 10 moving_mean, 11 moving_var, 12 stats,
-// 13 coef, 14 dgamma, 15 dbeta (array<f32>, float32 in both). All storage read_write; tensors
+// 13 coef, 14 dgamma, 15 dbeta, 16 affine (array<f32>, float32 in both). All storage read_write; tensors
 // go to the used bindings in ascending order.
 // Params: rows, c, chunk (rows per partial sum), items = rows * c (chunks * c for the partial
 // sums), momentum, one_minus
@@ -75,6 +83,7 @@ struct Params {
 @group(0) @binding(13) var<storage, read_write> coef: array<f32>;
 @group(0) @binding(14) var<storage, read_write> dgamma: array<f32>;
 @group(0) @binding(15) var<storage, read_write> dbeta: array<f32>;
+@group(0) @binding(16) var<storage, read_write> affine: array<f32>;
 
 fn item_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
@@ -184,4 +193,54 @@ fn bn_dx(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     if (i >= p.items) { return; }
     let ch = i % p.c;
     dx[i] = coef[ch] * dy[i] + coef[p.c + ch] * (x[i] - stats[ch]) + coef[2u * p.c + ch];
+}
+
+@compute @workgroup_size(64)
+fn bn_affine(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let ch = gid.x;
+    if (ch >= p.c) { return; }
+    let a = gamma[ch] * stats[p.c + ch];
+    affine[ch] = a;
+    affine[p.c + ch] = beta[ch] - stats[ch] * a;
+}
+
+@compute @workgroup_size(64)
+fn bn_apply_relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = item_index(gid, nwg);
+    if (i >= p.items) { return; }
+    let ch = i % p.c;
+    y[i] = max(x[i] * affine[ch] + affine[p.c + ch], 0.0);
+}
+
+@compute @workgroup_size(64)
+fn bn_relu_grad_part(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = item_index(gid, nwg);
+    if (i >= p.items) { return; }
+    let ch = i % p.c;
+    let k = i / p.c;
+    let mean = stats[ch];
+    let a = affine[ch];
+    let b = affine[p.c + ch];
+    let first = k * p.chunk;
+    let last = min(first + p.chunk, p.rows);
+    var s1 = 0.0;
+    var s2 = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        let v = x[r * p.c + ch];
+        let g = select(0.0, dy[r * p.c + ch], v * a + b > 0.0);
+        s1 = s1 + g;
+        s2 = s2 + g * (v - mean);
+    }
+    partials[k * 2u * p.c + ch] = s1;
+    partials[k * 2u * p.c + p.c + ch] = s2;
+}
+
+@compute @workgroup_size(64)
+fn bn_relu_dx(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = item_index(gid, nwg);
+    if (i >= p.items) { return; }
+    let ch = i % p.c;
+    let v = x[i];
+    let g = select(0.0, dy[i], v * affine[ch] + affine[p.c + ch] > 0.0);
+    dx[i] = coef[ch] * g + coef[p.c + ch] * (v - stats[ch]) + coef[2u * p.c + ch];
 }

@@ -9,6 +9,7 @@ mod common;
 use common::{compiled, synthetic};
 
 use anygpu::distribute::MirroredStrategy;
+use anygpu::mixed_precision::Policy;
 use anygpu::nn::{
     Activation, ActivationLayer, BatchNormalization, Conv2D, Dense, Dropout, Flatten, Layer,
     Pipeline, ReLU, Sequential, Sgd,
@@ -564,7 +565,6 @@ fn a_pipelined_model_normalizes_per_device() {
 
 #[test]
 fn a_mixed_float16_model_with_batch_norm_and_dropout_trains_on_float16_gpus() {
-    use anygpu::mixed_precision::Policy;
     let rt = runtime();
     let mut tested = 0;
     for dev in common::all_devices(
@@ -614,7 +614,6 @@ fn a_mixed_float16_model_with_batch_norm_and_dropout_trains_on_float16_gpus() {
 
 #[test]
 fn synchronized_batch_norm_trains_in_mixed_float16_on_two_virtual_gpus() {
-    use anygpu::mixed_precision::Policy;
     let probe = runtime();
     let physical = probe
         .list_logical_devices("GPU")
@@ -710,23 +709,25 @@ fn backup_and_restore_brings_back_the_moving_statistics() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Conv2D (no activation) → `bn` → `act` → Flatten → Dense (softmax), 8×8×1 → 3.
+/// Conv2D (no activation) → `bn` → `act` → Flatten → Dense (softmax), 8×8×1 → 3, every layer
+/// but the last under `policy`.
 fn conv_bn_act(
-    seed: u64,
     dev: &LogicalDevice,
+    policy: Policy,
     bn: BatchNormalization,
     act: Box<dyn Layer>,
 ) -> Sequential {
-    let mut m = Sequential::with_seed(seed);
+    let mut m = Sequential::with_seed(3);
     let conv = Conv2D::new(4, 3)
         .padding(Padding::Same)
         .use_bias(false)
+        .dtype_policy(policy)
         .input_shape(&[8, 8, 1]);
     let layers: [Box<dyn Layer>; 5] = [
         Box::new(conv),
-        Box::new(bn),
+        Box::new(bn.dtype_policy(policy)),
         act,
-        Box::new(Flatten::new()),
+        Box::new(Flatten::new().dtype_policy(policy)),
         Box::new(Dense::new(3).activation(Activation::Softmax)),
     ];
     for layer in layers {
@@ -735,10 +736,11 @@ fn conv_bn_act(
     compiled(m, Sgd::new(0.1).into()).expect("compile")
 }
 
-/// A ReLU after a BatchNormalization runs inside it on CPU:0 (one pass each way, the mask
-/// recomputed from the input); a ReLU with a clip it never reaches is the same function but
-/// runs as its own layer. Trained side by side, the two give the same losses, weights, moving
-/// statistics and predictions on every device, with and without gamma and beta.
+/// A ReLU after a BatchNormalization runs inside it (one pass each way, the mask recomputed
+/// from the input); a ReLU with a clip it never reaches is the same function but runs as its
+/// own layer. Trained side by side, the two give the same losses, weights, moving statistics
+/// and predictions on every device, with and without gamma and beta, and under
+/// mixed_float16 on float16 GPUs.
 #[test]
 fn a_relu_after_batch_norm_trains_as_its_own_layer_does() {
     let rt = runtime();
@@ -750,28 +752,30 @@ fn a_relu_after_batch_norm_trains_as_its_own_layer_does() {
     };
     for dev in common::all_devices(&rt, "a_relu_after_batch_norm_trains_as_its_own_layer_does") {
         let data = batches(16 * 4, 16, &dev);
-        for (i, (bn, twin)) in bns().into_iter().zip(bns()).enumerate() {
-            let fused: Box<dyn Layer> = match i {
-                0 => Box::new(ReLU::new()),
-                _ => Box::new(ActivationLayer::new(Activation::Relu)),
-            };
-            let separate = Box::new(ReLU::new().max_value(f32::MAX));
-            let mut a = conv_bn_act(3, &dev, bn, fused);
-            let mut b = conv_bn_act(3, &dev, twin, separate);
-            for (step, (x, y)) in data.iter().enumerate() {
-                let what = format!("{dev} case {i} step {step}");
-                let (la, lb) = (a.train_on_batch(x, y), b.train_on_batch(x, y));
-                common::assert_close(&what, &[la.expect("fused")], &[lb.expect("twin")], 1e-6);
-                common::assert_close(&what, &all_weights(&a), &all_weights(&b), 1e-6);
+        let mut policies = vec![(Policy::FLOAT32, 1e-6)];
+        if dev.has_f16() && dev.device_type() == DeviceKind::Gpu {
+            policies.push((Policy::MIXED_FLOAT16, 1e-3));
+        }
+        for (policy, tol) in policies {
+            for (i, (bn, twin)) in bns().into_iter().zip(bns()).enumerate() {
+                let fused: Box<dyn Layer> = match i {
+                    0 => Box::new(ReLU::new().dtype_policy(policy)),
+                    _ => Box::new(ActivationLayer::new(Activation::Relu).dtype_policy(policy)),
+                };
+                let separate = Box::new(ReLU::new().max_value(f32::MAX).dtype_policy(policy));
+                let mut a = conv_bn_act(&dev, policy, bn, fused);
+                let mut b = conv_bn_act(&dev, policy, twin, separate);
+                for (step, (x, y)) in data.iter().enumerate() {
+                    let what = format!("{dev} {policy:?} case {i} step {step}");
+                    let (la, lb) = (a.train_on_batch(x, y), b.train_on_batch(x, y));
+                    common::assert_close(&what, &[la.expect("fused")], &[lb.expect("twin")], tol);
+                    common::assert_close(&what, &all_weights(&a), &all_weights(&b), tol);
+                }
+                let (x, _) = &data[0];
+                let (pa, pb) = (a.predict(x).expect("fused"), b.predict(x).expect("twin"));
+                let what = format!("{dev} {policy:?} case {i}: predict");
+                common::assert_close(&what, &read(&pa), &read(&pb), tol);
             }
-            let (x, _) = &data[0];
-            let (pa, pb) = (a.predict(x).expect("fused"), b.predict(x).expect("twin"));
-            common::assert_close(
-                &format!("{dev} case {i}: predict"),
-                &read(&pa),
-                &read(&pb),
-                1e-6,
-            );
         }
     }
 }

@@ -514,22 +514,20 @@ impl Layer for BatchNormalization {
         Ok((y, vec![x.clone(), stats]))
     }
 
-    /// On CPU:0, a `ReLU()` after the layer runs in its passes (TensorFlow's
-    /// `_FusedBatchNormEx`): the normalized values go through the ReLU as they are written,
-    /// and the backward pass recomputes where they were positive from `x` (kept anyway), so
-    /// neither the ReLU's own pass nor its gradient's runs. Not for synchronized batch
-    /// normalization, nor on a GPU.
+    /// A `ReLU()` after the layer runs in its passes (TensorFlow's `_FusedBatchNormEx`): the
+    /// normalized values go through the ReLU as they are written, and the backward pass
+    /// recomputes where they were positive from `x` (kept anyway), so neither the ReLU's own
+    /// pass nor its gradient's runs. Not for synchronized batch normalization.
     fn call_with_activation(
         &self,
         x: &Tensor,
         act: ActivationFn,
         training: bool,
     ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
-        let v = self.variables()?;
-        let on_cpu = v.gamma.device_handle().device_type() == crate::DeviceKind::Cpu;
-        if act != ActivationFn::RELU || self.synchronized || !on_cpu {
+        if act != ActivationFn::RELU || self.synchronized {
             return Ok(None);
         }
+        let v = self.variables()?;
         if !training {
             let y = ops::batch_normalization_relu_inference(x, v, self.epsilon)?;
             return Ok(Some((y, Vec::new())));

@@ -476,7 +476,7 @@ pub struct BatchNormVariables<'a> {
 
 /// What a device's batch normalization kernel gets: `stats` (`[mean; inv]`, `2c` float32) is
 /// `Some` for a training pass, which also updates the moving statistics in place; `relu`: `y`
-/// goes through a ReLU too (TensorFlow's `_FusedBatchNormEx`; CPU:0 only).
+/// goes through a ReLU too (TensorFlow's `_FusedBatchNormEx`).
 pub(crate) struct BatchNormArgs<'a> {
     pub(crate) x: &'a Tensor,
     pub(crate) v: BatchNormVariables<'a>,

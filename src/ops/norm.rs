@@ -17,14 +17,14 @@ const BATCH_NORM_GRAD: OpInfo = OpInfo {
     name: "FusedBatchNormGradV3",
     gpu: Some(gn::BATCH_NORM_GRAD),
 };
-/// Batch normalization with a fused ReLU (TensorFlow's names for its fused pair); CPU:0 only.
+/// Batch normalization with a fused ReLU (TensorFlow's names for its fused pair).
 const BATCH_NORM_RELU: OpInfo = OpInfo {
     name: "_FusedBatchNormEx",
-    gpu: None,
+    gpu: Some(gn::BATCH_NORM_RELU),
 };
 const BATCH_NORM_RELU_GRAD: OpInfo = OpInfo {
     name: "_FusedBatchNormGradEx",
-    gpu: None,
+    gpu: Some(gn::BATCH_NORM_RELU_GRAD),
 };
 const DROPOUT: OpInfo = OpInfo {
     name: "Dropout",
@@ -108,7 +108,7 @@ pub fn batch_normalization_training(
     training_pass(x, v, (momentum, epsilon), false)
 }
 
-/// [`batch_normalization_training`] followed by a ReLU, `max(y, 0)`, in one pass on CPU:0
+/// [`batch_normalization_training`] followed by a ReLU, `max(y, 0)`, in one pass
 /// (`BatchNormalization()` then `ReLU()` in training); [`batch_normalization_relu_backward`]
 /// differentiates both.
 pub(crate) fn batch_normalization_relu_training(
@@ -188,7 +188,7 @@ pub fn batch_normalization_inference(
     inference_pass(x, v, epsilon, false)
 }
 
-/// [`batch_normalization_inference`] followed by a ReLU, in one pass on CPU:0.
+/// [`batch_normalization_inference`] followed by a ReLU, in one pass.
 pub(crate) fn batch_normalization_relu_inference(
     x: &Tensor,
     v: BatchNormVariables<'_>,

@@ -144,6 +144,7 @@ impl ShaderFamily {
                 "coef",
                 "dgamma",
                 "dbeta",
+                "affine",
             ],
             ShaderFamily::Conv2dGeneral => &["dk"],
             _ => &[],

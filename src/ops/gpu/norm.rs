@@ -8,7 +8,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::gpu::kernels::{self as gk, GpuKernels};
 use crate::ops::gpu::{grid_1d, row_chunk, Kernel, ShaderFamily};
 use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs};
@@ -20,18 +20,6 @@ const fn bn(entry: &'static str) -> Kernel {
     Kernel::new(ShaderFamily::Batchnorm, entry)
 }
 
-/// The refusal of a batch normalization with a fused ReLU, which only CPU:0 has (the layers
-/// ask for it only there).
-fn no_fused_relu(op: &'static str, out: &Tensor) -> Error {
-    Error::Unsupported {
-        op,
-        device: out.device_handle().full_name().to_string(),
-        missing: "a batch normalization kernel with a fused ReLU; run BatchNormalization and \
-                  ReLU as two ops"
-            .into(),
-    }
-}
-
 pub(crate) const BN_SUM_PART: Kernel = bn("bn_sum_part");
 pub(crate) const BN_SQDEV_PART: Kernel = bn("bn_sqdev_part");
 pub(crate) const BN_STATS: Kernel = bn("bn_stats");
@@ -40,6 +28,10 @@ pub(crate) const BN_APPLY: Kernel = bn("bn_apply");
 pub(crate) const BN_GRAD_PART: Kernel = bn("bn_grad_part");
 pub(crate) const BN_GRAD_COEF: Kernel = bn("bn_grad_coef");
 pub(crate) const BN_DX: Kernel = bn("bn_dx");
+pub(crate) const BN_AFFINE: Kernel = bn("bn_affine");
+pub(crate) const BN_APPLY_RELU: Kernel = bn("bn_apply_relu");
+pub(crate) const BN_RELU_GRAD_PART: Kernel = bn("bn_relu_grad_part");
+pub(crate) const BN_RELU_DX: Kernel = bn("bn_relu_dx");
 pub(crate) const DROPOUT_MASK: Kernel = Kernel::new(ShaderFamily::Dropout, "dropout");
 pub(crate) const DROPOUT_GRAD_MASK: Kernel = Kernel::new(ShaderFamily::Dropout, "dropout_grad");
 
@@ -59,6 +51,28 @@ pub(crate) const BATCH_NORM_GRAD: &[Kernel] = &[
     BN_GRAD_PART,
     BN_GRAD_COEF,
     BN_DX,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
+];
+/// Kernels of `_FusedBatchNormEx` (batch normalization, then a ReLU).
+pub(crate) const BATCH_NORM_RELU: &[Kernel] = &[
+    BN_SUM_PART,
+    BN_SQDEV_PART,
+    BN_STATS,
+    BN_INFER_STATS,
+    BN_AFFINE,
+    BN_APPLY_RELU,
+    gk::SUM_ROWS,
+    gk::SUM_ROWS_V4,
+    gk::SUM_ROWS_WG,
+];
+/// Kernels of `_FusedBatchNormGradEx`.
+pub(crate) const BATCH_NORM_RELU_GRAD: &[Kernel] = &[
+    BN_AFFINE,
+    BN_RELU_GRAD_PART,
+    BN_GRAD_COEF,
+    BN_RELU_DX,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
     gk::SUM_ROWS_WG,
@@ -140,9 +154,6 @@ impl GpuKernels<'_> {
     }
 
     pub(crate) fn batch_norm_impl(&self, a: &BatchNormArgs<'_>) -> Result<()> {
-        if a.relu {
-            return Err(no_fused_relu("_FusedBatchNormEx", a.y));
-        }
         let c = a.p.channels;
         let (p, chunks) = BnParams::new(&a.p);
         let channel_groups = u(c.div_ceil(64));
@@ -169,29 +180,61 @@ impl GpuKernels<'_> {
                 &scratch_stats
             }
         };
+        let grid = grid_1d(a.p.rows * c, 64);
+        if a.relu {
+            let affine = self.bn_affine(&p, (a.v.gamma, a.v.beta), stats)?;
+            return self.launch(BN_APPLY_RELU, &p, &[a.x, a.y, &affine], grid);
+        }
         let tensors = [a.x, a.y, a.v.gamma, a.v.beta, stats];
-        self.launch(BN_APPLY, &p, &tensors, grid_1d(a.p.rows * c, 64))
+        self.launch(BN_APPLY, &p, &tensors, grid)
+    }
+
+    /// `[a; b]` per channel (`[2, c]`, float32): the normalization's `y = x * a + b`, which a
+    /// fused ReLU's passes read to find where it passes.
+    fn bn_affine(
+        &self,
+        p: &BnParams,
+        (gamma, beta): (&Tensor, &Tensor),
+        stats: &Tensor,
+    ) -> Result<Tensor> {
+        let affine = Tensor::uninit(&[2, p.c as usize], DType::F32, stats.device_handle())?;
+        let groups = [u((p.c as usize).div_ceil(64)), 1, 1];
+        self.launch(BN_AFFINE, p, &[gamma, beta, stats, &affine], groups)?;
+        Ok(affine)
     }
 
     pub(crate) fn batch_norm_backward_impl(&self, g: &BatchNormGradArgs<'_>) -> Result<()> {
-        if g.relu_beta.is_some() {
-            return Err(no_fused_relu("_FusedBatchNormGradEx", g.dx));
-        }
         let c = g.p.channels;
         let (p, chunks) = BnParams::new(&g.p);
         let channel_groups = u(c.div_ceil(64));
         let device = g.dx.device_handle();
+        // A fused ReLU's mask comes from x and the normalization's [a; b].
+        let affine = g
+            .relu_beta
+            .map(|beta| self.bn_affine(&p, (g.gamma, beta), g.stats))
+            .transpose()?;
         let sums = Tensor::uninit(&[2 * c], DType::F32, device)?;
         self.bn_partial_sums((chunks, 2 * c), &sums, |partials| {
-            let tensors = [g.x, g.dy, partials, g.stats];
-            let grid = grid_1d(chunks * c, 64);
-            self.launch(BN_GRAD_PART, &p.partial_sums(chunks), &tensors, grid)
+            let (part, grid) = (p.partial_sums(chunks), grid_1d(chunks * c, 64));
+            match &affine {
+                Some(affine) => {
+                    let tensors = [g.x, g.dy, partials, g.stats, affine];
+                    self.launch(BN_RELU_GRAD_PART, &part, &tensors, grid)
+                }
+                None => self.launch(BN_GRAD_PART, &part, &[g.x, g.dy, partials, g.stats], grid),
+            }
         })?;
         let coef = Tensor::uninit(&[3 * c], DType::F32, device)?;
         let tensors = [&sums, g.gamma, g.stats, &coef, g.dgamma, g.dbeta];
         self.launch(BN_GRAD_COEF, &p, &tensors, [channel_groups, 1, 1])?;
-        let tensors = [g.x, g.dy, g.dx, g.stats, &coef];
-        self.launch(BN_DX, &p, &tensors, grid_1d(g.p.rows * c, 64))
+        let grid = grid_1d(g.p.rows * c, 64);
+        match &affine {
+            Some(affine) => {
+                let tensors = [g.x, g.dy, g.dx, g.stats, &coef, affine];
+                self.launch(BN_RELU_DX, &p, &tensors, grid)
+            }
+            None => self.launch(BN_DX, &p, &[g.x, g.dy, g.dx, g.stats, &coef], grid),
+        }
     }
 
     pub(crate) fn dropout_impl(
