@@ -40,11 +40,13 @@
 //   bn_dx          dx = k dy + c2 (x - mean) + c3. dispatch grid_1d(items, 64).
 //                  bindings x, dy, dx, stats, coef.
 // With a ReLU after the normalization (TensorFlow's _FusedBatchNormEx), ReLU's gradient
-// applied to dy first, its mask recomputed from x:
+// applied to dy first, its mask recomputed from x (an affine's a and b may round otherwise
+// than bn_apply_relu's own, where a backend contracts a product and a sum: the masks may then
+// differ for values within an ulp of zero):
 //   bn_affine      per channel: affine = [a; b], a = gamma * inv, b = beta - mean * a.
 //                  dispatch (ceil(c/64), 1, 1). bindings gamma, beta, stats, affine.
-//   bn_apply_relu  y = max(x * a + b, 0). dispatch grid_1d(items, 64).
-//                  bindings x, y, affine.
+//   bn_apply_relu  y = max(x * a + b, 0), a and b as bn_apply computes them.
+//                  dispatch grid_1d(items, 64). bindings x, y, gamma, beta, stats.
 //   bn_relu_grad_part, bn_relu_dx  bn_grad_part and bn_dx of g = x * a + b > 0 ? dy : 0.
 //                  bindings x, dy, partials, stats, affine; x, dy, dx, stats, coef, affine.
 // Bindings (group 0): 0 uniform Params; 1 x, 2 dy, 3 y, 4 dx (array<f32>, float16 in the
@@ -209,7 +211,9 @@ fn bn_apply_relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     let i = item_index(gid, nwg);
     if (i >= p.items) { return; }
     let ch = i % p.c;
-    y[i] = max(x[i] * affine[ch] + affine[p.c + ch], 0.0);
+    let a = gamma[ch] * stats[p.c + ch];
+    let b = beta[ch] - stats[ch] * a;
+    y[i] = max(x[i] * a + b, 0.0);
 }
 
 @compute @workgroup_size(64)

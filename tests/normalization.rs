@@ -15,7 +15,7 @@ use anygpu::nn::{
     Pipeline, ReLU, Sequential, Sgd,
 };
 use anygpu::ops::reference::{self as oracle, assert_close, to_f64};
-use anygpu::ops::spec::{DropoutMask, Padding};
+use anygpu::ops::spec::{ActivationFn, DropoutMask, Padding};
 use anygpu::ops::{self, BatchNormVariables};
 use anygpu::{DType, DeviceKind, LogicalDevice, Runtime, Tensor};
 
@@ -777,5 +777,72 @@ fn a_relu_after_batch_norm_trains_as_its_own_layer_does() {
                 common::assert_close(&what, &read(&pa), &read(&pb), tol);
             }
         }
+    }
+}
+
+/// A custom identity layer that names itself an activation and keeps nothing for its
+/// backward pass (which needs nothing).
+#[derive(Debug, Clone)]
+struct Identity;
+
+impl Layer for Identity {
+    fn class_name(&self) -> &'static str {
+        "Identity"
+    }
+    fn base_name(&self) -> &'static str {
+        "identity"
+    }
+    fn compute_output_shape(&self, input_shape: &[usize]) -> anygpu::Result<Vec<usize>> {
+        Ok(input_shape.to_vec())
+    }
+    fn build(&mut self, _: &[usize], _: u64, _: &LogicalDevice) -> anygpu::Result<()> {
+        Ok(())
+    }
+    fn weights(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+    fn set_weight(&mut self, index: usize, _: Tensor) -> anygpu::Result<()> {
+        Err(anygpu::Error::InvalidArgument(format!("no weight {index}")))
+    }
+    fn as_activation(&self) -> Option<ActivationFn> {
+        Some(ActivationFn::Linear)
+    }
+    fn forward(&self, x: &Tensor) -> anygpu::Result<(Tensor, Vec<Tensor>)> {
+        Ok((x.clone(), Vec::new()))
+    }
+    fn backward(
+        &self,
+        _: &[Tensor],
+        dy: &Tensor,
+        need_dx: bool,
+    ) -> anygpu::Result<(Option<Tensor>, Vec<Tensor>)> {
+        Ok((need_dx.then(|| dy.clone()), Vec::new()))
+    }
+    fn boxed_clone(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
+/// An activation layer that keeps nothing after a layer that does not run it (a
+/// BatchNormalization runs only a ReLU) goes backward on its own: the model trains as it does
+/// with a linear activation layer there.
+#[test]
+fn an_activation_layer_that_keeps_nothing_goes_backward_on_its_own() {
+    let rt = runtime();
+    let cpu = rt.list_logical_devices("CPU").expect("CPUs").remove(0);
+    let bn = || BatchNormalization::new().momentum(0.9);
+    let mut a = conv_bn_act(&cpu, Policy::FLOAT32, bn(), Box::new(Identity));
+    let linear = Box::new(ActivationLayer::new(Activation::Linear));
+    let mut b = conv_bn_act(&cpu, Policy::FLOAT32, bn(), linear);
+    for (step, (x, y)) in batches(16 * 3, 16, &cpu).iter().enumerate() {
+        let la = a
+            .train_on_batch(x, y)
+            .expect("a step through the identity layer");
+        let lb = b
+            .train_on_batch(x, y)
+            .expect("a step through a linear activation");
+        let what = format!("step {step}");
+        common::assert_close(&what, &[la], &[lb], 0.0);
+        common::assert_close(&what, &all_weights(&a), &all_weights(&b), 0.0);
     }
 }

@@ -169,7 +169,9 @@ pub(crate) fn loss_terms(
 /// run as one pass when that layer has one for their (shared) device; so do the seams between
 /// layers on one device where the upper one can apply the lower one's activation gradient as
 /// it writes its input gradient ([`Layer::backward_fused`]): the lower one then starts from
-/// its pre-activation gradient and never reads its output again.
+/// its pre-activation gradient and never reads its output again. An activation layer the
+/// forward pass ran inside the layer below it ([`Layer::call_with_activation`]) goes backward
+/// inside that layer's pass too ([`Layer::backward_with_activation`]).
 pub(crate) fn backward(
     stages: &[Stage<'_>],
     saved: Vec<Vec<Tensor>>,
@@ -226,22 +228,20 @@ pub(crate) fn backward_from(
             let below = i - 1;
             let layer = stages[below].layer;
             let need_dx = below > 0 || input_grad;
+            // `None`: the layer below did not run the activation (an activation layer that
+            // keeps nothing ran on its own); it goes backward as any other layer.
             let fused = layer.backward_with_activation(&saved[below], &dy_here, act, need_dx)?;
-            let Some((dx, grads)) = fused else {
-                return Err(crate::Error::Model(format!(
-                    "{}: call_with_activation ran but backward_with_activation gave nothing",
-                    layer.class_name()
-                )));
-            };
-            saved[below].clear();
-            on_grads(i, Vec::new())?;
-            on_grads(below, in_f32(&grads)?)?;
-            i = below;
-            match dx {
-                Some(dx) => dy = dx,
-                None => return Ok(None),
+            if let Some((dx, grads)) = fused {
+                saved[below].clear();
+                on_grads(i, Vec::new())?;
+                on_grads(below, in_f32(&grads)?)?;
+                i = below;
+                match dx {
+                    Some(dx) => dy = dx,
+                    None => return Ok(None),
+                }
+                continue;
             }
-            continue;
         }
         let at = (i, &dy_here, dy_preactivated);
         let fused = through_fused(stages, &mut saved, at, input_grad)?;

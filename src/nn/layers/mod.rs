@@ -255,7 +255,7 @@ pub trait Layer: fmt::Debug + Send + Sync {
     /// Provided: `Ok(None)`.
     ///
     /// A model asks this when an activation layer on the same device follows the layer
-    /// (`BatchNormalization` then `ReLU` on CPU:0 run as one).
+    /// (`BatchNormalization` then `ReLU` run as one).
     ///
     /// # Errors
     /// As [`forward`](Layer::forward).
@@ -271,8 +271,9 @@ pub trait Layer: fmt::Debug + Send + Sync {
 
     /// The backward pass of [`call_with_activation`](Layer::call_with_activation) from `dy`,
     /// the gradient w.r.t. the activation's output, and what that pass saved: as
-    /// [`backward`](Layer::backward) gives them. Provided: `Ok(None)` (allowed only for a layer
-    /// whose `call_with_activation` gives `None`).
+    /// [`backward`](Layer::backward) gives them. `Some` exactly when `call_with_activation`
+    /// gives `Some` for `act` (the model asks when the activation layer kept nothing, and runs
+    /// the two backward passes on `None`). Provided: `Ok(None)`.
     ///
     /// # Errors
     /// As [`backward`](Layer::backward).

@@ -61,7 +61,6 @@ pub(crate) const BATCH_NORM_RELU: &[Kernel] = &[
     BN_SQDEV_PART,
     BN_STATS,
     BN_INFER_STATS,
-    BN_AFFINE,
     BN_APPLY_RELU,
     gk::SUM_ROWS,
     gk::SUM_ROWS_V4,
@@ -180,17 +179,13 @@ impl GpuKernels<'_> {
                 &scratch_stats
             }
         };
-        let grid = grid_1d(a.p.rows * c, 64);
-        if a.relu {
-            let affine = self.bn_affine(&p, (a.v.gamma, a.v.beta), stats)?;
-            return self.launch(BN_APPLY_RELU, &p, &[a.x, a.y, &affine], grid);
-        }
+        let apply = if a.relu { BN_APPLY_RELU } else { BN_APPLY };
         let tensors = [a.x, a.y, a.v.gamma, a.v.beta, stats];
-        self.launch(BN_APPLY, &p, &tensors, grid)
+        self.launch(apply, &p, &tensors, grid_1d(a.p.rows * c, 64))
     }
 
     /// `[a; b]` per channel (`[2, c]`, float32): the normalization's `y = x * a + b`, which a
-    /// fused ReLU's passes read to find where it passes.
+    /// fused ReLU's gradient passes read to find where it passed.
     fn bn_affine(
         &self,
         p: &BnParams,
