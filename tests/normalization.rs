@@ -1,7 +1,8 @@
 //! BatchNormalization and Dropout: their kernels against the f64 oracle on CPU:0 and every
 //! GPU, Dropout's mask (the same on every device, the kept fraction, the scaling, the
 //! gradient), the `training` flag, and models with both layers training on one device, under
-//! MirroredStrategy and in a pipeline, with their moving statistics saved and restored.
+//! MirroredStrategy and in a pipeline, with their moving statistics saved and restored; a
+//! BatchNormalization with the ReLU after it run as one op each way, against the two layers.
 //! (TensorFlow's own numbers for BatchNormalization: `tests/golden/normalization.rs`.)
 
 mod common;
