@@ -45,6 +45,8 @@ pub(crate) struct GpuContext {
     pub(crate) software_kernels: bool,
     /// Name used in messages: the first logical device on this adapter.
     pub(crate) label: String,
+    /// How long a host wait on the device may take (`ANYGPU_WAIT_TIMEOUT_S`); `None`: no limit.
+    wait_timeout: Option<std::time::Duration>,
     stream: Mutex<Stream>,
     /// Profiled submissions whose timestamps are still to be read: queued under the stream's
     /// lock, read after it is released (a wait under it would stall every thread recording on
@@ -170,6 +172,7 @@ impl GpuContext {
             tune.first_submit
                 .unwrap_or_else(|| default_first_submit(&adapter.info)),
         );
+        let wait_timeout = tune.wait_timeout;
         let tuner = Tuner::new(tune, &adapter.info);
         let coop = CoopSupport::new(&adapter.adapter, device.features());
         let uniform_scratch = device.create_buffer(&wgpu::BufferDescriptor {
@@ -187,6 +190,7 @@ impl GpuContext {
             queue,
             pipelines,
             label,
+            wait_timeout,
             stream: Mutex::new(stream),
             timed: Mutex::new(Vec::new()),
             device_error,
@@ -300,12 +304,7 @@ impl GpuContext {
             .map_async(wgpu::MapMode::Read, ..bytes, move |r| {
                 let _ = tx.send(r);
             });
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(t.index.clone()),
-                timeout: None,
-            })
-            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.wait_for(Some(t.index.clone()), "reading the kernels' timestamps")?;
         let finished = Instant::now();
         rx.recv()
             .map_err(|_| self.gpu_error("the map callback never ran".into()))?
@@ -726,12 +725,7 @@ impl GpuContext {
             Some(slot) => slot,
             None => map_into_slot(&staging),
         };
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: pending.submission,
-                timeout: None,
-            })
-            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.wait_for(pending.submission, "a read back to the host")?;
         self.stream().batching.drained(pending.number);
         self.take_error()?;
         let take = || slot.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -778,17 +772,34 @@ impl GpuContext {
         };
         self.read_timed();
         let wait = crate::profiler::wait_begin("synchronize");
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: submission,
-                timeout: None,
-            })
-            .map_err(|e| self.gpu_error(format!("waiting for the device failed: {e}")))?;
+        self.wait_for(submission, "a synchronization")?;
         self.stream().batching.drained(number);
         if let Some(w) = wait {
             w.end(&self.label);
         }
         self.take_error()
+    }
+
+    /// Blocks until `submission` (the latest with `None`) has finished on the device, for at
+    /// most the wait timeout: past it, an error naming the device, `what` waited and the
+    /// limit (a hung kernel or driver fails the wait instead of hanging the process).
+    fn wait_for(&self, submission: Option<wgpu::SubmissionIndex>, what: &str) -> Result<()> {
+        let wait = wgpu::PollType::Wait {
+            submission_index: submission,
+            timeout: self.wait_timeout,
+        };
+        match self.device.poll(wait) {
+            Ok(_) => Ok(()),
+            Err(wgpu::PollError::Timeout) => {
+                let limit = self.wait_timeout.unwrap_or_default();
+                Err(self.gpu_error(format!(
+                    "{what}: the device did not finish within {limit:?} \
+                     (ANYGPU_WAIT_TIMEOUT_S); a kernel or the driver may hang, or the work \
+                     needs longer: raise the limit, or set it to 0 for none"
+                )))
+            }
+            Err(e) => Err(self.gpu_error(format!("waiting for the device failed: {e}"))),
+        }
     }
 
     /// A failure of this device, with the error wgpu reported on it first, if any (taken: it

@@ -168,7 +168,15 @@ pub(crate) struct TuneConfig {
     /// `ANYGPU_FIRST_SUBMIT`: commands before the first submission after a drained queue
     /// (`None`: the stream's default; the stream caps it at its usual batch of commands).
     pub(crate) first_submit: Option<usize>,
+    /// `ANYGPU_WAIT_TIMEOUT_S`: how long the host waits for the device before a wait fails
+    /// (`None`: no limit; default [`WAIT_TIMEOUT`]).
+    pub(crate) wait_timeout: Option<Duration>,
 }
+
+/// How long the host waits for a GPU to finish what it waits for by default: ten minutes, far
+/// past any one step's kernels, so that a hung kernel or driver fails the wait with an error
+/// naming the device instead of hanging the process.
+pub(crate) const WAIT_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl TuneConfig {
     /// From the environment values (the runtime's, which tests can override).
@@ -194,6 +202,25 @@ impl TuneConfig {
             compile_threads: count(&env, "ANYGPU_COMPILE_THREADS", 0, "threads (0: none)")
                 .map(|n| n.min(MAX_COMPILE_THREADS)),
             first_submit: count(&env, "ANYGPU_FIRST_SUBMIT", 1, "commands, 1 or more"),
+            wait_timeout: wait_timeout(&env),
+        }
+    }
+}
+
+/// `ANYGPU_WAIT_TIMEOUT_S`: seconds (fractions allowed; `0`, or more than a `Duration` holds:
+/// no limit), [`WAIT_TIMEOUT`] when unset; another value is logged and ignored.
+fn wait_timeout(env: &impl Fn(&str) -> Option<String>) -> Option<Duration> {
+    let name = "ANYGPU_WAIT_TIMEOUT_S";
+    let Some(value) = env(name).filter(|v| !v.is_empty()) else {
+        return Some(WAIT_TIMEOUT);
+    };
+    match value.trim().parse::<f64>() {
+        Ok(s) if s >= 0.0 => (s > 0.0)
+            .then(|| Duration::try_from_secs_f64(s).ok())
+            .flatten(),
+        _ => {
+            log::warn!("{name}={value:?} ignored: use a number of seconds (0: no limit)");
+            Some(WAIT_TIMEOUT)
         }
     }
 }
@@ -697,6 +724,7 @@ mod tests {
             kernel_class: None,
             compile_threads: None,
             first_submit: None,
+            wait_timeout: Some(WAIT_TIMEOUT),
         }
     }
 
@@ -1109,6 +1137,27 @@ mod tests {
         assert_eq!(threads("many"), None);
         assert_eq!(threads(""), None);
         assert_eq!(TuneConfig::from_env(|_| None).compile_threads, None);
+    }
+
+    #[test]
+    fn wait_timeout_parses_like_the_docs_say() {
+        let parse = |value: Option<&str>| {
+            TuneConfig::from_env(|k| {
+                (k == "ANYGPU_WAIT_TIMEOUT_S")
+                    .then(|| value.map(str::to_string))
+                    .flatten()
+            })
+            .wait_timeout
+        };
+        assert_eq!(parse(None), Some(WAIT_TIMEOUT));
+        assert_eq!(parse(Some("")), Some(WAIT_TIMEOUT));
+        assert_eq!(parse(Some("30")), Some(Duration::from_secs(30)));
+        assert_eq!(parse(Some(" 0.25 ")), Some(Duration::from_millis(250)));
+        assert_eq!(parse(Some("0")), None);
+        assert_eq!(parse(Some("1e300")), None);
+        for bad in ["-1", "ten", "NaN"] {
+            assert_eq!(parse(Some(bad)), Some(WAIT_TIMEOUT), "{bad}");
+        }
     }
 
     #[test]
