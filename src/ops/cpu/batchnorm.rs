@@ -9,6 +9,7 @@
 
 use rayon::prelude::*;
 
+use crate::ops::cpu::elementwise::relu_grad;
 use crate::ops::cpu::ordered_reduce;
 use crate::ops::spec::BatchNormParams;
 
@@ -214,16 +215,6 @@ pub(crate) fn batch_norm_backward(
         .zip(x[..len].par_chunks(ROWS_PER_TASK * c))
         .zip(dy[..len].par_chunks(ROWS_PER_TASK * c))
         .for_each(|((dx, x), dy)| input_grad(x, dy, mean, &coef, relu, dx));
-}
-
-/// ReLU's gradient `dy` where its input `pre` was positive, else 0 (NaN included).
-#[inline(always)]
-fn relu_grad(dy: f32, pre: f32) -> f32 {
-    if pre > 0.0 {
-        dy
-    } else {
-        0.0
-    }
 }
 
 multiversion! {

@@ -191,9 +191,10 @@ pub(crate) fn act_grad(dy: f32, y: f32, act: Activation) -> f32 {
     }
 }
 
-/// `dy * relu'` from ReLU's output `y`.
+/// `dy * relu'` from ReLU's output `y` (or its input: the same sign), 0 where it is not
+/// positive (NaN included).
 #[inline(always)]
-fn relu_grad(dy: f32, y: f32) -> f32 {
+pub(super) fn relu_grad(dy: f32, y: f32) -> f32 {
     if y > 0.0 {
         dy
     } else {

@@ -192,8 +192,9 @@ impl GpuKernels<'_> {
         (gamma, beta): (&Tensor, &Tensor),
         stats: &Tensor,
     ) -> Result<Tensor> {
-        let affine = Tensor::uninit(&[2, p.c as usize], DType::F32, stats.device_handle())?;
-        let groups = [u((p.c as usize).div_ceil(64)), 1, 1];
+        let c = p.c as usize;
+        let affine = Tensor::uninit(&[2, c], DType::F32, stats.device_handle())?;
+        let groups = [u(c.div_ceil(64)), 1, 1];
         self.launch(BN_AFFINE, p, &[gamma, beta, stats, &affine], groups)?;
         Ok(affine)
     }
