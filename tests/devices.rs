@@ -1,5 +1,6 @@
 //! Device discovery, visibility, memory growth and virtual-device configuration, and the freeze
-//! at initialization (the tf.config issue), on explicit runtimes.
+//! at initialization (the tf.config issue), on explicit runtimes; and the bound on the host's
+//! waits for a GPU (`ANYGPU_WAIT_TIMEOUT_S`).
 
 mod common;
 
@@ -601,5 +602,60 @@ fn setters_racing_first_use_either_apply_or_fail_and_devices_are_created_once() 
         );
         assert!(seen.iter().all(|&n| n == created), "{seen:?} vs {created}");
         assert_eq!(rt.initialization_count(), 1, "devices are created once");
+    }
+}
+
+/// A host wait on a GPU past `ANYGPU_WAIT_TIMEOUT_S` fails, with an error naming the device,
+/// the wait and the limit, instead of blocking for as long as the device takes (a hung kernel
+/// would block forever); under the default limit the same work reads back. (GL runs a
+/// submission as it is made, so its work is done before any wait: only Vulkan adapters are
+/// held to the error.)
+#[test]
+fn a_wait_past_the_timeout_fails_naming_the_device_and_the_limit() {
+    let work = |rt: &anygpu::Runtime| -> Vec<(bool, anygpu::Result<Vec<f32>>)> {
+        let gpus = rt.list_logical_devices("GPU").expect("GPUs");
+        gpus.iter()
+            .map(|dev| {
+                let _scope = dev.scope();
+                let read = || {
+                    let values: Vec<f32> = (0..512 * 512).map(|i| (i % 7) as f32 * 1e-3).collect();
+                    let a = anygpu::Tensor::from_slice_on(&values, &[512, 512], dev)?;
+                    let mut c = a.matmul(&a)?;
+                    for _ in 0..8 {
+                        c = c.matmul(&a)?;
+                    }
+                    c.to_vec::<f32>()
+                };
+                (dev.backend() == Some(wgpu::Backend::Vulkan), read())
+            })
+            .collect()
+    };
+    common::gpus_at_least(
+        1,
+        "a_wait_past_the_timeout_fails_naming_the_device_and_the_limit",
+    );
+    let short = common::builder()
+        .env("ANYGPU_WAIT_TIMEOUT_S", Some("0.000001"))
+        .build()
+        .expect("a runtime");
+    for (vulkan, result) in work(&short) {
+        match result {
+            Err(err) => {
+                let message = err.to_string();
+                assert!(
+                    message.contains("device:GPU:")
+                        && message.contains("did not finish within 1µs")
+                        && message.contains("ANYGPU_WAIT_TIMEOUT_S"),
+                    "{message}"
+                );
+            }
+            Ok(_) => assert!(!vulkan, "8 products of 512×512 matrices took under 1 µs"),
+        }
+    }
+    drop(short);
+    let default = common::builder().build().expect("a runtime");
+    for (_, result) in work(&default) {
+        let values = result.expect("the default limit");
+        assert!(values.iter().all(|v| v.is_finite()));
     }
 }
