@@ -4,13 +4,13 @@
 //! (`tf.nn.batch_normalization`'s arithmetic), the moving statistics' update, and the fused
 //! gradient; each optionally with a ReLU after the normalization (TensorFlow's
 //! `_FusedBatchNormEx`), whose gradient mask the backward pass recomputes from `x`. Sums run
-//! in f64 over fixed blocks of rows added in order ([`ordered_reduce`]), so a result is the
+//! in f64 over fixed blocks of rows added in order ([`ordered_sums`]), so a result is the
 //! same bits on every run.
 
 use rayon::prelude::*;
 
 use crate::ops::cpu::elementwise::relu_grad;
-use crate::ops::cpu::ordered_reduce;
+use crate::ops::cpu::ordered_sums;
 use crate::ops::spec::BatchNormParams;
 
 /// Rows per task of the sums and of the element-wise passes.
@@ -24,22 +24,12 @@ fn column_sums(
     f: impl Fn((usize, usize), &mut [f64]) + Sync,
 ) -> Vec<f64> {
     let tasks = rows.div_ceil(ROWS_PER_TASK);
-    ordered_reduce(
-        tasks,
-        || vec![0.0f64; width],
-        |mut acc, t| {
-            f(
-                (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows)),
-                &mut acc,
-            );
-            acc
-        },
-        |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
-        },
-    )
-    .unwrap_or_else(|| vec![0.0; width])
+    ordered_sums(tasks, width, |acc, t| {
+        f(
+            (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows)),
+            acc,
+        );
+    })
 }
 
 multiversion! {

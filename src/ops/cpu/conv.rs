@@ -32,7 +32,7 @@ use super::gemm::{
     gemm_strided, small_k_bias_act, small_k_kernel_grad, SmallK, SmallKGrad, Strided, SMALL_K,
 };
 use super::reduce::sum_rows_leaf;
-use super::{conv_general, ordered_reduce, winograd, with_scratch};
+use super::{add_parts, conv_general, ordered_parts, winograd, with_scratch};
 
 /// Patch-matrix bytes a task aims for (fits in L2 next to the kernel and the output block).
 const COL_BYTES: usize = 192 * 1024;
@@ -725,7 +725,9 @@ fn weight_grads(
     let k = g.patch_len();
     // Under Winograd a task takes whole rows of 2×2 tiles (`per_task` of them), and the
     // partial sums are the gradient w.r.t. the transformed kernel.
-    let wino = g.winograd().map(|c| (c, c.rows_per_task(REDUCTION_TASKS)));
+    let wino = g
+        .winograd()
+        .map(|c| (c, c.grad_rows_per_task(REDUCTION_TASKS)));
     // Tasks cut independently of the thread count: each sums its rows into its own partial,
     // so the cut decides the rounding, which must be the same on every run and machine.
     let rows_per_task = g.rows_per_task(REDUCTION_TASKS);
@@ -746,7 +748,7 @@ fn weight_grads(
         None => dk.len(),
     };
     let with_bias = db.is_some();
-    let partial = ordered_reduce(
+    let parts = ordered_parts(
         tasks,
         || (vec![0.0f32; partial_len], vec![0.0f64; g.c_out]),
         |(mut acc, mut bias), t| {
@@ -793,18 +795,15 @@ fn weight_grads(
             });
             (acc, bias)
         },
-        |(mut a, mut ab), (b, bb)| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            ab.iter_mut().zip(&bb).for_each(|(a, b)| *a += b);
-            (a, ab)
-        },
     );
-    let (total, bias) = partial.unwrap_or_else(|| (vec![0.0; partial_len], vec![0.0; g.c_out]));
+    let (parts, bias_parts): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+    let total = add_parts(parts).unwrap_or_else(|| vec![0.0; partial_len]);
     match wino {
         Some((c, _)) => winograd::kernel_from_grad(&total, dk, c.c_in * c.c_out),
         None => dk.copy_from_slice(&total),
     }
     if let Some(db) = db {
+        let bias = add_parts(bias_parts).unwrap_or_else(|| vec![0.0; g.c_out]);
         db.iter_mut().zip(&bias).for_each(|(d, &b)| *d = b as f32);
     }
 }

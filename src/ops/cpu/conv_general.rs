@@ -9,13 +9,13 @@
 //! the kernel's. Grouped convolutions (depthwise) have a few taps per output: direct loops.
 //! Images run in parallel, a few to a task where one image alone makes a short product (their
 //! patches stacked into one matrix); the kernel gradients are summed per task in a fixed order
-//! ([`ordered_reduce`]), so a run gives the same bits every time.
+//! ([`ordered_sums`]), so a run gives the same bits every time.
 
 use rayon::prelude::*;
 
 use super::elementwise::bias_act_rows;
 use super::gemm::{gemm_strided, Strided};
-use super::{ordered_reduce, with_scratch};
+use super::{ordered_sums, with_scratch};
 use crate::ops::spec::{Activation, ConvGeometry};
 
 /// The first input column of output column `j`'s taps when all `kw` of them fall inside the
@@ -261,37 +261,25 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
     // Tasks of a few images (one product over their stacked patches) for one group, of one
     // image for grouped convolutions.
     let images = if g.cig == g.ci { images_per_task(g) } else { 1 };
-    let total = ordered_reduce(
-        g.n.div_ceil(images),
-        || vec![0.0f32; len],
-        |mut acc, t| {
-            let first = t * images;
-            let count = images.min(g.n - first);
-            let x = &x[first * image_in..][..count * image_in];
-            let dz = &dz[first * image_out..][..count * image_out];
-            if g.cig == g.ci {
-                let rows = count * pixels;
-                with_scratch(rows * taps, |col| {
-                    for (x, col) in x.chunks(image_in).zip(col.chunks_mut(pixels * taps)) {
-                        im2col(x, g, col);
-                    }
-                    let (lhs, rhs) = (Strided::transposed(col, taps), Strided::row_major(dz, g.co));
-                    gemm_strided(&mut acc, taps, g.co, rows, lhs, rhs, true, false);
-                });
-            } else {
-                grouped_image_backward_kernel(x, dz, &mut acc, g);
-            }
-            acc
-        },
-        |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
-        },
-    );
-    match total {
-        Some(t) => dk.copy_from_slice(&t),
-        None => dk.fill(0.0),
-    }
+    let total = ordered_sums(g.n.div_ceil(images), len, |acc: &mut [f32], t| {
+        let first = t * images;
+        let count = images.min(g.n - first);
+        let x = &x[first * image_in..][..count * image_in];
+        let dz = &dz[first * image_out..][..count * image_out];
+        if g.cig == g.ci {
+            let rows = count * pixels;
+            with_scratch(rows * taps, |col| {
+                for (x, col) in x.chunks(image_in).zip(col.chunks_mut(pixels * taps)) {
+                    im2col(x, g, col);
+                }
+                let (lhs, rhs) = (Strided::transposed(col, taps), Strided::row_major(dz, g.co));
+                gemm_strided(acc, taps, g.co, rows, lhs, rhs, true, false);
+            });
+        } else {
+            grouped_image_backward_kernel(x, dz, acc, g);
+        }
+    });
+    dk.copy_from_slice(&total);
 }
 
 fn grouped_image_backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {

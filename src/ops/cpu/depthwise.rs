@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use crate::ops::spec::{Activation, ConvGeometry, DepthwiseShape};
 use crate::shape::product;
 
-use super::{conv_general, madd, ordered_reduce, with_scratch, Vector, V16, V8};
+use super::{conv_general, madd, ordered_sums, with_scratch, Vector, V16, V8};
 
 mod window;
 
@@ -536,27 +536,17 @@ pub(crate) fn depthwise_backward_kernel(x: &[f32], dy: &[f32], dk: &mut [f32], s
         return;
     }
     let klen = dk.len();
-    let total = ordered_reduce(
-        s.n,
-        || vec![0.0f64; klen],
-        |mut total, n| {
-            let (x, dy) = (&x[n * image..][..image], &dy[n * image..][..image]);
-            with_scratch(klen, |acc| {
-                acc.fill(0.0);
-                kernel_grad_image(x, dy, acc, g);
-                total
-                    .iter_mut()
-                    .zip(acc.iter())
-                    .for_each(|(t, &a)| *t += f64::from(a));
-            });
+    let total = ordered_sums(s.n, klen, |total: &mut [f64], n| {
+        let (x, dy) = (&x[n * image..][..image], &dy[n * image..][..image]);
+        with_scratch(klen, |acc| {
+            acc.fill(0.0);
+            kernel_grad_image(x, dy, acc, g);
             total
-        },
-        |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
-        },
-    )
-    .unwrap_or_else(|| vec![0.0f64; klen]);
+                .iter_mut()
+                .zip(acc.iter())
+                .for_each(|(t, &a)| *t += f64::from(a));
+        });
+    });
     dk.iter_mut().zip(&total).for_each(|(d, &t)| *d = t as f32);
 }
 

@@ -107,6 +107,7 @@ pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod loss;
 pub(crate) mod optim;
+mod ordered;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod routed;
@@ -128,6 +129,7 @@ pub(crate) use depthwise::{
 pub(crate) use elementwise::{activation_backward, activation_forward, add_n, binary, scale};
 pub(crate) use gemm::{dense_backward, matmul, matmul_bias_act};
 pub(crate) use optim::{adam, clip, rmsprop, sgd, sgd_momentum, weight_decay};
+pub(crate) use ordered::{add_parts, ordered_parts, ordered_reduce, ordered_sums};
 pub(crate) use pool::{maxpool_backward, maxpool_forward};
 pub(crate) use reduce::{argmax_rows, sum_all, sum_rows};
 pub(crate) use separable::{
@@ -143,31 +145,6 @@ pub(crate) const PAR_MIN_ELEMS: usize = 1 << 16;
 
 /// Elements per rayon task in element-wise kernels.
 pub(crate) const PAR_CHUNK: usize = 1 << 15;
-
-/// Groups [`ordered_reduce`] cuts its tasks into: enough for 16 cores, and fixed, so that the
-/// grouping, and with it the rounding, depends on neither scheduling nor the thread count.
-const ORDERED_GROUPS: usize = 32;
-
-/// A parallel reduction over tasks `0..tasks` whose result is the same, bit for bit, on every
-/// run: the tasks are cut into at most [`ORDERED_GROUPS`] contiguous groups, each folded in
-/// task order from `init()`, and the groups' results are added in group order. (rayon's
-/// `fold` + `reduce` group tasks by how work happened to be stolen, so the sums' rounding
-/// varied from run to run, and a resumed training run could not match an uninterrupted one.)
-/// `None` for no tasks.
-pub(crate) fn ordered_reduce<A: Send>(
-    tasks: usize,
-    init: impl Fn() -> A + Sync,
-    fold: impl Fn(A, usize) -> A + Sync,
-    add: impl Fn(A, A) -> A,
-) -> Option<A> {
-    use rayon::prelude::*;
-    let groups = tasks.min(ORDERED_GROUPS);
-    let parts: Vec<A> = (0..groups)
-        .into_par_iter()
-        .map(|g| (g * tasks / groups..(g + 1) * tasks / groups).fold(init(), &fold))
-        .collect();
-    parts.into_iter().reduce(add)
-}
 
 /// Whether the build target itself guarantees a fused multiply-add instruction (so that
 /// `f32::mul_add` is one instruction rather than a library call).

@@ -2,7 +2,7 @@
 //!
 //! Sums accumulate in f64, so a million f32 terms lose nothing visible at f32 precision.
 
-use super::{ordered_reduce, PAR_CHUNK, PAR_MIN_ELEMS};
+use super::{ordered_reduce, ordered_sums, PAR_CHUNK, PAR_MIN_ELEMS};
 
 multiversion! {
     /// Σ x in f64, with 8 independent lanes so the loop vectorizes.
@@ -78,23 +78,9 @@ pub(crate) fn sum_rows(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
         acc
     } else {
         let block = PAR_CHUNK.div_ceil(cols) * cols;
-        ordered_reduce(
-            x.len().div_ceil(block),
-            || vec![0.0f64; cols],
-            |mut acc, t| {
-                sum_rows_leaf(
-                    &x[t * block..((t + 1) * block).min(x.len())],
-                    cols,
-                    &mut acc,
-                );
-                acc
-            },
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            },
-        )
-        .unwrap_or_else(|| vec![0.0f64; cols])
+        ordered_sums(x.len().div_ceil(block), cols, |acc, t| {
+            sum_rows_leaf(&x[t * block..((t + 1) * block).min(x.len())], cols, acc);
+        })
     };
     out.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a as f32);
 }

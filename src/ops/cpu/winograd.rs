@@ -33,6 +33,12 @@ const TASK_FLOATS: usize = 128 * 1024;
 /// cores.
 const MIN_TASKS: usize = 32;
 
+/// Tiles a kernel-gradient task takes at least: the inner dimension of its 16 products, which
+/// add into a `[16, c_in, c_out]` partial sum that every task reads and writes whole (512 KiB
+/// at 64 → 128 channels). At 32 tiles a task (7×7 images), that traffic cost a third of the
+/// products' time.
+const MIN_GRAD_TILES: usize = 128;
+
 /// Channels a transform works on at once: one AVX-512 vector.
 const CHUNK: usize = 16;
 
@@ -84,6 +90,15 @@ impl Correlation {
         let per_row = self.scratch_len((0, 1));
         let balanced = self.tile_rows().div_ceil(tasks.max(1)).max(1);
         (TASK_FLOATS / per_row.max(1)).clamp(1, balanced)
+    }
+
+    /// Tile rows per kernel-gradient task: [`rows_per_task`](Self::rows_per_task), but at least
+    /// [`MIN_GRAD_TILES`] tiles (a function of the shape alone, as there).
+    pub(super) fn grad_rows_per_task(&self, tasks: usize) -> usize {
+        let min_rows = MIN_GRAD_TILES.div_ceil(self.tiles_w().max(1));
+        self.rows_per_task(tasks)
+            .max(min_rows)
+            .min(self.tile_rows().max(1))
     }
 
     /// Scratch floats a task over tile rows `[t0, t1)` needs: 16 transformed rows of input
