@@ -56,8 +56,16 @@ fn batch_norm_kernels_match_the_oracle_on_every_device() {
     let rt = runtime();
     // Rank 2, rank 4 with vec4-sized channels and several partial-sum chunks (1600 rows),
     // an odd channel count, and partial sums over several workgroups whose channels straddle
-    // them (8 chunks, the last short, × 40 channels).
-    let shapes: [&[usize]; 4] = [&[37, 5], &[4, 20, 20, 8], &[3, 7, 5, 3], &[2, 30, 30, 40]];
+    // them (8 chunks, the last short, × 40 channels); 32 and 48 channels over row counts
+    // that CPU:0's stretches of 2 and 4 rows do not divide.
+    let shapes: [&[usize]; 6] = [
+        &[37, 5],
+        &[4, 20, 20, 8],
+        &[3, 7, 5, 3],
+        &[2, 30, 30, 40],
+        &[3, 9, 11, 32],
+        &[1, 13, 7, 48],
+    ];
     let (momentum, epsilon) = (0.9f32, 1e-3f32);
     for dev in common::all_devices(&rt, "batch_norm_kernels_match_the_oracle_on_every_device") {
         for shape in shapes {

@@ -32,16 +32,50 @@ fn column_sums(
     })
 }
 
+/// Rows the leaf loops below take as one stretch: a multiple of 64 values (`64 / gcd(c, 64)`
+/// rows of `c`). Their loops run over a stretch against per-channel values repeated to its
+/// length ([`stretched`]), as the compiler vectorizes 64 values at a time: a loop over one
+/// row ran scalar at 32 channels, and the passes at a third of the memory's speed. 256 rows
+/// (a task) are whole stretches.
+fn stretch_rows(c: usize) -> usize {
+    let (mut a, mut b) = (c.max(1), 64);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    64 / a
+}
+
+/// `v` (one value per channel) repeated for the [`stretch_rows`] rows of a stretch.
+fn stretched<T: Copy>(v: &[T]) -> Vec<T> {
+    v.repeat(stretch_rows(v.len()))
+}
+
+/// Per-channel sums from sums over stretches: `wide` is `[Σ; Σ']`, each a stretch long (its
+/// row `q`'s channel `j` at `q * c + j`), and each half's rows are added in order into `c`
+/// values: `[Σ; Σ']` per channel.
+fn fold_stretch(wide: &[f64], c: usize) -> Vec<f64> {
+    let stretch = c * stretch_rows(c);
+    let mut sums = vec![0.0; wide.len() / stretch.max(1) * c];
+    for (sum, part) in sums.chunks_exact_mut(c).zip(wide.chunks_exact(stretch)) {
+        for row in part.chunks_exact(c) {
+            sum.iter_mut().zip(row).for_each(|(s, r)| *s += r);
+        }
+    }
+    sums
+}
+
 multiversion! {
-    /// `acc = [Σ (x - shift); Σ (x - shift)²]` over the rows of `x` (`[rows, c]`), added in f64.
+    /// `acc = [Σ (x - shift); Σ (x - shift)²]` over the stretches of `x` (see
+    /// [`stretch_rows`]; a last one may be short), added in f64; `shift` and both halves of
+    /// `acc` a stretch long.
     fn shifted_sums(x: &[f32], shift: &[f32], acc: &mut [f64]) {
-        let c = shift.len();
-        let (s1, s2) = acc.split_at_mut(c);
-        for row in x.chunks_exact(c) {
-            for j in 0..c {
-                let d = f64::from(row[j]) - f64::from(shift[j]);
-                s1[j] += d;
-                s2[j] += d * d;
+        let (s1, s2) = acc.split_at_mut(shift.len());
+        for part in x.chunks(shift.len()) {
+            let terms = s1.iter_mut().zip(s2.iter_mut()).zip(part.iter().zip(shift));
+            for ((s1, s2), (&x, &shift)) in terms {
+                let d = f64::from(x) - f64::from(shift);
+                *s1 += d;
+                *s2 += d * d;
             }
         }
     }
@@ -57,10 +91,12 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
         x.len()
     );
     assert!(rows > 0 && c > 0, "moments of {rows}x{c} values");
-    let shift = &x[..c];
-    let sums = column_sums(rows, 2 * c, |(r0, r1), acc| {
-        shifted_sums(&x[r0 * c..r1 * c], shift, acc);
+    let shift = stretched(&x[..c]);
+    let wide = column_sums(rows, 2 * shift.len(), |(r0, r1), acc| {
+        shifted_sums(&x[r0 * c..r1 * c], &shift, acc);
     });
+    let sums = fold_stretch(&wide, c);
+    let shift = &x[..c];
     let n = rows as f64;
     let mut mean = Vec::with_capacity(c);
     let mut var = Vec::with_capacity(c);
@@ -75,18 +111,18 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
 }
 
 multiversion! {
-    /// `y = x * a + b` per channel, row by row (`a`, `b`: `c` values), then `max(y, 0)` with
-    /// `relu`.
+    /// `y = x * a + b` per channel, a stretch at a time (`a`, `b` a stretch long, see
+    /// [`stretch_rows`]), then `max(y, 0)` with `relu`.
     fn scale_shift(x: &[f32], a: &[f32], b: &[f32], relu: bool, y: &mut [f32]) {
-        let c = a.len();
-        for (yr, xr) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+        for (yr, xr) in y.chunks_mut(a.len()).zip(x.chunks(a.len())) {
+            let values = yr.iter_mut().zip(xr).zip(a.iter().zip(b));
             if relu {
-                for j in 0..c {
-                    yr[j] = preactivation(xr[j], a[j], b[j]).max(0.0);
+                for ((y, &x), (&a, &b)) in values {
+                    *y = preactivation(x, a, b).max(0.0);
                 }
             } else {
-                for j in 0..c {
-                    yr[j] = preactivation(xr[j], a[j], b[j]);
+                for ((y, &x), (&a, &b)) in values {
+                    *y = preactivation(x, a, b);
                 }
             }
         }
@@ -116,6 +152,7 @@ fn affine(gamma: &[f32], beta: &[f32], stats: &[f32]) -> (Vec<f32>, Vec<f32>) {
 fn normalize(x: &[f32], (gamma, beta): (&[f32], &[f32]), stats: &[f32], relu: bool, y: &mut [f32]) {
     let c = gamma.len();
     let (a, b) = affine(gamma, beta, stats);
+    let (a, b) = (stretched(&a), stretched(&b));
     let n = y.len().min(x.len());
     y[..n]
         .par_chunks_mut(ROWS_PER_TASK * c)
@@ -183,11 +220,22 @@ pub(crate) fn batch_norm_backward(
 ) {
     let (rows, c) = (p.rows, p.channels);
     let (mean, inv) = stats.split_at(c);
-    let affine = relu_beta.map(|beta| affine(gamma, beta, stats));
-    let relu = affine.as_ref().map(|(a, b)| (&a[..], &b[..]));
-    let sums = column_sums(rows, 2 * c, |(r0, r1), acc| {
-        grad_sums(&x[r0 * c..r1 * c], &dy[r0 * c..r1 * c], mean, relu, acc);
+    let affine = relu_beta.map(|beta| {
+        let (a, b) = affine(gamma, beta, stats);
+        (stretched(&a), stretched(&b))
     });
+    let relu = affine.as_ref().map(|(a, b)| (&a[..], &b[..]));
+    let wide_mean = stretched(mean);
+    let wide = column_sums(rows, 2 * wide_mean.len(), |(r0, r1), acc| {
+        grad_sums(
+            &x[r0 * c..r1 * c],
+            &dy[r0 * c..r1 * c],
+            &wide_mean,
+            relu,
+            acc,
+        );
+    });
+    let sums = fold_stretch(&wide, c);
     let n = rows as f32;
     let mut coef = vec![0.0f32; 3 * c];
     for j in 0..c {
@@ -199,17 +247,24 @@ pub(crate) fn batch_norm_backward(
         coef[c + j] = -k * inv[j] * inv[j] * s2 / n;
         coef[2 * c + j] = -k * s1 / n;
     }
+    let coef = stretched_rows(&coef, c);
     let len = rows * c;
     dx[..len]
         .par_chunks_mut(ROWS_PER_TASK * c)
         .zip(x[..len].par_chunks(ROWS_PER_TASK * c))
         .zip(dy[..len].par_chunks(ROWS_PER_TASK * c))
-        .for_each(|((dx, x), dy)| input_grad(x, dy, mean, &coef, relu, dx));
+        .for_each(|((dx, x), dy)| input_grad(x, dy, &wide_mean, &coef, relu, dx));
+}
+
+/// `[k; k'; k'']` (`3c` values) with each third [`stretched`].
+fn stretched_rows(coef: &[f32], c: usize) -> Vec<f32> {
+    coef.chunks_exact(c.max(1)).flat_map(stretched).collect()
 }
 
 multiversion! {
-    /// `acc = [Σ g; Σ g (x - mean)]` over the rows of `x` and `dy` (`[rows, c]`), in f64: `g =
-    /// dy`, or with `relu = Some((a, b))`, ReLU's gradient at `x * a + b`.
+    /// `acc = [Σ g; Σ g (x - mean)]` over the stretches of `x` and `dy` (see
+    /// [`stretch_rows`]; `mean`, `a`, `b` and both halves of `acc` a stretch long), in f64:
+    /// `g = dy`, or with `relu = Some((a, b))`, ReLU's gradient at `x * a + b`.
     fn grad_sums(
         x: &[f32],
         dy: &[f32],
@@ -217,19 +272,21 @@ multiversion! {
         relu: Option<(&[f32], &[f32])>,
         acc: &mut [f64],
     ) {
-        let c = mean.len();
-        let (s1, s2) = acc.split_at_mut(c);
-        for (xr, gr) in x.chunks_exact(c).zip(dy.chunks_exact(c)) {
+        let len = mean.len();
+        let (s1, s2) = acc.split_at_mut(len);
+        for (xr, gr) in x.chunks(len).zip(dy.chunks(len)) {
+            let sums = s1.iter_mut().zip(s2.iter_mut());
+            let values = xr.iter().zip(gr).zip(mean);
             if let Some((a, b)) = relu {
-                for j in 0..c {
-                    let g = relu_grad(gr[j], preactivation(xr[j], a[j], b[j]));
-                    s1[j] += f64::from(g);
-                    s2[j] += f64::from(g) * f64::from(xr[j] - mean[j]);
+                for (((s1, s2), ((&x, &dy), &mean)), (&a, &b)) in sums.zip(values).zip(a.iter().zip(b)) {
+                    let g = relu_grad(dy, preactivation(x, a, b));
+                    *s1 += f64::from(g);
+                    *s2 += f64::from(g) * f64::from(x - mean);
                 }
             } else {
-                for j in 0..c {
-                    s1[j] += f64::from(gr[j]);
-                    s2[j] += f64::from(gr[j]) * f64::from(xr[j] - mean[j]);
+                for ((s1, s2), ((&x, &g), &mean)) in sums.zip(values) {
+                    *s1 += f64::from(g);
+                    *s2 += f64::from(g) * f64::from(x - mean);
                 }
             }
         }
@@ -237,7 +294,8 @@ multiversion! {
 }
 
 multiversion! {
-    /// `dx = k g + k' (x - mean) + k''` per channel, `coef = [k; k'; k'']`, `g` as in
+    /// `dx = k g + k' (x - mean) + k''` per channel, a stretch at a time: `coef = [k; k';
+    /// k'']`, each third, `mean`, and the ReLU's `a` and `b` a stretch long; `g` as in
     /// [`grad_sums`].
     fn input_grad(
         x: &[f32],
@@ -247,18 +305,20 @@ multiversion! {
         relu: Option<(&[f32], &[f32])>,
         dx: &mut [f32],
     ) {
-        let c = mean.len();
-        let (k, rest) = coef.split_at(c);
-        let (k1, k2) = rest.split_at(c);
-        for ((dxr, xr), gr) in dx.chunks_exact_mut(c).zip(x.chunks_exact(c)).zip(dy.chunks_exact(c)) {
+        let len = mean.len();
+        let (k, rest) = coef.split_at(len);
+        let (k1, k2) = rest.split_at(len);
+        for ((dxr, xr), gr) in dx.chunks_mut(len).zip(x.chunks(len)).zip(dy.chunks(len)) {
+            let values = dxr.iter_mut().zip(xr.iter().zip(gr)).zip(mean.iter().zip(k));
+            let coefs = k1.iter().zip(k2);
             if let Some((a, b)) = relu {
-                for j in 0..c {
-                    let g = relu_grad(gr[j], preactivation(xr[j], a[j], b[j]));
-                    dxr[j] = k[j] * g + k1[j] * (xr[j] - mean[j]) + k2[j];
+                for (((dx, (&x, &dy)), (&mean, &k)), ((&k1, &k2), (&a, &b))) in values.zip(coefs.zip(a.iter().zip(b))) {
+                    let g = relu_grad(dy, preactivation(x, a, b));
+                    *dx = k * g + k1 * (x - mean) + k2;
                 }
             } else {
-                for j in 0..c {
-                    dxr[j] = k[j] * gr[j] + k1[j] * (xr[j] - mean[j]) + k2[j];
+                for (((dx, (&x, &g)), (&mean, &k)), (&k1, &k2)) in values.zip(coefs) {
+                    *dx = k * g + k1 * (x - mean) + k2;
                 }
             }
         }
