@@ -32,12 +32,18 @@ fn column_sums(
     })
 }
 
-/// Rows the leaf loops below take as one stretch: a multiple of 64 values (`64 / gcd(c, 64)`
-/// rows of `c`). Their loops run over a stretch against per-channel values repeated to its
-/// length ([`stretched`]), as the compiler vectorizes 64 values at a time: a loop over one
-/// row ran scalar at 32 channels, and the passes at a third of the memory's speed. 256 rows
-/// (a task) are whole stretches.
+/// Rows the leaf loops below take as one stretch: below 64 channels, a multiple of 64 values
+/// (`64 / gcd(c, 64)` rows of `c`), else one row. Their loops run over a stretch against
+/// per-channel values repeated to its length ([`stretched`]), as the compiler vectorizes 64
+/// values at a time: a loop over one row ran scalar at 32 channels, and the passes at a third
+/// of the memory's speed. From 64 channels a row is long enough, and longer stretches (up to
+/// 64 rows at an odd count) only grow the repeated values and the sums past the cache. A
+/// block of rows may end inside a stretch (its loops stop short), as long as it starts on a
+/// row: every row of a stretch holds the same channels.
 fn stretch_rows(c: usize) -> usize {
+    if c >= 64 {
+        return 1;
+    }
     let (mut a, mut b) = (c.max(1), 64);
     while b != 0 {
         (a, b) = (b, a % b);
@@ -50,9 +56,9 @@ fn stretched<T: Copy>(v: &[T]) -> Vec<T> {
     v.repeat(stretch_rows(v.len()))
 }
 
-/// Per-channel sums from sums over stretches: `wide` is `[Σ; Σ']`, each a stretch long (its
-/// row `q`'s channel `j` at `q * c + j`), and each half's rows are added in order into `c`
-/// values: `[Σ; Σ']` per channel.
+/// Per-channel sums from sums over stretches: `wide` holds stretch-long sums back to back (row
+/// `q`'s channel `j` at `q * c + j`), and each is folded, row by row in order, into `c`
+/// per-channel values.
 fn fold_stretch(wide: &[f64], c: usize) -> Vec<f64> {
     let stretch = c * stretch_rows(c);
     let mut sums = vec![0.0; wide.len() / stretch.max(1) * c];
@@ -91,12 +97,12 @@ pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>,
         x.len()
     );
     assert!(rows > 0 && c > 0, "moments of {rows}x{c} values");
-    let shift = stretched(&x[..c]);
-    let wide = column_sums(rows, 2 * shift.len(), |(r0, r1), acc| {
-        shifted_sums(&x[r0 * c..r1 * c], &shift, acc);
+    let shift = &x[..c];
+    let wide_shift = stretched(shift);
+    let wide = column_sums(rows, 2 * wide_shift.len(), |(r0, r1), acc| {
+        shifted_sums(&x[r0 * c..r1 * c], &wide_shift, acc);
     });
     let sums = fold_stretch(&wide, c);
-    let shift = &x[..c];
     let n = rows as f64;
     let mut mean = Vec::with_capacity(c);
     let mut var = Vec::with_capacity(c);
@@ -278,7 +284,8 @@ multiversion! {
             let sums = s1.iter_mut().zip(s2.iter_mut());
             let values = xr.iter().zip(gr).zip(mean);
             if let Some((a, b)) = relu {
-                for (((s1, s2), ((&x, &dy), &mean)), (&a, &b)) in sums.zip(values).zip(a.iter().zip(b)) {
+                let affine = a.iter().zip(b);
+                for (((s1, s2), ((&x, &dy), &mean)), (&a, &b)) in sums.zip(values).zip(affine) {
                     let g = relu_grad(dy, preactivation(x, a, b));
                     *s1 += f64::from(g);
                     *s2 += f64::from(g) * f64::from(x - mean);
@@ -312,7 +319,8 @@ multiversion! {
             let values = dxr.iter_mut().zip(xr.iter().zip(gr)).zip(mean.iter().zip(k));
             let coefs = k1.iter().zip(k2);
             if let Some((a, b)) = relu {
-                for (((dx, (&x, &dy)), (&mean, &k)), ((&k1, &k2), (&a, &b))) in values.zip(coefs.zip(a.iter().zip(b))) {
+                let coefs = coefs.zip(a.iter().zip(b));
+                for (((dx, (&x, &dy)), (&mean, &k)), ((&k1, &k2), (&a, &b))) in values.zip(coefs) {
                     let g = relu_grad(dy, preactivation(x, a, b));
                     *dx = k * g + k1 * (x - mean) + k2;
                 }

@@ -463,7 +463,9 @@ mod ordered_tests {
             strides: [2, 2],
             ..wino
         };
-        for s in [wino, strided] {
+        // Enough tile rows for the kernel gradient's tasks of at least 128 tiles.
+        let wider_batch = Conv2dShape { n: 40, ..wino };
+        for s in [wino, strided, wider_batch] {
             let (x, k) = (random_vec(s.input_len(), 6), random_vec(s.kernel_len(), 7));
             all_equal(
                 &bits_per_pool(|| {
@@ -500,6 +502,41 @@ mod ordered_tests {
             }),
             "sum_rows and sum_all",
         );
+        // BatchNormalization's sums over stretches of rows, both passes, with and without
+        // the fused ReLU: several tasks of rows, the last short, and channel counts with
+        // stretches of 64, 4 and 1 rows.
+        for c in [5, 48, 96] {
+            let p = crate::ops::spec::BatchNormParams {
+                rows: 1000,
+                channels: c,
+                momentum: 0.9,
+                epsilon: 1e-3,
+            };
+            let (x, dy) = (random_vec(1000 * c, 8), random_vec(1000 * c, 9));
+            let (gamma, beta) = (random_vec(c, 10), random_vec(c, 11));
+            for relu in [false, true] {
+                all_equal(
+                    &bits_per_pool(|| {
+                        let (mut mm, mut mv) = (vec![0.0; c], vec![1.0; c]);
+                        let (mut y, mut stats) = (vec![0.0; 1000 * c], vec![0.0; 2 * c]);
+                        let vars = (&mut mm[..], &mut mv[..]);
+                        let gb = (&gamma[..], &beta[..]);
+                        super::batchnorm::batch_norm_train(
+                            &x, gb, vars, &mut y, &mut stats, &p, relu,
+                        );
+                        let (mut dx, mut dg, mut db) =
+                            (vec![0.0; 1000 * c], vec![0.0; c], vec![0.0; c]);
+                        let relu_beta = relu.then_some(&beta[..]);
+                        let sums = (&mut dg[..], &mut db[..]);
+                        super::batchnorm::batch_norm_backward(
+                            &x, &dy, &gamma, &stats, relu_beta, &mut dx, sums, &p,
+                        );
+                        [y, stats, mm, mv, dx, dg, db].concat()
+                    }),
+                    &format!("batch normalization over {c} channels, relu {relu}"),
+                );
+            }
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! Parallel reductions whose result is the same, bit for bit, on every run and with any number
-//! of threads: tasks are cut into a fixed number of contiguous groups, each folded in task
-//! order, and the groups' results are added in group order. (rayon's `fold` + `reduce` group
-//! tasks by how work happened to be stolen, so the sums' rounding varied from run to run, and a
-//! resumed training run could not match an uninterrupted one.)
+//! of threads: tasks are cut into contiguous groups (at most 32, by the task count alone),
+//! each folded in task order, and the groups' results are added in group order. (rayon's
+//! `fold` + `reduce` group tasks by how work happened to be stolen, so the sums' rounding
+//! varied from run to run, and a resumed training run could not match an uninterrupted one.)
 
 use std::ops::AddAssign;
 

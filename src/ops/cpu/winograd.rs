@@ -39,6 +39,11 @@ const MIN_TASKS: usize = 32;
 /// products' time.
 const MIN_GRAD_TILES: usize = 128;
 
+/// Kernel-gradient tasks, at least, where the batch has the tile rows: [`MIN_GRAD_TILES`]
+/// yields to it, so that a small batch (32 images of 7×7 would be 4 tasks) still keeps 16
+/// cores busy.
+const MIN_GRAD_TASKS: usize = 16;
+
 /// Channels a transform works on at once: one AVX-512 vector.
 const CHUNK: usize = 16;
 
@@ -93,12 +98,15 @@ impl Correlation {
     }
 
     /// Tile rows per kernel-gradient task: [`rows_per_task`](Self::rows_per_task), but at least
-    /// [`MIN_GRAD_TILES`] tiles (a function of the shape alone, as there).
+    /// [`MIN_GRAD_TILES`] tiles unless that leaves fewer than [`MIN_GRAD_TASKS`] tasks (a
+    /// function of the shape alone, as there). A task's scratch may then pass
+    /// [`TASK_FLOATS`] (1.5 MiB at 64 → 128 channels): its transforms spill to L3, which cost
+    /// less than the partial sum's traffic.
     pub(super) fn grad_rows_per_task(&self, tasks: usize) -> usize {
         let min_rows = MIN_GRAD_TILES.div_ceil(self.tiles_w().max(1));
-        self.rows_per_task(tasks)
-            .max(min_rows)
-            .min(self.tile_rows().max(1))
+        let max_rows = (self.tile_rows() / MIN_GRAD_TASKS).max(1);
+        let rows = self.rows_per_task(tasks);
+        rows.max(min_rows.min(max_rows))
     }
 
     /// Scratch floats a task over tile rows `[t0, t1)` needs: 16 transformed rows of input
