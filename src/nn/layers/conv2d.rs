@@ -296,6 +296,12 @@ impl Conv2D {
                 vec![dk]
             }
         };
+        if !need_dx && !self.use_bias && activation == Activation::Linear {
+            // A first layer before a BatchNormalization: `dz` is `dy`, and no bias wants its
+            // sum (a pass over the whole output gradient).
+            let dk = ops::conv2d_backward_kernel_as(&x, &dy, kernel.shape(), opts, grads)?;
+            return Ok((None, vec![dk]));
+        }
         if !need_dx {
             // A first layer: one op, which on the CPU never writes `dz` to memory.
             let act = activation.fused();

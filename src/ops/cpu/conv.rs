@@ -173,8 +173,9 @@ impl Geometry {
         rows.min(balanced)
     }
 
-    /// Copies the `kh` input rows that output row `r` (batch-flattened) reads into `pad`
-    /// (`[kh, ow + kw - 1, c_in]`), shifted by the left padding, zeros outside the input.
+    /// Copies the input rows that output rows `r..` (batch-flattened, of one image) read into
+    /// `pad`, as many as it holds (`[kh, ow + kw - 1, c_in]` for one output row), shifted by
+    /// the left padding, zeros outside the image.
     fn pad_rows(&self, x: &[f32], r: usize, pad: &mut [f32]) {
         let (img, oi) = (r / self.oh, r % self.oh);
         let (w, c) = (self.w, self.c_in);
@@ -747,6 +748,14 @@ fn weight_grads(
         Some((c, _)) => 16 * c.c_in * c.c_out,
         None => dk.len(),
     };
+    // A small patch (the 3×3 first layer on one channel) is read in place from padded input
+    // rows: its patch matrix would be copied tap run by tap run, 3 values at a time.
+    let small_k = wino.is_none() && k <= SMALL_K && !g.is_pointwise();
+    let offs = if small_k {
+        patch_offsets_in(&g, g.ow + g.kw - 1)
+    } else {
+        Vec::new()
+    };
     let with_bias = db.is_some();
     let parts = ordered_parts(
         tasks,
@@ -758,6 +767,7 @@ fn weight_grads(
             let product_len = match (wino, tiles_of(t)) {
                 (Some((c, _)), Some(tiles)) => c.scratch_len(tiles),
                 _ if g.is_pointwise() => 0,
+                _ if small_k => (r1 - r0 + g.kh - 1) * (g.ow + g.kw - 1) * g.c_in,
                 _ => pixels * k,
             };
             let dz_len = match grad {
@@ -779,6 +789,10 @@ fn weight_grads(
                 }
                 if let (Some((c, _)), Some(tiles)) = (wino, tiles_of(t)) {
                     winograd::add_kernel_grad(x, dz, &c, tiles, &mut acc, scratch);
+                    return;
+                }
+                if small_k {
+                    small_k_rows(x, dz, &g, (r0, r1), &offs, &mut acc, scratch);
                     return;
                 }
                 let patches: &[f32] = if g.is_pointwise() {
@@ -805,6 +819,39 @@ fn weight_grads(
     if let Some(db) = db {
         let bias = add_parts(bias_parts).unwrap_or_else(|| vec![0.0; g.c_out]);
         db.iter_mut().zip(&bias).for_each(|(d, &b)| *d = b as f32);
+    }
+}
+
+/// `dk += patches(x)ᵀ · dz` over output rows `[r0, r1)` (batch-flattened; `dz` holds those
+/// rows) for a small patch: image by image, from a zero-padded copy of the input rows they
+/// read ([`small_k_kernel_grad`], the sums in registers). `pad` holds at least `(r1 - r0 + kh
+/// - 1) * (ow + kw - 1) * c_in` floats.
+fn small_k_rows(
+    x: &[f32],
+    dz: &[f32],
+    g: &Geometry,
+    (r0, r1): (usize, usize),
+    offs: &[usize],
+    dk: &mut [f32],
+    pad: &mut [f32],
+) {
+    let (wp, out_row) = (g.ow + g.kw - 1, g.ow * g.c_out);
+    let mut r = r0;
+    while r < r1 {
+        let end = ((r / g.oh + 1) * g.oh).min(r1);
+        let padded = &mut pad[..(end - r + g.kh - 1) * wp * g.c_in];
+        g.pad_rows(x, r, padded);
+        let p = SmallKGrad {
+            lhs: padded,
+            rs: wp * g.c_in,
+            ps: g.c_in,
+            w: g.ow,
+            offs,
+            dz: &dz[(r - r0) * out_row..(end - r0) * out_row],
+            n: g.c_out,
+        };
+        small_k_kernel_grad(&p, dk, &mut []);
+        r = end;
     }
 }
 
