@@ -198,28 +198,6 @@ impl Geometry {
         }
     }
 
-    /// Copies one image `x` (`[h, w, c_in]`) into `padded` (`[oh + kh - 1, ow + kw - 1,
-    /// c_in]`), shifted by the top and left padding, zeros outside the image: every patch of
-    /// the image is then a window of `padded`.
-    fn pad_image(&self, x: &[f32], padded: &mut [f32]) {
-        let (wp, c) = (self.ow + self.kw - 1, self.c_in);
-        for (ii, prow) in padded.chunks_exact_mut(wp * c).enumerate() {
-            match ii.checked_sub(self.pt).filter(|&i| i < self.h) {
-                None => prow.fill(0.0),
-                Some(i) => {
-                    // Input columns [0, w) land at padded columns [pl, pl + w), clipped.
-                    let len = (self.w * c).min((wp * c).saturating_sub(self.pl * c));
-                    let (dst0, end) = (self.pl * c, prow.len());
-                    prow[..dst0.min(end)].fill(0.0);
-                    if len > 0 {
-                        prow[dst0..dst0 + len].copy_from_slice(&x[i * self.w * c..][..len]);
-                    }
-                    prow[(dst0 + len).min(end)..].fill(0.0);
-                }
-            }
-        }
-    }
-
     /// Gathers the patches of output rows `[r0, r0 + rows)` (batch-flattened) into `col`
     /// (`[rows * ow, patch_len]`, row-major).
     fn im2col(&self, x: &[f32], r0: usize, rows: usize, col: &mut [f32]) {
@@ -653,25 +631,11 @@ pub(crate) fn conv2d_weight_grads_serial(
     let (k, pixels) = (g.patch_len(), dz.len() / g.c_out);
     let rhs = Strided::row_major(dz, g.c_out);
     if k <= SMALL_K && !g.is_pointwise() {
-        // Image by image from a zero-padded copy, the sums in registers.
-        let (hp, wp) = (g.oh + g.kh - 1, g.ow + g.kw - 1);
-        let offs = patch_offsets_in(&g, wp);
-        let (image_in, image_out) = (g.h * g.w * g.c_in, g.oh * g.ow * g.c_out);
-        with_scratch(hp * wp * g.c_in, |padded| {
-            for (x, dz) in x.chunks_exact(image_in).zip(dz.chunks_exact(image_out)) {
-                g.pad_image(x, padded);
-                let p = SmallKGrad {
-                    lhs: padded,
-                    rs: wp * g.c_in,
-                    ps: g.c_in,
-                    w: g.ow,
-                    offs: &offs,
-                    dz,
-                    n: g.c_out,
-                };
-                // The bias sums along with the first taps.
-                small_k_kernel_grad(&p, dk, db);
-            }
+        // The bias sums along with the first taps.
+        let offs = patch_offsets_in(&g, g.ow + g.kw - 1);
+        let pad_len = (g.oh + g.kh - 1) * (g.ow + g.kw - 1) * g.c_in;
+        with_scratch(pad_len, |pad| {
+            small_k_rows(x, dz, &g, (0, pixels / g.ow), &offs, (dk, db), pad);
         });
         return;
     }
@@ -792,7 +756,7 @@ fn weight_grads(
                     return;
                 }
                 if small_k {
-                    small_k_rows(x, dz, &g, (r0, r1), &offs, &mut acc, scratch);
+                    small_k_rows(x, dz, &g, (r0, r1), &offs, (&mut acc, &mut []), scratch);
                     return;
                 }
                 let patches: &[f32] = if g.is_pointwise() {
@@ -823,16 +787,17 @@ fn weight_grads(
 }
 
 /// `dk += patches(x)ᵀ · dz` over output rows `[r0, r1)` (batch-flattened; `dz` holds those
-/// rows) for a small patch: image by image, from a zero-padded copy of the input rows they
-/// read ([`small_k_kernel_grad`], the sums in registers). `pad` holds at least `(r1 - r0 + kh
-/// - 1) * (ow + kw - 1) * c_in` floats.
+/// rows) for a small patch, and the column sums of `dz` added to `sums` unless it is empty:
+/// image by image, from a zero-padded copy of the input rows they read
+/// ([`small_k_kernel_grad`], the sums in registers). `pad` holds at least `(min(r1 - r0, oh)
+/// + kh - 1) * (ow + kw - 1) * c_in` floats.
 fn small_k_rows(
     x: &[f32],
     dz: &[f32],
     g: &Geometry,
     (r0, r1): (usize, usize),
     offs: &[usize],
-    dk: &mut [f32],
+    (dk, sums): (&mut [f32], &mut [f64]),
     pad: &mut [f32],
 ) {
     let (wp, out_row) = (g.ow + g.kw - 1, g.ow * g.c_out);
@@ -850,7 +815,7 @@ fn small_k_rows(
             dz: &dz[(r - r0) * out_row..(end - r0) * out_row],
             n: g.c_out,
         };
-        small_k_kernel_grad(&p, dk, &mut []);
+        small_k_kernel_grad(&p, dk, sums);
         r = end;
     }
 }
