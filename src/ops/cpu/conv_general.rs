@@ -3,10 +3,11 @@
 //! multiplier or 'valid' padding (see [`ConvGeometry`]: a depthwise convolution is a grouped one
 //! with one input channel per group).
 //!
-//! A full convolution (one group) goes through an im2col per image into the gemm crate: the
-//! patches `[oh*ow, kh*kw*c_in]` times the kernel `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ`
-//! scattered back (col2im) for the input gradient, `patchesᵀ · dz` summed over the images for
-//! the kernel's. Grouped convolutions (depthwise) have a few taps per output: direct loops.
+//! A full convolution (one group) without dilation runs on the implicit-GEMM kernels of
+//! [`strided`] where they fit (AVX-512, channels in whole vectors). Otherwise it goes through
+//! an im2col per image into the gemm crate: the patches `[oh*ow, kh*kw*c_in]` times the kernel
+//! `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ` scattered back (col2im) for the input
+//! gradient, `patchesᵀ · dz` summed over the images for the kernel's. Grouped convolutions (depthwise) have a few taps per output: direct loops.
 //! Images run in parallel, a few to a task where one image alone makes a short product (their
 //! patches stacked into one matrix); the kernel gradients are summed per task in a fixed order
 //! ([`ordered_sums`]), so a run gives the same bits every time.
@@ -15,6 +16,7 @@ use rayon::prelude::*;
 
 use super::elementwise::bias_act_rows;
 use super::gemm::{gemm_strided, Strided};
+use super::strided;
 use super::{ordered_sums, with_scratch};
 use crate::ops::spec::{Activation, ConvGeometry};
 
@@ -142,6 +144,9 @@ pub(crate) fn forward(
             });
         return;
     }
+    if strided::fits(g) {
+        return strided::forward(x, kernel, bias, y, g, act);
+    }
     // A few images a task, their patches stacked into one matrix: one product for all.
     let images = images_per_task(g);
     y.par_chunks_mut(image_out * images)
@@ -192,6 +197,9 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
     if image_in == 0 || image_out == 0 || kernel.is_empty() {
         dx.fill(0.0);
         return;
+    }
+    if strided::fits_input_grad(g) {
+        return strided::backward_input(dz, kernel, dx, g);
     }
     // Each image's dx is zeroed by its task just before the scatter adds into it, while it
     // is in cache, rather than all at once before (a pass over memory of its own).
@@ -257,6 +265,9 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         dk.fill(0.0);
         return;
     }
+    if strided::fits(g) {
+        return strided::backward_kernel(x, dz, dk, g);
+    }
     let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());
     // Tasks of a few images (one product over their stacked patches) for one group, of one
     // image for grouped convolutions.
@@ -305,7 +316,7 @@ fn grouped_image_backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &Conv
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::ops::cpu) mod tests {
     use super::*;
     use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
     use crate::ops::spec::{Conv2dShape, DepthwiseShape, Padding};
@@ -342,31 +353,57 @@ mod tests {
             .into_iter()
             .flat_map(|s| [s, Conv2dShape { n: 130, ..s }]);
         for (t, s) in batches.enumerate() {
-            let g = ConvGeometry::conv(&s);
-            let seed = 40 + 10 * t as u64;
-            let x = random_vec(s.input_len(), seed);
-            let k = random_vec(s.kernel_len(), seed + 1);
-            let b = random_vec(s.c_out, seed + 2);
-            let dz = random_vec(s.output_len(), seed + 3);
-            let mut y = vec![f32::NAN; s.output_len()];
-            forward(&x, &k, Some(&b), &mut y, &g, Activation::Selu);
-            let want = r::conv2d_forward(
-                &to_f64(&x),
-                &to_f64(&k),
-                Some(&to_f64(&b)),
-                &s,
-                Activation::Selu,
-            );
-            assert_close(&y, &want, 1e-5, &format!("forward {s:?}"));
+            let passes = Passes {
+                forward,
+                backward_input: Some(backward_input),
+                backward_kernel,
+            };
+            check_passes(&s, 40 + 10 * t as u64, Activation::Selu, passes);
+        }
+    }
+
+    /// A forward pass: `(x, kernel, bias, y, g, act)`.
+    type Forward = fn(&[f32], &[f32], Option<&[f32]>, &mut [f32], &ConvGeometry, Activation);
+
+    /// A gradient pass: `(dz, kernel, dx, g)` or `(x, dz, dk, g)`.
+    type Gradient = fn(&[f32], &[f32], &mut [f32], &ConvGeometry);
+
+    /// A convolution's three passes, as `forward`, `backward_input` and `backward_kernel`
+    /// take them.
+    pub(in crate::ops::cpu) struct Passes {
+        pub forward: Forward,
+        /// None where the input gradient is not computed.
+        pub backward_input: Option<Gradient>,
+        pub backward_kernel: Gradient,
+    }
+
+    /// `passes` on random operands of `s` (with a bias and `act` forward) against the f64
+    /// oracle.
+    pub(in crate::ops::cpu) fn check_passes(
+        s: &Conv2dShape,
+        seed: u64,
+        act: Activation,
+        passes: Passes,
+    ) {
+        let g = ConvGeometry::conv(s);
+        let x = random_vec(s.input_len(), seed);
+        let k = random_vec(s.kernel_len(), seed + 1);
+        let b = random_vec(s.c_out, seed + 2);
+        let dz = random_vec(s.output_len(), seed + 3);
+        let mut y = vec![f32::NAN; s.output_len()];
+        (passes.forward)(&x, &k, Some(&b), &mut y, &g, act);
+        let want = r::conv2d_forward(&to_f64(&x), &to_f64(&k), Some(&to_f64(&b)), s, act);
+        assert_close(&y, &want, 1e-5, &format!("forward {s:?}"));
+        if let Some(backward_input) = passes.backward_input {
             let mut dx = vec![f32::NAN; s.input_len()];
             backward_input(&dz, &k, &mut dx, &g);
-            let want = r::conv2d_backward_input(&to_f64(&dz), &to_f64(&k), &s);
+            let want = r::conv2d_backward_input(&to_f64(&dz), &to_f64(&k), s);
             assert_close(&dx, &want, 1e-5, &format!("dx {s:?}"));
-            let mut dk = vec![f32::NAN; s.kernel_len()];
-            backward_kernel(&x, &dz, &mut dk, &g);
-            let want = r::conv2d_backward_kernel(&to_f64(&x), &to_f64(&dz), &s);
-            assert_close(&dk, &want, 1e-5, &format!("dk {s:?}"));
         }
+        let mut dk = vec![f32::NAN; s.kernel_len()];
+        (passes.backward_kernel)(&x, &dz, &mut dk, &g);
+        let want = r::conv2d_backward_kernel(&to_f64(&x), &to_f64(&dz), s);
+        assert_close(&dk, &want, 1e-5, &format!("dk {s:?}"));
     }
 
     #[test]

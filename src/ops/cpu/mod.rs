@@ -105,6 +105,7 @@ pub(crate) mod depthwise;
 pub(crate) mod dropout;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
+mod implicit;
 pub(crate) mod loss;
 pub(crate) mod optim;
 mod ordered;
@@ -113,6 +114,7 @@ pub(crate) mod reduce;
 pub(crate) mod routed;
 pub(crate) mod separable;
 pub(crate) mod softmax;
+mod strided;
 mod winograd;
 // ---- activations and pooling layers ----
 pub(crate) mod activation;

@@ -1,0 +1,229 @@
+//! Implicit-GEMM kernels: a convolution's products with its patch matrix, the patches read in
+//! place from zero-padded images instead of copied into an im2col matrix first.
+//!
+//! A patch row (one output pixel) is `kh` runs of `kw * c_in` consecutive values of the padded
+//! image, one per kernel row, so tap `t = a * len + r` of pixel `p` is
+//! `img[bases[p] + runs[a] + r]`. The forward product keeps a tile of pixels × output channels
+//! in registers over every tap, broadcasting each tap's value from the image; the kernel
+//! gradient keeps a tile of taps × output channels over every pixel. Both work on 16-lane
+//! vectors and are only picked where AVX-512 gives them 32 registers (see
+//! [`super::wide_registers`]).
+
+use super::{Vector, V16};
+
+/// Patches read in place: tap `a * len + r` of output pixel `p` is `img[bases[p] + runs[a] +
+/// r]`.
+pub(crate) struct Patches<'a> {
+    /// Zero-padded images.
+    pub img: &'a [f32],
+    /// Where each output pixel's patch starts in `img`.
+    pub bases: &'a [usize],
+    /// Where each kernel row's run starts, from a pixel's base.
+    pub runs: &'a [usize],
+    /// Taps per run (`kw * c_in`).
+    pub len: usize,
+}
+
+impl Patches<'_> {
+    /// Taps per pixel.
+    fn taps(&self) -> usize {
+        self.runs.len() * self.len
+    }
+
+    /// Panics unless every tap of every pixel is inside `img` (the bound the unchecked reads
+    /// rely on, computed without wrapping).
+    fn check(&self) {
+        let last = self.bases.iter().max().and_then(|&b| {
+            let run = self.runs.iter().max()?;
+            b.checked_add(*run)?.checked_add(self.len)
+        });
+        assert!(
+            self.len == 0 || last.is_none_or(|end| end <= self.img.len()),
+            "implicit: a patch reads past its image"
+        );
+    }
+}
+
+/// Output columns the tiles cover: whole 16-lane vectors.
+pub(crate) fn fits(c_out: usize) -> bool {
+    c_out > 0 && c_out.is_multiple_of(V16::LANES)
+}
+
+/// Pixels `[first, first + R)` (clamped to the pixels) × columns `[c0, c0 + 16 * NV)` of `out =
+/// patches · kernel`, pixel `i` into row `rows[i]` of `out` (row `i` without `rows`).
+///
+/// # Safety
+/// `p.check()` passed, `kernel` holds `taps × n` values, `c0 + 16 * NV <= n` and every row a
+/// pixel goes to is inside `out`.
+#[inline(always)]
+unsafe fn forward_tile<const R: usize, const NV: usize, const FMA: bool>(
+    p: &Patches<'_>,
+    kernel: &[f32],
+    n: usize,
+    (first, c0): (usize, usize),
+    (out, rows): (&mut [f32], Option<&[usize]>),
+) {
+    let lanes = V16::LANES;
+    let m = p.bases.len();
+    let mut bases = [0usize; R];
+    for (i, base) in bases.iter_mut().enumerate() {
+        *base = p.bases[(first + i).min(m - 1)];
+    }
+    let mut acc = [[V16::splat(0.0); NV]; R];
+    let mut t = 0;
+    for &run in p.runs {
+        for r in 0..p.len {
+            let mut w = [V16::splat(0.0); NV];
+            for (v, w) in w.iter_mut().enumerate() {
+                let at = t * n + c0 + lanes * v;
+                *w = V16::load(unsafe { kernel.get_unchecked(at..at + lanes) }, 0);
+            }
+            for (acc, &base) in acc.iter_mut().zip(&bases) {
+                let a = unsafe { *p.img.get_unchecked(base + run + r) };
+                for (acc, &w) in acc.iter_mut().zip(&w) {
+                    *acc = acc.madd::<FMA>(a, w);
+                }
+            }
+            t += 1;
+        }
+    }
+    for (i, acc) in acc.iter().enumerate().take(m - first) {
+        let row = rows.map_or(first + i, |rows| rows[first + i]);
+        for (v, acc) in acc.iter().enumerate() {
+            acc.store(out, row * n + c0 + lanes * v);
+        }
+    }
+}
+
+multiversion! {
+    /// `out = patches · kernel`, `kernel` `[taps, n]` row-major, `n` a multiple of 16 (see
+    /// [`fits`]): `out` is `[pixels, n]`, or with `rows`, pixel `i` goes to row `rows[i]` of
+    /// `out` (rows of `n`; the others are left alone).
+    pub(crate) fn forward<const FMA: bool>(
+        p: &Patches<'_>,
+        kernel: &[f32],
+        n: usize,
+        out: &mut [f32],
+        rows: Option<&[usize]>,
+    ) {
+        let m = p.bases.len();
+        assert!(fits(n), "implicit: {n} output channels are not whole vectors");
+        match rows {
+            None => assert_eq!(out.len(), m * n, "implicit: out must be pixels x n"),
+            Some(rows) => assert!(
+                rows.len() == m && rows.iter().all(|&r| r < out.len() / n),
+                "implicit: a pixel's row is outside out"
+            ),
+        }
+        assert!(kernel.len() >= p.taps() * n, "implicit: kernel too short");
+        p.check();
+        // SAFETY (each tile): checked above; every tile stays inside the n columns.
+        let mut c0 = 0;
+        while c0 + 64 <= n {
+            for first in (0..m).step_by(6) {
+                unsafe { forward_tile::<6, 4, FMA>(p, kernel, n, (first, c0), (&mut *out, rows)) };
+            }
+            c0 += 64;
+        }
+        if c0 + 32 <= n {
+            for first in (0..m).step_by(6) {
+                unsafe { forward_tile::<6, 2, FMA>(p, kernel, n, (first, c0), (&mut *out, rows)) };
+            }
+            c0 += 32;
+        }
+        if c0 + 16 <= n {
+            for first in (0..m).step_by(6) {
+                unsafe { forward_tile::<6, 1, FMA>(p, kernel, n, (first, c0), (&mut *out, rows)) };
+            }
+        }
+    }
+}
+
+/// Taps `[t0, t0 + T)` of run `a` (all inside it) × columns `[c0, c0 + 16 * NV)` of `dk +=
+/// patchesᵀ · dz`.
+///
+/// # Safety
+/// `p.check()` passed, `dz` holds `pixels × n` values, `dk` `taps × n`, `c0 + 16 * NV <= n`
+/// and `r0 + T <= p.len`.
+#[inline(always)]
+unsafe fn kernel_grad_tile<const T: usize, const NV: usize, const FMA: bool>(
+    p: &Patches<'_>,
+    dz: &[f32],
+    n: usize,
+    (a, r0, c0): (usize, usize, usize),
+    dk: &mut [f32],
+) {
+    let lanes = V16::LANES;
+    let mut acc = [[V16::splat(0.0); NV]; T];
+    let run = p.runs[a] + r0;
+    for (q, &base) in p.bases.iter().enumerate() {
+        let mut d = [V16::splat(0.0); NV];
+        for (v, d) in d.iter_mut().enumerate() {
+            let at = q * n + c0 + lanes * v;
+            *d = V16::load(unsafe { dz.get_unchecked(at..at + lanes) }, 0);
+        }
+        let x = base + run;
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let x = unsafe { *p.img.get_unchecked(x + i) };
+            for (acc, &d) in acc.iter_mut().zip(&d) {
+                *acc = acc.madd::<FMA>(x, d);
+            }
+        }
+    }
+    let t0 = a * p.len + r0;
+    for (i, acc) in acc.iter().enumerate() {
+        for (v, acc) in acc.iter().enumerate() {
+            let at = (t0 + i) * n + c0 + lanes * v;
+            acc.add(V16::load(dk, at)).store(dk, at);
+        }
+    }
+}
+
+multiversion! {
+    /// `dk += patchesᵀ · dz`: `dz` is `[pixels, n]`, `dk` `[taps, n]` row-major, `n` a multiple
+    /// of 16 (see [`fits`]). Each entry adds its pixels in order, so the bits depend on the
+    /// operands alone.
+    pub(crate) fn kernel_grad<const FMA: bool>(p: &Patches<'_>, dz: &[f32], n: usize, dk: &mut [f32]) {
+        let m = p.bases.len();
+        assert!(fits(n), "implicit: {n} output channels are not whole vectors");
+        assert_eq!(dz.len(), m * n, "implicit: dz must be pixels x n");
+        assert_eq!(dk.len(), p.taps() * n, "implicit: dk must be taps x n");
+        p.check();
+        // SAFETY (each tile): checked above; every tile stays inside its run and the n columns.
+        for a in 0..p.runs.len() {
+            let mut c0 = 0;
+            while c0 + 64 <= n {
+                let mut r0 = 0;
+                while r0 + 6 <= p.len {
+                    unsafe { kernel_grad_tile::<6, 4, FMA>(p, dz, n, (a, r0, c0), dk) };
+                    r0 += 6;
+                }
+                for r0 in r0..p.len {
+                    unsafe { kernel_grad_tile::<1, 4, FMA>(p, dz, n, (a, r0, c0), dk) };
+                }
+                c0 += 64;
+            }
+            if c0 + 32 <= n {
+                let mut r0 = 0;
+                while r0 + 12 <= p.len {
+                    unsafe { kernel_grad_tile::<12, 2, FMA>(p, dz, n, (a, r0, c0), dk) };
+                    r0 += 12;
+                }
+                for r0 in r0..p.len {
+                    unsafe { kernel_grad_tile::<1, 2, FMA>(p, dz, n, (a, r0, c0), dk) };
+                }
+                c0 += 32;
+            }
+            if c0 + 16 <= n {
+                let mut r0 = 0;
+                while r0 + 12 <= p.len {
+                    unsafe { kernel_grad_tile::<12, 1, FMA>(p, dz, n, (a, r0, c0), dk) };
+                    r0 += 12;
+                }
+                for r0 in r0..p.len {
+                    unsafe { kernel_grad_tile::<1, 1, FMA>(p, dz, n, (a, r0, c0), dk) };
+                }
+            }
+        }
+    }
+}

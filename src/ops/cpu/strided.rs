@@ -1,0 +1,329 @@
+//! Strided convolutions (one group, no dilation) on the implicit-GEMM kernels of
+//! [`implicit`](super::implicit): no patch matrix is written.
+//!
+//! * The forward pass and the kernel gradient read each output pixel's patch in place from a
+//!   zero-padded copy of its image: `kh` runs of `kw * c_in` values, one per kernel row.
+//! * The input gradient splits the input into its `sh × sw` phases (the pixels whose row is
+//!   `r ≡ p (mod sh)` and column `c ≡ q (mod sw)`): the taps that reach a phase are the
+//!   kernel's rows `p, p + sh, ...` and columns `q, q + sw, ...`, so each phase is a stride-1
+//!   correlation of `dz` (zero-padded) with that sub-kernel, transposed and flipped. Every
+//!   product is over the taps that are there: the zeros an upsampled `dz` would hold between
+//!   its pixels are never multiplied, and nothing is scattered back (col2im).
+//!
+//! A task takes a few images: its padded copies stay in L2 and its products have a few hundred
+//! rows. The kernel gradient's tasks are summed in a fixed order, so the bits depend on the
+//! shape alone, never on the thread count.
+
+use rayon::prelude::*;
+
+use super::elementwise::bias_act_rows;
+use super::implicit::{self, Patches};
+use super::{ordered_sums, wide_registers, with_scratch};
+use crate::ops::spec::{Activation, ConvGeometry};
+
+/// Output pixels a task aims for (rows of its products).
+const TASK_PIXELS: usize = 256;
+
+/// Tasks a pass is cut into, at least, when the batch allows it: two for each of 16 cores. A
+/// constant, not the pool's size, so that a kernel gradient's sums are cut the same way on
+/// every machine.
+const MIN_TASKS: usize = 32;
+
+/// Whether the forward pass and the kernel gradient of `g` run here: one group, no dilation,
+/// whole 16-lane vectors of output channels, and AVX-512's 32 registers for the tiles.
+pub(crate) fn fits(g: &ConvGeometry) -> bool {
+    shape_fits(g) && wide_registers()
+}
+
+/// Whether the input gradient of `g` runs here: as [`fits`], with whole vectors of input
+/// channels (its products' columns).
+pub(crate) fn fits_input_grad(g: &ConvGeometry) -> bool {
+    fits(g) && implicit::fits(g.ci)
+}
+
+/// [`fits`] without the CPU: what the kernels can compute at all (at any speed).
+fn shape_fits(g: &ConvGeometry) -> bool {
+    g.cig == g.ci
+        && g.dh == 1
+        && g.dw == 1
+        && g.h * g.w * g.ci > 0
+        && g.oh * g.ow > 0
+        && implicit::fits(g.co)
+}
+
+/// Images per task: enough for [`TASK_PIXELS`] output pixels, but at least [`MIN_TASKS`] tasks
+/// when the batch allows it.
+fn images_per_task(g: &ConvGeometry) -> usize {
+    let by_pixels = TASK_PIXELS.div_ceil((g.oh * g.ow).max(1));
+    by_pixels.min(g.n.div_ceil(MIN_TASKS)).max(1)
+}
+
+/// The padded image the forward taps read: every tap of every output pixel.
+fn padded_hw(g: &ConvGeometry) -> (usize, usize) {
+    ((g.oh - 1) * g.sh + g.kh, (g.ow - 1) * g.sw + g.kw)
+}
+
+/// Copies the `[h, w, c]` images of `src` into `dst`, each as a `[hp, wp, c]` image with `top`
+/// zero rows above it and `left` zero columns to its left, zeros wherever it ends (and cut
+/// where it does not fit).
+fn pad_images(
+    src: &[f32],
+    (h, w, c): (usize, usize, usize),
+    (hp, wp, top, left): (usize, usize, usize, usize),
+    dst: &mut [f32],
+) {
+    let left = left.min(wp);
+    let cols = w.min(wp - left);
+    for (src, dst) in src.chunks(h * w * c).zip(dst.chunks_mut(hp * wp * c)) {
+        for (pr, dst) in dst.chunks_mut(wp * c).enumerate() {
+            let Some(r) = pr.checked_sub(top).filter(|&r| r < h) else {
+                dst.fill(0.0);
+                continue;
+            };
+            dst[..left * c].fill(0.0);
+            dst[left * c..(left + cols) * c].copy_from_slice(&src[r * w * c..][..cols * c]);
+            dst[(left + cols) * c..].fill(0.0);
+        }
+    }
+}
+
+/// Runs `f` on the patches of the images of `x` (a task's), read in place from padded copies
+/// in scratch memory.
+fn with_patches<R>(x: &[f32], g: &ConvGeometry, f: impl FnOnce(&Patches<'_>) -> R) -> R {
+    let (hp, wp) = padded_hw(g);
+    let count = x.len() / (g.h * g.w * g.ci);
+    let mut bases = Vec::with_capacity(count * g.oh * g.ow);
+    for image in 0..count {
+        for i in 0..g.oh {
+            for j in 0..g.ow {
+                bases.push((image * hp * wp + i * g.sh * wp + j * g.sw) * g.ci);
+            }
+        }
+    }
+    let runs: Vec<usize> = (0..g.kh).map(|a| a * wp * g.ci).collect();
+    with_scratch(count * hp * wp * g.ci, |img| {
+        pad_images(x, (g.h, g.w, g.ci), (hp, wp, g.pt, g.pl), img);
+        f(&Patches {
+            img,
+            bases: &bases,
+            runs: &runs,
+            len: g.kw * g.ci,
+        })
+    })
+}
+
+/// `y = act(conv(x, kernel) + bias)`, for a `g` that [`fits`] (at least its shape).
+pub(crate) fn forward(
+    x: &[f32],
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    g: &ConvGeometry,
+    act: Activation,
+) {
+    assert!(shape_fits(g), "strided::forward: {g:?} does not fit");
+    let images = images_per_task(g);
+    let (image_in, image_out) = (g.h * g.w * g.ci, g.oh * g.ow * g.co);
+    y.par_chunks_mut(image_out * images)
+        .zip(x.par_chunks(image_in * images))
+        .for_each(|(y, x)| {
+            with_patches(x, g, |p| implicit::forward(p, kernel, g.co, y, None));
+            bias_act_rows(y, bias, g.co, act);
+        });
+}
+
+/// The kernel gradient `dk` `[kh, kw, c_in, c_out]` from `x` and `dz`, summed over the images,
+/// for a `g` that [`fits`] (at least its shape).
+pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {
+    assert!(
+        shape_fits(g),
+        "strided::backward_kernel: {g:?} does not fit"
+    );
+    let images = images_per_task(g);
+    let (image_in, image_out) = (g.h * g.w * g.ci, g.oh * g.ow * g.co);
+    let total = ordered_sums(g.n.div_ceil(images), dk.len(), |acc: &mut [f32], t| {
+        let first = t * images;
+        let count = images.min(g.n - first);
+        let x = &x[first * image_in..][..count * image_in];
+        let dz = &dz[first * image_out..][..count * image_out];
+        with_patches(x, g, |p| implicit::kernel_grad(p, dz, g.co, acc));
+    });
+    dk.copy_from_slice(&total);
+}
+
+/// One phase of the input: the pixels `(r, c)` with `r + pt ≡ pr (mod sh)` and `c + pl ≡ pc
+/// (mod sw)`, which the kernel's rows `pr + sh * u` and columns `pc + sw * v` reach.
+struct Phase {
+    pr: usize,
+    pc: usize,
+    /// Kernel rows and columns that reach the phase.
+    ku: usize,
+    kv: usize,
+    /// `[ku, kv, c_out, c_in]`: entry `(u', v', o, i)` is the kernel's `(pr + sh * (ku - 1 -
+    /// u'), pc + sw * (kv - 1 - v'), i, o)`, so that `dz`'s pixels, read top to bottom and
+    /// left to right, meet their taps.
+    kernel: Vec<f32>,
+}
+
+impl Phase {
+    fn all(kernel: &[f32], g: &ConvGeometry) -> Vec<Phase> {
+        let reach = |p: usize, k: usize, s: usize| if p < k { (k - p).div_ceil(s) } else { 0 };
+        let mut phases = Vec::with_capacity(g.sh * g.sw);
+        for pr in 0..g.sh {
+            for pc in 0..g.sw {
+                let (ku, kv) = (reach(pr, g.kh, g.sh), reach(pc, g.kw, g.sw));
+                let mut sub = vec![0.0f32; ku * kv * g.co * g.ci];
+                for u in 0..ku {
+                    for v in 0..kv {
+                        let a = pr + g.sh * (ku - 1 - u);
+                        let b = pc + g.sw * (kv - 1 - v);
+                        let src = &kernel[(a * g.kw + b) * g.ci * g.co..][..g.ci * g.co];
+                        let dst = &mut sub[(u * kv + v) * g.co * g.ci..][..g.co * g.ci];
+                        for i in 0..g.ci {
+                            for o in 0..g.co {
+                                dst[o * g.ci + i] = src[i * g.co + o];
+                            }
+                        }
+                    }
+                }
+                phases.push(Phase {
+                    pr,
+                    pc,
+                    ku,
+                    kv,
+                    kernel: sub,
+                });
+            }
+        }
+        phases
+    }
+
+    /// The phase's indices `q` along one axis of length `len` (input pixel `q * s + p - pad`),
+    /// as a range.
+    fn span(p: usize, s: usize, pad: usize, len: usize) -> std::ops::Range<usize> {
+        let first = pad.saturating_sub(p).div_ceil(s);
+        let end = (len + pad).saturating_sub(p).div_ceil(s);
+        first..end.max(first)
+    }
+}
+
+/// The input gradient `dx` from `dz` (w.r.t. the pre-activation output), for a `g` that
+/// [`fits_input_grad`] (at least its shape): a stride-1 correlation per phase (see the
+/// module's docs).
+pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &ConvGeometry) {
+    assert!(
+        shape_fits(g) && implicit::fits(g.ci),
+        "strided::backward_input: {g:?} does not fit"
+    );
+    let phases = Phase::all(kernel, g);
+    // dz padded with the rows and columns a phase's taps reach above and left of it (up to
+    // `ceil(kh / sh) - 1`), and below and right as far as the last phase pixel reads.
+    let (top, left) = ((g.kh - 1) / g.sh, (g.kw - 1) / g.sw);
+    let (hd, wd) = (
+        top + g.oh.max((g.h - 1 + g.pt) / g.sh + 1),
+        left + g.ow.max((g.w - 1 + g.pl) / g.sw + 1),
+    );
+    let images = images_per_task(g);
+    let (image_in, image_out) = (g.h * g.w * g.ci, g.oh * g.ow * g.co);
+    dx.par_chunks_mut(image_in * images)
+        .zip(dz.par_chunks(image_out * images))
+        .for_each(|(dx, dz)| {
+            let count = dz.len() / image_out;
+            with_scratch(count * hd * wd * g.co, |img| {
+                pad_images(dz, (g.oh, g.ow, g.co), (hd, wd, top, left), img);
+                for phase in &phases {
+                    let (rows_q, cols_q) = (
+                        Phase::span(phase.pr, g.sh, g.pt, g.h),
+                        Phase::span(phase.pc, g.sw, g.pl, g.w),
+                    );
+                    let mut bases = Vec::with_capacity(count * rows_q.len() * cols_q.len());
+                    let mut rows = Vec::with_capacity(bases.capacity());
+                    for image in 0..count {
+                        for q in rows_q.clone() {
+                            let r = q * g.sh + phase.pr - g.pt;
+                            for q2 in cols_q.clone() {
+                                let c = q2 * g.sw + phase.pc - g.pl;
+                                rows.push((image * g.h + r) * g.w + c);
+                                // The patch's top-left dz pixel is (q - (ku - 1), q2 - (kv - 1)).
+                                let (pi, pj) = (
+                                    q + top + 1 - phase.ku.max(1),
+                                    q2 + left + 1 - phase.kv.max(1),
+                                );
+                                bases.push(((image * hd + pi) * wd + pj) * g.co);
+                            }
+                        }
+                    }
+                    if phase.ku * phase.kv == 0 {
+                        // No tap reaches these pixels.
+                        for &row in &rows {
+                            dx[row * g.ci..][..g.ci].fill(0.0);
+                        }
+                        continue;
+                    }
+                    let runs: Vec<usize> = (0..phase.ku).map(|u| u * wd * g.co).collect();
+                    let p = Patches {
+                        img,
+                        bases: &bases,
+                        runs: &runs,
+                        len: phase.kv * g.co,
+                    };
+                    implicit::forward(&p, &phase.kernel, g.ci, dx, Some(&rows));
+                }
+            });
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::cpu::conv_general::tests::{check_passes, Passes};
+    use crate::ops::spec::{Conv2dShape, Padding};
+
+    /// Every tile width (16, 32, 64 columns and their sums), pixel counts that leave a last
+    /// tile short, runs that leave taps past the last whole tile (`kw * c_in` not a multiple
+    /// of 6 or 12), kernels wider than tall, strides along one axis and past the kernel (a
+    /// phase no tap reaches), TensorFlow's asymmetric 'same' padding on odd and even sizes,
+    /// 'valid' padding, and batches of several tasks.
+    fn cases() -> Vec<Conv2dShape> {
+        let mut v = Vec::new();
+        for (n, h, w, c_in, c_out, (kh, kw), strides, padding) in [
+            (3, 7, 6, 16, 16, (3, 3), [2, 2], Padding::Same),
+            (2, 9, 8, 32, 32, (3, 3), [2, 2], Padding::Same),
+            (3, 7, 7, 48, 48, (3, 3), [2, 2], Padding::Same),
+            (2, 6, 6, 5, 64, (3, 3), [2, 2], Padding::Valid),
+            (2, 8, 5, 16, 80, (2, 4), [1, 2], Padding::Same),
+            (2, 5, 9, 3, 112, (3, 5), [2, 1], Padding::Valid),
+            (2, 10, 11, 16, 32, (5, 5), [3, 2], Padding::Same),
+            (130, 6, 6, 2, 32, (3, 3), [2, 2], Padding::Same),
+            (70, 5, 4, 16, 16, (1, 1), [2, 2], Padding::Valid),
+            (3, 4, 4, 32, 16, (1, 3), [3, 3], Padding::Same),
+        ] {
+            v.push(Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out,
+                kh,
+                kw,
+                padding,
+                strides,
+                dilation: [1, 1],
+            });
+        }
+        v
+    }
+
+    #[test]
+    fn strided_passes_match_the_oracle() {
+        for (t, s) in cases().into_iter().enumerate() {
+            assert!(shape_fits(&ConvGeometry::conv(&s)), "{s:?}");
+            let passes = Passes {
+                forward,
+                backward_input: implicit::fits(s.c_in).then_some(backward_input as _),
+                backward_kernel,
+            };
+            check_passes(&s, 900 + 10 * t as u64, Activation::Relu, passes);
+        }
+    }
+}
