@@ -5,11 +5,12 @@
 //! image, one per kernel row, so tap `t = a * len + r` of pixel `p` is
 //! `img[bases[p] + runs[a] + r]`. The forward product keeps a tile of pixels × output channels
 //! in registers over every tap, broadcasting each tap's value from the image; the kernel
-//! gradient keeps a tile of taps × output channels over every pixel. Both work on 16-lane
-//! vectors and are only picked where AVX-512 gives them 32 registers (see
-//! [`super::wide_registers`]).
+//! gradient keeps a tile of taps × output channels over every pixel. Under AVX-512 the tiles
+//! hold up to 24 16-lane vectors (of its 32 registers, see [`super::wide_registers`]), and the
+//! columns past the last 32 go in tiles of 12 8-lane vectors, which is all the tiles hold on
+//! a narrower CPU: the columns come in whole 8-lane vectors.
 
-use super::{Vector, V16};
+use super::{wide_registers, Vector, V16, V8};
 
 /// Patches read in place: tap `a * len + r` of output pixel `p` is `img[bases[p] + runs[a] +
 /// r]`.
@@ -44,39 +45,39 @@ impl Patches<'_> {
     }
 }
 
-/// Output columns the tiles cover: whole 16-lane vectors.
+/// Output columns the tiles cover: whole 8-lane vectors.
 pub(crate) fn fits(c_out: usize) -> bool {
-    c_out > 0 && c_out.is_multiple_of(V16::LANES)
+    c_out > 0 && c_out.is_multiple_of(V8::LANES)
 }
 
-/// Pixels `[first, first + R)` (clamped to the pixels) × columns `[c0, c0 + 16 * NV)` of `out =
+/// Pixels `[first, first + R)` (clamped to the pixels) × columns `[c0, c0 + V::LANES * NV)` of `out =
 /// patches · kernel`, pixel `i` into row `rows[i]` of `out` (row `i` without `rows`).
 ///
 /// # Safety
-/// `p.check()` passed, `kernel` holds `taps × n` values, `c0 + 16 * NV <= n` and every row a
+/// `p.check()` passed, `kernel` holds `taps × n` values, `c0 + V::LANES * NV <= n` and every row a
 /// pixel goes to is inside `out`.
 #[inline(always)]
-unsafe fn forward_tile<const R: usize, const NV: usize, const FMA: bool>(
+unsafe fn forward_tile<V: Vector, const R: usize, const NV: usize, const FMA: bool>(
     p: &Patches<'_>,
     kernel: &[f32],
     n: usize,
     (first, c0): (usize, usize),
     (out, rows): (&mut [f32], Option<&[usize]>),
 ) {
-    let lanes = V16::LANES;
+    let lanes = V::LANES;
     let m = p.bases.len();
     let mut bases = [0usize; R];
     for (i, base) in bases.iter_mut().enumerate() {
         *base = p.bases[(first + i).min(m - 1)];
     }
-    let mut acc = [[V16::splat(0.0); NV]; R];
+    let mut acc = [[V::splat(0.0); NV]; R];
     let mut t = 0;
     for &run in p.runs {
         for r in 0..p.len {
-            let mut w = [V16::splat(0.0); NV];
+            let mut w = [V::splat(0.0); NV];
             for (v, w) in w.iter_mut().enumerate() {
                 let at = t * n + c0 + lanes * v;
-                *w = V16::load(unsafe { kernel.get_unchecked(at..at + lanes) }, 0);
+                *w = V::load(unsafe { kernel.get_unchecked(at..at + lanes) }, 0);
             }
             for (acc, &base) in acc.iter_mut().zip(&bases) {
                 let a = unsafe { *p.img.get_unchecked(base + run + r) };
@@ -92,6 +93,24 @@ unsafe fn forward_tile<const R: usize, const NV: usize, const FMA: bool>(
         for (v, acc) in acc.iter().enumerate() {
             acc.store(out, row * n + c0 + lanes * v);
         }
+    }
+}
+
+/// Every tile of 6 pixels × `V::LANES * NV` columns from `c0`.
+///
+/// # Safety
+/// As [`forward_tile`], for every tile.
+#[inline(always)]
+unsafe fn forward_columns<V: Vector, const NV: usize, const FMA: bool>(
+    p: &Patches<'_>,
+    kernel: &[f32],
+    n: usize,
+    c0: usize,
+    (out, rows): (&mut [f32], Option<&[usize]>),
+) {
+    for first in (0..p.bases.len()).step_by(6) {
+        let out = (&mut *out, rows);
+        unsafe { forward_tile::<V, 6, NV, FMA>(p, kernel, n, (first, c0), out) };
     }
 }
 
@@ -117,50 +136,50 @@ multiversion! {
         }
         assert!(kernel.len() >= p.taps() * n, "implicit: kernel too short");
         p.check();
-        // SAFETY (each tile): checked above; every tile stays inside the n columns.
+        // SAFETY (each call): checked above; every tile stays inside the n columns.
         let mut c0 = 0;
-        while c0 + 64 <= n {
-            for first in (0..m).step_by(6) {
-                unsafe { forward_tile::<6, 4, FMA>(p, kernel, n, (first, c0), (&mut *out, rows)) };
+        if wide_registers() {
+            while c0 + 64 <= n {
+                unsafe { forward_columns::<V16, 4, FMA>(p, kernel, n, c0, (&mut *out, rows)) };
+                c0 += 64;
             }
-            c0 += 64;
+            if c0 + 32 <= n {
+                unsafe { forward_columns::<V16, 2, FMA>(p, kernel, n, c0, (&mut *out, rows)) };
+                c0 += 32;
+            }
         }
-        if c0 + 32 <= n {
-            for first in (0..m).step_by(6) {
-                unsafe { forward_tile::<6, 2, FMA>(p, kernel, n, (first, c0), (&mut *out, rows)) };
-            }
-            c0 += 32;
+        while c0 + 16 <= n {
+            unsafe { forward_columns::<V8, 2, FMA>(p, kernel, n, c0, (&mut *out, rows)) };
+            c0 += 16;
         }
-        if c0 + 16 <= n {
-            for first in (0..m).step_by(6) {
-                unsafe { forward_tile::<6, 1, FMA>(p, kernel, n, (first, c0), (&mut *out, rows)) };
-            }
+        if c0 + 8 <= n {
+            unsafe { forward_columns::<V8, 1, FMA>(p, kernel, n, c0, (&mut *out, rows)) };
         }
     }
 }
 
-/// Taps `[t0, t0 + T)` of run `a` (all inside it) × columns `[c0, c0 + 16 * NV)` of `dk +=
+/// Taps `[t0, t0 + T)` of run `a` (all inside it) × columns `[c0, c0 + V::LANES * NV)` of `dk +=
 /// patchesᵀ · dz`.
 ///
 /// # Safety
-/// `p.check()` passed, `dz` holds `pixels × n` values, `dk` `taps × n`, `c0 + 16 * NV <= n`
+/// `p.check()` passed, `dz` holds `pixels × n` values, `dk` `taps × n`, `c0 + V::LANES * NV <= n`
 /// and `r0 + T <= p.len`.
 #[inline(always)]
-unsafe fn kernel_grad_tile<const T: usize, const NV: usize, const FMA: bool>(
+unsafe fn kernel_grad_tile<V: Vector, const T: usize, const NV: usize, const FMA: bool>(
     p: &Patches<'_>,
     dz: &[f32],
     n: usize,
     (a, r0, c0): (usize, usize, usize),
     dk: &mut [f32],
 ) {
-    let lanes = V16::LANES;
-    let mut acc = [[V16::splat(0.0); NV]; T];
+    let lanes = V::LANES;
+    let mut acc = [[V::splat(0.0); NV]; T];
     let run = p.runs[a] + r0;
     for (q, &base) in p.bases.iter().enumerate() {
-        let mut d = [V16::splat(0.0); NV];
+        let mut d = [V::splat(0.0); NV];
         for (v, d) in d.iter_mut().enumerate() {
             let at = q * n + c0 + lanes * v;
-            *d = V16::load(unsafe { dz.get_unchecked(at..at + lanes) }, 0);
+            *d = V::load(unsafe { dz.get_unchecked(at..at + lanes) }, 0);
         }
         let x = base + run;
         for (i, acc) in acc.iter_mut().enumerate() {
@@ -174,8 +193,31 @@ unsafe fn kernel_grad_tile<const T: usize, const NV: usize, const FMA: bool>(
     for (i, acc) in acc.iter().enumerate() {
         for (v, acc) in acc.iter().enumerate() {
             let at = (t0 + i) * n + c0 + lanes * v;
-            acc.add(V16::load(dk, at)).store(dk, at);
+            acc.add(V::load(dk, at)).store(dk, at);
         }
+    }
+}
+
+/// Every tap of run `a` × columns `[c0, c0 + V::LANES * NV)` of `dk += patchesᵀ · dz`: tiles
+/// of `T` taps, then the taps past the last whole tile one by one.
+///
+/// # Safety
+/// As [`kernel_grad_tile`], for every tile.
+#[inline(always)]
+unsafe fn grad_columns<V: Vector, const T: usize, const NV: usize, const FMA: bool>(
+    p: &Patches<'_>,
+    dz: &[f32],
+    n: usize,
+    (a, c0): (usize, usize),
+    dk: &mut [f32],
+) {
+    let mut r0 = 0;
+    while r0 + T <= p.len {
+        unsafe { kernel_grad_tile::<V, T, NV, FMA>(p, dz, n, (a, r0, c0), dk) };
+        r0 += T;
+    }
+    for r0 in r0..p.len {
+        unsafe { kernel_grad_tile::<V, 1, NV, FMA>(p, dz, n, (a, r0, c0), dk) };
     }
 }
 
@@ -189,40 +231,26 @@ multiversion! {
         assert_eq!(dz.len(), m * n, "implicit: dz must be pixels x n");
         assert_eq!(dk.len(), p.taps() * n, "implicit: dk must be taps x n");
         p.check();
-        // SAFETY (each tile): checked above; every tile stays inside its run and the n columns.
+        // SAFETY (each call): checked above; every tile stays inside its run and the n
+        // columns.
         for a in 0..p.runs.len() {
             let mut c0 = 0;
-            while c0 + 64 <= n {
-                let mut r0 = 0;
-                while r0 + 6 <= p.len {
-                    unsafe { kernel_grad_tile::<6, 4, FMA>(p, dz, n, (a, r0, c0), dk) };
-                    r0 += 6;
+            if wide_registers() {
+                while c0 + 64 <= n {
+                    unsafe { grad_columns::<V16, 6, 4, FMA>(p, dz, n, (a, c0), dk) };
+                    c0 += 64;
                 }
-                for r0 in r0..p.len {
-                    unsafe { kernel_grad_tile::<1, 4, FMA>(p, dz, n, (a, r0, c0), dk) };
+                if c0 + 32 <= n {
+                    unsafe { grad_columns::<V16, 12, 2, FMA>(p, dz, n, (a, c0), dk) };
+                    c0 += 32;
                 }
-                c0 += 64;
             }
-            if c0 + 32 <= n {
-                let mut r0 = 0;
-                while r0 + 12 <= p.len {
-                    unsafe { kernel_grad_tile::<12, 2, FMA>(p, dz, n, (a, r0, c0), dk) };
-                    r0 += 12;
-                }
-                for r0 in r0..p.len {
-                    unsafe { kernel_grad_tile::<1, 2, FMA>(p, dz, n, (a, r0, c0), dk) };
-                }
-                c0 += 32;
+            while c0 + 16 <= n {
+                unsafe { grad_columns::<V8, 6, 2, FMA>(p, dz, n, (a, c0), dk) };
+                c0 += 16;
             }
-            if c0 + 16 <= n {
-                let mut r0 = 0;
-                while r0 + 12 <= p.len {
-                    unsafe { kernel_grad_tile::<12, 1, FMA>(p, dz, n, (a, r0, c0), dk) };
-                    r0 += 12;
-                }
-                for r0 in r0..p.len {
-                    unsafe { kernel_grad_tile::<1, 1, FMA>(p, dz, n, (a, r0, c0), dk) };
-                }
+            if c0 + 8 <= n {
+                unsafe { grad_columns::<V8, 6, 1, FMA>(p, dz, n, (a, c0), dk) };
             }
         }
     }

@@ -584,6 +584,7 @@ mod tests {
         super::pool::compact::tests::compact_routing_matches_the_dense_one();
         super::routed::tests::products_match_the_dense_ones();
         super::softmax::tests::matches_reference();
+        super::strided::tests::strided_passes_match_the_oracle();
         super::optim::tests::steps_match_reference();
         super::reduce::tests::sums_match_reference();
         super::separable::tests::matches_reference();

@@ -1,5 +1,5 @@
 //! Strided convolutions (one group, no dilation) on the implicit-GEMM kernels of
-//! [`implicit`](super::implicit): no patch matrix is written.
+//! [`implicit`](super::implicit), under AVX-512: no patch matrix is written.
 //!
 //! * The forward pass and the kernel gradient read each output pixel's patch in place from a
 //!   zero-padded copy of its image: `kh` runs of `kw * c_in` values, one per kernel row.
@@ -30,7 +30,10 @@ const TASK_PIXELS: usize = 256;
 const MIN_TASKS: usize = 32;
 
 /// Whether the forward pass and the kernel gradient of `g` run here: one group, no dilation,
-/// whole 16-lane vectors of output channels, and AVX-512's 32 registers for the tiles.
+/// whole 8-lane vectors of output channels, and AVX-512's 32 registers for the tiles. (Under
+/// AVX2, 8-lane tiles in 16 registers did not beat the im2col path's gemm crate: on a 2-core
+/// Zen 4 with `ANYGPU_CPU_SIMD=avx2`, 2026-12-06, min of 3 `--profile` runs of the modern CNN,
+/// its strided forward passes were 5-18% faster, their gradients up to 24% slower.)
 pub(crate) fn fits(g: &ConvGeometry) -> bool {
     shape_fits(g) && wide_registers()
 }
@@ -274,7 +277,7 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::ops::cpu) mod tests {
     use super::*;
     use crate::ops::cpu::conv_general::tests::{check_passes, Passes};
     use crate::ops::spec::{Conv2dShape, Padding};
@@ -315,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn strided_passes_match_the_oracle() {
+    pub(in crate::ops::cpu) fn strided_passes_match_the_oracle() {
         for (t, s) in cases().into_iter().enumerate() {
             assert!(shape_fits(&ConvGeometry::conv(&s)), "{s:?}");
             let passes = Passes {
