@@ -7,8 +7,8 @@
 //! in registers over every tap, broadcasting each tap's value from the image; the kernel
 //! gradient keeps a tile of taps × output channels over every pixel. Under AVX-512 the tiles
 //! hold up to 24 16-lane vectors (of its 32 registers, see [`super::wide_registers`]), and the
-//! columns past the last 32 go in tiles of 12 8-lane vectors, which is all the tiles hold on
-//! a narrower CPU: the columns come in whole 8-lane vectors.
+//! columns past the last multiple of 32 go in tiles of 12 8-lane vectors, which is all the
+//! tiles hold on a narrower CPU: the columns come in whole 8-lane vectors.
 
 use super::{wide_registers, Vector, V16, V8};
 
@@ -28,21 +28,29 @@ pub(crate) struct Patches<'a> {
 impl Patches<'_> {
     /// Taps per pixel.
     fn taps(&self) -> usize {
-        self.runs.len() * self.len
+        area(self.runs.len(), self.len, "taps")
     }
 
     /// Panics unless every tap of every pixel is inside `img` (the bound the unchecked reads
-    /// rely on, computed without wrapping).
+    /// rely on, computed without wrapping: an overflow panics too).
     fn check(&self) {
-        let last = self.bases.iter().max().and_then(|&b| {
-            let run = self.runs.iter().max()?;
-            b.checked_add(*run)?.checked_add(self.len)
-        });
+        let (Some(&base), Some(&run)) = (self.bases.iter().max(), self.runs.iter().max()) else {
+            return; // no pixel or no tap: nothing is read
+        };
+        let end = base
+            .checked_add(run)
+            .and_then(|at| at.checked_add(self.len));
         assert!(
-            self.len == 0 || last.is_none_or(|end| end <= self.img.len()),
+            self.len == 0 || end.is_some_and(|end| end <= self.img.len()),
             "implicit: a patch reads past its image"
         );
     }
+}
+
+/// `rows * n`, or a panic naming `what` where it overflows.
+fn area(rows: usize, n: usize, what: &str) -> usize {
+    rows.checked_mul(n)
+        .unwrap_or_else(|| panic!("implicit: {what} overflows"))
 }
 
 /// Output columns the tiles cover: whole 8-lane vectors.
@@ -50,12 +58,12 @@ pub(crate) fn fits(c_out: usize) -> bool {
     c_out > 0 && c_out.is_multiple_of(V8::LANES)
 }
 
-/// Pixels `[first, first + R)` (clamped to the pixels) × columns `[c0, c0 + V::LANES * NV)` of `out =
-/// patches · kernel`, pixel `i` into row `rows[i]` of `out` (row `i` without `rows`).
+/// Pixels `[first, first + R)` (clamped to the pixels) × columns `[c0, c0 + V::LANES * NV)` of
+/// `out = patches · kernel`, pixel `i` into row `rows[i]` of `out` (row `i` without `rows`).
 ///
 /// # Safety
-/// `p.check()` passed, `kernel` holds `taps × n` values, `c0 + V::LANES * NV <= n` and every row a
-/// pixel goes to is inside `out`.
+/// `p.check()` passed, `kernel` holds `taps × n` values and `c0 + V::LANES * NV <= n` (the
+/// unchecked reads; `out` is written through checked stores).
 #[inline(always)]
 unsafe fn forward_tile<V: Vector, const R: usize, const NV: usize, const FMA: bool>(
     p: &Patches<'_>,
@@ -115,7 +123,7 @@ unsafe fn forward_columns<V: Vector, const NV: usize, const FMA: bool>(
 }
 
 multiversion! {
-    /// `out = patches · kernel`, `kernel` `[taps, n]` row-major, `n` a multiple of 16 (see
+    /// `out = patches · kernel`, `kernel` `[taps, n]` row-major, `n` a multiple of 8 (see
     /// [`fits`]): `out` is `[pixels, n]`, or with `rows`, pixel `i` goes to row `rows[i]` of
     /// `out` (rows of `n`; the others are left alone).
     pub(crate) fn forward<const FMA: bool>(
@@ -128,13 +136,13 @@ multiversion! {
         let m = p.bases.len();
         assert!(fits(n), "implicit: {n} output channels are not whole vectors");
         match rows {
-            None => assert_eq!(out.len(), m * n, "implicit: out must be pixels x n"),
+            None => assert_eq!(out.len(), area(m, n, "out"), "implicit: out must be pixels x n"),
             Some(rows) => assert!(
                 rows.len() == m && rows.iter().all(|&r| r < out.len() / n),
                 "implicit: a pixel's row is outside out"
             ),
         }
-        assert!(kernel.len() >= p.taps() * n, "implicit: kernel too short");
+        assert!(kernel.len() >= area(p.taps(), n, "kernel"), "implicit: kernel too short");
         p.check();
         // SAFETY (each call): checked above; every tile stays inside the n columns.
         let mut c0 = 0;
@@ -162,8 +170,8 @@ multiversion! {
 /// patchesᵀ · dz`.
 ///
 /// # Safety
-/// `p.check()` passed, `dz` holds `pixels × n` values, `dk` `taps × n`, `c0 + V::LANES * NV <= n`
-/// and `r0 + T <= p.len`.
+/// `p.check()` passed, `dz` holds `pixels × n` values, `c0 + V::LANES * NV <= n` and `r0 + T <=
+/// p.len` (the unchecked reads; `dk` is read and written through checked loads and stores).
 #[inline(always)]
 unsafe fn kernel_grad_tile<V: Vector, const T: usize, const NV: usize, const FMA: bool>(
     p: &Patches<'_>,
@@ -223,13 +231,18 @@ unsafe fn grad_columns<V: Vector, const T: usize, const NV: usize, const FMA: bo
 
 multiversion! {
     /// `dk += patchesᵀ · dz`: `dz` is `[pixels, n]`, `dk` `[taps, n]` row-major, `n` a multiple
-    /// of 16 (see [`fits`]). Each entry adds its pixels in order, so the bits depend on the
+    /// of 8 (see [`fits`]). Each entry adds its pixels in order, so the bits depend on the
     /// operands alone.
-    pub(crate) fn kernel_grad<const FMA: bool>(p: &Patches<'_>, dz: &[f32], n: usize, dk: &mut [f32]) {
+    pub(crate) fn kernel_grad<const FMA: bool>(
+        p: &Patches<'_>,
+        dz: &[f32],
+        n: usize,
+        dk: &mut [f32],
+    ) {
         let m = p.bases.len();
         assert!(fits(n), "implicit: {n} output channels are not whole vectors");
-        assert_eq!(dz.len(), m * n, "implicit: dz must be pixels x n");
-        assert_eq!(dk.len(), p.taps() * n, "implicit: dk must be taps x n");
+        assert_eq!(dz.len(), area(m, n, "dz"), "implicit: dz must be pixels x n");
+        assert_eq!(dk.len(), area(p.taps(), n, "dk"), "implicit: dk must be taps x n");
         p.check();
         // SAFETY (each call): checked above; every tile stays inside its run and the n
         // columns.
@@ -253,5 +266,36 @@ multiversion! {
                 unsafe { grad_columns::<V8, 6, 1, FMA>(p, dz, n, (a, c0), dk) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "reads past its image")]
+    fn a_patch_whose_end_overflows_is_refused() {
+        let img = [1.0f32; 8];
+        let p = Patches {
+            img: &img,
+            bases: &[usize::MAX],
+            runs: &[0],
+            len: 1,
+        };
+        forward(&p, &[1.0; 8], 8, &mut [0.0; 8], None);
+    }
+
+    #[test]
+    #[should_panic(expected = "dz overflows")]
+    fn operand_sizes_that_overflow_are_refused() {
+        let img = [1.0f32; 8];
+        let p = Patches {
+            img: &img,
+            bases: &[0; 8],
+            runs: &[0],
+            len: 8,
+        };
+        kernel_grad(&p, &[], 1 << 61, &mut []);
     }
 }

@@ -3,12 +3,12 @@
 //!
 //! * The forward pass and the kernel gradient read each output pixel's patch in place from a
 //!   zero-padded copy of its image: `kh` runs of `kw * c_in` values, one per kernel row.
-//! * The input gradient splits the input into its `sh × sw` phases (the pixels whose row is
-//!   `r ≡ p (mod sh)` and column `c ≡ q (mod sw)`): the taps that reach a phase are the
-//!   kernel's rows `p, p + sh, ...` and columns `q, q + sw, ...`, so each phase is a stride-1
-//!   correlation of `dz` (zero-padded) with that sub-kernel, transposed and flipped. Every
-//!   product is over the taps that are there: the zeros an upsampled `dz` would hold between
-//!   its pixels are never multiplied, and nothing is scattered back (col2im).
+//! * The input gradient splits the input into its `sh × sw` phases (the pixels whose row `r`
+//!   and column `c` have `r + pt ≡ p (mod sh)` and `c + pl ≡ q (mod sw)`): the taps that reach
+//!   a phase are the kernel's rows `p, p + sh, ...` and columns `q, q + sw, ...`, so each phase
+//!   is a stride-1 correlation of `dz` (zero-padded) with that sub-kernel, transposed and
+//!   flipped. Every product is over the taps that are there: the zeros an upsampled `dz` would
+//!   hold between its pixels are never multiplied, and nothing is scattered back (col2im).
 //!
 //! A task takes a few images: its padded copies stay in L2 and its products have a few hundred
 //! rows. The kernel gradient's tasks are summed in a fixed order, so the bits depend on the
@@ -47,6 +47,7 @@ pub(crate) fn fits_input_grad(g: &ConvGeometry) -> bool {
 /// [`fits`] without the CPU: what the kernels can compute at all (at any speed).
 fn shape_fits(g: &ConvGeometry) -> bool {
     g.cig == g.ci
+        && g.kh * g.kw > 0
         && g.dh == 1
         && g.dw == 1
         && g.h * g.w * g.ci > 0
@@ -206,7 +207,7 @@ impl Phase {
     fn span(p: usize, s: usize, pad: usize, len: usize) -> std::ops::Range<usize> {
         let first = pad.saturating_sub(p).div_ceil(s);
         let end = (len + pad).saturating_sub(p).div_ceil(s);
-        first..end.max(first)
+        first..end
     }
 }
 
@@ -220,7 +221,8 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
     );
     let phases = Phase::all(kernel, g);
     // dz padded with the rows and columns a phase's taps reach above and left of it (up to
-    // `ceil(kh / sh) - 1`), and below and right as far as the last phase pixel reads.
+    // `ceil(kh / sh) - 1`), and below and right as far as the last phase pixel reads (or dz's
+    // own last row and column, if further: every row of dz must fit).
     let (top, left) = ((g.kh - 1) / g.sh, (g.kw - 1) / g.sw);
     let (hd, wd) = (
         top + g.oh.max((g.h - 1 + g.pt) / g.sh + 1),
@@ -239,20 +241,13 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
                         Phase::span(phase.pr, g.sh, g.pt, g.h),
                         Phase::span(phase.pc, g.sw, g.pl, g.w),
                     );
-                    let mut bases = Vec::with_capacity(count * rows_q.len() * cols_q.len());
-                    let mut rows = Vec::with_capacity(bases.capacity());
+                    let pixels = count * rows_q.len() * cols_q.len();
+                    let (mut rows, mut bases) = (Vec::with_capacity(pixels), Vec::new());
                     for image in 0..count {
                         for q in rows_q.clone() {
                             let r = q * g.sh + phase.pr - g.pt;
                             for q2 in cols_q.clone() {
-                                let c = q2 * g.sw + phase.pc - g.pl;
-                                rows.push((image * g.h + r) * g.w + c);
-                                // The patch's top-left dz pixel is (q - (ku - 1), q2 - (kv - 1)).
-                                let (pi, pj) = (
-                                    q + top + 1 - phase.ku.max(1),
-                                    q2 + left + 1 - phase.kv.max(1),
-                                );
-                                bases.push(((image * hd + pi) * wd + pj) * g.co);
+                                rows.push((image * g.h + r) * g.w + q2 * g.sw + phase.pc - g.pl);
                             }
                         }
                     }
@@ -262,6 +257,17 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
                             dx[row * g.ci..][..g.ci].fill(0.0);
                         }
                         continue;
+                    }
+                    // A pixel's patch starts at dz's pixel (q - (ku - 1), q2 - (kv - 1)).
+                    bases.reserve(pixels);
+                    for image in 0..count {
+                        for q in rows_q.clone() {
+                            let pi = q + top + 1 - phase.ku;
+                            for q2 in cols_q.clone() {
+                                let pj = q2 + left + 1 - phase.kv;
+                                bases.push(((image * hd + pi) * wd + pj) * g.co);
+                            }
+                        }
                     }
                     let runs: Vec<usize> = (0..phase.ku).map(|u| u * wd * g.co).collect();
                     let p = Patches {
@@ -282,7 +288,7 @@ pub(in crate::ops::cpu) mod tests {
     use crate::ops::cpu::conv_general::tests::{check_passes, Passes};
     use crate::ops::spec::{Conv2dShape, Padding};
 
-    /// Every tile width (16, 32, 64 columns and their sums), pixel counts that leave a last
+    /// Every tile width (8, 16, 32, 64 columns and their sums), pixel counts that leave a last
     /// tile short, runs that leave taps past the last whole tile (`kw * c_in` not a multiple
     /// of 6 or 12), kernels wider than tall, strides along one axis and past the kernel (a
     /// phase no tap reaches), TensorFlow's asymmetric 'same' padding on odd and even sizes,
@@ -300,6 +306,9 @@ pub(in crate::ops::cpu) mod tests {
             (130, 6, 6, 2, 32, (3, 3), [2, 2], Padding::Same),
             (70, 5, 4, 16, 16, (1, 1), [2, 2], Padding::Valid),
             (3, 4, 4, 32, 16, (1, 3), [3, 3], Padding::Same),
+            (2, 9, 6, 24, 40, (5, 5), [1, 2], Padding::Same),
+            (3, 7, 8, 40, 24, (4, 3), [3, 2], Padding::Valid),
+            (2, 6, 7, 8, 8, (3, 3), [2, 2], Padding::Same),
         ] {
             v.push(Conv2dShape {
                 n,
