@@ -32,7 +32,7 @@ use super::gemm::{
     gemm_strided, small_k_bias_act, small_k_kernel_grad, SmallK, SmallKGrad, Strided, SMALL_K,
 };
 use super::reduce::sum_rows_leaf;
-use super::{add_parts, conv_general, ordered_parts, winograd, with_scratch};
+use super::{add_parts, conv_general, ordered_parts, padded_row, winograd, with_scratch};
 
 /// Patch-matrix bytes a task aims for (fits in L2 next to the kernel and the output block).
 const COL_BYTES: usize = 192 * 1024;
@@ -180,21 +180,10 @@ impl Geometry {
         let (img, oi) = (r / self.oh, r % self.oh);
         let (w, c) = (self.w, self.c_in);
         let row_len = (self.ow + self.kw - 1) * c;
-        // Input columns [0, w) land at padded columns [pl, pl + w), clipped to the row.
-        let (dst0, src_len) = (
-            self.pl * c,
-            (w * c).min(row_len.saturating_sub(self.pl * c)),
-        );
         for (a, prow) in pad.chunks_exact_mut(row_len).enumerate() {
-            match (oi + a).checked_sub(self.pt).filter(|&ii| ii < self.h) {
-                None => prow.fill(0.0),
-                Some(ii) => {
-                    let src = &x[((img * self.h) + ii) * w * c..][..src_len];
-                    prow[..dst0].fill(0.0);
-                    prow[dst0..dst0 + src_len].copy_from_slice(src);
-                    prow[dst0 + src_len..].fill(0.0);
-                }
-            }
+            let ii = (oi + a).checked_sub(self.pt).filter(|&ii| ii < self.h);
+            let src = ii.map(|ii| &x[((img * self.h) + ii) * w * c..][..w * c]);
+            padded_row(src, self.pl * c, prow);
         }
     }
 

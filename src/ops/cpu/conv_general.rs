@@ -88,10 +88,6 @@ multiversion! {
     }
 }
 
-fn image_lens(g: &ConvGeometry) -> (usize, usize) {
-    (g.h * g.w * g.ci, g.oh * g.ow * g.co)
-}
-
 /// Patch-matrix rows a task aims for: below ~256 the gemm crate's per-call packing and its
 /// 64-row micro-tiles leave much of a product idle (a 7×7 output is 49 rows an image).
 const TASK_PIXELS: usize = 256;
@@ -125,7 +121,7 @@ pub(crate) fn forward(
     g: &ConvGeometry,
     act: Activation,
 ) {
-    let (image_in, image_out) = image_lens(g);
+    let (image_in, image_out) = g.image_lens();
     if y.is_empty() {
         return;
     }
@@ -194,7 +190,7 @@ fn grouped_image_forward(x: &[f32], kernel: &[f32], y: &mut [f32], g: &ConvGeome
 
 /// The input gradient `dx` from `dz` (w.r.t. the pre-activation output).
 pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &ConvGeometry) {
-    let (image_in, image_out) = image_lens(g);
+    let (image_in, image_out) = g.image_lens();
     if image_in == 0 || image_out == 0 || kernel.is_empty() {
         dx.fill(0.0);
         return;
@@ -258,7 +254,7 @@ fn grouped_image_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &
 
 /// The kernel gradient `dk` `[kh, kw, cig, co]` from `x` and `dz`, summed over the images.
 pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {
-    let (image_in, image_out) = image_lens(g);
+    let (image_in, image_out) = g.image_lens();
     if dk.is_empty() {
         return;
     }

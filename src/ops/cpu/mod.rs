@@ -379,6 +379,20 @@ thread_local! {
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
+/// Fills `dst` with one row of a zero-padded image: `left` zeros, then `src` (cut where `dst`
+/// ends), then zeros; all zeros for a row of padding (`None`).
+pub(crate) fn padded_row(src: Option<&[f32]>, left: usize, dst: &mut [f32]) {
+    let Some(src) = src else {
+        dst.fill(0.0);
+        return;
+    };
+    let left = left.min(dst.len());
+    let len = src.len().min(dst.len() - left);
+    dst[..left].fill(0.0);
+    dst[left..left + len].copy_from_slice(&src[..len]);
+    dst[left + len..].fill(0.0);
+}
+
 /// Runs `f` on a scratch slice of `len` elements (contents unspecified) borrowed from the
 /// calling thread's pool. Nested calls get a fresh allocation instead of panicking.
 pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use super::elementwise::bias_act_rows;
 use super::implicit::{self, Patches};
-use super::{ordered_sums, wide_registers, with_scratch};
+use super::{ordered_sums, padded_row, wide_registers, with_scratch};
 use crate::ops::spec::{Activation, ConvGeometry};
 
 /// Output pixels a task aims for (rows of its products).
@@ -50,7 +50,7 @@ fn shape_fits(g: &ConvGeometry) -> bool {
         && g.kh * g.kw > 0
         && g.dh == 1
         && g.dw == 1
-        && g.h * g.w * g.ci > 0
+        && g.image_lens().0 > 0
         && g.oh * g.ow > 0
         && implicit::fits(g.co)
 }
@@ -76,17 +76,10 @@ fn pad_images(
     (hp, wp, top, left): (usize, usize, usize, usize),
     dst: &mut [f32],
 ) {
-    let left = left.min(wp);
-    let cols = w.min(wp - left);
     for (src, dst) in src.chunks(h * w * c).zip(dst.chunks_mut(hp * wp * c)) {
         for (pr, dst) in dst.chunks_mut(wp * c).enumerate() {
-            let Some(r) = pr.checked_sub(top).filter(|&r| r < h) else {
-                dst.fill(0.0);
-                continue;
-            };
-            dst[..left * c].fill(0.0);
-            dst[left * c..(left + cols) * c].copy_from_slice(&src[r * w * c..][..cols * c]);
-            dst[(left + cols) * c..].fill(0.0);
+            let row = pr.checked_sub(top).filter(|&r| r < h);
+            padded_row(row.map(|r| &src[r * w * c..][..w * c]), left * c, dst);
         }
     }
 }
@@ -95,7 +88,7 @@ fn pad_images(
 /// in scratch memory.
 fn with_patches<R>(x: &[f32], g: &ConvGeometry, f: impl FnOnce(&Patches<'_>) -> R) -> R {
     let (hp, wp) = padded_hw(g);
-    let count = x.len() / (g.h * g.w * g.ci);
+    let count = x.len() / g.image_lens().0;
     let mut bases = Vec::with_capacity(count * g.oh * g.ow);
     for image in 0..count {
         for i in 0..g.oh {
@@ -127,7 +120,7 @@ pub(crate) fn forward(
 ) {
     assert!(shape_fits(g), "strided::forward: {g:?} does not fit");
     let images = images_per_task(g);
-    let (image_in, image_out) = (g.h * g.w * g.ci, g.oh * g.ow * g.co);
+    let (image_in, image_out) = g.image_lens();
     y.par_chunks_mut(image_out * images)
         .zip(x.par_chunks(image_in * images))
         .for_each(|(y, x)| {
@@ -144,7 +137,7 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         "strided::backward_kernel: {g:?} does not fit"
     );
     let images = images_per_task(g);
-    let (image_in, image_out) = (g.h * g.w * g.ci, g.oh * g.ow * g.co);
+    let (image_in, image_out) = g.image_lens();
     let total = ordered_sums(g.n.div_ceil(images), dk.len(), |acc: &mut [f32], t| {
         let first = t * images;
         let count = images.min(g.n - first);
@@ -229,7 +222,7 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
         left + g.ow.max((g.w - 1 + g.pl) / g.sw + 1),
     );
     let images = images_per_task(g);
-    let (image_in, image_out) = (g.h * g.w * g.ci, g.oh * g.ow * g.co);
+    let (image_in, image_out) = g.image_lens();
     dx.par_chunks_mut(image_in * images)
         .zip(dz.par_chunks(image_out * images))
         .for_each(|(dx, dz)| {

@@ -442,6 +442,11 @@ impl ConvGeometry {
         ConvGeometry::new(&s.as_conv(), 1, s.multiplier)
     }
 
+    /// Floats in one input image and in one output image.
+    pub(crate) fn image_lens(&self) -> (usize, usize) {
+        (self.h * self.w * self.ci, self.oh * self.ow * self.co)
+    }
+
     /// Kernel taps per output channel, `kh * kw * cig`.
     pub(crate) fn taps(&self) -> usize {
         self.kh * self.kw * self.cig
