@@ -90,7 +90,8 @@ multiversion! {
             p1.fill(0.0);
             p2.fill(0.0);
             for part in run.chunks(len) {
-                for (((p1, p2), &x), &shift) in p1.iter_mut().zip(p2.iter_mut()).zip(part).zip(shift) {
+                let terms = p1.iter_mut().zip(p2.iter_mut()).zip(part.iter().zip(shift));
+                for ((p1, p2), (&x, &shift)) in terms {
                     let d = x - shift;
                     *p1 += d;
                     *p2 += d * d;
@@ -111,8 +112,8 @@ fn add_run((p1, p2): (&[f32], &[f32]), (s1, s2): (&mut [f64], &mut [f64])) {
 }
 
 /// `(mean, var)` per channel of `x` (`[rows, c]`, rows > 0): biased variance, in one pass of
-/// sums of `x - x[0]` and its square ([`shifted_sums`]) (the shift by the first row keeps the subtraction
-/// `E[d²] - E[d]²` from cancelling when the mean is large against the spread).
+/// sums of `x - x[0]` and its square ([`shifted_sums`]; the shift by the first row keeps the
+/// subtraction `E[d²] - E[d]²` from cancelling when the mean is large against the spread).
 pub(crate) fn batch_norm_moments(x: &[f32], rows: usize, c: usize) -> (Vec<f32>, Vec<f32>) {
     assert!(
         x.len() >= rows * c,
