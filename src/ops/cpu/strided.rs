@@ -234,33 +234,30 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
                         Phase::span(phase.pr, g.sh, g.pt, g.h),
                         Phase::span(phase.pc, g.sw, g.pl, g.w),
                     );
+                    let tapped = phase.ku * phase.kv > 0;
                     let pixels = count * rows_q.len() * cols_q.len();
-                    let (mut rows, mut bases) = (Vec::with_capacity(pixels), Vec::new());
+                    let mut rows = Vec::with_capacity(pixels);
+                    let mut bases = Vec::with_capacity(if tapped { pixels } else { 0 });
                     for image in 0..count {
                         for q in rows_q.clone() {
                             let r = q * g.sh + phase.pr - g.pt;
+                            // A pixel's patch starts at dz's pixel (q - (ku - 1), q2 - (kv - 1)).
+                            let pi = q + top + 1 - phase.ku;
                             for q2 in cols_q.clone() {
                                 rows.push((image * g.h + r) * g.w + q2 * g.sw + phase.pc - g.pl);
+                                if tapped {
+                                    let pj = q2 + left + 1 - phase.kv;
+                                    bases.push(((image * hd + pi) * wd + pj) * g.co);
+                                }
                             }
                         }
                     }
-                    if phase.ku * phase.kv == 0 {
+                    if !tapped {
                         // No tap reaches these pixels.
                         for &row in &rows {
                             dx[row * g.ci..][..g.ci].fill(0.0);
                         }
                         continue;
-                    }
-                    // A pixel's patch starts at dz's pixel (q - (ku - 1), q2 - (kv - 1)).
-                    bases.reserve(pixels);
-                    for image in 0..count {
-                        for q in rows_q.clone() {
-                            let pi = q + top + 1 - phase.ku;
-                            for q2 in cols_q.clone() {
-                                let pj = q2 + left + 1 - phase.kv;
-                                bases.push(((image * hd + pi) * wd + pj) * g.co);
-                            }
-                        }
                     }
                     let runs: Vec<usize> = (0..phase.ku).map(|u| u * wd * g.co).collect();
                     let p = Patches {
