@@ -1,7 +1,7 @@
 """Convolutions beyond stride 1: Conv2D with strides, dilation, rectangular kernels and no bias;
 DepthwiseConv2D (multiplier 1 and 2, strides); SeparableConv2D with strides and a multiplier.
 Odd and even input sizes, so that 'same' pads asymmetrically (TF puts the odd zero after).
-And stride-1 3×3 Conv2D between 16 channels or more, which CPU:0 runs on Winograd's F(2×2, 3×3)."""
+And stride-1 3×3 Conv2D between 16 channels or more, which CPU:0 runs on Winograd's algorithm."""
 
 from golden._common import layer_case, values
 import tensorflow as tf

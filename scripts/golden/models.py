@@ -1,5 +1,5 @@
 """A whole model rather than one layer: the modern CNN's blocks (`--model modern`, scaled down):
-Conv2D without bias (16 channels each way, so CPU:0 takes Winograd's F(2×2, 3×3)),
+Conv2D without bias (16 channels each way, so CPU:0 takes Winograd's algorithm),
 BatchNormalization, ReLU, a strided Conv2D, global average pooling and a softmax Dense, under
 sparse categorical cross-entropy. One training pass (`training=True`): the loss, every trainable
 weight's gradient, and the moving statistics after it. Checks how the layers compose (the

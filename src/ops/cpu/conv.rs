@@ -12,8 +12,8 @@
 //! * otherwise the patches are gathered into a per-thread scratch matrix (im2col) for the gemm
 //!   crate.
 //!
-//! A 3×3 kernel between at least 16 channels each way takes Winograd's F(2×2, 3×3) instead
-//! (`winograd.rs`), in all three passes.
+//! A 3×3 kernel between at least 16 channels each way takes Winograd's minimal filtering
+//! instead (`winograd/`: F(4×4, 3×3) or F(2×2, 3×3) by the image size), in all three passes.
 //!
 //! Backward-input runs the same machinery on `dz` with the kernel flipped spatially and
 //! transposed in its channels and the complementary padding (`kh - 1 - pad_top`, ...), except
@@ -39,10 +39,10 @@ const COL_BYTES: usize = 192 * 1024;
 
 /// Output pixels a task aims for when no patch matrix is built (1×1 kernels).
 const DIRECT_PIXELS: usize = 2048;
-/// Channels (in and out) from which a 3×3 correlation takes Winograd's F(2×2, 3×3). At 16 → 16
-/// channels on 28×28 images it runs as fast as the patch matrix; from 32 channels on it is
-/// 1.1-1.9× faster (forward, either gradient; see docs/performance.md, "The modern CNN on
-/// CPU:0").
+/// Channels (in and out) from which a 3×3 correlation takes Winograd's algorithm. Measured with
+/// F(2×2, 3×3): at 16 → 16 channels on 28×28 images it ran as fast as the patch matrix; from 32
+/// channels on it was 1.1-1.9× faster (forward, either gradient; see docs/performance.md, "The
+/// modern CNN on CPU:0").
 const WINOGRAD_MIN_CHANNELS: usize = 16;
 /// Tasks a kernel-gradient reduction is cut into, at least, when the batch allows it.
 const REDUCTION_TASKS: usize = 64;
@@ -130,8 +130,10 @@ impl Geometry {
             && self.ow == self.w
     }
 
-    /// This correlation for Winograd's F(2×2, 3×3) ([`winograd`]), when it pays: a 3×3 kernel
-    /// between at least [`WINOGRAD_MIN_CHANNELS`] input and output channels.
+    /// This correlation for Winograd's algorithm ([`winograd`]), when it pays: a 3×3 kernel
+    /// between at least [`WINOGRAD_MIN_CHANNELS`] input and output channels. Its tile is the
+    /// forward pass's and the input gradient's ([`winograd::Tile::for_output`]); the kernel
+    /// gradient picks its own.
     fn winograd(&self) -> Option<winograd::Correlation> {
         let fits = self.kh == 3
             && self.kw == 3
@@ -147,6 +149,7 @@ impl Geometry {
             c_out: self.c_out,
             pt: self.pt,
             pl: self.pl,
+            tile: winograd::Tile::for_output(self.oh, self.ow),
         })
     }
 
@@ -677,11 +680,15 @@ fn weight_grads(
         return;
     }
     let k = g.patch_len();
-    // Under Winograd a task takes whole rows of 2×2 tiles (`per_task` of them), and the
+    // Under Winograd a task takes whole rows of tiles (`per_task` of them), and the
     // partial sums are the gradient w.r.t. the transformed kernel.
-    let wino = g
-        .winograd()
-        .map(|c| (c, c.grad_rows_per_task(REDUCTION_TASKS)));
+    let wino = g.winograd().map(|c| {
+        let c = winograd::Correlation {
+            tile: winograd::Tile::for_kernel_grad(c.oh, c.ow),
+            ..c
+        };
+        (c, c.grad_rows_per_task(REDUCTION_TASKS))
+    });
     // Tasks cut independently of the thread count: each sums its rows into its own partial,
     // so the cut decides the rounding, which must be the same on every run and machine.
     let rows_per_task = g.rows_per_task(REDUCTION_TASKS);
@@ -698,7 +705,7 @@ fn weight_grads(
         _ => (t * rows_per_task, ((t + 1) * rows_per_task).min(g.n * g.oh)),
     };
     let partial_len = match wino {
-        Some((c, _)) => 16 * c.c_in * c.c_out,
+        Some((c, _)) => c.transformed_kernel_len(),
         None => dk.len(),
     };
     // A small patch (the 3×3 first layer on one channel) is read in place from padded input
@@ -766,7 +773,7 @@ fn weight_grads(
     let (parts, bias_parts): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
     let total = add_parts(parts).unwrap_or_else(|| vec![0.0; partial_len]);
     match wino {
-        Some((c, _)) => winograd::kernel_from_grad(&total, dk, c.c_in * c.c_out),
+        Some((c, _)) => winograd::kernel_from_grad(&total, dk, &c),
         None => dk.copy_from_slice(&total),
     }
     if let Some(db) = db {
@@ -838,7 +845,7 @@ pub(super) mod tests {
             (1, 5, 6, 1, 40, 3, 3, Padding::Valid),
             (3, 5, 5, 3, 40, 1, 1, Padding::Same),
             (1, 7, 5, 13, 9, 3, 3, Padding::Same),
-            // Winograd's F(2×2, 3×3) (3×3, ≥ 16 channels each way): odd and even sizes, tiles
+            // Winograd's algorithm (3×3, ≥ 16 channels each way): odd and even sizes, tiles
             // sticking out of the output, channels not a multiple of 16, fewer input than
             // output channels (its input gradient too), a 1×1 image, 'valid' padding.
             (2, 9, 11, 16, 24, 3, 3, Padding::Same),
@@ -917,6 +924,57 @@ pub(super) mod tests {
                 assert_close(&dk, &expected, 1e-4, &format!("{what}: dk"));
                 let expected = r::sum_rows(&dz64, s.output_len() / s.c_out.max(1), s.c_out);
                 assert_close(&db, &expected, 1e-4, &format!("{what}: db"));
+            }
+        }
+    }
+
+    #[test]
+    fn both_winograd_tiles_match_reference() {
+        // Each tile where the size rules would pick the other too: F(4×4, 3×3) on odd sizes,
+        // 'valid' padding and 1-2 output rows, F(2×2, 3×3) on whole 4×4 tiles; forward pass
+        // and kernel gradient (the input gradient is a forward pass of `dz`).
+        for (t, (n, h, w, c_in, c_out, padding)) in [
+            (2, 9, 11, 16, 24, Padding::Same),
+            (1, 8, 7, 24, 40, Padding::Valid),
+            (2, 12, 8, 16, 32, Padding::Same),
+            (1, 3, 4, 17, 16, Padding::Valid),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let s = Conv2dShape {
+                n,
+                h,
+                w,
+                c_in,
+                c_out,
+                kh: 3,
+                kw: 3,
+                padding,
+                strides: [1, 1],
+                dilation: [1, 1],
+            };
+            let seed = 100 * t as u64;
+            let x = random_vec(s.input_len(), seed + 1);
+            let k = random_vec(s.kernel_len(), seed + 2);
+            let dz = random_vec(s.output_len(), seed + 3);
+            let c = Geometry::forward(&s).winograd().expect("a Winograd shape");
+            for tile in [winograd::Tile::F2, winograd::Tile::F4] {
+                let c = winograd::Correlation { tile, ..c };
+                let what = format!("{tile:?} on {s:?}");
+                let mut y = vec![f32::NAN; s.output_len()];
+                winograd::correlate(&x, &k, None, &mut y, &c, Activation::Linear);
+                let expected =
+                    r::conv2d_forward(&to_f64(&x), &to_f64(&k), None, &s, Activation::Linear);
+                assert_close(&y, &expected, 1e-4, &format!("{what}: forward"));
+                let rows = (0, c.tile_rows());
+                let mut du = vec![0.0; c.transformed_kernel_len()];
+                let mut scratch = vec![f32::NAN; c.scratch_len(rows)];
+                winograd::add_kernel_grad(&x, &dz, &c, rows, &mut du, &mut scratch);
+                let mut dk = vec![f32::NAN; s.kernel_len()];
+                winograd::kernel_from_grad(&du, &mut dk, &c);
+                let expected = r::conv2d_backward_kernel(&to_f64(&x), &to_f64(&dz), &s);
+                assert_close(&dk, &expected, 1e-4, &format!("{what}: kernel gradient"));
             }
         }
     }

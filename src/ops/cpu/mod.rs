@@ -463,7 +463,7 @@ mod ordered_tests {
             }),
             "conv2d_backward_kernel",
         );
-        // Winograd's F(2×2, 3×3) (4 images: a cut by the thread count would vary), then a
+        // Winograd's algorithm (4 images: a cut by the thread count would vary), then a
         // strided convolution (several images a task), each pass.
         let wino = Conv2dShape {
             n: 4,

@@ -1,0 +1,566 @@
+//! Winograd's minimal filtering for the stride-1 3×3 correlations of `conv.rs`: a `Conv2D`'s
+//! forward pass and its input gradient, and the kernel gradient's sums (Lavin and Gray, "Fast
+//! Algorithms for Convolutional Neural Networks", CVPR 2016). F(4×4, 3×3) computes each 4×4
+//! block of outputs from a 6×6 block of input in 36 multiplications per channel pair instead
+//! of 144; F(2×2, 3×3), each 2×2 block from 4×4 in 16 instead of 36. [`Tile`] picks one by
+//! the image size.
+//!
+//! With `d` an input tile and `g` the 3×3 kernel, the tile's output is `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d
+//! B)] A` ([`tiles`]). Summed over the input channels, the element-wise product is one matrix
+//! product per tile element ξ: `M_ξ[tiles, c_out] = V_ξ[tiles, c_in] · U_ξ[c_in, c_out]`,
+//! which the gemm crate runs. A task takes a few rows of tiles: it transforms their input into
+//! `V`, multiplies, and transforms `M` into its output rows, in per-thread scratch memory
+//! small enough to stay in L2.
+//!
+//! The kernel gradient is the same bilinear form read the other way: `dU_ξ = Σ_t V_ξ[t]ᵀ
+//! Z_ξ[t]` with `Z = A dz Aᵀ` each tile's output gradient, then `dk = Gᵀ dU G`.
+//!
+//! The transforms round more than the direct sum does, F(4×4, 3×3)'s most (see [`tiles`]):
+//! within a few millionths of the outputs' magnitude, inside the tests' 1e-4 of the f64
+//! reference. Tasks are cut by the shape alone, so a result is the same bits with any number
+//! of threads.
+
+mod tiles;
+
+use rayon::prelude::*;
+
+use crate::ops::spec::Activation;
+
+use super::elementwise::bias_act_rows;
+use super::gemm::{gemm_strided, Strided};
+use super::with_scratch;
+use tiles::{f2, f4, Map};
+
+/// Scratch floats a task aims for (the transformed input and output, or output gradient, of
+/// its tiles), about 512 KiB.
+const TASK_FLOATS: usize = 128 * 1024;
+
+/// Tasks a forward pass is cut into, at least, when the batch allows it: two for each of 16
+/// cores.
+const MIN_TASKS: usize = 32;
+
+/// Tiles a kernel-gradient task takes at least: the inner dimension of its products, which
+/// add into a `[ξ, c_in, c_out]` partial sum that every task reads and writes whole (512 KiB
+/// at 64 → 128 channels and 16 elements ξ). At 32 tiles a task (F(2×2, 3×3) on 7×7 images),
+/// that traffic cost a third of the products' time.
+const MIN_GRAD_TILES: usize = 128;
+
+/// Kernel-gradient tasks, at least, where the batch has the tile rows: [`MIN_GRAD_TILES`]
+/// yields to it, so that a small batch (32 images of 7×7 would be 4 tasks) still keeps 16
+/// cores busy.
+const MIN_GRAD_TASKS: usize = 16;
+
+/// Channels a transform works on at once: one AVX-512 vector.
+const CHUNK: usize = 16;
+
+/// Winograd's tile: the side of the block of outputs one tile computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tile {
+    /// F(2×2, 3×3): 4×4 input tiles, 16 products per 4 outputs.
+    F2,
+    /// F(4×4, 3×3): 6×6 input tiles, 36 products per 16 outputs.
+    F4,
+}
+
+impl Tile {
+    /// The tile with fewer products over an `oh × ow` output (tiles sticking out of it count
+    /// whole), for a forward pass or an input gradient; F(2×2, 3×3) where they tie, as it
+    /// rounds less. F(4×4, 3×3) from 3×3 outputs on, except 1 or 2 rows or columns: at 7×7 it
+    /// takes 144 products per image and channel pair against 256, at 14×14 576 against 784.
+    pub(super) fn for_output(oh: usize, ow: usize) -> Tile {
+        if Tile::F4.products(oh, ow) < Tile::F2.products(oh, ow) {
+            Tile::F4
+        } else {
+            Tile::F2
+        }
+    }
+
+    /// The tile for a kernel gradient over an `oh × ow` output: F(4×4, 3×3) only where its
+    /// tiles cover the output as tightly as F(2×2, 3×3)'s, so that it takes 9/16 of the
+    /// products (at 7×7, not at 14×14). Its partial sums hold 36 values per channel pair
+    /// against 16, and their traffic outweighed a smaller saving: at 14×14 32 → 64, batch 128,
+    /// F(4×4, 3×3) took 5.2-6.2 ms against 4.7-5.5 (two threads, alternating), at 7×7 64 → 128
+    /// 3.5-4.0 against 4.6-4.8.
+    pub(super) fn for_kernel_grad(oh: usize, ow: usize) -> Tile {
+        if 16 * Tile::F4.products(oh, ow) <= 9 * Tile::F2.products(oh, ow) {
+            Tile::F4
+        } else {
+            Tile::F2
+        }
+    }
+
+    /// Products per channel pair over an `oh × ow` output.
+    fn products(self, oh: usize, ow: usize) -> usize {
+        oh.div_ceil(self.side()) * ow.div_ceil(self.side()) * self.elements()
+    }
+
+    /// Outputs along a tile's side.
+    fn side(self) -> usize {
+        match self {
+            Tile::F2 => 2,
+            Tile::F4 => 4,
+        }
+    }
+
+    /// Elements ξ of a transformed tile: its products per channel pair.
+    pub(super) fn elements(self) -> usize {
+        (self.side() + 2).pow(2)
+    }
+}
+
+/// A stride-1 3×3 correlation `out[i, j, :] = Σ_{a,b} in[i + a - pt, j + b - pl, :] · K[a, b]`
+/// between `[n, h, w, c_in]` and `[n, oh, ow, c_out]`, out-of-range inputs reading as zero.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Correlation {
+    /// Batch.
+    pub n: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Input channels.
+    pub c_in: usize,
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+    /// Output channels.
+    pub c_out: usize,
+    /// Zero rows above the input.
+    pub pt: usize,
+    /// Zero columns left of the input.
+    pub pl: usize,
+    /// The tile (see [`Tile::for_output`]).
+    pub tile: Tile,
+}
+
+impl Correlation {
+    /// Tile rows per image (the last may stick out of the output).
+    fn tiles_h(&self) -> usize {
+        self.oh.div_ceil(self.tile.side())
+    }
+
+    /// Tiles per tile row.
+    fn tiles_w(&self) -> usize {
+        self.ow.div_ceil(self.tile.side())
+    }
+
+    /// Tile rows over the batch.
+    pub(super) fn tile_rows(&self) -> usize {
+        self.n * self.tiles_h()
+    }
+
+    /// Tile rows per task: what fills [`TASK_FLOATS`] of scratch, but at least `tasks` tasks
+    /// when the batch allows it. A function of the shape alone: a kernel gradient's cut
+    /// decides how its partial sums round, and a task's tile count is the products' row
+    /// count, which decides how the gemm crate splits their sums over channels.
+    pub(super) fn rows_per_task(&self, tasks: usize) -> usize {
+        let per_row = self.scratch_len((0, 1));
+        let balanced = self.tile_rows().div_ceil(tasks.max(1)).max(1);
+        (TASK_FLOATS / per_row.max(1)).clamp(1, balanced)
+    }
+
+    /// Tile rows per kernel-gradient task: [`rows_per_task`](Self::rows_per_task), but at least
+    /// [`MIN_GRAD_TILES`] tiles unless that leaves fewer than [`MIN_GRAD_TASKS`] tasks (a
+    /// function of the shape alone, as there). A task's scratch may then pass
+    /// [`TASK_FLOATS`] (1.5 MiB at 64 → 128 channels): its transforms spill to L3, which cost
+    /// less than the partial sum's traffic.
+    pub(super) fn grad_rows_per_task(&self, tasks: usize) -> usize {
+        let min_rows = MIN_GRAD_TILES.div_ceil(self.tiles_w().max(1));
+        let max_rows = (self.tile_rows() / MIN_GRAD_TASKS).max(1);
+        let rows = self.rows_per_task(tasks);
+        rows.max(min_rows.min(max_rows))
+    }
+
+    /// Scratch floats a task over tile rows `[t0, t1)` needs: each tile's transformed input
+    /// and output (or output gradient), an element ξ per row.
+    pub(super) fn scratch_len(&self, (t0, t1): (usize, usize)) -> usize {
+        self.tile.elements() * (t1 - t0) * self.tiles_w() * (self.c_in + self.c_out)
+    }
+
+    /// Floats of a transformed kernel, `[ξ, c_in, c_out]` (or of its gradient's partial sums).
+    pub(super) fn transformed_kernel_len(&self) -> usize {
+        self.tile.elements() * self.c_in * self.c_out
+    }
+
+    /// The first output row (batch-flattened) of tile row `t` (batch-flattened); `n * oh` for
+    /// `t = n * tiles_h`.
+    pub(super) fn out_row(&self, t: usize) -> usize {
+        let th = self.tiles_h();
+        (t / th) * self.oh + (self.tile.side() * (t % th)).min(self.oh)
+    }
+}
+
+/// `out = act(correlate(x, kmat) + bias)` over the whole batch, `kmat` the `[3, 3, c_in,
+/// c_out]` kernel.
+pub(super) fn correlate(
+    x: &[f32],
+    kmat: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    c: &Correlation,
+    act: Activation,
+) {
+    let tile_rows = c.tile_rows();
+    if out.is_empty() || tile_rows == 0 {
+        return;
+    }
+    let u = transform_kernel(kmat, c);
+    let rows = c.rows_per_task(MIN_TASKS);
+    let mut tasks = Vec::with_capacity(tile_rows.div_ceil(rows));
+    let mut rest = out;
+    for t0 in (0..tile_rows).step_by(rows) {
+        let t1 = (t0 + rows).min(tile_rows);
+        let len = (c.out_row(t1) - c.out_row(t0)) * c.ow * c.c_out;
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        tasks.push((t0, t1, mine));
+        rest = tail;
+    }
+    let elements = c.tile.elements();
+    tasks.into_par_iter().for_each(|(t0, t1, out)| {
+        let tiles = (t1 - t0) * c.tiles_w();
+        with_scratch(c.scratch_len((t0, t1)), |scratch| {
+            let (v, m) = scratch.split_at_mut(elements * tiles * c.c_in);
+            transform_input(x, c, (t0, t1), v);
+            for (xi, m) in m.chunks_exact_mut(tiles * c.c_out).enumerate() {
+                // V_ξ: row t at (t * elements + ξ) * c_in.
+                let v = Strided {
+                    data: &v[xi * c.c_in..],
+                    rs: elements * c.c_in,
+                    cs: 1,
+                };
+                let u =
+                    Strided::row_major(&u[xi * c.c_in * c.c_out..][..c.c_in * c.c_out], c.c_out);
+                gemm_strided(m, tiles, c.c_out, c.c_in, v, u, false, false);
+            }
+            transform_output(m, c, (t0, t1), out);
+            bias_act_rows(out, bias, c.c_out, act);
+        });
+    });
+}
+
+/// `U_ξ = (G g Gᵀ)_ξ` for every channel pair: `[ξ, c_in, c_out]` from the `[3, 3, c_in,
+/// c_out]` kernel.
+fn transform_kernel(kmat: &[f32], c: &Correlation) -> Vec<f32> {
+    let mut u = vec![0.0f32; c.transformed_kernel_len()];
+    transform_pairs(kmat, c, &mut u, false);
+    u
+}
+
+/// The gradient w.r.t. `U` of the tiles of tile rows `[t0, t1)`, added to `du` (`[ξ, c_in,
+/// c_out]`): `dU_ξ += V_ξᵀ Z_ξ`, with `Z = A dz Aᵀ` each tile's output gradient (zero past the
+/// output) and `V` its input as in the forward pass. `dz` holds the output rows those tiles
+/// cover; `scratch` at least [`Correlation::scratch_len`] floats.
+pub(super) fn add_kernel_grad(
+    x: &[f32],
+    dz: &[f32],
+    c: &Correlation,
+    rows: (usize, usize),
+    du: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let elements = c.tile.elements();
+    let tiles = (rows.1 - rows.0) * c.tiles_w();
+    let (v, z) = scratch.split_at_mut(elements * tiles * c.c_in);
+    let z = &mut z[..elements * tiles * c.c_out];
+    transform_input(x, c, rows, v);
+    transform_output_grad(dz, c, rows, z);
+    let pairs = c.c_in * c.c_out;
+    for (xi, du) in du.chunks_exact_mut(pairs).enumerate() {
+        // V_ξᵀ: element (i, t) at (t * elements + ξ) * c_in + i; Z_ξ: (t, o) likewise.
+        let vt = Strided {
+            data: &v[xi * c.c_in..],
+            rs: 1,
+            cs: elements * c.c_in,
+        };
+        let z = Strided {
+            data: &z[xi * c.c_out..],
+            rs: elements * c.c_out,
+            cs: 1,
+        };
+        gemm_strided(du, c.c_in, c.c_out, tiles, vt, z, true, false);
+    }
+}
+
+/// The `[3, 3, c_in, c_out]` kernel gradient `Gᵀ dU_ξ G` from the gradient w.r.t. `U`
+/// (`[ξ, c_in, c_out]`, summed over every tile).
+pub(super) fn kernel_from_grad(du: &[f32], dk: &mut [f32], c: &Correlation) {
+    transform_pairs(du, c, dk, true);
+}
+
+/// Channel pairs a kernel transform's task takes: 64 KiB of kernel.
+const PAIRS_PER_TASK: usize = 16 * 1024;
+
+/// `G g Gᵀ` from a `[3, 3, pairs]` kernel into `[ξ, pairs]`, or with `back`, `Gᵀ dU G` from
+/// `[ξ, pairs]` into `[3, 3, pairs]`: the channel pairs side by side, as channels are in the
+/// tiles' transforms, cut into tasks of [`PAIRS_PER_TASK`].
+fn transform_pairs(from: &[f32], c: &Correlation, to: &mut [f32], back: bool) {
+    let pairs = c.c_in * c.c_out;
+    if pairs == 0 {
+        return;
+    }
+    let mut tasks: Vec<Vec<&mut [f32]>> = Vec::new();
+    tasks.resize_with(pairs.div_ceil(PAIRS_PER_TASK), Vec::new);
+    for row in to.chunks_exact_mut(pairs) {
+        for (task, part) in tasks.iter_mut().zip(row.chunks_mut(PAIRS_PER_TASK)) {
+            task.push(part);
+        }
+    }
+    tasks.into_par_iter().enumerate().for_each(|(t, mut outs)| {
+        let first = t * PAIRS_PER_TASK;
+        let ins: Vec<&[f32]> = from
+            .chunks_exact(pairs)
+            .map(|row| &row[first..first + outs[0].len()])
+            .collect();
+        transform_pair_block(&ins, &mut outs, c.tile, back);
+    });
+}
+
+multiversion! {
+    /// [`transform_pairs`] on one block of channel pairs: `ins` and `outs` its rows.
+    fn transform_pair_block(ins: &[&[f32]], outs: &mut [&mut [f32]], tile: Tile, back: bool) {
+        let mut tmp = vec![0.0f32; 3 * (tile.side() + 2) * outs[0].len()];
+        match (tile, back) {
+            (Tile::F2, false) => separable::<3, 4, f2::G>(ins, outs, &mut tmp),
+            (Tile::F4, false) => separable::<3, 6, f4::G>(ins, outs, &mut tmp),
+            (Tile::F2, true) => separable::<4, 3, f2::Gt>(ins, outs, &mut tmp),
+            (Tile::F4, true) => separable::<6, 3, f4::Gt>(ins, outs, &mut tmp),
+        }
+    }
+}
+
+/// `outs[q][k] = L([ins[0][k], ins[1][k], ...])[q]` for every channel `k` (`outs` all as
+/// long, `ins` at least as long). A chunk of [`CHUNK`] channels at a time is copied into
+/// arrays and transformed there, so the compiler turns the per-channel arithmetic into whole
+/// vectors whatever the channel count (a plain loop over 32 channels ran scalar: the
+/// vectorized loop takes 64 at a time); the last channels one by one.
+#[inline(always)]
+fn per_channel<const N: usize, const M: usize, L: Map<N, M>>(
+    ins: [&[f32]; N],
+    outs: &mut [&mut [f32]],
+) {
+    let len = outs[0].len();
+    let mut k0 = 0;
+    while k0 + CHUNK <= len {
+        let mut chunk = [[0.0; CHUNK]; N];
+        for (chunk, src) in chunk.iter_mut().zip(ins) {
+            chunk.copy_from_slice(&src[k0..k0 + CHUNK]);
+        }
+        let mut results = [[0.0; CHUNK]; M];
+        for k in 0..CHUNK {
+            let mut one = [0.0; N];
+            for q in 0..N {
+                one[q] = chunk[q][k];
+            }
+            let one = L::map(one);
+            for q in 0..M {
+                results[q][k] = one[q];
+            }
+        }
+        for (dst, result) in outs.iter_mut().zip(&results) {
+            dst[k0..k0 + CHUNK].copy_from_slice(result);
+        }
+        k0 += CHUNK;
+    }
+    for k in k0..len {
+        let mut one = [0.0; N];
+        for q in 0..N {
+            one[q] = ins[q][k];
+        }
+        for (dst, value) in outs.iter_mut().zip(L::map(one)) {
+            dst[k] = value;
+        }
+    }
+}
+
+/// `outs = L ins Lᵀ` channel by channel: `ins` an `I × I` tile of channel rows (row-major),
+/// `outs` `O × O`. `L` maps each column into `tmp` (`[I, O, channels]`), then each row of
+/// `tmp`: two passes of a one-dimensional map that the compiler vectorizes, where one pass
+/// over a whole 6×6 tile ran scalar.
+#[inline(always)]
+fn separable<const I: usize, const O: usize, L: Map<I, O>>(
+    ins: &[&[f32]],
+    outs: &mut [&mut [f32]],
+    tmp: &mut [f32],
+) {
+    let len = outs[0].len();
+    for (s, col) in tmp.chunks_exact_mut(O * len).take(I).enumerate() {
+        let mut src = [ins[0]; I];
+        for (r, src) in src.iter_mut().enumerate() {
+            *src = ins[r * I + s];
+        }
+        per_channel::<I, O, L>(src, &mut rows_of::<O>(col, len));
+    }
+    for (r, outs) in outs.chunks_exact_mut(O).enumerate() {
+        let mut src = [&tmp[..0]; I];
+        for (s, src) in src.iter_mut().enumerate() {
+            *src = &tmp[(s * O + r) * len..][..len];
+        }
+        per_channel::<I, O, L>(src, outs);
+    }
+}
+
+/// `out` (`E` rows of `width`) as its rows.
+#[inline(always)]
+fn rows_of<const E: usize>(out: &mut [f32], width: usize) -> [&mut [f32]; E] {
+    let mut rows: [&mut [f32]; E] = std::array::from_fn(|_| Default::default());
+    for (row, chunk) in rows.iter_mut().zip(out.chunks_exact_mut(width)) {
+        *row = chunk;
+    }
+    rows
+}
+
+multiversion! {
+    /// `V_ξ[t, :] = (Bᵀ d_t B)_ξ` for the tiles of tile rows `[t0, t1)`: `v` is `[tiles, ξ,
+    /// c_in]` (each tile's rows together, so that its transform writes one run of memory),
+    /// `d_t` the tile's input pixels (zero outside the image).
+    fn transform_input(x: &[f32], c: &Correlation, rows: (usize, usize), v: &mut [f32]) {
+        match c.tile {
+            Tile::F2 => input_tiles::<4, 16, f2::Bt>(x, c, rows, v),
+            Tile::F4 => input_tiles::<6, 36, f4::Bt>(x, c, rows, v),
+        }
+    }
+}
+
+/// [`transform_input`] for input tiles of `N × N = E` pixels.
+#[inline(always)]
+fn input_tiles<const N: usize, const E: usize, L: Map<N, N>>(
+    x: &[f32],
+    c: &Correlation,
+    (t0, t1): (usize, usize),
+    v: &mut [f32],
+) {
+    let (th, tw, ci, side) = (c.tiles_h(), c.tiles_w(), c.c_in, c.tile.side());
+    let zeros = vec![0.0f32; ci];
+    let mut tmp = vec![0.0f32; E * ci];
+    for tr in t0..t1 {
+        let (img, ti) = (tr / th, tr % th);
+        for tj in 0..tw {
+            let t = (tr - t0) * tw + tj;
+            // The tile's pixels, zeros outside the image (`wrapping_sub`: a row or column
+            // before it wraps past the end).
+            let mut d: [&[f32]; E] = [&zeros; E];
+            for r in 0..N {
+                let i = (side * ti + r).wrapping_sub(c.pt);
+                for s in 0..N {
+                    let j = (side * tj + s).wrapping_sub(c.pl);
+                    if i < c.h && j < c.w {
+                        d[r * N + s] = &x[((img * c.h + i) * c.w + j) * ci..][..ci];
+                    }
+                }
+            }
+            let out = &mut v[t * E * ci..(t + 1) * E * ci];
+            separable::<N, N, L>(&d, &mut rows_of::<E>(out, ci), &mut tmp);
+        }
+    }
+}
+
+multiversion! {
+    /// `Z_t = A dz_t Aᵀ` for the tiles of tile rows `[t0, t1)` into `z` (`[tiles, ξ,
+    /// c_out]`), `dz` the output rows those tiles cover (zero past the output).
+    fn transform_output_grad(dz: &[f32], c: &Correlation, rows: (usize, usize), z: &mut [f32]) {
+        match c.tile {
+            Tile::F2 => output_grad_tiles::<2, 4, 4, 16, f2::A>(dz, c, rows, z),
+            Tile::F4 => output_grad_tiles::<4, 16, 6, 36, f4::A>(dz, c, rows, z),
+        }
+    }
+}
+
+/// [`transform_output_grad`] for tiles of `M × M = Q` outputs and `E` elements.
+#[inline(always)]
+fn output_grad_tiles<
+    const M: usize,
+    const Q: usize,
+    const N: usize,
+    const E: usize,
+    L: Map<M, N>,
+>(
+    dz: &[f32],
+    c: &Correlation,
+    (t0, t1): (usize, usize),
+    z: &mut [f32],
+) {
+    let (th, tw, co) = (c.tiles_h(), c.tiles_w(), c.c_out);
+    let mut tmp = vec![0.0f32; M * N * co];
+    let first_row = c.out_row(t0);
+    let zeros = vec![0.0f32; co];
+    for tr in t0..t1 {
+        let (img, ti) = (tr / th, tr % th);
+        for tj in 0..tw {
+            let t = (tr - t0) * tw + tj;
+            let mut d: [&[f32]; Q] = [&zeros; Q];
+            for (q, d) in d.iter_mut().enumerate() {
+                let (oi, oj) = (M * ti + q / M, M * tj + q % M);
+                if oi < c.oh && oj < c.ow {
+                    *d = &dz[((img * c.oh + oi - first_row) * c.ow + oj) * co..][..co];
+                }
+            }
+            let out = &mut z[t * E * co..(t + 1) * E * co];
+            separable::<M, N, L>(&d, &mut rows_of::<E>(out, co), &mut tmp);
+        }
+    }
+}
+
+multiversion! {
+    /// The outputs `Aᵀ m_t A` of the tiles of tile rows `[t0, t1)` from `m` (`[ξ, tiles,
+    /// c_out]`) into `out`, the output rows those tiles cover (a last tile's rows or columns
+    /// past the output are dropped).
+    fn transform_output(m: &[f32], c: &Correlation, rows: (usize, usize), out: &mut [f32]) {
+        match c.tile {
+            Tile::F2 => output_tiles::<2, 4, 4, 16, f2::At>(m, c, rows, out),
+            Tile::F4 => output_tiles::<4, 16, 6, 36, f4::At>(m, c, rows, out),
+        }
+    }
+}
+
+/// [`transform_output`] for tiles of `M × M = Q` outputs and `E` elements.
+#[inline(always)]
+fn output_tiles<const M: usize, const Q: usize, const N: usize, const E: usize, L: Map<N, M>>(
+    m: &[f32],
+    c: &Correlation,
+    (t0, t1): (usize, usize),
+    out: &mut [f32],
+) {
+    let mut tmp = vec![0.0f32; N * M * c.c_out];
+    let (th, tw, co) = (c.tiles_h(), c.tiles_w(), c.c_out);
+    let tiles = (t1 - t0) * tw;
+    let first_row = c.out_row(t0);
+    // Where the outputs past the image go.
+    let mut dropped = vec![0.0f32; Q * co];
+    for tr in t0..t1 {
+        let (img, ti) = (tr / th, tr % th);
+        for tj in 0..tw {
+            let t = (tr - t0) * tw + tj;
+            let e: [&[f32]; E] = std::array::from_fn(|xi| &m[(xi * tiles + t) * co..][..co]);
+            // The tile's outputs in `out`, or in `dropped`.
+            let mut at_pixel = [None; Q];
+            for (q, at) in at_pixel.iter_mut().enumerate() {
+                let (oi, oj) = (M * ti + q / M, M * tj + q % M);
+                if oi < c.oh && oj < c.ow {
+                    *at = Some(((img * c.oh + oi - first_row) * c.ow + oj) * co);
+                }
+            }
+            let (mut y, mut spare) = (&mut *out, dropped.as_mut_slice());
+            let mut dst: [&mut [f32]; Q] = std::array::from_fn(|_| Default::default());
+            // Pixels in increasing order, so each is split off the rest of `out`.
+            let mut consumed = 0;
+            for (q, dst) in dst.iter_mut().enumerate() {
+                match at_pixel[q] {
+                    Some(pos) => {
+                        let (_, tail) = std::mem::take(&mut y).split_at_mut(pos - consumed);
+                        let (mine, tail) = tail.split_at_mut(co);
+                        *dst = mine;
+                        y = tail;
+                        consumed = pos + co;
+                    }
+                    None => {
+                        let (mine, tail) = std::mem::take(&mut spare).split_at_mut(co);
+                        *dst = mine;
+                        spare = tail;
+                    }
+                }
+            }
+            separable::<N, M, L>(&e, &mut dst, &mut tmp);
+        }
+    }
+}
