@@ -63,11 +63,31 @@ pub(super) enum Tile {
 }
 
 impl Tile {
-    /// The tile with fewer products over an `oh × ow` output (tiles sticking out of it count
-    /// whole), for a forward pass or an input gradient; F(2×2, 3×3) where they tie, as it
-    /// rounds less. F(4×4, 3×3) from 3×3 outputs on, except 1 or 2 rows or columns: at 7×7 it
-    /// takes 144 products per image and channel pair against 256, at 14×14 576 against 784.
+    /// The tile of a forward pass or an input gradient over an `oh × ow` output:
+    /// [`fewer_products`](Self::fewer_products), or F(2×2, 3×3) under `ANYGPU_WINOGRAD=f2`.
     pub(super) fn for_output(oh: usize, ow: usize) -> Tile {
+        if f2_only() {
+            Tile::F2
+        } else {
+            Tile::fewer_products(oh, ow)
+        }
+    }
+
+    /// The tile of a kernel gradient over an `oh × ow` output:
+    /// [`as_tight`](Self::as_tight), or F(2×2, 3×3) under `ANYGPU_WINOGRAD=f2`.
+    pub(super) fn for_kernel_grad(oh: usize, ow: usize) -> Tile {
+        if f2_only() {
+            Tile::F2
+        } else {
+            Tile::as_tight(oh, ow)
+        }
+    }
+
+    /// The tile with fewer products over an `oh × ow` output (tiles sticking out of it count
+    /// whole); F(2×2, 3×3) where they tie, as it rounds less. F(4×4, 3×3) from 3×3 outputs
+    /// on, except 1 or 2 rows or columns: at 7×7 it takes 144 products per image and channel
+    /// pair against 256, at 14×14 576 against 784.
+    fn fewer_products(oh: usize, ow: usize) -> Tile {
         if Tile::F4.products(oh, ow) < Tile::F2.products(oh, ow) {
             Tile::F4
         } else {
@@ -75,13 +95,12 @@ impl Tile {
         }
     }
 
-    /// The tile for a kernel gradient over an `oh × ow` output: F(4×4, 3×3) only where its
-    /// tiles cover the output as tightly as F(2×2, 3×3)'s, so that it takes 9/16 of the
-    /// products (at 7×7, not at 14×14). Its partial sums hold 36 values per channel pair
-    /// against 16, and their traffic outweighed a smaller saving: at 14×14 32 → 64, batch 128,
-    /// F(4×4, 3×3) took 5.2-6.2 ms against 4.7-5.5 (two threads, alternating), at 7×7 64 → 128
-    /// 3.5-4.0 against 4.6-4.8.
-    pub(super) fn for_kernel_grad(oh: usize, ow: usize) -> Tile {
+    /// F(4×4, 3×3) only where its tiles cover an `oh × ow` output as tightly as F(2×2, 3×3)'s,
+    /// so that it takes 9/16 of the products (at 7×7, not at 14×14). A kernel gradient's
+    /// partial sums hold 36 values per channel pair under it against 16, and their traffic
+    /// outweighed a smaller saving: at 14×14 32 → 64, batch 128, F(4×4, 3×3) took 5.2-6.2 ms
+    /// against 4.7-5.5 (two threads, alternating), at 7×7 64 → 128 3.5-4.0 against 4.6-4.8.
+    fn as_tight(oh: usize, ow: usize) -> Tile {
         if 16 * Tile::F4.products(oh, ow) <= 9 * Tile::F2.products(oh, ow) {
             Tile::F4
         } else {
@@ -105,6 +124,26 @@ impl Tile {
     /// Elements ξ of a transformed tile: its products per channel pair.
     pub(super) fn elements(self) -> usize {
         (self.side() + 2).pow(2)
+    }
+}
+
+/// Whether `ANYGPU_WINOGRAD=f2` keeps every correlation on F(2×2, 3×3), the tile that rounds
+/// less (read once).
+fn f2_only() -> bool {
+    static F2_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F2_ONLY.get_or_init(|| f2_asked(std::env::var("ANYGPU_WINOGRAD").ok().as_deref()))
+}
+
+/// What an `ANYGPU_WINOGRAD` value asks: `f2` for F(2×2, 3×3) only; unset, empty or `auto` for
+/// the tile with fewer products; anything else the same, with a warning.
+fn f2_asked(value: Option<&str>) -> bool {
+    match value {
+        None | Some("" | "auto") => false,
+        Some("f2") => true,
+        Some(other) => {
+            log::warn!("ANYGPU_WINOGRAD={other:?} is not auto or f2; ignored");
+            false
+        }
     }
 }
 
@@ -561,6 +600,32 @@ fn output_tiles<const M: usize, const Q: usize, const N: usize, const E: usize, 
                 }
             }
             separable::<N, M, L>(&e, &mut dst, &mut tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_by_image_size() {
+        // F(4×4, 3×3) where it takes fewer products; kernel gradients only at 9/16.
+        assert_eq!(Tile::fewer_products(7, 7), Tile::F4);
+        assert_eq!(Tile::fewer_products(14, 14), Tile::F4);
+        assert_eq!(Tile::fewer_products(2, 9), Tile::F2);
+        assert_eq!(Tile::fewer_products(6, 5), Tile::F2);
+        assert_eq!(Tile::as_tight(7, 7), Tile::F4);
+        assert_eq!(Tile::as_tight(28, 28), Tile::F4);
+        assert_eq!(Tile::as_tight(14, 14), Tile::F2);
+        assert_eq!(Tile::as_tight(9, 11), Tile::F2);
+    }
+
+    #[test]
+    fn anygpu_winograd_asks_for_f2_or_nothing() {
+        assert!(f2_asked(Some("f2")));
+        for value in [None, Some(""), Some("auto"), Some("F4"), Some("f4x4")] {
+            assert!(!f2_asked(value), "{value:?}");
         }
     }
 }
