@@ -222,6 +222,26 @@ impl Correlation {
         self.tile.elements() * self.c_in * self.c_out
     }
 
+    /// Where each of the `Q = M × M` outputs of image `img`'s tile `(ti, tj)` starts, in
+    /// floats from output row `first_row` (batch-flattened); `None` past the output.
+    #[inline(always)]
+    fn tile_outputs<const M: usize, const Q: usize>(
+        &self,
+        img: usize,
+        ti: usize,
+        tj: usize,
+        first_row: usize,
+    ) -> [Option<usize>; Q] {
+        let mut at = [None; Q];
+        for (q, at) in at.iter_mut().enumerate() {
+            let (oi, oj) = (M * ti + q / M, M * tj + q % M);
+            if oi < self.oh && oj < self.ow {
+                *at = Some(((img * self.oh + oi - first_row) * self.ow + oj) * self.c_out);
+            }
+        }
+        at
+    }
+
     /// The first output row (batch-flattened) of tile row `t` (batch-flattened); `n * oh` for
     /// `t = n * tiles_h`.
     pub(super) fn out_row(&self, t: usize) -> usize {
@@ -528,10 +548,12 @@ fn output_grad_tiles<
         for tj in 0..tw {
             let t = (tr - t0) * tw + tj;
             let mut d: [&[f32]; Q] = [&zeros; Q];
-            for (q, d) in d.iter_mut().enumerate() {
-                let (oi, oj) = (M * ti + q / M, M * tj + q % M);
-                if oi < c.oh && oj < c.ow {
-                    *d = &dz[((img * c.oh + oi - first_row) * c.ow + oj) * co..][..co];
+            for (d, at) in d
+                .iter_mut()
+                .zip(c.tile_outputs::<M, Q>(img, ti, tj, first_row))
+            {
+                if let Some(at) = at {
+                    *d = &dz[at..][..co];
                 }
             }
             let out = &mut z[t * E * co..(t + 1) * E * co];
@@ -572,13 +594,7 @@ fn output_tiles<const M: usize, const Q: usize, const N: usize, const E: usize, 
             let t = (tr - t0) * tw + tj;
             let e: [&[f32]; E] = std::array::from_fn(|xi| &m[(xi * tiles + t) * co..][..co]);
             // The tile's outputs in `out`, or in `dropped`.
-            let mut at_pixel = [None; Q];
-            for (q, at) in at_pixel.iter_mut().enumerate() {
-                let (oi, oj) = (M * ti + q / M, M * tj + q % M);
-                if oi < c.oh && oj < c.ow {
-                    *at = Some(((img * c.oh + oi - first_row) * c.ow + oj) * co);
-                }
-            }
+            let at_pixel = c.tile_outputs::<M, Q>(img, ti, tj, first_row);
             let (mut y, mut spare) = (&mut *out, dropped.as_mut_slice());
             let mut dst: [&mut [f32]; Q] = std::array::from_fn(|_| Default::default());
             // Pixels in increasing order, so each is split off the rest of `out`.
