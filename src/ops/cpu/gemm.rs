@@ -440,6 +440,80 @@ fn small_k_tile<V: Vector, const NV: usize, const FMA: bool>(
     }
 }
 
+/// Columns `[c0, c0 + LANES * NV)` of `out = lhs · rhs + bias` for exactly `K` taps (their
+/// loop unrolled), four rows at a time, so that each `rhs` load feeds four independent
+/// accumulator chains (six or eight rows ran slower, spilling).
+///
+/// Panics as [`small_k_tile`] does, or unless `lhs` has `K` taps.
+#[inline(always)]
+fn small_k_taps<V: Vector, const K: usize, const NV: usize, const FMA: bool>(
+    p: &SmallK<'_>,
+    c0: usize,
+    out: &mut [f32],
+) {
+    const ROWS: usize = 4;
+    let lanes = V::LANES;
+    let (n, ps) = (p.n, p.ps);
+    let m = out.len() / n.max(1);
+    let max_off = p.offs.iter().copied().max().unwrap_or(0);
+    let last_lhs = (m.max(1) - 1)
+        .checked_mul(ps)
+        .and_then(|r| r.checked_add(max_off));
+    assert!(
+        p.offs.len() == K
+            && c0.checked_add(lanes * NV).is_some_and(|end| end <= n)
+            && product(&[m, n]) == Some(out.len())
+            && product(&[K, n]).is_some_and(|kn| p.rhs.len() >= kn)
+            && (m == 0 || last_lhs.is_some_and(|last| last < p.lhs.len())),
+        "small_k: operands too short"
+    );
+    let mut offs = [0usize; K];
+    offs.copy_from_slice(p.offs);
+    let init: [V; NV] = match p.bias {
+        Some(b) => V::load_n::<NV>(b, c0),
+        None => [V::splat(0.0); NV],
+    };
+    let mut i = 0;
+    while i + ROWS <= m {
+        let mut acc = [init; ROWS];
+        for (t, &o) in offs.iter().enumerate() {
+            let mut w = [V::splat(0.0); NV];
+            for (v, w) in w.iter_mut().enumerate() {
+                let at = t * n + c0 + lanes * v;
+                // SAFETY: `at + lanes <= K * n <= rhs.len()` by the assert.
+                *w = V::load(unsafe { p.rhs.get_unchecked(at..at + lanes) }, 0);
+            }
+            for (q, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `(i + q) * ps + o <= (m - 1) * ps + max_off < lhs.len()`.
+                let a = unsafe { *p.lhs.get_unchecked((i + q) * ps + o) };
+                for v in 0..NV {
+                    acc[v] = acc[v].madd::<FMA>(a, w[v]);
+                }
+            }
+        }
+        for (q, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate() {
+                acc.store(out, (i + q) * n + c0 + lanes * v);
+            }
+        }
+        i += ROWS;
+    }
+    while i < m {
+        let mut acc = init;
+        for (t, &o) in offs.iter().enumerate() {
+            let a = p.lhs[i * ps + o];
+            let w = V::load_n::<NV>(p.rhs, t * n + c0);
+            for v in 0..NV {
+                acc[v] = acc[v].madd::<FMA>(a, w[v]);
+            }
+        }
+        for (v, acc) in acc.iter().enumerate() {
+            acc.store(out, i * n + c0 + lanes * v);
+        }
+        i += 1;
+    }
+}
+
 /// Column `c` of `out = lhs · rhs + bias` (the columns left over after the 8-wide tiles).
 #[inline(always)]
 fn small_k_column<const FMA: bool>(p: &SmallK<'_>, c: usize, out: &mut [f32]) {
@@ -468,6 +542,14 @@ multiversion! {
             assert!(b.len() >= n, "small_k_bias_act: bias too short");
         }
         let mut c0 = 0;
+        // A 3×3 kernel on one channel (a first layer's): its nine taps unrolled, each kernel
+        // vector feeding four pixels (15-20% faster than two with the taps in a loop).
+        if super::wide_registers() && p.offs.len() == 9 {
+            while c0 + 32 <= n {
+                small_k_taps::<V16, 9, 2, FMA>(p, c0, out);
+                c0 += 32;
+            }
+        }
         // 16 lanes where AVX-512 runs them (twice the work per instruction on cores with
         // full-width 512-bit units; the same rate on a Zen 4, which splits them).
         if super::wide_registers() {
@@ -542,28 +624,34 @@ impl SmallKGrad<'_> {
     }
 }
 
-/// Taps `[t0, t0 + NT)` and columns `[c0, c0 + 8 * NV)` of [`small_k_kernel_grad`]: `NT * NV`
-/// sums in registers over every pixel, each `dz` vector feeding `NT` multiply-adds.
+/// Taps `[t0, t0 + NT)` and columns `[c0, c0 + LANES * NV)` of [`small_k_kernel_grad`]:
+/// `NT * NV` sums in registers over every pixel, each `dz` vector feeding `NT` multiply-adds.
 #[inline(always)]
-fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool, const SUM: bool>(
+fn small_k_grad_tile<
+    V: Vector,
+    const NT: usize,
+    const NV: usize,
+    const FMA: bool,
+    const SUM: bool,
+>(
     p: &SmallKGrad<'_>,
     (t0, c0): (usize, usize),
     (dk, sums): (&mut [f32], &mut [f64]),
 ) {
-    let n = p.n;
+    let (n, lanes) = (p.n, V::LANES);
     assert!(
-        t0 + NT <= p.offs.len() && c0 + 8 * NV <= n && (!SUM || sums.len() == n),
+        t0 + NT <= p.offs.len() && c0 + lanes * NV <= n && (!SUM || sums.len() == n),
         "small_k_grad: tile out of range"
     );
     let mut offs = [0usize; NT];
     offs.copy_from_slice(&p.offs[t0..t0 + NT]);
-    let mut acc = [[V8::splat(0.0); NV]; NT];
+    let mut acc = [[V::splat(0.0); NV]; NT];
     for i in 0..p.rows() {
         // With `SUM`, the row's column sums of `dz` in f32, added to `sums` in f64 (a row is a
         // few dozen terms: f64 over the whole block, as `sum_rows_leaf` keeps it).
-        let mut row = [V8::splat(0.0); NV];
+        let mut row = [V::splat(0.0); NV];
         for j in 0..p.w {
-            let dz = V8::load_n::<NV>(p.dz, (i * p.w + j) * n + c0);
+            let dz = V::load_n::<NV>(p.dz, (i * p.w + j) * n + c0);
             if SUM {
                 for v in 0..NV {
                     row[v] = row[v].add(dz[v]);
@@ -580,9 +668,11 @@ fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool, const SU
             }
         }
         if SUM {
+            let mut lanes_of = [0.0f32; 16];
             for (v, row) in row.iter().enumerate() {
-                let at = c0 + 8 * v;
-                for (s, &x) in sums[at..at + 8].iter_mut().zip(&row.0) {
+                row.store(&mut lanes_of, 0);
+                let at = c0 + lanes * v;
+                for (s, &x) in sums[at..at + lanes].iter_mut().zip(&lanes_of) {
                     *s += f64::from(x);
                 }
             }
@@ -590,8 +680,8 @@ fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool, const SU
     }
     for (t, acc) in acc.iter().enumerate() {
         for (v, sum) in acc.iter().enumerate() {
-            let at = (t0 + t) * n + c0 + 8 * v;
-            V8::load(dk, at).add(*sum).store(dk, at);
+            let at = (t0 + t) * n + c0 + lanes * v;
+            V::load(dk, at).add(*sum).store(dk, at);
         }
     }
 }
@@ -601,17 +691,17 @@ fn small_k_grad_tile<const NT: usize, const NV: usize, const FMA: bool, const SU
 #[inline(always)]
 fn small_k_grad_taps<const NT: usize, const FMA: bool, const SUM: bool>(
     p: &SmallKGrad<'_>,
-    t0: usize,
+    (t0, c_from): (usize, usize),
     (dk, sums): (&mut [f32], &mut [f64]),
 ) {
     let n = p.n;
-    let mut c0 = 0;
+    let mut c0 = c_from;
     while c0 + 32 <= n {
-        small_k_grad_tile::<NT, 4, FMA, SUM>(p, (t0, c0), (&mut *dk, &mut *sums));
+        small_k_grad_tile::<V8, NT, 4, FMA, SUM>(p, (t0, c0), (&mut *dk, &mut *sums));
         c0 += 32;
     }
     while c0 + 8 <= n {
-        small_k_grad_tile::<NT, 1, FMA, SUM>(p, (t0, c0), (&mut *dk, &mut *sums));
+        small_k_grad_tile::<V8, NT, 1, FMA, SUM>(p, (t0, c0), (&mut *dk, &mut *sums));
         c0 += 8;
     }
     for c in c0..n {
@@ -646,24 +736,39 @@ multiversion! {
         if k == 0 {
             return;
         }
+        // A 3×3 kernel on one channel (a first layer's): all nine taps' sums for 32 columns in
+        // registers (18 vectors of 16 lanes), each `dz` load feeding nine multiply-adds (40%
+        // faster than three taps and 8 lanes at a time).
+        let mut c_from = 0;
+        if k == 9 && super::wide_registers() {
+            while c_from + 32 <= p.n {
+                let at = (0, c_from);
+                if sums.is_empty() {
+                    small_k_grad_tile::<V16, 9, 2, FMA, false>(p, at, (&mut *dk, &mut []));
+                } else {
+                    small_k_grad_tile::<V16, 9, 2, FMA, true>(p, at, (&mut *dk, &mut *sums));
+                }
+                c_from += 32;
+            }
+        }
         // The first group of taps takes the sums along.
         let first = k.min(3);
         match (first, sums.is_empty()) {
-            (3, false) => small_k_grad_taps::<3, FMA, true>(p, 0, (&mut *dk, &mut *sums)),
-            (2, false) => small_k_grad_taps::<2, FMA, true>(p, 0, (&mut *dk, &mut *sums)),
-            (_, false) => small_k_grad_taps::<1, FMA, true>(p, 0, (&mut *dk, &mut *sums)),
-            (3, true) => small_k_grad_taps::<3, FMA, false>(p, 0, (&mut *dk, &mut [])),
-            (2, true) => small_k_grad_taps::<2, FMA, false>(p, 0, (&mut *dk, &mut [])),
-            (_, true) => small_k_grad_taps::<1, FMA, false>(p, 0, (&mut *dk, &mut [])),
+            (3, false) => small_k_grad_taps::<3, FMA, true>(p, (0, c_from), (&mut *dk, &mut *sums)),
+            (2, false) => small_k_grad_taps::<2, FMA, true>(p, (0, c_from), (&mut *dk, &mut *sums)),
+            (_, false) => small_k_grad_taps::<1, FMA, true>(p, (0, c_from), (&mut *dk, &mut *sums)),
+            (3, true) => small_k_grad_taps::<3, FMA, false>(p, (0, c_from), (&mut *dk, &mut [])),
+            (2, true) => small_k_grad_taps::<2, FMA, false>(p, (0, c_from), (&mut *dk, &mut [])),
+            (_, true) => small_k_grad_taps::<1, FMA, false>(p, (0, c_from), (&mut *dk, &mut [])),
         }
         let mut t0 = first;
         while t0 + 3 <= k {
-            small_k_grad_taps::<3, FMA, false>(p, t0, (&mut *dk, &mut []));
+            small_k_grad_taps::<3, FMA, false>(p, (t0, c_from), (&mut *dk, &mut []));
             t0 += 3;
         }
         match k - t0 {
-            2 => small_k_grad_taps::<2, FMA, false>(p, t0, (&mut *dk, &mut [])),
-            1 => small_k_grad_taps::<1, FMA, false>(p, t0, (&mut *dk, &mut [])),
+            2 => small_k_grad_taps::<2, FMA, false>(p, (t0, c_from), (&mut *dk, &mut [])),
+            1 => small_k_grad_taps::<1, FMA, false>(p, (t0, c_from), (&mut *dk, &mut [])),
             _ => {}
         }
     }

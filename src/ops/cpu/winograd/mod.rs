@@ -29,7 +29,7 @@ use crate::ops::spec::Activation;
 use super::elementwise::bias_act_rows;
 use super::gemm::{gemm_strided, Strided};
 use super::with_scratch;
-use tiles::{f2, f4, Map};
+use tiles::{f2, f2_tile, f4, Map};
 
 /// Scratch floats a task aims for (the transformed input and output, or output gradient, of
 /// its tiles), about 512 KiB.
@@ -469,21 +469,51 @@ fn rows_of<const E: usize>(out: &mut [f32], width: usize) -> [&mut [f32]; E] {
     rows
 }
 
+/// A tile's transform over channel rows: its `A` input rows (row-major over the tile) into
+/// its output rows; `tmp` holds at least `I × O` rows for [`TwoPasses`].
+trait TileMap<const A: usize> {
+    /// Transforms one tile, channel by channel.
+    fn apply(ins: [&[f32]; A], outs: &mut [&mut [f32]], tmp: &mut [f32]);
+}
+
+/// `L x Lᵀ` in two passes of the 1-D map `L` ([`separable`]).
+struct TwoPasses<const I: usize, const O: usize, L>(std::marker::PhantomData<L>);
+
+impl<const I: usize, const O: usize, const A: usize, L: Map<I, O>> TileMap<A>
+    for TwoPasses<I, O, L>
+{
+    #[inline(always)]
+    fn apply(ins: [&[f32]; A], outs: &mut [&mut [f32]], tmp: &mut [f32]) {
+        separable::<I, O, L>(&ins, outs, tmp);
+    }
+}
+
+/// A whole-tile map `T` into `B` rows in one pass ([`per_channel`]): F(2×2, 3×3)'s
+/// ([`f2_tile`]).
+struct OnePass<const B: usize, T>(std::marker::PhantomData<T>);
+
+impl<const A: usize, const B: usize, T: Map<A, B>> TileMap<A> for OnePass<B, T> {
+    #[inline(always)]
+    fn apply(ins: [&[f32]; A], outs: &mut [&mut [f32]], _tmp: &mut [f32]) {
+        per_channel::<A, B, T>(ins, outs);
+    }
+}
+
 multiversion! {
     /// `V_ξ[t, :] = (Bᵀ d_t B)_ξ` for the tiles of tile rows `[t0, t1)`: `v` is `[tiles, ξ,
     /// c_in]` (each tile's rows together, so that its transform writes one run of memory),
     /// `d_t` the tile's input pixels (zero outside the image).
     fn transform_input(x: &[f32], c: &Correlation, rows: (usize, usize), v: &mut [f32]) {
         match c.tile {
-            Tile::F2 => input_tiles::<4, 16, f2::Bt>(x, c, rows, v),
-            Tile::F4 => input_tiles::<6, 36, f4::Bt>(x, c, rows, v),
+            Tile::F2 => input_tiles::<4, 16, OnePass<16, f2_tile::Bt>>(x, c, rows, v),
+            Tile::F4 => input_tiles::<6, 36, TwoPasses<6, 6, f4::Bt>>(x, c, rows, v),
         }
     }
 }
 
 /// [`transform_input`] for input tiles of `N × N = E` pixels.
 #[inline(always)]
-fn input_tiles<const N: usize, const E: usize, L: Map<N, N>>(
+fn input_tiles<const N: usize, const E: usize, T: TileMap<E>>(
     x: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
@@ -509,7 +539,7 @@ fn input_tiles<const N: usize, const E: usize, L: Map<N, N>>(
                 }
             }
             let out = &mut v[t * E * ci..(t + 1) * E * ci];
-            separable::<N, N, L>(&d, &mut rows_of::<E>(out, ci), &mut tmp);
+            T::apply(d, &mut rows_of::<E>(out, ci), &mut tmp);
         }
     }
 }
@@ -519,28 +549,22 @@ multiversion! {
     /// c_out]`), `dz` the output rows those tiles cover (zero past the output).
     fn transform_output_grad(dz: &[f32], c: &Correlation, rows: (usize, usize), z: &mut [f32]) {
         match c.tile {
-            Tile::F2 => output_grad_tiles::<2, 4, 4, 16, f2::A>(dz, c, rows, z),
-            Tile::F4 => output_grad_tiles::<4, 16, 6, 36, f4::A>(dz, c, rows, z),
+            Tile::F2 => output_grad_tiles::<2, 4, 16, TwoPasses<2, 4, f2::A>>(dz, c, rows, z),
+            Tile::F4 => output_grad_tiles::<4, 16, 36, TwoPasses<4, 6, f4::A>>(dz, c, rows, z),
         }
     }
 }
 
 /// [`transform_output_grad`] for tiles of `M × M = Q` outputs and `E` elements.
 #[inline(always)]
-fn output_grad_tiles<
-    const M: usize,
-    const Q: usize,
-    const N: usize,
-    const E: usize,
-    L: Map<M, N>,
->(
+fn output_grad_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<Q>>(
     dz: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
     z: &mut [f32],
 ) {
     let (th, tw, co) = (c.tiles_h(), c.tiles_w(), c.c_out);
-    let mut tmp = vec![0.0f32; M * N * co];
+    let mut tmp = vec![0.0f32; E * co];
     let first_row = c.out_row(t0);
     let zeros = vec![0.0f32; co];
     for tr in t0..t1 {
@@ -557,7 +581,7 @@ fn output_grad_tiles<
                 }
             }
             let out = &mut z[t * E * co..(t + 1) * E * co];
-            separable::<M, N, L>(&d, &mut rows_of::<E>(out, co), &mut tmp);
+            T::apply(d, &mut rows_of::<E>(out, co), &mut tmp);
         }
     }
 }
@@ -568,21 +592,21 @@ multiversion! {
     /// past the output are dropped).
     fn transform_output(m: &[f32], c: &Correlation, rows: (usize, usize), out: &mut [f32]) {
         match c.tile {
-            Tile::F2 => output_tiles::<2, 4, 4, 16, f2::At>(m, c, rows, out),
-            Tile::F4 => output_tiles::<4, 16, 6, 36, f4::At>(m, c, rows, out),
+            Tile::F2 => output_tiles::<2, 4, 16, OnePass<4, f2_tile::At>>(m, c, rows, out),
+            Tile::F4 => output_tiles::<4, 16, 36, TwoPasses<6, 4, f4::At>>(m, c, rows, out),
         }
     }
 }
 
 /// [`transform_output`] for tiles of `M × M = Q` outputs and `E` elements.
 #[inline(always)]
-fn output_tiles<const M: usize, const Q: usize, const N: usize, const E: usize, L: Map<N, M>>(
+fn output_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<E>>(
     m: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
     out: &mut [f32],
 ) {
-    let mut tmp = vec![0.0f32; N * M * c.c_out];
+    let mut tmp = vec![0.0f32; E * c.c_out];
     let (th, tw, co) = (c.tiles_h(), c.tiles_w(), c.c_out);
     let tiles = (t1 - t0) * tw;
     let first_row = c.out_row(t0);
@@ -615,7 +639,7 @@ fn output_tiles<const M: usize, const Q: usize, const N: usize, const E: usize, 
                     }
                 }
             }
-            separable::<N, M, L>(&e, &mut dst, &mut tmp);
+            T::apply(e, &mut dst, &mut tmp);
         }
     }
 }

