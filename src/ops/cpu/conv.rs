@@ -28,10 +28,9 @@ use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry};
 use crate::shape::product;
 
 use super::elementwise::{act_backward_leaf, bias_act_rows};
-use super::gemm::{
-    gemm_strided, small_k_bias_act, small_k_kernel_grad, SmallK, SmallKGrad, Strided, SMALL_K,
-};
+use super::gemm::{gemm_strided, Strided};
 use super::reduce::sum_rows_leaf;
+use super::small_k::{small_k_bias_act, small_k_kernel_grad, SmallK, SmallKGrad, SMALL_K};
 use super::{add_parts, conv_general, ordered_parts, padded_row, winograd, with_scratch};
 
 /// Patch-matrix bytes a task aims for (fits in L2 next to the kernel and the output block).

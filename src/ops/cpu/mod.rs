@@ -113,6 +113,7 @@ pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod routed;
 pub(crate) mod separable;
+mod small_k;
 pub(crate) mod softmax;
 mod strided;
 mod winograd;
@@ -592,8 +593,8 @@ mod tests {
         super::conv::tests::backward_matches_reference();
         super::depthwise::tests::matches_reference();
         super::elementwise::tests::activations_match_reference();
-        super::gemm::tests::small_k_handles_every_column_split();
-        super::gemm::tests::small_k_kernel_grad_handles_every_split();
+        super::small_k::tests::small_k_handles_every_column_split();
+        super::small_k::tests::small_k_kernel_grad_handles_every_split();
         super::pool::tests::matches_reference();
         super::pool::compact::tests::compact_routing_matches_the_dense_one();
         super::routed::tests::products_match_the_dense_ones();
