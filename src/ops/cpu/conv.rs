@@ -718,7 +718,15 @@ fn weight_grads(
     let with_bias = db.is_some();
     let parts = ordered_parts(
         tasks,
-        || (vec![0.0f32; partial_len], vec![0.0f64; g.c_out]),
+        // A Winograd partial starts empty: its first task writes it (`add_kernel_grad`).
+        || {
+            let partial = if wino.is_some() {
+                Vec::new()
+            } else {
+                vec![0.0f32; partial_len]
+            };
+            (partial, vec![0.0f64; g.c_out])
+        },
         |(mut acc, mut bias), t| {
             let (r0, r1) = rows_of(t);
             let range = r0 * out_row..r1 * out_row;
@@ -966,14 +974,31 @@ pub(super) mod tests {
                 let expected =
                     r::conv2d_forward(&to_f64(&x), &to_f64(&k), None, &s, Activation::Linear);
                 assert_close(&y, &expected, 1e-4, &format!("{what}: forward"));
-                let rows = (0, c.tile_rows());
-                let mut du = vec![0.0; c.transformed_kernel_len()];
-                let mut scratch = vec![f32::NAN; c.scratch_len(rows)];
-                winograd::add_kernel_grad(&x, &dz, &c, rows, &mut du, &mut scratch);
+                // The tiles in two parts: the first written into an empty `du`, the second
+                // added to it; and all of them added to zeros, which must give the same sums
+                // (a zero's sign aside: `0 + -0` is `+0`).
+                let (all, half) = (c.tile_rows(), c.tile_rows() / 2);
+                let mut scratch = vec![f32::NAN; c.scratch_len((0, all))];
+                let mut du = Vec::new();
+                for (t0, t1) in [(0, half), (half, all)] {
+                    let ow = s.out_hw().1;
+                    let out_rows = c.out_row(t0) * ow..c.out_row(t1) * ow;
+                    let dz = &dz[out_rows.start * s.c_out..out_rows.end * s.c_out];
+                    winograd::add_kernel_grad(&x, dz, &c, (t0, t1), &mut du, &mut scratch);
+                }
                 let mut dk = vec![f32::NAN; s.kernel_len()];
                 winograd::kernel_from_grad(&du, &mut dk, &c);
                 let expected = r::conv2d_backward_kernel(&to_f64(&x), &to_f64(&dz), &s);
                 assert_close(&dk, &expected, 1e-4, &format!("{what}: kernel gradient"));
+                let mut written = Vec::new();
+                let mut added = vec![0.0; c.transformed_kernel_len()];
+                for du in [&mut written, &mut added] {
+                    winograd::add_kernel_grad(&x, &dz, &c, (0, all), du, &mut scratch);
+                }
+                assert!(
+                    written.iter().zip(&added).all(|(w, a)| w == a),
+                    "{what}: sums written and sums added to zeros differ"
+                );
             }
         }
     }

@@ -1,6 +1,8 @@
 //! Matrix products on the [`gemm`](https://docs.rs/gemm) crate's micro-kernels, plus the
 //! fused bias + activation epilogue that `Dense` and the convolutions share.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use crate::ops::spec::Activation;
@@ -92,13 +94,62 @@ pub(crate) fn gemm_strided(
     parallel: bool,
 ) {
     assert_eq!(product(&[m, n]), Some(dst.len()), "gemm: dst must be m x n");
-    if m == 0 || n == 0 {
-        return;
+    if k == 0 && !accumulate {
+        dst.fill(0.0);
     }
+    // SAFETY: `dst` is m*n initialized elements, borrowed mutably (nothing aliases it).
+    unsafe {
+        product_into(
+            dst.as_mut_ptr(),
+            (m, n, k),
+            (lhs, rhs),
+            accumulate,
+            parallel,
+        )
+    }
+}
+
+/// [`gemm_strided`] without `accumulate` into memory not written yet: every element of `dst`
+/// is written (zeros for `k == 0`) and none is read, so a caller may take `dst` from a
+/// vector's spare capacity instead of zeroing it first (a kernel gradient's per-task partial
+/// sums, up to 1.2 MB each, were zeroed only to be overwritten).
+pub(crate) fn gemm_strided_uninit(
+    dst: &mut [MaybeUninit<f32>],
+    (m, n, k): (usize, usize, usize),
+    lhs: Strided<'_>,
+    rhs: Strided<'_>,
+    parallel: bool,
+) {
+    assert_eq!(product(&[m, n]), Some(dst.len()), "gemm: dst must be m x n");
     if k == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
+        dst.fill(MaybeUninit::new(0.0));
+    }
+    // SAFETY: `dst` is m*n elements borrowed mutably; without `accumulate` none is read.
+    unsafe {
+        product_into(
+            dst.as_mut_ptr().cast(),
+            (m, n, k),
+            (lhs, rhs),
+            false,
+            parallel,
+        )
+    }
+}
+
+/// The gemm crate's `dst = lhs · rhs` (`+=` with `accumulate`) for `k > 0`; nothing for
+/// `k == 0` or an empty `dst` (the callers' zeros).
+///
+/// # Safety
+/// `dst` points at `m * n` writable elements (a product that does not wrap) that nothing else
+/// borrows, initialized where `accumulate`.
+unsafe fn product_into(
+    dst: *mut f32,
+    (m, n, k): (usize, usize, usize),
+    (lhs, rhs): (Strided<'_>, Strided<'_>),
+    accumulate: bool,
+    parallel: bool,
+) {
+    if m == 0 || n == 0 || k == 0 {
         return;
     }
     lhs.check(m, k, "lhs");
@@ -109,18 +160,17 @@ pub(crate) fn gemm_strided(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: `dst` is exactly m*n elements (a product checked not to wrap), written row-major
-    // (row stride n, column stride 1);
-    // `check` proved every element the views address, (m-1)*rs + (k-1)*cs for lhs and likewise
-    // for rhs, lies inside its slice, with strides representable as isize. The three slices are
-    // distinct borrows (dst is `&mut`), so nothing aliases. With `read_dst == false` the crate
-    // never reads `dst` (alpha is ignored) and writes all of it.
+    // SAFETY: `dst` holds m*n elements (the caller's contract), written row-major (row stride
+    // n, column stride 1); `check` proved every element the views address, (m-1)*rs +
+    // (k-1)*cs for lhs and likewise for rhs, lies inside its slice, with strides representable
+    // as isize. `dst` is borrowed by no one else, so nothing aliases. With `read_dst == false`
+    // the crate never reads `dst` (alpha is ignored) and writes all of it.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             n as isize,
             accumulate,
