@@ -688,6 +688,18 @@ fn weight_grads(
         };
         (c, c.grad_rows_per_task(REDUCTION_TASKS))
     });
+    // A large transformed kernel goes by groups of tiles, without per-task partial sums (from
+    // `dz` itself; an activation's gradient formed block by block keeps the tasks).
+    if let (Some((c, _)), OutputGrad::Dz(dz)) = (wino, grad) {
+        if c.grad_by_groups() {
+            let du = winograd::kernel_grad_by_groups(x, dz, &c, c.group_rows());
+            winograd::kernel_from_grad(&du, dk, &c);
+            if let Some(db) = db {
+                super::sum_rows(dz, dz.len() / g.c_out, g.c_out, db);
+            }
+            return;
+        }
+    }
     // Tasks cut independently of the thread count: each sums its rows into its own partial,
     // so the cut decides the rounding, which must be the same on every run and machine.
     let rows_per_task = g.rows_per_task(REDUCTION_TASKS);
@@ -999,6 +1011,13 @@ pub(super) mod tests {
                     written.iter().zip(&added).all(|(w, a)| w == a),
                     "{what}: sums written and sums added to zeros differ"
                 );
+                // By groups of one and of two tile rows.
+                for group in [1, 2] {
+                    let du = winograd::kernel_grad_by_groups(&x, &dz, &c, group);
+                    winograd::kernel_from_grad(&du, &mut dk, &c);
+                    let what = format!("{what}: kernel gradient by groups of {group}");
+                    assert_close(&dk, &expected, 1e-4, &what);
+                }
             }
         }
     }

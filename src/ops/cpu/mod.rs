@@ -482,7 +482,17 @@ mod ordered_tests {
         };
         // Enough tile rows for the kernel gradient's tasks of at least 128 tiles.
         let wider_batch = Conv2dShape { n: 40, ..wino };
-        for s in [wino, strided, wider_batch] {
+        // A transformed kernel large enough for the kernel gradient by groups of tile rows
+        // (F(4×4, 3×3) at 7×7, 64 → 128: three groups, of 75, 75 and 42).
+        let by_groups = Conv2dShape {
+            n: 96,
+            h: 7,
+            w: 7,
+            c_in: 64,
+            c_out: 128,
+            ..s
+        };
+        for s in [wino, strided, wider_batch, by_groups] {
             let (x, k) = (random_vec(s.input_len(), 6), random_vec(s.kernel_len(), 7));
             all_equal(
                 &bits_per_pool(|| {

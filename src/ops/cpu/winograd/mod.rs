@@ -50,6 +50,14 @@ const MIN_GRAD_TILES: usize = 128;
 /// cores busy.
 const MIN_GRAD_TASKS: usize = 16;
 
+/// Floats of transformed input and output gradient a group of [`kernel_grad_by_groups`]
+/// holds, about 4 MiB.
+const GROUP_FLOATS: usize = 1 << 20;
+
+/// Transformed-kernel floats from which a kernel gradient goes by groups
+/// ([`Correlation::grad_by_groups`]): 512 KiB.
+const GROUPED_KERNEL_FLOATS: usize = 128 * 1024;
+
 /// Channels a transform works on at once: one AVX-512 vector.
 const CHUNK: usize = 16;
 
@@ -217,6 +225,19 @@ impl Correlation {
         self.tile.elements() * (t1 - t0) * self.tiles_w() * (self.c_in + self.c_out)
     }
 
+    /// Whether the kernel gradient goes by groups of tile rows ([`kernel_grad_by_groups`]):
+    /// where the transformed kernel, which each task's partial sums would hold whole, reaches
+    /// [`GROUPED_KERNEL_FLOATS`] (7×7 64 → 128 under F(4×4, 3×3): 288 Ki floats; 14×14 32 →
+    /// 64 under F(2×2, 3×3), 32 Ki, keeps its partial sums, which ran faster there).
+    pub(super) fn grad_by_groups(&self) -> bool {
+        self.transformed_kernel_len() >= GROUPED_KERNEL_FLOATS
+    }
+
+    /// Tile rows per group of [`kernel_grad_by_groups`]: what fills [`GROUP_FLOATS`].
+    pub(super) fn group_rows(&self) -> usize {
+        (GROUP_FLOATS / self.scratch_len((0, 1)).max(1)).max(1)
+    }
+
     /// Floats of a transformed kernel, `[ξ, c_in, c_out]` (or of its gradient's partial sums).
     pub(super) fn transformed_kernel_len(&self) -> usize {
         self.tile.elements() * self.c_in * self.c_out
@@ -360,6 +381,80 @@ pub(super) fn add_kernel_grad(
         // them (each element ξ's `pairs`, for every ξ).
         unsafe { du.set_len(len) };
     }
+}
+
+/// The gradient w.r.t. `U` over every tile (`[ξ, c_in, c_out]`), `group` tile rows at a time
+/// (at least one; [`Correlation::group_rows`]) in order: a group's tiles are transformed in parallel into
+/// one scratch buffer (`[tiles, ξ, c]`, as [`add_kernel_grad`]'s), then `dU_ξ += V_ξᵀ Z_ξ`
+/// runs for every element ξ in parallel, one product over the group's tiles each. There are
+/// no per-task partial sums to write and add: at 7×7 64 → 128 under F(4×4, 3×3) sixteen of
+/// them, 1.2 MB each, had cost more than the products. `dz` is the whole output gradient.
+/// The groups are cut by the shape alone, so the bits do not depend on the thread count.
+pub(super) fn kernel_grad_by_groups(
+    x: &[f32],
+    dz: &[f32],
+    c: &Correlation,
+    group: usize,
+) -> Vec<f32> {
+    let (e, tw) = (c.tile.elements(), c.tiles_w());
+    let (pairs, len) = (c.c_in * c.c_out, c.transformed_kernel_len());
+    let mut du: Vec<f32> = Vec::with_capacity(len);
+    let group = group.max(1);
+    let part = group.div_ceil(MIN_TASKS).max(1);
+    let out_at = |t: usize| c.out_row(t) * c.ow * c.c_out;
+    with_scratch(c.scratch_len((0, group)), |scratch| {
+        for g0 in (0..c.tile_rows()).step_by(group) {
+            let g1 = (g0 + group).min(c.tile_rows());
+            let tiles = (g1 - g0) * tw;
+            let (v, z) = scratch.split_at_mut(e * tiles * c.c_in);
+            let z = &mut z[..e * tiles * c.c_out];
+            v.par_chunks_mut(part * tw * e * c.c_in)
+                .zip(z.par_chunks_mut(part * tw * e * c.c_out))
+                .enumerate()
+                .for_each(|(k, (v, z))| {
+                    let (t0, t1) = (g0 + k * part, (g0 + (k + 1) * part).min(g1));
+                    transform_input(x, c, (t0, t1), v);
+                    transform_output_grad(&dz[out_at(t0)..out_at(t1)], c, (t0, t1), z);
+                });
+            let (v, z) = (&*v, &*z);
+            // V_ξᵀ: element (i, t) at (t * e + ξ) * c_in + i; Z_ξ: (t, o) likewise.
+            let operands = |xi: usize| {
+                let vt = Strided {
+                    data: &v[xi * c.c_in..],
+                    rs: 1,
+                    cs: e * c.c_in,
+                };
+                let z = Strided {
+                    data: &z[xi * c.c_out..],
+                    rs: e * c.c_out,
+                    cs: 1,
+                };
+                (vt, z)
+            };
+            if g0 == 0 {
+                let fresh = &mut du.spare_capacity_mut()[..len];
+                fresh
+                    .par_chunks_mut(pairs)
+                    .enumerate()
+                    .for_each(|(xi, du)| {
+                        let (vt, z) = operands(xi);
+                        gemm_strided_uninit(du, (c.c_in, c.c_out, tiles), vt, z, false);
+                    });
+                // SAFETY: the capacity holds `len` elements, and the products just wrote every
+                // one of them (each element ξ's `pairs`).
+                unsafe { du.set_len(len) };
+            } else {
+                du.par_chunks_mut(pairs).enumerate().for_each(|(xi, du)| {
+                    let (vt, z) = operands(xi);
+                    gemm_strided(du, c.c_in, c.c_out, tiles, vt, z, true, false);
+                });
+            }
+        }
+    });
+    if du.is_empty() {
+        du.resize(len, 0.0);
+    }
+    du
 }
 
 /// The `[3, 3, c_in, c_out]` kernel gradient `Gᵀ dU_ξ G` from the gradient w.r.t. `U`
@@ -680,6 +775,33 @@ mod tests {
         assert_eq!(Tile::as_tight(28, 28), Tile::F4);
         assert_eq!(Tile::as_tight(14, 14), Tile::F2);
         assert_eq!(Tile::as_tight(9, 11), Tile::F2);
+    }
+
+    #[test]
+    fn large_transformed_kernels_go_by_groups() {
+        let layer = |hw: usize, c_in: usize, c_out: usize| {
+            let tile = Tile::as_tight(hw, hw);
+            Correlation {
+                n: 128,
+                h: hw,
+                w: hw,
+                c_in,
+                oh: hw,
+                ow: hw,
+                c_out,
+                pt: 1,
+                pl: 1,
+                tile,
+            }
+        };
+        assert!(layer(7, 64, 128).grad_by_groups());
+        assert!(!layer(14, 32, 64).grad_by_groups());
+        assert!(!layer(28, 16, 32).grad_by_groups());
+        // A group fills about GROUP_FLOATS: 75 of 7×7 64 → 128's 256 tile rows.
+        assert_eq!(
+            layer(7, 64, 128).group_rows(),
+            GROUP_FLOATS / (36 * 2 * 192)
+        );
     }
 
     #[test]
