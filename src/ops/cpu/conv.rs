@@ -872,6 +872,8 @@ pub(super) mod tests {
             (1, 8, 7, 24, 40, 3, 3, Padding::Valid),
             (2, 1, 1, 16, 16, 3, 3, Padding::Same),
             (1, 3, 4, 33, 16, 3, 3, Padding::Valid),
+            // A transformed kernel large enough for the kernel gradient by groups of tiles.
+            (2, 7, 7, 64, 128, 3, 3, Padding::Same),
         ] {
             v.push(Conv2dShape {
                 n,

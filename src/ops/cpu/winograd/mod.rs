@@ -13,7 +13,10 @@
 //! small enough to stay in L2.
 //!
 //! The kernel gradient is the same bilinear form read the other way: `dU_ξ = Σ_t V_ξ[t]ᵀ
-//! Z_ξ[t]` with `Z = A dz Aᵀ` each tile's output gradient, then `dk = Gᵀ dU G`.
+//! Z_ξ[t]` with `Z = A dz Aᵀ` each tile's output gradient, then `dk = Gᵀ dU G`. Tasks of a
+//! few tile rows each sum into partial sums of their own, added at the end; where `dU` is
+//! large (64 → 128 channels under F(4×4, 3×3)), groups of tile rows go one after another
+//! instead, each element ξ's product over a group's tiles in parallel, with no partial sums.
 //!
 //! The transforms round more than the direct sum does, F(4×4, 3×3)'s most (see [`tiles`]):
 //! within a few millionths of the outputs' magnitude, inside the tests' 1e-4 of the f64
@@ -384,12 +387,13 @@ pub(super) fn add_kernel_grad(
 }
 
 /// The gradient w.r.t. `U` over every tile (`[ξ, c_in, c_out]`), `group` tile rows at a time
-/// (at least one; [`Correlation::group_rows`]) in order: a group's tiles are transformed in parallel into
-/// one scratch buffer (`[tiles, ξ, c]`, as [`add_kernel_grad`]'s), then `dU_ξ += V_ξᵀ Z_ξ`
-/// runs for every element ξ in parallel, one product over the group's tiles each. There are
-/// no per-task partial sums to write and add: at 7×7 64 → 128 under F(4×4, 3×3) sixteen of
-/// them, 1.2 MB each, had cost more than the products. `dz` is the whole output gradient.
-/// The groups are cut by the shape alone, so the bits do not depend on the thread count.
+/// (at least one; [`Correlation::group_rows`]) in order: a group's tiles are transformed in
+/// parallel into one scratch buffer (`[tiles, ξ, c]`, as [`add_kernel_grad`]'s), then
+/// `dU_ξ += V_ξᵀ Z_ξ` runs for every element ξ in parallel, one product over the group's
+/// tiles each. There are no per-task partial sums to write and add: at 7×7 64 → 128 under
+/// F(4×4, 3×3) sixteen of them, 1.2 MB each, had cost more than the products. `dz` is the
+/// whole output gradient. The groups are cut by the shape alone, so the bits do not depend
+/// on the thread count.
 pub(super) fn kernel_grad_by_groups(
     x: &[f32],
     dz: &[f32],
