@@ -36,12 +36,41 @@ pub(crate) struct SmallK<'a> {
     pub act: Activation,
 }
 
-/// Columns `[c0, c0 + 8 * NV)` of `out = lhs · rhs + bias`, two rows at a time so that every
-/// `rhs` load feeds two independent accumulator chains.
+impl SmallK<'_> {
+    /// Rows of `out`, after checking the bounds a tile of `width` columns from `c0` reads
+    /// unchecked: panics unless `c0 + width <= n`, `out` is `m × n`, `rhs` holds `k × n` and
+    /// every `lhs(p, t)` of the `m` rows is inside `lhs` (each computed without wrapping).
+    fn check_tile(&self, out: &[f32], c0: usize, width: usize) -> usize {
+        let (n, k) = (self.n, self.offs.len());
+        let m = out.len() / n.max(1);
+        let max_off = self.offs.iter().copied().max().unwrap_or(0);
+        let last_lhs = (m.max(1) - 1)
+            .checked_mul(self.ps)
+            .and_then(|r| r.checked_add(max_off));
+        assert!(
+            c0.checked_add(width).is_some_and(|end| end <= n)
+                && product(&[m, n]) == Some(out.len())
+                && product(&[k, n]).is_some_and(|kn| self.rhs.len() >= kn)
+                && (k == 0 || m == 0 || last_lhs.is_some_and(|last| last < self.lhs.len())),
+            "small_k: operands too short"
+        );
+        m
+    }
+
+    /// The accumulators' start for columns `[c0, c0 + LANES * NV)`: the bias, or zeros.
+    #[inline(always)]
+    fn init<V: Vector, const NV: usize>(&self, c0: usize) -> [V; NV] {
+        match self.bias {
+            Some(b) => V::load_n::<NV>(b, c0),
+            None => [V::splat(0.0); NV],
+        }
+    }
+}
+
+/// Columns `[c0, c0 + LANES * NV)` of `out = lhs · rhs + bias`, two rows at a time so that
+/// every `rhs` load feeds two independent accumulator chains.
 ///
-/// Panics unless `c0 + 8 * NV <= n`, `out` is `m × n`, `rhs` holds `k × n` and every
-/// `lhs(p, t)` of the `m` rows is inside `lhs` (the bounds the unchecked reads rely on, each
-/// computed without wrapping).
+/// Panics as [`SmallK::check_tile`] does.
 #[inline(always)]
 fn small_k_tile<V: Vector, const NV: usize, const FMA: bool>(
     p: &SmallK<'_>,
@@ -49,26 +78,12 @@ fn small_k_tile<V: Vector, const NV: usize, const FMA: bool>(
     out: &mut [f32],
 ) {
     let lanes = V::LANES;
-    let (n, ps, k) = (p.n, p.ps, p.offs.len());
-    let m = out.len() / n.max(1);
-    let max_off = p.offs.iter().copied().max().unwrap_or(0);
-    let last_lhs = (m.max(1) - 1)
-        .checked_mul(ps)
-        .and_then(|r| r.checked_add(max_off));
-    assert!(
-        c0.checked_add(lanes * NV).is_some_and(|end| end <= n)
-            && product(&[m, n]) == Some(out.len())
-            && product(&[k, n]).is_some_and(|kn| p.rhs.len() >= kn)
-            && (k == 0 || m == 0 || last_lhs.is_some_and(|last| last < p.lhs.len())),
-        "small_k: operands too short"
-    );
-    let init: [V; NV] = match p.bias {
-        Some(b) => V::load_n::<NV>(b, c0),
-        None => [V::splat(0.0); NV],
-    };
-    // SAFETY (every unchecked read below): by the assert, `t * n + c0 + lanes * (v + 1) <= k * n <=
-    // rhs.len()` for t < k and v < NV, and `r * ps + o <= (m - 1) * ps + max_off < lhs.len()`
-    // for rows r < m and offsets o in `offs`.
+    let (n, ps) = (p.n, p.ps);
+    let m = p.check_tile(out, c0, lanes * NV);
+    let init = p.init::<V, NV>(c0);
+    // SAFETY (every unchecked read below): by `check_tile`, `t * n + c0 + lanes * (v + 1) <= k
+    // * n <= rhs.len()` for t < k and v < NV, and `r * ps + o <= (m - 1) * ps + max(offs) <
+    // lhs.len()` for rows r < m and offsets o in `offs`.
     let mut i = 0;
     while i + 2 <= m {
         let (mut acc0, mut acc1) = (init, init);
@@ -110,7 +125,7 @@ fn small_k_tile<V: Vector, const NV: usize, const FMA: bool>(
 /// loop unrolled), four rows at a time, so that each `rhs` load feeds four independent
 /// accumulator chains (six or eight rows ran slower, spilling).
 ///
-/// Panics as [`small_k_tile`] does, or unless `lhs` has `K` taps.
+/// Panics as [`SmallK::check_tile`] does, or unless `lhs` has `K` taps.
 #[inline(always)]
 fn small_k_taps<V: Vector, const K: usize, const NV: usize, const FMA: bool>(
     p: &SmallK<'_>,
@@ -120,25 +135,11 @@ fn small_k_taps<V: Vector, const K: usize, const NV: usize, const FMA: bool>(
     const ROWS: usize = 4;
     let lanes = V::LANES;
     let (n, ps) = (p.n, p.ps);
-    let m = out.len() / n.max(1);
-    let max_off = p.offs.iter().copied().max().unwrap_or(0);
-    let last_lhs = (m.max(1) - 1)
-        .checked_mul(ps)
-        .and_then(|r| r.checked_add(max_off));
-    assert!(
-        p.offs.len() == K
-            && c0.checked_add(lanes * NV).is_some_and(|end| end <= n)
-            && product(&[m, n]) == Some(out.len())
-            && product(&[K, n]).is_some_and(|kn| p.rhs.len() >= kn)
-            && (m == 0 || last_lhs.is_some_and(|last| last < p.lhs.len())),
-        "small_k: operands too short"
-    );
+    assert!(p.offs.len() == K, "small_k: operands too short");
+    let m = p.check_tile(out, c0, lanes * NV);
     let mut offs = [0usize; K];
     offs.copy_from_slice(p.offs);
-    let init: [V; NV] = match p.bias {
-        Some(b) => V::load_n::<NV>(b, c0),
-        None => [V::splat(0.0); NV],
-    };
+    let init = p.init::<V, NV>(c0);
     let mut i = 0;
     while i + ROWS <= m {
         let mut acc = [init; ROWS];
@@ -146,11 +147,12 @@ fn small_k_taps<V: Vector, const K: usize, const NV: usize, const FMA: bool>(
             let mut w = [V::splat(0.0); NV];
             for (v, w) in w.iter_mut().enumerate() {
                 let at = t * n + c0 + lanes * v;
-                // SAFETY: `at + lanes <= K * n <= rhs.len()` by the assert.
+                // SAFETY: `at + lanes <= K * n <= rhs.len()` by `check_tile`.
                 *w = V::load(unsafe { p.rhs.get_unchecked(at..at + lanes) }, 0);
             }
             for (q, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: `(i + q) * ps + o <= (m - 1) * ps + max_off < lhs.len()`.
+                // SAFETY: `(i + q) * ps + o <= (m - 1) * ps + max(offs) < lhs.len()` by
+                // `check_tile`.
                 let a = unsafe { *p.lhs.get_unchecked((i + q) * ps + o) };
                 for v in 0..NV {
                     acc[v] = acc[v].madd::<FMA>(a, w[v]);

@@ -359,18 +359,7 @@ pub(super) fn add_kernel_grad(
     }
     let pairs = c.c_in * c.c_out;
     for xi in 0..elements {
-        // V_ξᵀ: element (i, t) at (t * elements + ξ) * c_in + i; Z_ξ: (t, o) likewise (both
-        // empty for no tiles, whose products are zeros).
-        let vt = Strided {
-            data: &v[(xi * c.c_in).min(v.len())..],
-            rs: 1,
-            cs: elements * c.c_in,
-        };
-        let z = Strided {
-            data: &z[(xi * c.c_out).min(z.len())..],
-            rs: elements * c.c_out,
-            cs: 1,
-        };
+        let (vt, z) = element_operands((v, z), c, xi);
         let at = xi * pairs..(xi + 1) * pairs;
         if fresh {
             let dst = &mut du.spare_capacity_mut()[at];
@@ -384,6 +373,28 @@ pub(super) fn add_kernel_grad(
         // them (each element ξ's `pairs`, for every ξ).
         unsafe { du.set_len(len) };
     }
+}
+
+/// `V_ξᵀ` and `Z_ξ` of the tiles transformed into `v` and `z` (`[tiles, ξ, c]`): element `(i,
+/// t)` of `V_ξᵀ` at `(t * elements + ξ) * c_in + i`, `(t, o)` of `Z_ξ` likewise (both empty
+/// for no tiles, whose products are zeros).
+fn element_operands<'a>(
+    (v, z): (&'a [f32], &'a [f32]),
+    c: &Correlation,
+    xi: usize,
+) -> (Strided<'a>, Strided<'a>) {
+    let elements = c.tile.elements();
+    let vt = Strided {
+        data: &v[(xi * c.c_in).min(v.len())..],
+        rs: 1,
+        cs: elements * c.c_in,
+    };
+    let z = Strided {
+        data: &z[(xi * c.c_out).min(z.len())..],
+        rs: elements * c.c_out,
+        cs: 1,
+    };
+    (vt, z)
 }
 
 /// The gradient w.r.t. `U` over every tile (`[ξ, c_in, c_out]`), `group` tile rows at a time
@@ -420,21 +431,7 @@ pub(super) fn kernel_grad_by_groups(
                     transform_input(x, c, (t0, t1), v);
                     transform_output_grad(&dz[out_at(t0)..out_at(t1)], c, (t0, t1), z);
                 });
-            let (v, z) = (&*v, &*z);
-            // V_ξᵀ: element (i, t) at (t * e + ξ) * c_in + i; Z_ξ: (t, o) likewise.
-            let operands = |xi: usize| {
-                let vt = Strided {
-                    data: &v[xi * c.c_in..],
-                    rs: 1,
-                    cs: e * c.c_in,
-                };
-                let z = Strided {
-                    data: &z[xi * c.c_out..],
-                    rs: e * c.c_out,
-                    cs: 1,
-                };
-                (vt, z)
-            };
+            let operands = |xi| element_operands((v, z), c, xi);
             if g0 == 0 {
                 let fresh = &mut du.spare_capacity_mut()[..len];
                 fresh
