@@ -2,7 +2,8 @@
 //! GPU, Dropout's mask (the same on every device, the kept fraction, the scaling, the
 //! gradient), the `training` flag, and models with both layers training on one device, under
 //! MirroredStrategy and in a pipeline, with their moving statistics saved and restored; a
-//! BatchNormalization with the ReLU after it run as one op each way, against the two layers.
+//! BatchNormalization with the ReLU after it run as one op each way, against the two layers,
+//! and a first convolution's kernel gradient through them in one op.
 //! (TensorFlow's own numbers for BatchNormalization: `tests/golden/normalization.rs`.)
 
 mod common;
@@ -18,7 +19,8 @@ use anygpu::nn::{
 use anygpu::ops::reference::{self as oracle, assert_close, to_f64};
 use anygpu::ops::spec::{ActivationFn, DropoutMask, Padding};
 use anygpu::ops::{self, BatchNormVariables};
-use anygpu::{DType, DeviceKind, LogicalDevice, Runtime, Tensor};
+use anygpu::{DType, DeviceKind, LogicalDevice, PlacementRecord, Runtime, Tensor};
+use std::sync::{Arc, Mutex};
 
 fn runtime() -> Runtime {
     common::builder()
@@ -726,10 +728,21 @@ fn conv_bn_act(
     bn: BatchNormalization,
     act: Box<dyn Layer>,
 ) -> Sequential {
+    conv_bias_bn_act(dev, policy, false, bn, act)
+}
+
+/// [`conv_bn_act`] with a bias in the convolution or not.
+fn conv_bias_bn_act(
+    dev: &LogicalDevice,
+    policy: Policy,
+    use_bias: bool,
+    bn: BatchNormalization,
+    act: Box<dyn Layer>,
+) -> Sequential {
     let mut m = Sequential::with_seed(3);
     let conv = Conv2D::new(4, 3)
         .padding(Padding::Same)
-        .use_bias(false)
+        .use_bias(use_bias)
         .dtype_policy(policy)
         .input_shape(&[8, 8, 1]);
     let layers: [Box<dyn Layer>; 5] = [
@@ -787,6 +800,65 @@ fn a_relu_after_batch_norm_trains_as_its_own_layer_does() {
             }
         }
     }
+}
+
+/// On CPU:0, a first Conv2D under a BatchNormalization and its ReLU takes its kernel (and
+/// bias) gradient in one op with the normalization's (`dz` formed where the kernel gradient
+/// reads it, never written whole); with the ReLU as its own layer the three run as their own
+/// ops. Both give the same loss and gradients, with and without the convolution's bias, and
+/// with and without gamma and beta.
+#[test]
+fn a_first_conv_takes_its_kernel_gradient_through_the_batch_norm_after_it() {
+    let rt = runtime();
+    let cpu = rt.cpu().expect("CPU:0");
+    let (x, y) = batches(16, 16, &cpu).remove(0);
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&ops);
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().expect("the log").push(r.op)
+    }));
+    rt.set_log_device_placement(true);
+    let bns = || {
+        [
+            BatchNormalization::new(),
+            BatchNormalization::new().center(false).scale(false),
+        ]
+    };
+    for use_bias in [false, true] {
+        for (i, (bn, twin)) in bns().into_iter().zip(bns()).enumerate() {
+            let fused = Box::new(ReLU::new());
+            let separate = Box::new(ReLU::new().max_value(f32::MAX));
+            let f32_ = Policy::FLOAT32;
+            let mut a = conv_bias_bn_act(&cpu, f32_, use_bias, bn, fused);
+            let mut b = conv_bias_bn_act(&cpu, f32_, use_bias, twin, separate);
+            let ran = |m: &mut Sequential| {
+                ops.lock().expect("the log").clear();
+                let out = m.loss_and_gradients(&x, &y).expect("gradients");
+                let fused_ops = ops
+                    .lock()
+                    .expect("the log")
+                    .iter()
+                    .filter(|&&op| op == "FusedBatchNormGradConv2DBackpropFilter")
+                    .count();
+                (out, fused_ops)
+            };
+            let what = format!("bias {use_bias}, case {i}");
+            let ((loss_a, grads_a), fused_a) = ran(&mut a);
+            let ((loss_b, grads_b), fused_b) = ran(&mut b);
+            assert_eq!((fused_a, fused_b), (1, 0), "{what}: the fused op ran once");
+            common::assert_close(&what, &[loss_a], &[loss_b], 1e-6);
+            assert_eq!(grads_a.len(), grads_b.len(), "{what}");
+            for (g, (ga, gb)) in grads_a.iter().zip(&grads_b).enumerate() {
+                let (ga, gb) = (read(ga), read(gb));
+                assert!(
+                    ga.iter().any(|&v| v != 0.0),
+                    "{what}: gradient {g} all zeros"
+                );
+                common::assert_close(&format!("{what}: gradient {g}"), &ga, &gb, 1e-5);
+            }
+        }
+    }
+    rt.set_log_device_placement(false);
 }
 
 /// A custom identity layer that names itself an activation and keeps nothing for its

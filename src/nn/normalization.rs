@@ -9,9 +9,11 @@ use crate::error::{Error, Result};
 use crate::mixed_precision::Policy;
 use crate::nn::init::zeros;
 use crate::nn::layer_config;
-use crate::nn::layers::{bad_input, not_built, replace, saved, weights_of, Layer};
+use crate::nn::layers::{
+    bad_input, not_built, on_gpu, replace, saved, weights_of, Layer, StemConv,
+};
 use crate::nn::replica_group::{self, ReplicaGroup};
-use crate::ops::spec::{ActivationFn, DropoutMask};
+use crate::ops::spec::{Activation as OpActivation, ActivationFn, DropoutMask};
 use crate::ops::{self, BatchNormVariables};
 use crate::tensor::{DType, Tensor};
 
@@ -554,6 +556,46 @@ impl Layer for BatchNormalization {
             need_dx.then_some(dx),
             self.trained_grads(dgamma, dbeta),
         )))
+    }
+
+    /// On the CPU, in float32, with a ReLU after the layer and a convolution without
+    /// activation before it: the convolution's kernel gradient forms the normalization's input
+    /// gradient block by block.
+    fn backward_into_stem(
+        &self,
+        stem: &StemConv,
+        stem_input: &Tensor,
+        saved_tensors: &[Tensor],
+        dy: &Tensor,
+        act: ActivationFn,
+    ) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
+        let fits = act == ActivationFn::RELU
+            && !self.synchronized
+            && stem.activation == OpActivation::Linear
+            && dy.dtype() == DType::F32
+            && !on_gpu(dy);
+        if !fits {
+            return Ok(None);
+        }
+        let [z, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
+        let (gamma, beta) = self.gamma_beta()?;
+        let bn = ops::NormalizedOutput {
+            z: &z,
+            dy,
+            gamma,
+            relu_beta: Some(beta),
+            stats: &stats,
+        };
+        let k = stem.kernel.shape();
+        let (dk, db, dgamma, dbeta) = ops::conv2d_backward_weights_normalized(
+            stem_input,
+            bn,
+            k,
+            stem.bias.is_some(),
+            stem.options,
+        )?;
+        let stem_grads = [Some(dk), db].into_iter().flatten().collect();
+        Ok(Some((stem_grads, self.trained_grads(dgamma, dbeta))))
     }
 
     fn backward(

@@ -226,6 +226,15 @@ pub(crate) fn backward_from(
         }
         if let Some(act) = fused_activation(stages, &saved, i, dy_preactivated) {
             let below = i - 1;
+            if below == 1 && !input_grad {
+                if let Some((stem_grads, grads)) = into_stem(stages, &saved, &dy_here, act)? {
+                    saved.clear();
+                    on_grads(i, Vec::new())?;
+                    on_grads(1, in_f32(&grads)?)?;
+                    on_grads(0, in_f32(&stem_grads)?)?;
+                    return Ok(None);
+                }
+            }
             let layer = stages[below].layer;
             let need_dx = below > 0 || input_grad;
             // `None`: the layer below did not run the activation (an activation layer that
@@ -281,6 +290,30 @@ pub(crate) fn backward_from(
         }
     }
     Ok(input_grad.then_some(dy))
+}
+
+/// Stage 1's backward pass, with stage 2's activation `act` fused in it, and the first
+/// layer's weight gradients in one ([`Layer::backward_into_stem`]): `(the first layer's
+/// gradients, stage 1's)`, when the first layer is a stem on stage 1's device that kept its
+/// input and stage 1 has such a pass; `None` otherwise.
+fn into_stem(
+    stages: &[Stage<'_>],
+    saved: &[Vec<Tensor>],
+    dy: &Tensor,
+    act: ActivationFn,
+) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
+    if !same_place(&stages[0], &stages[1]) {
+        return Ok(None);
+    }
+    let Some(stem) = stages[0].layer.as_stem(stages[0].dtype)? else {
+        return Ok(None);
+    };
+    let Some(x) = stages[0].layer.kept_input(&saved[0]) else {
+        return Ok(None);
+    };
+    stages[1]
+        .layer
+        .backward_into_stem(&stem, x, &saved[1], dy, act)
 }
 
 /// Runs the stem again from its input (what the next layer kept, see [`stem_at`]) and leaves

@@ -15,8 +15,8 @@ use crate::ops::spec::{
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
-    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules, SeparableBackward,
-    SeparableForward,
+    ConvNormGrads, ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules,
+    SeparableBackward, SeparableForward,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -242,6 +242,30 @@ impl NnKernels for HostKernels {
             (r.f32(1), r.f32(2)),
             g.act,
             (dk.f32(), db.f32()),
+            &g.s,
+        );
+        Ok(())
+    }
+
+    fn conv2d_backward_weights_normalized(&self, g: &ConvNormGrads<'_>) -> Result<()> {
+        let mut inputs = vec![g.x, g.z, g.dy, g.gamma, g.stats];
+        inputs.extend(g.relu_beta);
+        let r = Inputs::lock(&inputs);
+        let mut dk = write(g.dk);
+        let mut db = g.db.map(write);
+        let (mut dgamma, mut dbeta) = (write(g.dgamma), write(g.dbeta));
+        let bn = cpu::BatchNormGradInputs {
+            z: r.f32(1),
+            dy: r.f32(2),
+            gamma: r.f32(3),
+            stats: r.f32(4),
+            relu_beta: g.relu_beta.is_some().then(|| r.f32(5)),
+        };
+        cpu::conv2d_backward_weights_normalized(
+            r.f32(0),
+            bn,
+            (dk.f32(), db.as_mut().map(|db| db.f32())),
+            (dgamma.f32(), dbeta.f32()),
             &g.s,
         );
         Ok(())

@@ -188,6 +188,7 @@ pub(crate) fn run<R>(
 
 pub(crate) use basic::unscale_checked;
 pub(crate) use nn_kernels::{
-    ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward, StemConv,
+    ConvNormGrads, ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward,
+    StemConv,
 };
 pub(crate) use spec::ScaleRules;

@@ -42,6 +42,10 @@ pub(crate) trait NnKernels {
     /// The kernel and bias gradients from the activated output's gradient (see
     /// [`conv2d_backward_weights`]).
     fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()>;
+    /// The kernel and bias gradients of a convolution whose output a batch normalization
+    /// takes, and that normalization's own gradients (see
+    /// [`conv2d_backward_weights_normalized`](crate::ops::nn::conv2d_backward_weights_normalized)).
+    fn conv2d_backward_weights_normalized(&self, g: &ConvNormGrads<'_>) -> Result<()>;
     /// Depthwise 'same' convolution.
     fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()>;
     /// Its gradient w.r.t. the input.
@@ -439,6 +443,24 @@ pub(crate) struct ConvWeightGrads<'a> {
     pub(crate) db: &'a Tensor,
     pub(crate) s: Conv2dShape,
     pub(crate) act: Activation,
+}
+
+/// The tensors of [`NnKernels::conv2d_backward_weights_normalized`]: the convolution's input
+/// `x` and output `z`, the gradient `dy` w.r.t. the normalization's output, its `gamma`, the
+/// forward pass's `stats` and, with a fused ReLU, `relu_beta`; outputs `dk`, `db` (with a
+/// bias), `dgamma` and `dbeta`.
+pub(crate) struct ConvNormGrads<'a> {
+    pub(crate) x: &'a Tensor,
+    pub(crate) z: &'a Tensor,
+    pub(crate) dy: &'a Tensor,
+    pub(crate) gamma: &'a Tensor,
+    pub(crate) stats: &'a Tensor,
+    pub(crate) relu_beta: Option<&'a Tensor>,
+    pub(crate) dk: &'a Tensor,
+    pub(crate) db: Option<&'a Tensor>,
+    pub(crate) dgamma: &'a Tensor,
+    pub(crate) dbeta: &'a Tensor,
+    pub(crate) s: Conv2dShape,
 }
 
 /// The tensors of [`NnKernels::dense_backward`]: inputs `x` `[m, k]`, `w` `[k, n]`, the

@@ -279,30 +279,7 @@ fn backward_pass(
         &BATCH_NORM_GRAD
     };
     let name = op.name;
-    let dtype = activation_dtype(name, x)?;
-    dy.expect_dtype(name, dtype)?;
-    let (rows, c) = rows_channels(name, x)?;
-    if dy.shape() != x.shape() {
-        return Err(Error::ShapeMismatch {
-            op: name,
-            lhs: x.shape().to_vec(),
-            rhs: dy.shape().to_vec(),
-            hint: ": the gradient must have the input's shape".into(),
-        });
-    }
-    check_variables(name, c, &[("gamma", gamma)])?;
-    if let Some(beta) = relu_beta {
-        check_variables(name, c, &[("beta", beta)])?;
-    }
-    stats.expect_dtype(name, DType::F32)?;
-    if stats.shape() != [2, c] {
-        return Err(Error::ShapeMismatch {
-            op: name,
-            lhs: vec![2, c],
-            rhs: stats.shape().to_vec(),
-            hint: ": the batch statistics of the forward pass".into(),
-        });
-    }
+    let (dtype, rows, c) = check_grad_inputs(name, x, dy, (gamma, relu_beta), stats)?;
     let p = BatchNormParams {
         rows,
         channels: c,
@@ -329,6 +306,42 @@ fn backward_pass(
         with_kernels(device, |_, nk| nk.batch_norm_backward(&args))?;
         Ok((dx, dgamma, dbeta))
     })
+}
+
+/// The checks of a gradient pass's inputs (see [`batch_normalization_backward`]) for the op
+/// `name`: `(dtype, rows, channels)` of `x`.
+pub(crate) fn check_grad_inputs(
+    name: &'static str,
+    x: &Tensor,
+    dy: &Tensor,
+    (gamma, relu_beta): (&Tensor, Option<&Tensor>),
+    stats: &Tensor,
+) -> Result<(DType, usize, usize)> {
+    let dtype = activation_dtype(name, x)?;
+    dy.expect_dtype(name, dtype)?;
+    let (rows, c) = rows_channels(name, x)?;
+    if dy.shape() != x.shape() {
+        return Err(Error::ShapeMismatch {
+            op: name,
+            lhs: x.shape().to_vec(),
+            rhs: dy.shape().to_vec(),
+            hint: ": the gradient must have the input's shape".into(),
+        });
+    }
+    check_variables(name, c, &[("gamma", gamma)])?;
+    if let Some(beta) = relu_beta {
+        check_variables(name, c, &[("beta", beta)])?;
+    }
+    stats.expect_dtype(name, DType::F32)?;
+    if stats.shape() != [2, c] {
+        return Err(Error::ShapeMismatch {
+            op: name,
+            lhs: vec![2, c],
+            rhs: stats.shape().to_vec(),
+            hint: ": the batch statistics of the forward pass".into(),
+        });
+    }
+    Ok((dtype, rows, c))
 }
 
 fn variables<'a>(v: &BatchNormVariables<'a>) -> [(&'static str, &'a Tensor); 4] {

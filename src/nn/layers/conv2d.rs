@@ -244,6 +244,11 @@ impl Layer for Conv2D {
         }))
     }
 
+    /// The forward pass keeps `[x, kept]`.
+    fn kept_input<'a>(&self, saved: &'a [Tensor]) -> Option<&'a Tensor> {
+        saved.first()
+    }
+
     /// From a pre-activated `dy` (the layer after applied this one's activation gradient);
     /// the input's gradient plain.
     fn backward_fused(

@@ -339,6 +339,39 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// The input this layer's forward pass kept in `saved`, for a layer after it that runs
+    /// this one's kernel gradient inside its own backward pass
+    /// ([`backward_into_stem`](Layer::backward_into_stem)). Provided: `None`; `Conv2D`
+    /// answers.
+    fn kept_input<'a>(&self, saved: &'a [Tensor]) -> Option<&'a Tensor> {
+        let _ = saved;
+        None
+    }
+
+    /// This layer's backward pass with the activation `act` after it (as
+    /// [`backward_with_activation`](Layer::backward_with_activation)) and the weight gradients
+    /// of the layer before, the convolution `stem` of `stem_input` (from
+    /// [`as_stem`](Layer::as_stem) and [`kept_input`](Layer::kept_input)), in one: `(stem's
+    /// weight gradients, this layer's)`, each in its layer's [`weights`](Layer::weights)
+    /// order. The stem's input gradient is not computed (the stem is a model's first layer),
+    /// and the gradient w.r.t. its output need not go through memory. `Ok(None)` when the
+    /// layer has no such pass where it runs; the model then runs the two backward passes.
+    /// Provided: `Ok(None)`; `BatchNormalization` answers on the CPU.
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    fn backward_into_stem(
+        &self,
+        stem: &StemConv,
+        stem_input: &Tensor,
+        saved: &[Tensor],
+        dy: &Tensor,
+        act: ActivationFn,
+    ) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
+        let _ = (stem, stem_input, saved, dy, act);
+        Ok(None)
+    }
+
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
     /// replicas this way, then gives each copy its own weights on its replica's device through
@@ -603,7 +636,8 @@ fn cpu_preactivation_grad(act: Activation, weight: Option<&Tensor>) -> Option<Op
     (on_cpu && act.separate().is_none() && fused != OpActivation::Linear).then_some(fused)
 }
 
-/// Whether a layer's weight lives on a GPU (its ops then run there).
-fn on_gpu(weight: &Tensor) -> bool {
+/// Whether a layer's weight (or a tensor it computes on) lives on a GPU (its ops then run
+/// there).
+pub(crate) fn on_gpu(weight: &Tensor) -> bool {
     weight.device_handle().device_type() == crate::DeviceKind::Gpu
 }

@@ -248,42 +248,100 @@ pub(crate) fn batch_norm_backward(
     (dgamma, dbeta): (&mut [f32], &mut [f32]),
     p: &BatchNormParams,
 ) {
-    let (rows, c) = (p.rows, p.channels);
-    let (mean, inv) = stats.split_at(c);
-    let affine = relu_beta.map(|beta| {
-        let (a, b) = affine(gamma, beta, stats);
-        (stretched(&a), stretched(&b))
-    });
-    let relu = affine.as_ref().map(|(a, b)| (&a[..], &b[..]));
-    let wide_mean = stretched(mean);
-    let wide = column_sums(rows, 2 * wide_mean.len(), |(r0, r1), acc| {
-        grad_sums(
-            &x[r0 * c..r1 * c],
-            &dy[r0 * c..r1 * c],
-            &wide_mean,
-            relu,
-            acc,
+    let sums = (dgamma, dbeta);
+    let grad = InputGrad::new(
+        (x, dy),
+        (gamma, relu_beta),
+        stats,
+        sums,
+        (p.rows, p.channels),
+    );
+    grad.all(&mut dx[..p.rows * p.channels]);
+}
+
+/// The input gradient of a training pass, `dx = k g + k' (x - mean) + k''` per channel (see
+/// [`batch_norm_backward`]), once its sums are known: what a consumer of `dx` needs to form
+/// any rows of it where it reads them (a convolution's kernel gradient, block by block in
+/// cache, instead of `dx` written whole and read back).
+pub(crate) struct InputGrad<'a> {
+    x: &'a [f32],
+    dy: &'a [f32],
+    c: usize,
+    /// The mean, [`stretched`].
+    mean: Vec<f32>,
+    /// `[k; k'; k'']`, each third [`stretched`].
+    coef: Vec<f32>,
+    /// The fused ReLU's `(a, b)` ([`affine`]), [`stretched`].
+    relu: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl<'a> InputGrad<'a> {
+    /// The sums over `x` and `dy` (`[rows, c]`), written as `dgamma` and `dbeta`, and the
+    /// coefficients of `dx` from them (the other arguments as [`batch_norm_backward`]'s).
+    pub(crate) fn new(
+        (x, dy): (&'a [f32], &'a [f32]),
+        (gamma, relu_beta): (&[f32], Option<&[f32]>),
+        stats: &[f32],
+        (dgamma, dbeta): (&mut [f32], &mut [f32]),
+        (rows, c): (usize, usize),
+    ) -> InputGrad<'a> {
+        let len = rows * c;
+        assert!(
+            x.len() >= len && dy.len() >= len,
+            "batch-norm gradient: x and dy must hold {rows}x{c} values"
         );
-    });
-    let sums = fold_stretch(&wide, c);
-    let n = rows as f32;
-    let mut coef = vec![0.0f32; 3 * c];
-    for j in 0..c {
-        let (s1, s2) = (sums[j] as f32, sums[c + j] as f32);
-        let k = gamma[j] * inv[j];
-        dbeta[j] = s1;
-        dgamma[j] = s2 * inv[j];
-        coef[j] = k;
-        coef[c + j] = -k * inv[j] * inv[j] * s2 / n;
-        coef[2 * c + j] = -k * s1 / n;
+        let (mean, inv) = stats.split_at(c);
+        let relu = relu_beta.map(|beta| {
+            let (a, b) = affine(gamma, beta, stats);
+            (stretched(&a), stretched(&b))
+        });
+        let ab = relu.as_ref().map(|(a, b)| (&a[..], &b[..]));
+        let wide_mean = stretched(mean);
+        let wide = column_sums(rows, 2 * wide_mean.len(), |(r0, r1), acc| {
+            grad_sums(&x[r0 * c..r1 * c], &dy[r0 * c..r1 * c], &wide_mean, ab, acc);
+        });
+        let sums = fold_stretch(&wide, c);
+        let n = rows as f32;
+        let mut coef = vec![0.0f32; 3 * c];
+        for j in 0..c {
+            let (s1, s2) = (sums[j] as f32, sums[c + j] as f32);
+            let k = gamma[j] * inv[j];
+            dbeta[j] = s1;
+            dgamma[j] = s2 * inv[j];
+            coef[j] = k;
+            coef[c + j] = -k * inv[j] * inv[j] * s2 / n;
+            coef[2 * c + j] = -k * s1 / n;
+        }
+        InputGrad {
+            x: &x[..len],
+            dy: &dy[..len],
+            c,
+            mean: wide_mean,
+            coef: stretched_rows(&coef, c),
+            relu,
+        }
     }
-    let coef = stretched_rows(&coef, c);
-    let len = rows * c;
-    dx[..len]
-        .par_chunks_mut(ROWS_PER_TASK * c)
-        .zip(x[..len].par_chunks(ROWS_PER_TASK * c))
-        .zip(dy[..len].par_chunks(ROWS_PER_TASK * c))
-        .for_each(|((dx, x), dy)| input_grad(x, dy, &wide_mean, &coef, relu, dx));
+
+    /// Values of `dx`: rows × channels.
+    pub(crate) fn len(&self) -> usize {
+        self.x.len()
+    }
+
+    /// `dx` of every row, in parallel.
+    pub(crate) fn all(&self, dx: &mut [f32]) {
+        dx.par_chunks_mut(ROWS_PER_TASK * self.c.max(1))
+            .enumerate()
+            .for_each(|(t, dx)| self.rows(t * ROWS_PER_TASK, dx));
+    }
+
+    /// `dx` of the rows from `first_row` on, as many as `dx` holds (whole rows), on the
+    /// calling thread.
+    pub(crate) fn rows(&self, first_row: usize, dx: &mut [f32]) {
+        let at = first_row * self.c;
+        let (x, dy) = (&self.x[at..at + dx.len()], &self.dy[at..at + dx.len()]);
+        let relu = self.relu.as_ref().map(|(a, b)| (&a[..], &b[..]));
+        input_grad(x, dy, &self.mean, &self.coef, relu, dx);
+    }
 }
 
 /// `[k; k'; k'']` (`3c` values) with each third [`stretched`].

@@ -27,6 +27,7 @@ use rayon::prelude::*;
 use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry};
 use crate::shape::product;
 
+use super::batchnorm::InputGrad;
 use super::elementwise::{act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, Strided};
 use super::reduce::sum_rows_leaf;
@@ -574,6 +575,55 @@ pub(crate) fn conv2d_backward_weights(
     weight_grads(x, grad, dk, Some(db), s);
 }
 
+/// The kernel and bias gradients of a convolution whose output `z` a batch normalization
+/// (with a fused ReLU when `bn.relu_beta` is given) takes, from `dy`, the gradient w.r.t. the
+/// normalization's output, and that normalization's `dgamma` and `dbeta`: the normalization's
+/// sums in one pass, then `dz`, its input gradient, formed block by block where the kernel
+/// gradient reads it. As separate ops `dz` would be written whole and read back (12.8 MB each
+/// way for the modern CNN's first layer at batch 128). What a model's first layer needs, which
+/// has no input gradient to compute.
+pub(crate) fn conv2d_backward_weights_normalized(
+    x: &[f32],
+    bn: BatchNormGradInputs<'_>,
+    (dk, db): (&mut [f32], Option<&mut [f32]>),
+    (dgamma, dbeta): (&mut [f32], &mut [f32]),
+    s: &Conv2dShape,
+) {
+    let what = "conv2d_backward_weights_normalized";
+    check(s, x.len(), dk.len(), bn.dy.len(), what);
+    assert_eq!(bn.z.len(), bn.dy.len(), "{what}: z and dy lengths differ");
+    let rows = bn.dy.len() / s.c_out.max(1);
+    let grad = InputGrad::new(
+        (bn.z, bn.dy),
+        (bn.gamma, bn.relu_beta),
+        bn.stats,
+        (dgamma, dbeta),
+        (rows, s.c_out),
+    );
+    if !s.is_unit_stride() {
+        // dz written out whole: the general path is not the tuned first layer.
+        let mut dz = vec![0.0f32; bn.dy.len()];
+        grad.all(&mut dz);
+        if let Some(db) = db {
+            super::sum_rows(&dz, rows, s.c_out, db);
+        }
+        return conv_general::backward_kernel(x, &dz, dk, &ConvGeometry::conv(s));
+    }
+    weight_grads(x, OutputGrad::Normalized(&grad), dk, db, s);
+}
+
+/// What [`conv2d_backward_weights_normalized`] reads of the batch normalization after the
+/// convolution: its input `z` (the convolution's output), the gradient `dy` w.r.t. its
+/// output, `gamma`, the forward pass's `stats` (`[mean; inv]`) and, with a fused ReLU, `beta`.
+#[derive(Clone, Copy)]
+pub(crate) struct BatchNormGradInputs<'a> {
+    pub z: &'a [f32],
+    pub dy: &'a [f32],
+    pub gamma: &'a [f32],
+    pub stats: &'a [f32],
+    pub relu_beta: Option<&'a [f32]>,
+}
+
 /// [`conv2d_forward`] of a stride-1 shape on the calling thread: for a fused op that runs the
 /// convolution block by block inside its own parallel loop (`separable.rs`'s stem), where a
 /// parallel loop of its own would only fight it for the threads.
@@ -654,6 +704,8 @@ enum OutputGrad<'a> {
         y: &'a [f32],
         act: Activation,
     },
+    /// The input gradient of a batch normalization of the output, formed block by block.
+    Normalized(&'a InputGrad<'a>),
 }
 
 /// `dk = patches(x)ᵀ · dz` and, when asked, `db = Σ dz` (in f64), over blocks of output rows in
@@ -670,6 +722,7 @@ fn weight_grads(
     let total = match grad {
         OutputGrad::Dz(dz) => dz.len(),
         OutputGrad::Activated { dy, .. } => dy.len(),
+        OutputGrad::Normalized(grad) => grad.len(),
     };
     if total == 0 || out_row == 0 || dk.is_empty() {
         dk.fill(0.0);
@@ -751,7 +804,7 @@ fn weight_grads(
             };
             let dz_len = match grad {
                 OutputGrad::Dz(_) => 0,
-                OutputGrad::Activated { .. } => range.len(),
+                OutputGrad::Activated { .. } | OutputGrad::Normalized(..) => range.len(),
             };
             // One scratch buffer for both: a nested `with_scratch` would allocate.
             with_scratch(product_len + dz_len, |buf| {
@@ -760,6 +813,10 @@ fn weight_grads(
                     OutputGrad::Dz(dz) => &dz[range.clone()],
                     OutputGrad::Activated { dy, y, act } => {
                         act_backward_leaf(&dy[range.clone()], &y[range.clone()], dz_buf, act);
+                        dz_buf
+                    }
+                    OutputGrad::Normalized(norm) => {
+                        norm.rows(range.start / g.c_out, dz_buf);
                         dz_buf
                     }
                 };
@@ -838,6 +895,7 @@ fn small_k_rows(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::ops::cpu::batchnorm::{batch_norm_backward, batch_norm_train};
     use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
     use crate::ops::spec::Padding;
 
@@ -946,6 +1004,74 @@ pub(super) mod tests {
                 let expected = r::sum_rows(&dz64, s.output_len() / s.c_out.max(1), s.c_out);
                 assert_close(&db, &expected, 1e-4, &format!("{what}: db"));
             }
+        }
+    }
+
+    /// The kernel and bias gradients through a batch normalization and ReLU after the
+    /// convolution, `dz` formed block by block: against the normalization's gradient and the
+    /// kernel gradient in f64 on every shape (the small patch, Winograd by tasks and the shape
+    /// whose plain kernel gradient goes by groups, the patch matrix) and a strided one (`dz`
+    /// written whole); the normalization's own gradients are the unfused op's bits.
+    #[test]
+    pub(in crate::ops::cpu) fn weights_through_batch_norm_match_reference() {
+        let strided = Conv2dShape {
+            strides: [2, 2],
+            ..shapes()[4]
+        };
+        let with_outputs = shapes().into_iter().filter(|s| s.output_len() > 0);
+        for (t, s) in with_outputs.chain([strided]).enumerate() {
+            let (rows, c) = (s.output_len() / s.c_out, s.c_out);
+            let seed = 9000 + 10 * t as u64;
+            let x = random_vec(s.input_len(), seed);
+            let z = random_vec(s.output_len(), seed + 1);
+            let dy = random_vec(s.output_len(), seed + 2);
+            let (gamma, beta) = (random_vec(c, seed + 3), random_vec(c, seed + 4));
+            let p = crate::ops::spec::BatchNormParams {
+                rows,
+                channels: c,
+                momentum: 0.9,
+                epsilon: 1e-3,
+            };
+            let (mut y, mut stats) = (vec![0.0; z.len()], vec![0.0; 2 * c]);
+            let (mut mm, mut mv) = (vec![0.0; c], vec![1.0; c]);
+            let vars = (&mut mm[..], &mut mv[..]);
+            batch_norm_train(&z, (&gamma, &beta), vars, &mut y, &mut stats, &p, true);
+            let bn = BatchNormGradInputs {
+                z: &z,
+                dy: &dy,
+                gamma: &gamma,
+                stats: &stats,
+                relu_beta: Some(&beta),
+            };
+            let (mut dk, mut db) = (vec![f32::NAN; s.kernel_len()], vec![f32::NAN; c]);
+            let (mut dgamma, mut dbeta) = (vec![f32::NAN; c], vec![f32::NAN; c]);
+            let sums = (&mut dgamma[..], &mut dbeta[..]);
+            conv2d_backward_weights_normalized(&x, bn, (&mut dk, Some(&mut db)), sums, &s);
+
+            // ReLU's gradient from the forward pass's output, then the f64 chain.
+            let g: Vec<f64> = dy
+                .iter()
+                .zip(&y)
+                .map(|(&d, &y)| if y > 0.0 { f64::from(d) } else { 0.0 })
+                .collect();
+            let (dz64, dgamma64, dbeta64) =
+                r::batch_norm_backward(&to_f64(&z), &g, &to_f64(&gamma), (rows, c), 1e-3);
+            let what = format!("weights through batch norm {s:?}");
+            let expected = r::conv2d_backward_kernel(&to_f64(&x), &dz64, &s);
+            assert_close(&dk, &expected, 1e-4, &format!("{what}: dk"));
+            assert_close(
+                &db,
+                &r::sum_rows(&dz64, rows, c),
+                1e-4,
+                &format!("{what}: db"),
+            );
+            assert_close(&dgamma, &dgamma64, 1e-4, &format!("{what}: dgamma"));
+            assert_close(&dbeta, &dbeta64, 1e-4, &format!("{what}: dbeta"));
+            let (mut dz, mut dg, mut dbt) = (vec![0.0; z.len()], vec![0.0; c], vec![0.0; c]);
+            let relu_beta = Some(&beta[..]);
+            let sums = (&mut dg[..], &mut dbt[..]);
+            batch_norm_backward(&z, &dy, &gamma, &stats, relu_beta, &mut dz, sums, &p);
+            assert_eq!((dg, dbt), (dgamma, dbeta), "{what}: the unfused sums");
         }
     }
 

@@ -124,7 +124,8 @@ pub(crate) mod pooling;
 pub(crate) mod loss_scale;
 
 pub(crate) use conv::{
-    conv2d_backward_input, conv2d_backward_kernel, conv2d_backward_weights, conv2d_forward,
+    conv2d_backward_input, conv2d_backward_kernel, conv2d_backward_weights,
+    conv2d_backward_weights_normalized, conv2d_forward, BatchNormGradInputs,
 };
 pub(crate) use depthwise::{
     depthwise_backward_input, depthwise_backward_kernel, depthwise_forward,
@@ -601,6 +602,7 @@ mod tests {
     fn kernels_match_the_reference() {
         super::conv::tests::forward_matches_reference();
         super::conv::tests::backward_matches_reference();
+        super::conv::tests::weights_through_batch_norm_match_reference();
         super::depthwise::tests::matches_reference();
         super::elementwise::tests::activations_match_reference();
         super::small_k::tests::small_k_handles_every_column_split();

@@ -38,8 +38,8 @@ use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, Pool
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
-    ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules, SeparableBackward,
-    SeparableForward,
+    ConvNormGrads, ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules,
+    SeparableBackward, SeparableForward,
 };
 use crate::tensor::Tensor;
 
@@ -289,6 +289,15 @@ impl NnKernels for GpuKernels<'_> {
 
     fn conv2d_backward_weights(&self, g: &ConvWeightGrads<'_>) -> Result<()> {
         self.conv2d_backward_weights_impl(g)
+    }
+
+    fn conv2d_backward_weights_normalized(&self, _: &ConvNormGrads<'_>) -> Result<()> {
+        // The op has no GPU kernels: placement runs it on the CPU.
+        Err(crate::Error::Unsupported {
+            op: "FusedBatchNormGradConv2DBackpropFilter",
+            device: "a GPU".into(),
+            missing: "a GPU kernel (the fused form runs on the CPU)".into(),
+        })
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
