@@ -3,7 +3,8 @@
 //! gradient), the `training` flag, and models with both layers training on one device, under
 //! MirroredStrategy and in a pipeline, with their moving statistics saved and restored; a
 //! BatchNormalization with the ReLU after it run as one op each way, against the two layers,
-//! and a first convolution's kernel gradient through them in one op.
+//! a first convolution's kernel gradient through them in one op, and the two with a global
+//! average pooling after them in one op.
 //! (TensorFlow's own numbers for BatchNormalization: `tests/golden/normalization.rs`.)
 
 mod common;
@@ -13,8 +14,8 @@ use common::{compiled, synthetic};
 use anygpu::distribute::MirroredStrategy;
 use anygpu::mixed_precision::Policy;
 use anygpu::nn::{
-    Activation, ActivationLayer, BatchNormalization, Conv2D, Dense, Dropout, Flatten, Layer,
-    Pipeline, ReLU, Sequential, Sgd,
+    Activation, ActivationLayer, BatchNormalization, Conv2D, Dense, Dropout, Flatten,
+    GlobalAveragePooling2D, Layer, Pipeline, ReLU, Sequential, Sgd,
 };
 use anygpu::ops::reference::{self as oracle, assert_close, to_f64};
 use anygpu::ops::spec::{ActivationFn, DropoutMask, Padding};
@@ -857,6 +858,74 @@ fn a_first_conv_takes_its_kernel_gradient_through_the_batch_norm_after_it() {
                 common::assert_close(&format!("{what}: gradient {g}"), &ga, &gb, 1e-5);
             }
         }
+    }
+    rt.set_log_device_placement(false);
+}
+
+/// On CPU:0, a BatchNormalization with a ReLU and a GlobalAveragePooling2D after it runs the
+/// three as one op each way (the normalized values never written); with the ReLU as its own
+/// layer they run as their own ops. Both give the same losses, weights, moving statistics and
+/// predictions, with and without gamma and beta.
+#[test]
+fn a_batch_norm_relu_and_global_average_pooling_train_as_one_op() {
+    let rt = runtime();
+    let cpu = rt.cpu().expect("CPU:0");
+    let data = batches(16 * 3, 16, &cpu);
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&ops);
+    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+        sink.lock().expect("the log").push(r.op)
+    }));
+    rt.set_log_device_placement(true);
+    let model = |bn: BatchNormalization, act: Box<dyn Layer>| {
+        let mut m = Sequential::with_seed(4);
+        let conv = Conv2D::new(6, 3)
+            .padding(Padding::Same)
+            .use_bias(false)
+            .input_shape(&[8, 8, 1]);
+        let layers: [Box<dyn Layer>; 5] = [
+            Box::new(conv),
+            Box::new(bn),
+            act,
+            Box::new(GlobalAveragePooling2D::new()),
+            Box::new(Dense::new(3).activation(Activation::Softmax)),
+        ];
+        for layer in layers {
+            m.add_boxed(&cpu, layer).expect("add");
+        }
+        compiled(m, Sgd::new(0.1).into()).expect("compile")
+    };
+    let bns = || {
+        [
+            BatchNormalization::new().momentum(0.9),
+            BatchNormalization::new().center(false).scale(false),
+        ]
+    };
+    let fused_ops = || {
+        let ops = ops.lock().expect("the log");
+        let count = |name: &str| ops.iter().filter(|&&op| op == name).count();
+        (
+            count("FusedBatchNormReluMean"),
+            count("FusedBatchNormReluMeanGrad"),
+        )
+    };
+    for (i, (bn, twin)) in bns().into_iter().zip(bns()).enumerate() {
+        let mut a = model(bn, Box::new(ReLU::new()));
+        let mut b = model(twin, Box::new(ReLU::new().max_value(f32::MAX)));
+        for (step, (x, y)) in data.iter().enumerate() {
+            let what = format!("case {i} step {step}");
+            ops.lock().expect("the log").clear();
+            let la = a.train_on_batch(x, y).expect("fused");
+            assert_eq!(fused_ops(), (1, 1), "{what}: one op each way");
+            ops.lock().expect("the log").clear();
+            let lb = b.train_on_batch(x, y).expect("twin");
+            assert_eq!(fused_ops(), (0, 0), "{what}: the layers' own ops");
+            common::assert_close(&what, &[la], &[lb], 1e-6);
+            common::assert_close(&what, &all_weights(&a), &all_weights(&b), 1e-6);
+        }
+        let (x, _) = &data[0];
+        let (pa, pb) = (a.predict(x).expect("fused"), b.predict(x).expect("twin"));
+        common::assert_close(&format!("case {i}: predict"), &read(&pa), &read(&pb), 1e-6);
     }
     rt.set_log_device_placement(false);
 }

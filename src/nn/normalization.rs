@@ -558,6 +558,56 @@ impl Layer for BatchNormalization {
         )))
     }
 
+    /// On the CPU, in float32, with a ReLU.
+    fn call_with_activation_and_mean(
+        &self,
+        x: &Tensor,
+        act: ActivationFn,
+        training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+        let fits = act == ActivationFn::RELU
+            && !self.synchronized
+            && x.dtype() == DType::F32
+            && x.rank() == 4
+            && !on_gpu(x);
+        if !fits {
+            return Ok(None);
+        }
+        let v = self.variables()?;
+        if !training {
+            let pooled = ops::batch_normalization_relu_mean_inference(x, v, self.epsilon)?;
+            return Ok(Some((pooled, Vec::new())));
+        }
+        let (pooled, stats) =
+            ops::batch_normalization_relu_mean_training(x, v, self.momentum, self.epsilon)?;
+        Ok(Some((pooled, vec![x.clone(), stats])))
+    }
+
+    fn backward_with_activation_from_mean(
+        &self,
+        saved_tensors: &[Tensor],
+        dpooled: &Tensor,
+        act: ActivationFn,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        if act != ActivationFn::RELU || self.synchronized {
+            return Ok(None);
+        }
+        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
+        let (gamma, beta) = self.gamma_beta()?;
+        let (dx, dgamma, dbeta) = ops::batch_normalization_relu_mean_backward(
+            &x,
+            dpooled,
+            (gamma, beta),
+            &stats,
+            self.epsilon,
+        )?;
+        Ok(Some((
+            need_dx.then_some(dx),
+            self.trained_grads(dgamma, dbeta),
+        )))
+    }
+
     /// On the CPU, in float32, with a ReLU after the layer and a convolution without
     /// activation before it: the convolution's kernel gradient forms the normalization's input
     /// gradient block by block.

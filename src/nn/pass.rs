@@ -71,6 +71,21 @@ pub(crate) fn forward(
             }
         }
         if let Some(act) = activation_follows(stages, i) {
+            if mean_follows(stages, i + 1) {
+                let fused = s
+                    .layer
+                    .call_with_activation_and_mean(&input, act, training)?;
+                if let Some((pooled, kept)) = fused {
+                    // The activation and the pooling keep nothing: this layer's backward
+                    // pass answers for both ([`fused_mean`]).
+                    if keep {
+                        saved.extend([kept, Vec::new(), Vec::new()]);
+                    }
+                    h = pooled;
+                    i += 3;
+                    continue;
+                }
+            }
             if let Some((out, kept)) = s.layer.call_with_activation(&input, act, training)? {
                 // The activation layer keeps nothing: this layer's backward pass answers
                 // for it ([`fused_activation`]).
@@ -117,6 +132,36 @@ fn activation_follows(stages: &[Stage<'_>], i: usize) -> Option<ActivationFn> {
     let next = stages.get(i + 1)?;
     let act = next.layer.as_activation()?;
     same_place(&stages[i], next).then_some(act)
+}
+
+/// Whether stage `i + 1` is a global average pooling on stage `i`'s device and dtype, which
+/// the layer before stage `i` may run with stage `i`'s activation
+/// ([`Layer::call_with_activation_and_mean`]).
+fn mean_follows(stages: &[Stage<'_>], i: usize) -> bool {
+    stages
+        .get(i + 1)
+        .is_some_and(|pool| pool.layer.is_global_average_pool() && same_place(&stages[i], pool))
+}
+
+/// The activation of stage `i - 1` when stage `i` is a global average pooling that the
+/// forward pass ran, with that activation, inside stage `i - 2`'s
+/// ([`Layer::call_with_activation_and_mean`]: the pooling and the activation kept nothing,
+/// the layer below them kept what its backward pass needs).
+fn fused_mean(
+    stages: &[Stage<'_>],
+    saved: &[Vec<Tensor>],
+    i: usize,
+    dy_preactivated: bool,
+) -> Option<ActivationFn> {
+    let ran_inside = i > 1
+        && saved[i].is_empty()
+        && saved[i - 1].is_empty()
+        && !saved[i - 2].is_empty()
+        && mean_follows(stages, i - 1);
+    if !ran_inside || dy_preactivated {
+        return None;
+    }
+    activation_follows(stages, i - 2)
 }
 
 /// The activation of stage `i` when the forward pass ran it inside stage `i - 1`'s
@@ -223,6 +268,30 @@ pub(crate) fn backward_from(
                     return Ok(None);
                 }
             }
+        }
+        if let Some(act) = fused_mean(stages, &saved, i, dy_preactivated) {
+            let below = i - 2;
+            let layer = stages[below].layer;
+            let need_dx = below > 0 || input_grad;
+            let fused =
+                layer.backward_with_activation_from_mean(&saved[below], &dy_here, act, need_dx)?;
+            let Some((dx, grads)) = fused else {
+                return Err(crate::Error::Model(format!(
+                    "{}: call_with_activation_and_mean ran but \
+                     backward_with_activation_from_mean gave nothing",
+                    layer.class_name()
+                )));
+            };
+            saved[below].clear();
+            on_grads(i, Vec::new())?;
+            on_grads(i - 1, Vec::new())?;
+            on_grads(below, in_f32(&grads)?)?;
+            i = below;
+            match dx {
+                Some(dx) => dy = dx,
+                None => return Ok(None),
+            }
+            continue;
         }
         if let Some(act) = fused_activation(stages, &saved, i, dy_preactivated) {
             let below = i - 1;

@@ -270,6 +270,10 @@ macro_rules! global_pooling {
                 replace($class, &mut [], index, value)
             }
 
+            fn is_global_average_pool(&self) -> bool {
+                !$max
+            }
+
             fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
                 Ok((ops::global_pool2d(x, $max)?, vec![x.clone()]))
             }

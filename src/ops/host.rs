@@ -587,26 +587,50 @@ impl NnKernels for HostKernels {
                 // The moving statistics are written in place; the front-end checked they are
                 // distinct float32 variables.
                 let (mut mm, mut mv) = (write(a.v.moving_mean), write(a.v.moving_variance));
-                cpu::batchnorm::batch_norm_train(
-                    &x[..n],
-                    (gamma, beta),
-                    (mm.f32(), mv.f32()),
-                    &mut y.f32()[..n],
-                    write(stats).f32(),
-                    &a.p,
-                    a.relu,
-                );
+                let mut stats = write(stats);
+                let (x, moving, stats) = (&x[..n], (mm.f32(), mv.f32()), stats.f32());
+                match a.image_means {
+                    Some(pixels) => cpu::batchnorm::batch_norm_train_mean(
+                        x,
+                        (gamma, beta),
+                        moving,
+                        (y.f32(), pixels),
+                        stats,
+                        &a.p,
+                        a.relu,
+                    ),
+                    None => cpu::batchnorm::batch_norm_train(
+                        x,
+                        (gamma, beta),
+                        moving,
+                        &mut y.f32()[..n],
+                        stats,
+                        &a.p,
+                        a.relu,
+                    ),
+                }
             }
             None => {
                 let m = Inputs::lock(&[a.v.moving_mean, a.v.moving_variance]);
-                cpu::batchnorm::batch_norm_infer(
-                    &x[..n],
-                    (gamma, beta),
-                    (m.f32(0), m.f32(1)),
-                    &mut y.f32()[..n],
-                    &a.p,
-                    a.relu,
-                );
+                let (x, moving) = (&x[..n], (m.f32(0), m.f32(1)));
+                match a.image_means {
+                    Some(pixels) => cpu::batchnorm::batch_norm_infer_mean(
+                        x,
+                        (gamma, beta),
+                        moving,
+                        (y.f32(), pixels),
+                        &a.p,
+                        a.relu,
+                    ),
+                    None => cpu::batchnorm::batch_norm_infer(
+                        x,
+                        (gamma, beta),
+                        moving,
+                        &mut y.f32()[..n],
+                        &a.p,
+                        a.relu,
+                    ),
+                }
             }
         }
         Ok(())
@@ -618,9 +642,16 @@ impl NnKernels for HostKernels {
         let r = Inputs::lock(&inputs);
         let (mut dx, mut dgamma, mut dbeta) = (write(g.dx), write(g.dgamma), write(g.dbeta));
         let n = g.p.rows * g.p.channels;
+        let dy = match g.image_means {
+            Some(pixels) => cpu::batchnorm::Dy::ImageMeans {
+                pooled: r.f32(1),
+                pixels,
+            },
+            None => cpu::batchnorm::Dy::Rows(&r.f32(1)[..n]),
+        };
         cpu::batchnorm::batch_norm_backward(
             &r.f32(0)[..n],
-            &r.f32(1)[..n],
+            dy,
             r.f32(2),
             r.f32(3),
             g.relu_beta.is_some().then(|| r.f32(4)),

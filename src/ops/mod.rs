@@ -29,7 +29,8 @@ pub use norm::{
 };
 pub(crate) use norm::{
     batch_normalization_relu_backward, batch_normalization_relu_inference,
-    batch_normalization_relu_training,
+    batch_normalization_relu_mean_backward, batch_normalization_relu_mean_inference,
+    batch_normalization_relu_mean_training, batch_normalization_relu_training,
 };
 
 use crate::device::logical::Backend;

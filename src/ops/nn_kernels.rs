@@ -506,6 +506,10 @@ pub(crate) struct BatchNormArgs<'a> {
     pub(crate) stats: Option<&'a Tensor>,
     pub(crate) p: BatchNormParams,
     pub(crate) relu: bool,
+    /// `Some(pixels)`: `y` is the mean of the normalized values over each image's `pixels`
+    /// rows (`[rows / pixels, c]`, a global average pooling after the layer), not the values
+    /// (the CPU only).
+    pub(crate) image_means: Option<usize>,
 }
 
 /// What a device's batch normalization gradient kernel gets; `relu_beta` (`beta`) when the
@@ -520,6 +524,9 @@ pub(crate) struct BatchNormGradArgs<'a> {
     pub(crate) dgamma: &'a Tensor,
     pub(crate) dbeta: &'a Tensor,
     pub(crate) p: BatchNormParams,
+    /// `Some(pixels)`: `dy` is the gradient w.r.t. the per-image means of
+    /// [`BatchNormArgs::image_means`] (the CPU only).
+    pub(crate) image_means: Option<usize>,
 }
 
 // ---- losses on float targets and metrics (front-ends in `ops/loss.rs`) ----

@@ -26,6 +26,16 @@ const BATCH_NORM_RELU_GRAD: OpInfo = OpInfo {
     name: "_FusedBatchNormGradEx",
     gpu: Some(gn::BATCH_NORM_RELU_GRAD),
 };
+/// Batch normalization, a ReLU and the mean over each image's pixels (a global average
+/// pooling): no GPU kernels, placement runs it on the CPU.
+const BATCH_NORM_RELU_MEAN: OpInfo = OpInfo {
+    name: "FusedBatchNormReluMean",
+    gpu: None,
+};
+const BATCH_NORM_RELU_MEAN_GRAD: OpInfo = OpInfo {
+    name: "FusedBatchNormReluMeanGrad",
+    gpu: None,
+};
 const DROPOUT: OpInfo = OpInfo {
     name: "Dropout",
     gpu: Some(gn::DROPOUT),
@@ -37,6 +47,53 @@ const DROPOUT_GRAD: OpInfo = OpInfo {
 
 pub use crate::ops::nn_kernels::BatchNormVariables;
 pub(crate) use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs};
+
+/// What follows the normalization inside its op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// Nothing.
+    Plain,
+    /// A ReLU.
+    Relu,
+    /// A ReLU, then the mean over each image's pixels (`[n, h, w, c]` → `[n, c]`).
+    ReluMean,
+}
+
+impl Form {
+    fn op(self) -> &'static OpInfo {
+        match self {
+            Form::Plain => &BATCH_NORM,
+            Form::Relu => &BATCH_NORM_RELU,
+            Form::ReluMean => &BATCH_NORM_RELU_MEAN,
+        }
+    }
+
+    fn grad_op(self) -> &'static OpInfo {
+        match self {
+            Form::Plain => &BATCH_NORM_GRAD,
+            Form::Relu => &BATCH_NORM_RELU_GRAD,
+            Form::ReluMean => &BATCH_NORM_RELU_MEAN_GRAD,
+        }
+    }
+
+    /// The output's shape for an input `x` (checked), and the pixels of each image a mean
+    /// goes over.
+    fn output(self, x: &Tensor) -> Result<(Vec<usize>, Option<usize>)> {
+        if self != Form::ReluMean {
+            return Ok((x.shape().to_vec(), None));
+        }
+        let name = self.op().name;
+        x.expect_dtype(name, DType::F32)?;
+        match *x.shape() {
+            [n, h, w, c] if h * w > 0 => Ok((vec![n, c], Some(h * w))),
+            _ => Err(Error::InvalidArgument(format!(
+                "{name}: the input must be [batch, height, width, channels] with pixels, got \
+                 shape {:?}",
+                x.shape()
+            ))),
+        }
+    }
+}
 
 /// `(rows, channels)` of `x` for a per-channel statistic over its last axis.
 fn rows_channels(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
@@ -105,7 +162,7 @@ pub fn batch_normalization_training(
     momentum: f32,
     epsilon: f32,
 ) -> Result<(Tensor, Tensor)> {
-    training_pass(x, v, (momentum, epsilon), false)
+    training_pass(x, v, (momentum, epsilon), Form::Plain)
 }
 
 /// [`batch_normalization_training`] followed by a ReLU, `max(y, 0)`, in one pass
@@ -117,19 +174,33 @@ pub(crate) fn batch_normalization_relu_training(
     momentum: f32,
     epsilon: f32,
 ) -> Result<(Tensor, Tensor)> {
-    training_pass(x, v, (momentum, epsilon), true)
+    training_pass(x, v, (momentum, epsilon), Form::Relu)
 }
 
-/// The training pass, through a ReLU with `relu`.
+/// [`batch_normalization_relu_training`] followed by the mean over each image's pixels (a
+/// global average pooling), in one pass that never writes the normalized values: returns the
+/// means (`[n, c]` from `x` `[n, h, w, c]`, float32) and the batch statistics;
+/// [`batch_normalization_relu_mean_backward`] differentiates the three. The CPU only.
+pub(crate) fn batch_normalization_relu_mean_training(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    momentum: f32,
+    epsilon: f32,
+) -> Result<(Tensor, Tensor)> {
+    training_pass(x, v, (momentum, epsilon), Form::ReluMean)
+}
+
+/// The training pass, in `form`.
 fn training_pass(
     x: &Tensor,
     v: BatchNormVariables<'_>,
     (momentum, epsilon): (f32, f32),
-    relu: bool,
+    form: Form,
 ) -> Result<(Tensor, Tensor)> {
-    let op = if relu { &BATCH_NORM_RELU } else { &BATCH_NORM };
+    let op = form.op();
     let name = op.name;
     let dtype = activation_dtype(name, x)?;
+    let (out_shape, image_means) = form.output(x)?;
     let (rows, c) = rows_channels(name, x)?;
     check_variables(name, c, &variables(&v))?;
     if rows == 0 {
@@ -159,7 +230,7 @@ fn training_pass(
                 ),
             });
         }
-        let y = Tensor::uninit(x.shape(), dtype, device)?;
+        let y = Tensor::uninit(&out_shape, dtype, device)?;
         let stats = Tensor::uninit(&[2, c], DType::F32, device)?;
         let args = BatchNormArgs {
             x: &moved[0],
@@ -167,7 +238,8 @@ fn training_pass(
             y: &y,
             stats: Some(&stats),
             p,
-            relu,
+            relu: form != Form::Plain,
+            image_means,
         };
         with_kernels(device, |_, nk| nk.batch_norm(&args))?;
         Ok((y, stats))
@@ -185,7 +257,7 @@ pub fn batch_normalization_inference(
     v: BatchNormVariables<'_>,
     epsilon: f32,
 ) -> Result<Tensor> {
-    inference_pass(x, v, epsilon, false)
+    inference_pass(x, v, epsilon, Form::Plain)
 }
 
 /// [`batch_normalization_inference`] followed by a ReLU, in one pass.
@@ -194,19 +266,30 @@ pub(crate) fn batch_normalization_relu_inference(
     v: BatchNormVariables<'_>,
     epsilon: f32,
 ) -> Result<Tensor> {
-    inference_pass(x, v, epsilon, true)
+    inference_pass(x, v, epsilon, Form::Relu)
 }
 
-/// The inference pass, through a ReLU with `relu`.
+/// [`batch_normalization_relu_inference`] followed by the mean over each image's pixels, as
+/// [`batch_normalization_relu_mean_training`]. The CPU only.
+pub(crate) fn batch_normalization_relu_mean_inference(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    epsilon: f32,
+) -> Result<Tensor> {
+    inference_pass(x, v, epsilon, Form::ReluMean)
+}
+
+/// The inference pass, in `form`.
 fn inference_pass(
     x: &Tensor,
     v: BatchNormVariables<'_>,
     epsilon: f32,
-    relu: bool,
+    form: Form,
 ) -> Result<Tensor> {
-    let op = if relu { &BATCH_NORM_RELU } else { &BATCH_NORM };
+    let op = form.op();
     let name = op.name;
     let dtype = activation_dtype(name, x)?;
+    let (out_shape, image_means) = form.output(x)?;
     let (rows, c) = rows_channels(name, x)?;
     check_variables(name, c, &variables(&v))?;
     let p = BatchNormParams {
@@ -217,7 +300,7 @@ fn inference_pass(
     };
     let inputs = [x, v.gamma, v.beta, v.moving_mean, v.moving_variance];
     run(op, &inputs, |device, moved| {
-        let y = Tensor::uninit(x.shape(), dtype, device)?;
+        let y = Tensor::uninit(&out_shape, dtype, device)?;
         if rows > 0 {
             let args = BatchNormArgs {
                 x: &moved[0],
@@ -225,7 +308,8 @@ fn inference_pass(
                 y: &y,
                 stats: None,
                 p,
-                relu,
+                relu: form != Form::Plain,
+                image_means,
             };
             with_kernels(device, |_, nk| nk.batch_norm(&args))?;
         }
@@ -251,6 +335,19 @@ pub fn batch_normalization_backward(
     backward_pass(x, dy, (gamma, None), stats, epsilon)
 }
 
+/// The gradients of [`batch_normalization_relu_mean_training`] from `dy`, the gradient w.r.t.
+/// the means (`[n, c]`): [`batch_normalization_relu_backward`] of the gradient the mean
+/// spreads over each image's pixels (`dy / (h w)`), formed where it is read.
+pub(crate) fn batch_normalization_relu_mean_backward(
+    x: &Tensor,
+    dy: &Tensor,
+    (gamma, beta): (&Tensor, &Tensor),
+    stats: &Tensor,
+    epsilon: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    backward_in(x, dy, (gamma, Some(beta)), stats, epsilon, Form::ReluMean)
+}
+
 /// The gradients of [`batch_normalization_relu_training`] from `dy`, the gradient w.r.t. the
 /// ReLU's output: [`batch_normalization_backward`] of ReLU's gradient, whose mask (where
 /// `x̂ · gamma + beta > 0`) comes from `x` and the layer's `beta`, as the forward pass
@@ -273,13 +370,40 @@ fn backward_pass(
     stats: &Tensor,
     epsilon: f32,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let op = if relu_beta.is_some() {
-        &BATCH_NORM_RELU_GRAD
-    } else {
-        &BATCH_NORM_GRAD
+    let form = match relu_beta {
+        Some(_) => Form::Relu,
+        None => Form::Plain,
     };
+    backward_in(x, dy, (gamma, relu_beta), stats, epsilon, form)
+}
+
+/// The gradient pass of `form` (`relu_beta` given for the forms with a ReLU).
+fn backward_in(
+    x: &Tensor,
+    dy: &Tensor,
+    (gamma, relu_beta): (&Tensor, Option<&Tensor>),
+    stats: &Tensor,
+    epsilon: f32,
+    form: Form,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = form.grad_op();
     let name = op.name;
-    let (dtype, rows, c) = check_grad_inputs(name, x, dy, (gamma, relu_beta), stats)?;
+    let (out_shape, image_means) = form.output(x)?;
+    // `dy` has the forward output's shape; the checks below compare it with `x`'s.
+    let dy_as_x = match image_means {
+        Some(_) if dy.shape() == out_shape => x,
+        Some(_) => {
+            return Err(Error::ShapeMismatch {
+                op: name,
+                lhs: out_shape,
+                rhs: dy.shape().to_vec(),
+                hint: ": the gradient must have the means' shape".into(),
+            })
+        }
+        None => dy,
+    };
+    let (dtype, rows, c) = check_grad_inputs(name, x, dy_as_x, (gamma, relu_beta), stats)?;
+    dy.expect_dtype(name, dtype)?;
     let p = BatchNormParams {
         rows,
         channels: c,
@@ -302,6 +426,7 @@ fn backward_pass(
             dgamma: &dgamma,
             dbeta: &dbeta,
             p,
+            image_means,
         };
         with_kernels(device, |_, nk| nk.batch_norm_backward(&args))?;
         Ok((dx, dgamma, dbeta))

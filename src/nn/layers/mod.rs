@@ -339,6 +339,52 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// Whether this layer is a global average pooling (`[n, h, w, c]` → `[n, c]`), which the
+    /// layer before it may run inside its own passes (see
+    /// [`call_with_activation_and_mean`](Layer::call_with_activation_and_mean)).
+    fn is_global_average_pool(&self) -> bool {
+        false
+    }
+
+    /// [`call_with_activation`](Layer::call_with_activation) followed by the global average
+    /// pooling after the activation, in one pass: `(pooled, saved)`, the pooling's output and
+    /// what [`backward_with_activation_from_mean`](Layer::backward_with_activation_from_mean)
+    /// needs; the activation's output is never written. `Ok(None)` when the layer has no such
+    /// pass for `act` where it runs; the model then runs the layers as it would without the
+    /// pooling. Provided: `Ok(None)`; `BatchNormalization` answers on the CPU.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn call_with_activation_and_mean(
+        &self,
+        x: &Tensor,
+        act: ActivationFn,
+        training: bool,
+    ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+        let _ = (x, act, training);
+        Ok(None)
+    }
+
+    /// The backward pass of
+    /// [`call_with_activation_and_mean`](Layer::call_with_activation_and_mean) from
+    /// `dpooled`, the gradient w.r.t. the pooling's output, and what that pass saved: as
+    /// [`backward`](Layer::backward) gives them. `Some` exactly when that pass gives `Some`
+    /// for `act`. Provided: `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`backward`](Layer::backward).
+    #[allow(clippy::type_complexity)] // backward's pair, optional
+    fn backward_with_activation_from_mean(
+        &self,
+        saved: &[Tensor],
+        dpooled: &Tensor,
+        act: ActivationFn,
+        need_dx: bool,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        let _ = (saved, dpooled, act, need_dx);
+        Ok(None)
+    }
+
     /// The input this layer's forward pass kept in `saved`, for a layer after it that runs
     /// this one's kernel gradient inside its own backward pass
     /// ([`backward_into_stem`](Layer::backward_into_stem)). Provided: `None`; `Conv2D`

@@ -3,14 +3,17 @@
 //! the normalization `y = x * a + b` with `a = gamma / sqrt(var + epsilon)`, `b = beta - mean * a`
 //! (`tf.nn.batch_normalization`'s arithmetic), the moving statistics' update, and the fused
 //! gradient; each optionally with a ReLU after the normalization (TensorFlow's
-//! `_FusedBatchNormEx`), whose gradient mask the backward pass recomputes from `x`. Sums add
+//! `_FusedBatchNormEx`), whose gradient mask the backward pass recomputes from `x`. Two forms
+//! keep an activation out of memory: the normalized values' mean over each image (a global
+//! average pooling after the layer, [`batch_norm_train_mean`], its gradient [`Dy::ImageMeans`]),
+//! and the input gradient formed by whoever reads it, rows at a time ([`InputGrad`]). Sums add
 //! their terms in f32 over runs of a few rows and the runs in f64 ([`F32_RUN`]), over fixed
 //! blocks of rows added in order ([`ordered_sums`]), so a result is the same bits on every run.
 
 use rayon::prelude::*;
 
 use crate::ops::cpu::elementwise::relu_grad;
-use crate::ops::cpu::ordered_sums;
+use crate::ops::cpu::{ordered_sums, with_scratch};
 use crate::ops::spec::BatchNormParams;
 
 /// Rows per task of the sums and of the element-wise passes.
@@ -203,6 +206,18 @@ pub(crate) fn batch_norm_train(
     p: &BatchNormParams,
     relu: bool,
 ) {
+    batch_stats(x, (moving_mean, moving_var), stats, p);
+    normalize(x, (gamma, beta), stats, relu, y);
+}
+
+/// The batch statistics into `stats` (`[mean; inv]`) and the moving statistics updated in
+/// place.
+fn batch_stats(
+    x: &[f32],
+    (moving_mean, moving_var): (&mut [f32], &mut [f32]),
+    stats: &mut [f32],
+    p: &BatchNormParams,
+) {
     let (rows, c) = (p.rows, p.channels);
     let (mean, var) = batch_norm_moments(x, rows, c);
     let one_minus = p.one_minus_momentum();
@@ -212,7 +227,92 @@ pub(crate) fn batch_norm_train(
         moving_mean[j] = moving_mean[j] * p.momentum + mean[j] * one_minus;
         moving_var[j] = moving_var[j] * p.momentum + var[j] * one_minus;
     }
-    normalize(x, (gamma, beta), stats, relu, y);
+}
+
+/// [`batch_norm_train`] followed by the mean over each image's `pixels` rows (a global average
+/// pooling), into `pooled` (`[rows / pixels, c]`): the normalized values are added up where
+/// they are computed and never written (nor read back by the pooling).
+pub(crate) fn batch_norm_train_mean(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    moving: (&mut [f32], &mut [f32]),
+    (pooled, pixels): (&mut [f32], usize),
+    stats: &mut [f32],
+    p: &BatchNormParams,
+    relu: bool,
+) {
+    batch_stats(x, moving, stats, p);
+    image_means(x, (gamma, beta), stats, relu, (pooled, pixels));
+}
+
+/// [`batch_norm_infer`] followed by the mean over each image's `pixels` rows, into `pooled`,
+/// as [`batch_norm_train_mean`].
+pub(crate) fn batch_norm_infer_mean(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    moving: (&[f32], &[f32]),
+    (pooled, pixels): (&mut [f32], usize),
+    p: &BatchNormParams,
+    relu: bool,
+) {
+    let stats = moving_stats(moving, p);
+    image_means(x, (gamma, beta), &stats, relu, (pooled, pixels));
+}
+
+/// `[mean; inv]` of the moving statistics.
+fn moving_stats((moving_mean, moving_var): (&[f32], &[f32]), p: &BatchNormParams) -> Vec<f32> {
+    let c = p.channels;
+    let mut stats = vec![0.0f32; 2 * c];
+    for j in 0..c {
+        stats[j] = moving_mean[j];
+        stats[c + j] = 1.0 / (moving_var[j] + p.epsilon).sqrt();
+    }
+    stats
+}
+
+/// `pooled[i, :]`, the mean of the normalized values (through a ReLU with `relu`) over image
+/// `i`'s `pixels` rows of `x`: each image's rows added in order, then multiplied by `1 /
+/// pixels`, so the same bits as [`normalize`] followed by the global average pooling.
+fn image_means(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    stats: &[f32],
+    relu: bool,
+    (pooled, pixels): (&mut [f32], usize),
+) {
+    let c = gamma.len();
+    if c == 0 {
+        return;
+    }
+    let (a, b) = affine(gamma, beta, stats);
+    let inv = 1.0 / pixels as f32;
+    pooled.par_chunks_mut(c).enumerate().for_each(|(i, out)| {
+        let x = &x[i * pixels * c..(i + 1) * pixels * c];
+        image_mean(x, &a, &b, relu, inv, out);
+    });
+}
+
+multiversion! {
+    /// `out = inv · Σ_rows (x · a + b)` per channel (through `max(·, 0)` with `relu`), the
+    /// rows of `x` (each `out.len()` long) added in order.
+    fn image_mean(x: &[f32], a: &[f32], b: &[f32], relu: bool, inv: f32, out: &mut [f32]) {
+        out.fill(0.0);
+        for row in x.chunks_exact(out.len()) {
+            let values = out.iter_mut().zip(row).zip(a.iter().zip(b));
+            if relu {
+                for ((out, &x), (&a, &b)) in values {
+                    *out += preactivation(x, a, b).max(0.0);
+                }
+            } else {
+                for ((out, &x), (&a, &b)) in values {
+                    *out += preactivation(x, a, b);
+                }
+            }
+        }
+        for out in out.iter_mut() {
+            *out *= inv;
+        }
+    }
 }
 
 /// The inference pass: `y` from the moving statistics (through a ReLU with `relu`).
@@ -224,12 +324,7 @@ pub(crate) fn batch_norm_infer(
     p: &BatchNormParams,
     relu: bool,
 ) {
-    let c = p.channels;
-    let mut stats = vec![0.0f32; 2 * c];
-    for j in 0..c {
-        stats[j] = moving_mean[j];
-        stats[c + j] = 1.0 / (moving_var[j] + p.epsilon).sqrt();
-    }
+    let stats = moving_stats((moving_mean, moving_var), p);
     normalize(x, (gamma, beta), &stats, relu, y);
 }
 
@@ -240,7 +335,7 @@ pub(crate) fn batch_norm_infer(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_backward(
     x: &[f32],
-    dy: &[f32],
+    dy: Dy<'_>,
     gamma: &[f32],
     stats: &[f32],
     relu_beta: Option<&[f32]>,
@@ -259,13 +354,52 @@ pub(crate) fn batch_norm_backward(
     grad.all(&mut dx[..p.rows * p.channels]);
 }
 
+/// The gradient w.r.t. a training pass's output (its ReLU's, with one fused).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Dy<'a> {
+    /// `[rows, c]`.
+    Rows(&'a [f32]),
+    /// The gradient of a mean over each image's `pixels` rows (a global average pooling after
+    /// the layer), `pooled` `[rows / pixels, c]`: each row's is its image's times `1 /
+    /// pixels`, as the pooling's gradient spreads it (and formed so, block by block).
+    ImageMeans { pooled: &'a [f32], pixels: usize },
+}
+
+impl Dy<'_> {
+    /// `f` of the gradient of rows `[r0, r1)` (`c` values each): read in place, or spread
+    /// into scratch memory.
+    fn with_rows<R>(&self, (r0, r1): (usize, usize), c: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+        match *self {
+            Dy::Rows(dy) => f(&dy[r0 * c..r1 * c]),
+            Dy::ImageMeans { pooled, pixels } => with_scratch((r1 - r0) * c, |buf| {
+                let inv = 1.0 / pixels as f32;
+                for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(c)) {
+                    let g = &pooled[r / pixels * c..][..c];
+                    row.iter_mut().zip(g).for_each(|(d, &g)| *d = g * inv);
+                }
+                f(buf)
+            }),
+        }
+    }
+
+    /// Whether it holds `rows` rows of `c`.
+    fn holds(&self, rows: usize, c: usize) -> bool {
+        match *self {
+            Dy::Rows(dy) => dy.len() >= rows * c,
+            Dy::ImageMeans { pooled, pixels } => {
+                pixels > 0 && rows.is_multiple_of(pixels) && pooled.len() >= rows / pixels * c
+            }
+        }
+    }
+}
+
 /// The input gradient of a training pass, `dx = k g + k' (x - mean) + k''` per channel (see
 /// [`batch_norm_backward`]), once its sums are known: what a consumer of `dx` needs to form
 /// any rows of it where it reads them (a convolution's kernel gradient, block by block in
 /// cache, instead of `dx` written whole and read back).
 pub(crate) struct InputGrad<'a> {
     x: &'a [f32],
-    dy: &'a [f32],
+    dy: Dy<'a>,
     c: usize,
     /// The mean, [`stretched`].
     mean: Vec<f32>,
@@ -276,10 +410,10 @@ pub(crate) struct InputGrad<'a> {
 }
 
 impl<'a> InputGrad<'a> {
-    /// The sums over `x` and `dy` (`[rows, c]`), written as `dgamma` and `dbeta`, and the
+    /// The sums over `x` (`[rows, c]`) and `dy`, written as `dgamma` and `dbeta`, and the
     /// coefficients of `dx` from them (the other arguments as [`batch_norm_backward`]'s).
     pub(crate) fn new(
-        (x, dy): (&'a [f32], &'a [f32]),
+        (x, dy): (&'a [f32], Dy<'a>),
         (gamma, relu_beta): (&[f32], Option<&[f32]>),
         stats: &[f32],
         (dgamma, dbeta): (&mut [f32], &mut [f32]),
@@ -287,7 +421,7 @@ impl<'a> InputGrad<'a> {
     ) -> InputGrad<'a> {
         let len = rows * c;
         assert!(
-            x.len() >= len && dy.len() >= len,
+            x.len() >= len && dy.holds(rows, c),
             "batch-norm gradient: x and dy must hold {rows}x{c} values"
         );
         let (mean, inv) = stats.split_at(c);
@@ -298,7 +432,9 @@ impl<'a> InputGrad<'a> {
         let ab = relu.as_ref().map(|(a, b)| (&a[..], &b[..]));
         let wide_mean = stretched(mean);
         let wide = column_sums(rows, 2 * wide_mean.len(), |(r0, r1), acc| {
-            grad_sums(&x[r0 * c..r1 * c], &dy[r0 * c..r1 * c], &wide_mean, ab, acc);
+            dy.with_rows((r0, r1), c, |g| {
+                grad_sums(&x[r0 * c..r1 * c], g, &wide_mean, ab, acc);
+            });
         });
         let sums = fold_stretch(&wide, c);
         let n = rows as f32;
@@ -314,7 +450,7 @@ impl<'a> InputGrad<'a> {
         }
         InputGrad {
             x: &x[..len],
-            dy: &dy[..len],
+            dy,
             c,
             mean: wide_mean,
             coef: stretched_rows(&coef, c),
@@ -338,9 +474,12 @@ impl<'a> InputGrad<'a> {
     /// calling thread.
     pub(crate) fn rows(&self, first_row: usize, dx: &mut [f32]) {
         let at = first_row * self.c;
-        let (x, dy) = (&self.x[at..at + dx.len()], &self.dy[at..at + dx.len()]);
+        let x = &self.x[at..at + dx.len()];
+        let last = first_row + dx.len() / self.c.max(1);
         let relu = self.relu.as_ref().map(|(a, b)| (&a[..], &b[..]));
-        input_grad(x, dy, &self.mean, &self.coef, relu, dx);
+        self.dy.with_rows((first_row, last), self.c, |dy| {
+            input_grad(x, dy, &self.mean, &self.coef, relu, dx);
+        });
     }
 }
 
@@ -548,7 +687,16 @@ mod tests {
         let backward = |dy: &[f32], relu_beta: Option<&[f32]>| {
             let (mut dx, mut dg, mut db) = (vec![0.0f32; rows * c], vec![0.0; c], vec![0.0; c]);
             let sums = (&mut dg[..], &mut db[..]);
-            batch_norm_backward(&x, dy, &gamma, &stats, relu_beta, &mut dx, sums, &p);
+            batch_norm_backward(
+                &x,
+                Dy::Rows(dy),
+                &gamma,
+                &stats,
+                relu_beta,
+                &mut dx,
+                sums,
+                &p,
+            );
             (dx, dg, db)
         };
         let masked: Vec<f32> = dy
@@ -561,5 +709,72 @@ mod tests {
             backward(&masked, None),
             "backward"
         );
+    }
+
+    /// The per-image means are the normalized values (through the ReLU, in training and in
+    /// inference) pooled by the global average pooling's kernel, to the bit; the gradient
+    /// from the means is the gradient from what the pooling's gradient spreads, to the bit.
+    /// Images of 7 pixels: the blocks of rows start and end inside images.
+    #[test]
+    fn image_means_are_the_pooled_values() {
+        let (images, pixels, c) = (150, 7, 24);
+        let rows = images * pixels;
+        let p = BatchNormParams {
+            rows,
+            channels: c,
+            momentum: 0.9,
+            epsilon: 1e-3,
+        };
+        let pool = crate::ops::spec::PoolShape {
+            n: images,
+            h: 1,
+            w: pixels,
+            c,
+        };
+        let x = random_vec(rows * c, 6);
+        let (gamma, beta) = (random_vec(c, 7), random_vec(c, 8));
+        let (moving_mean, moving_var) = (random_vec(c, 9), vec![0.7f32; c]);
+        let gb = (&gamma[..], &beta[..]);
+        for relu in [false, true] {
+            let (mut mm, mut mv) = (moving_mean.clone(), moving_var.clone());
+            let (mut y, mut stats) = (vec![0.0f32; rows * c], vec![0.0f32; 2 * c]);
+            batch_norm_train(&x, gb, (&mut mm, &mut mv), &mut y, &mut stats, &p, relu);
+            let mut pooled = vec![0.0f32; images * c];
+            crate::ops::cpu::pooling::global_avg_pool(&y, &mut pooled, &pool);
+
+            let (mut fmm, mut fmv) = (moving_mean.clone(), moving_var.clone());
+            let (mut means, mut fstats) = (vec![f32::NAN; images * c], vec![0.0f32; 2 * c]);
+            let moving = (&mut fmm[..], &mut fmv[..]);
+            batch_norm_train_mean(&x, gb, moving, (&mut means, pixels), &mut fstats, &p, relu);
+            assert_eq!(means, pooled, "training, relu {relu}");
+            assert_eq!((fstats, fmm, fmv), (stats.clone(), mm, mv), "statistics");
+
+            let moving = (&moving_mean[..], &moving_var[..]);
+            batch_norm_infer(&x, gb, moving, &mut y, &p, relu);
+            crate::ops::cpu::pooling::global_avg_pool(&y, &mut pooled, &pool);
+            batch_norm_infer_mean(&x, gb, moving, (&mut means, pixels), &p, relu);
+            assert_eq!(means, pooled, "inference, relu {relu}");
+
+            let dpooled = random_vec(images * c, 10);
+            let mut spread = vec![0.0f32; rows * c];
+            crate::ops::cpu::pooling::global_avg_pool_backward(&dpooled, &mut spread, &pool);
+            let relu_beta = relu.then_some(&beta[..]);
+            let backward = |dy: Dy<'_>| {
+                let (mut dx, mut dg, mut db) =
+                    (vec![f32::NAN; rows * c], vec![0.0; c], vec![0.0; c]);
+                let sums = (&mut dg[..], &mut db[..]);
+                batch_norm_backward(&x, dy, &gamma, &stats, relu_beta, &mut dx, sums, &p);
+                (dx, dg, db)
+            };
+            let from_means = backward(Dy::ImageMeans {
+                pooled: &dpooled,
+                pixels,
+            });
+            assert_eq!(
+                from_means,
+                backward(Dy::Rows(&spread)),
+                "backward, relu {relu}"
+            );
+        }
     }
 }

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry};
 use crate::shape::product;
 
-use super::batchnorm::InputGrad;
+use super::batchnorm::{Dy, InputGrad};
 use super::elementwise::{act_backward_leaf, bias_act_rows};
 use super::gemm::{gemm_strided, Strided};
 use super::reduce::sum_rows_leaf;
@@ -594,7 +594,7 @@ pub(crate) fn conv2d_backward_weights_normalized(
     assert_eq!(bn.z.len(), bn.dy.len(), "{what}: z and dy lengths differ");
     let rows = bn.dy.len() / s.c_out.max(1);
     let grad = InputGrad::new(
-        (bn.z, bn.dy),
+        (bn.z, Dy::Rows(bn.dy)),
         (bn.gamma, bn.relu_beta),
         bn.stats,
         (dgamma, dbeta),
@@ -1070,7 +1070,16 @@ pub(super) mod tests {
             let (mut dz, mut dg, mut dbt) = (vec![0.0; z.len()], vec![0.0; c], vec![0.0; c]);
             let relu_beta = Some(&beta[..]);
             let sums = (&mut dg[..], &mut dbt[..]);
-            batch_norm_backward(&z, &dy, &gamma, &stats, relu_beta, &mut dz, sums, &p);
+            batch_norm_backward(
+                &z,
+                Dy::Rows(&dy),
+                &gamma,
+                &stats,
+                relu_beta,
+                &mut dz,
+                sums,
+                &p,
+            );
             assert_eq!((dg, dbt), (dgamma, dbeta), "{what}: the unfused sums");
         }
     }

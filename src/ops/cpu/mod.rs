@@ -556,8 +556,9 @@ mod ordered_tests {
                             (vec![0.0; 1000 * c], vec![0.0; c], vec![0.0; c]);
                         let relu_beta = relu.then_some(&beta[..]);
                         let sums = (&mut dg[..], &mut db[..]);
+                        let dy = super::batchnorm::Dy::Rows(&dy);
                         super::batchnorm::batch_norm_backward(
-                            &x, &dy, &gamma, &stats, relu_beta, &mut dx, sums, &p,
+                            &x, dy, &gamma, &stats, relu_beta, &mut dx, sums, &p,
                         );
                         [y, stats, mm, mv, dx, dg, db].concat()
                     }),

@@ -15,6 +15,7 @@ use crate::ops::{
 };
 use crate::tensor::Tensor;
 
+use super::cpu_only;
 use super::kernel_lists::*;
 use super::{channel_lanes, chunking, u, MIN_CHUNK};
 
@@ -344,15 +345,5 @@ fn separable_pool_shape(s: &DepthwiseShape, filters: usize) -> PoolShape {
         h: s.h,
         w: s.w,
         c: filters,
-    }
-}
-
-/// The error for an argmax form of the separable ops, which only the CPU runs (their ops have
-/// no GPU kernels, so placement never sends them here).
-fn cpu_only(op: &'static str) -> crate::Error {
-    crate::Error::Unsupported {
-        op,
-        device: "a GPU".into(),
-        missing: "a GPU kernel (the argmax form runs on the CPU)".into(),
     }
 }

@@ -254,10 +254,16 @@ impl NnKernels for GpuKernels<'_> {
 
     // ---- batch normalization and dropout (`ops::gpu::norm`) ----
     fn batch_norm(&self, a: &crate::ops::nn_kernels::BatchNormArgs<'_>) -> Result<()> {
+        if a.image_means.is_some() {
+            return Err(cpu_only("FusedBatchNormReluMean"));
+        }
         self.batch_norm_impl(a)
     }
 
     fn batch_norm_backward(&self, g: &crate::ops::nn_kernels::BatchNormGradArgs<'_>) -> Result<()> {
+        if g.image_means.is_some() {
+            return Err(cpu_only("FusedBatchNormReluMeanGrad"));
+        }
         self.batch_norm_backward_impl(g)
     }
 
@@ -292,12 +298,7 @@ impl NnKernels for GpuKernels<'_> {
     }
 
     fn conv2d_backward_weights_normalized(&self, _: &ConvNormGrads<'_>) -> Result<()> {
-        // The op has no GPU kernels: placement runs it on the CPU.
-        Err(crate::Error::Unsupported {
-            op: "FusedBatchNormGradConv2DBackpropFilter",
-            device: "a GPU".into(),
-            missing: "a GPU kernel (the fused form runs on the CPU)".into(),
-        })
+        Err(cpu_only("FusedBatchNormGradConv2DBackpropFilter"))
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
@@ -522,6 +523,17 @@ fn channel_lanes(channels: usize) -> (bool, usize) {
         (true, channels / 4)
     } else {
         (false, channels)
+    }
+}
+
+/// The error for a fused form of an op that only the CPU runs (the separable ops' argmax
+/// forms, a batch normalization with the pooling after it or under the first convolution's
+/// kernel gradient): their ops have no GPU kernels, so placement never sends them here.
+fn cpu_only(op: &'static str) -> crate::Error {
+    crate::Error::Unsupported {
+        op,
+        device: "a GPU".into(),
+        missing: "a GPU kernel (this fused form runs on the CPU)".into(),
     }
 }
 
