@@ -344,6 +344,35 @@ impl BatchNormalization {
         }
     }
 
+    /// The backward pass of a fused ReLU form (`act` must be ReLU's, the layer not
+    /// synchronized) from the gradient `dy` of that form's output: `op` takes the kept input,
+    /// `dy`, `(gamma, beta)`, the kept statistics and epsilon.
+    #[allow(clippy::type_complexity)] // backward's pair, optional
+    fn relu_backward(
+        &self,
+        saved_tensors: &[Tensor],
+        (dy, act): (&Tensor, ActivationFn),
+        need_dx: bool,
+        op: impl FnOnce(
+            &Tensor,
+            &Tensor,
+            (&Tensor, &Tensor),
+            &Tensor,
+            f32,
+        ) -> Result<(Tensor, Tensor, Tensor)>,
+    ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
+        if act != ActivationFn::RELU || self.synchronized {
+            return Ok(None);
+        }
+        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
+        let (gamma, beta) = self.gamma_beta()?;
+        let (dx, dgamma, dbeta) = op(&x, dy, (gamma, beta), &stats, self.epsilon)?;
+        Ok(Some((
+            need_dx.then_some(dx),
+            self.trained_grads(dgamma, dbeta),
+        )))
+    }
+
     /// The gradients of the trained weights, in [`Layer::weights`] order: `dgamma` with
     /// `scale`, `dbeta` with `center`.
     fn trained_grads(&self, dgamma: Tensor, dbeta: Tensor) -> Vec<Tensor> {
@@ -545,17 +574,8 @@ impl Layer for BatchNormalization {
         act: ActivationFn,
         need_dx: bool,
     ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
-        if act != ActivationFn::RELU || self.synchronized {
-            return Ok(None);
-        }
-        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
-        let (gamma, beta) = self.gamma_beta()?;
-        let (dx, dgamma, dbeta) =
-            ops::batch_normalization_relu_backward(&x, dy, (gamma, beta), &stats, self.epsilon)?;
-        Ok(Some((
-            need_dx.then_some(dx),
-            self.trained_grads(dgamma, dbeta),
-        )))
+        let op = ops::batch_normalization_relu_backward;
+        self.relu_backward(saved_tensors, (dy, act), need_dx, op)
     }
 
     /// On the CPU, in float32, with a ReLU.
@@ -590,22 +610,8 @@ impl Layer for BatchNormalization {
         act: ActivationFn,
         need_dx: bool,
     ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
-        if act != ActivationFn::RELU || self.synchronized {
-            return Ok(None);
-        }
-        let [x, stats] = saved::<2>("BatchNormalization", saved_tensors)?;
-        let (gamma, beta) = self.gamma_beta()?;
-        let (dx, dgamma, dbeta) = ops::batch_normalization_relu_mean_backward(
-            &x,
-            dpooled,
-            (gamma, beta),
-            &stats,
-            self.epsilon,
-        )?;
-        Ok(Some((
-            need_dx.then_some(dx),
-            self.trained_grads(dgamma, dbeta),
-        )))
+        let op = ops::batch_normalization_relu_mean_backward;
+        self.relu_backward(saved_tensors, (dpooled, act), need_dx, op)
     }
 
     /// On the CPU, in float32, with a ReLU after the layer and a convolution without

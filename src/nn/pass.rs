@@ -282,10 +282,7 @@ pub(crate) fn backward_from(
                     layer.class_name()
                 )));
             };
-            saved[below].clear();
-            on_grads(i, Vec::new())?;
-            on_grads(i - 1, Vec::new())?;
-            on_grads(below, in_f32(&grads)?)?;
+            answered_for(&mut saved, (below, i), grads, &mut on_grads)?;
             i = below;
             match dx {
                 Some(dx) => dy = dx,
@@ -310,9 +307,7 @@ pub(crate) fn backward_from(
             // keeps nothing ran on its own); it goes backward as any other layer.
             let fused = layer.backward_with_activation(&saved[below], &dy_here, act, need_dx)?;
             if let Some((dx, grads)) = fused {
-                saved[below].clear();
-                on_grads(i, Vec::new())?;
-                on_grads(below, in_f32(&grads)?)?;
+                answered_for(&mut saved, (below, i), grads, &mut on_grads)?;
                 i = below;
                 match dx {
                     Some(dx) => dy = dx,
@@ -359,6 +354,22 @@ pub(crate) fn backward_from(
         }
     }
     Ok(input_grad.then_some(dy))
+}
+
+/// After stage `below`'s backward pass answered for the stages above it up to `i` (which
+/// kept nothing): its saved tensors freed, and every stage's weight gradients handed on, last
+/// first (`grads` stage `below`'s, none above it).
+fn answered_for(
+    saved: &mut [Vec<Tensor>],
+    (below, i): (usize, usize),
+    grads: Vec<Tensor>,
+    on_grads: &mut impl FnMut(usize, Vec<Tensor>) -> Result<()>,
+) -> Result<()> {
+    saved[below].clear();
+    for above in (below + 1..=i).rev() {
+        on_grads(above, Vec::new())?;
+    }
+    on_grads(below, in_f32(&grads)?)
 }
 
 /// Stage 1's backward pass, with stage 2's activation `act` fused in it, and the first
