@@ -15,14 +15,22 @@ pub(crate) fn dropout(x: &[f32], y: &mut [f32], mask: &mut [f32], m: &DropoutMas
         .zip(x[..n].par_chunks(PAR_CHUNK))
         .enumerate()
         .for_each(|(chunk, ((y, mask), x))| {
-            let first = chunk * PAR_CHUNK;
-            for (k, ((y, mask), &x)) in y.iter_mut().zip(mask).zip(x).enumerate() {
-                // Indices wrap at 2^32, as the GPU's u32 index does.
-                let i = (first + k) as u32;
-                *mask = if m.keeps(i) { m.scale } else { 0.0 };
-                *y = x * *mask;
-            }
+            // Indices wrap at 2^32, as the GPU's u32 index does.
+            masked(x, y, mask, m, (chunk * PAR_CHUNK) as u32);
         });
+}
+
+multiversion! {
+    /// [`dropout`] of a chunk whose first element has index `first`: compiled for AVX2 and
+    /// AVX-512 the hash's 32-bit products run 8 or 16 lanes at a time (the baseline target
+    /// has no vector 32-bit multiply: 7 ns an element).
+    fn masked(x: &[f32], y: &mut [f32], mask: &mut [f32], m: &DropoutMask, first: u32) {
+        for (k, ((y, mask), &x)) in y.iter_mut().zip(mask).zip(x).enumerate() {
+            let i = first.wrapping_add(k as u32);
+            *mask = if m.keeps(i) { m.scale } else { 0.0 };
+            *y = x * *mask;
+        }
+    }
 }
 
 /// `dx = dy * mask` (the backward pass).

@@ -66,12 +66,14 @@ impl DropoutMask {
     }
 
     /// Whether element `i` is kept (indices past `u32::MAX` wrap).
+    #[inline]
     pub fn keeps(&self, i: u32) -> bool {
         dropout_mix(dropout_mix(i ^ self.key).wrapping_add(self.key)) >> 8 >= self.threshold
     }
 }
 
 /// Wellons' `lowbias32` integer hash, the mixing step of [`DropoutMask`].
+#[inline]
 pub fn dropout_mix(h: u32) -> u32 {
     let mut v = h;
     v ^= v >> 16;
