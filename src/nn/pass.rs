@@ -269,34 +269,27 @@ pub(crate) fn backward_from(
                 }
             }
         }
-        if let Some(act) = fused_mean(stages, &saved, i, dy_preactivated) {
+        // A layer whose forward pass ran the activation after it (and the pooling after
+        // that) answers for them: `(its stage, its pass)`.
+        let answered = if let Some(act) = fused_mean(stages, &saved, i, dy_preactivated) {
             let below = i - 2;
             let layer = stages[below].layer;
             let need_dx = below > 0 || input_grad;
             let fused =
                 layer.backward_with_activation_from_mean(&saved[below], &dy_here, act, need_dx)?;
-            let Some((dx, grads)) = fused else {
+            let Some(fused) = fused else {
                 return Err(crate::Error::Model(format!(
                     "{}: call_with_activation_and_mean ran but \
                      backward_with_activation_from_mean gave nothing",
                     layer.class_name()
                 )));
             };
-            answered_for(&mut saved, (below, i), grads, &mut on_grads)?;
-            i = below;
-            match dx {
-                Some(dx) => dy = dx,
-                None => return Ok(None),
-            }
-            continue;
-        }
-        if let Some(act) = fused_activation(stages, &saved, i, dy_preactivated) {
+            Some((below, fused))
+        } else if let Some(act) = fused_activation(stages, &saved, i, dy_preactivated) {
             let below = i - 1;
             if below == 1 && !input_grad {
                 if let Some((stem_grads, grads)) = into_stem(stages, &saved, &dy_here, act)? {
-                    saved.clear();
-                    on_grads(i, Vec::new())?;
-                    on_grads(1, in_f32(&grads)?)?;
+                    answered_for(&mut saved, (1, i), grads, &mut on_grads)?;
                     on_grads(0, in_f32(&stem_grads)?)?;
                     return Ok(None);
                 }
@@ -306,15 +299,18 @@ pub(crate) fn backward_from(
             // `None`: the layer below did not run the activation (an activation layer that
             // keeps nothing ran on its own); it goes backward as any other layer.
             let fused = layer.backward_with_activation(&saved[below], &dy_here, act, need_dx)?;
-            if let Some((dx, grads)) = fused {
-                answered_for(&mut saved, (below, i), grads, &mut on_grads)?;
-                i = below;
-                match dx {
-                    Some(dx) => dy = dx,
-                    None => return Ok(None),
-                }
-                continue;
+            fused.map(|fused| (below, fused))
+        } else {
+            None
+        };
+        if let Some((below, (dx, grads))) = answered {
+            answered_for(&mut saved, (below, i), grads, &mut on_grads)?;
+            i = below;
+            match dx {
+                Some(dx) => dy = dx,
+                None => return Ok(None),
             }
+            continue;
         }
         let at = (i, &dy_here, dy_preactivated);
         let fused = through_fused(stages, &mut saved, at, input_grad)?;

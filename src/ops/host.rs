@@ -582,55 +582,38 @@ impl NnKernels for HostKernels {
         let mut y = write(a.y);
         let (x, gamma, beta) = (r.f32(0), r.f32(1), r.f32(2));
         let n = a.p.rows * a.p.channels;
+        let out = match a.image_means {
+            Some(pixels) => cpu::batchnorm::Normalized::ImageMeans {
+                pooled: y.f32(),
+                pixels,
+            },
+            None => cpu::batchnorm::Normalized::Values(&mut y.f32()[..n]),
+        };
         match a.stats {
             Some(stats) => {
                 // The moving statistics are written in place; the front-end checked they are
                 // distinct float32 variables.
                 let (mut mm, mut mv) = (write(a.v.moving_mean), write(a.v.moving_variance));
-                let mut stats = write(stats);
-                let (x, moving, stats) = (&x[..n], (mm.f32(), mv.f32()), stats.f32());
-                match a.image_means {
-                    Some(pixels) => cpu::batchnorm::batch_norm_train_mean(
-                        x,
-                        (gamma, beta),
-                        moving,
-                        (y.f32(), pixels),
-                        stats,
-                        &a.p,
-                        a.relu,
-                    ),
-                    None => cpu::batchnorm::batch_norm_train(
-                        x,
-                        (gamma, beta),
-                        moving,
-                        &mut y.f32()[..n],
-                        stats,
-                        &a.p,
-                        a.relu,
-                    ),
-                }
+                cpu::batchnorm::batch_norm_train(
+                    &x[..n],
+                    (gamma, beta),
+                    (mm.f32(), mv.f32()),
+                    out,
+                    write(stats).f32(),
+                    &a.p,
+                    a.relu,
+                );
             }
             None => {
                 let m = Inputs::lock(&[a.v.moving_mean, a.v.moving_variance]);
-                let (x, moving) = (&x[..n], (m.f32(0), m.f32(1)));
-                match a.image_means {
-                    Some(pixels) => cpu::batchnorm::batch_norm_infer_mean(
-                        x,
-                        (gamma, beta),
-                        moving,
-                        (y.f32(), pixels),
-                        &a.p,
-                        a.relu,
-                    ),
-                    None => cpu::batchnorm::batch_norm_infer(
-                        x,
-                        (gamma, beta),
-                        moving,
-                        &mut y.f32()[..n],
-                        &a.p,
-                        a.relu,
-                    ),
-                }
+                cpu::batchnorm::batch_norm_infer(
+                    &x[..n],
+                    (gamma, beta),
+                    (m.f32(0), m.f32(1)),
+                    out,
+                    &a.p,
+                    a.relu,
+                );
             }
         }
         Ok(())

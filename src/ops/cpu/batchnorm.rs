@@ -5,7 +5,7 @@
 //! gradient; each optionally with a ReLU after the normalization (TensorFlow's
 //! `_FusedBatchNormEx`), whose gradient mask the backward pass recomputes from `x`. Two forms
 //! keep an activation out of memory: the normalized values' mean over each image (a global
-//! average pooling after the layer, [`batch_norm_train_mean`], its gradient [`Dy::ImageMeans`]),
+//! average pooling after the layer, [`Normalized::ImageMeans`], its gradient [`Dy::ImageMeans`]),
 //! and the input gradient formed by whoever reads it, rows at a time ([`InputGrad`]). Sums add
 //! their terms in f32 over runs of a few rows and the runs in f64 ([`F32_RUN`]), over fixed
 //! blocks of rows added in order ([`ordered_sums`]), so a result is the same bits on every run.
@@ -180,9 +180,35 @@ fn affine(gamma: &[f32], beta: &[f32], stats: &[f32]) -> (Vec<f32>, Vec<f32>) {
     (a, b)
 }
 
-/// `y = x * (gamma * inv) + (beta - mean * gamma * inv)` per channel, `stats = [mean; inv]`,
-/// then `max(y, 0)` with `relu`.
-fn normalize(x: &[f32], (gamma, beta): (&[f32], &[f32]), stats: &[f32], relu: bool, y: &mut [f32]) {
+/// Where a forward pass puts the normalized values.
+#[derive(Debug)]
+pub(crate) enum Normalized<'a> {
+    /// `y` itself, `[rows, c]`.
+    Values(&'a mut [f32]),
+    /// Their mean over each image's `pixels` rows (a global average pooling after the layer),
+    /// `pooled` `[rows / pixels, c]`: the values are added up where they are computed and
+    /// never written (nor read back by the pooling).
+    ImageMeans {
+        pooled: &'a mut [f32],
+        pixels: usize,
+    },
+}
+
+/// The normalized values `x * (gamma * inv) + (beta - mean * gamma * inv)` per channel,
+/// `stats = [mean; inv]`, then `max(·, 0)` with `relu`, into `out`.
+fn normalize(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    stats: &[f32],
+    relu: bool,
+    out: Normalized<'_>,
+) {
+    let y = match out {
+        Normalized::Values(y) => y,
+        Normalized::ImageMeans { pooled, pixels } => {
+            return image_means(x, (gamma, beta), stats, relu, (pooled, pixels));
+        }
+    };
     let c = gamma.len();
     let (a, b) = affine(gamma, beta, stats);
     let (a, b) = (stretched(&a), stretched(&b));
@@ -194,29 +220,17 @@ fn normalize(x: &[f32], (gamma, beta): (&[f32], &[f32]), stats: &[f32], relu: bo
 }
 
 /// The training forward pass: batch statistics into `stats` (`[mean; inv]`, `2c` values, what
-/// the backward pass needs), `y` (through a ReLU with `relu`), and the moving statistics
-/// updated in place.
+/// the backward pass needs), the normalized values into `out` (through a ReLU with `relu`),
+/// and the moving statistics updated in place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_train(
     x: &[f32],
     (gamma, beta): (&[f32], &[f32]),
     (moving_mean, moving_var): (&mut [f32], &mut [f32]),
-    y: &mut [f32],
+    out: Normalized<'_>,
     stats: &mut [f32],
     p: &BatchNormParams,
     relu: bool,
-) {
-    batch_stats(x, (moving_mean, moving_var), stats, p);
-    normalize(x, (gamma, beta), stats, relu, y);
-}
-
-/// The batch statistics into `stats` (`[mean; inv]`) and the moving statistics updated in
-/// place.
-fn batch_stats(
-    x: &[f32],
-    (moving_mean, moving_var): (&mut [f32], &mut [f32]),
-    stats: &mut [f32],
-    p: &BatchNormParams,
 ) {
     let (rows, c) = (p.rows, p.channels);
     let (mean, var) = batch_norm_moments(x, rows, c);
@@ -227,52 +241,13 @@ fn batch_stats(
         moving_mean[j] = moving_mean[j] * p.momentum + mean[j] * one_minus;
         moving_var[j] = moving_var[j] * p.momentum + var[j] * one_minus;
     }
-}
-
-/// [`batch_norm_train`] followed by the mean over each image's `pixels` rows (a global average
-/// pooling), into `pooled` (`[rows / pixels, c]`): the normalized values are added up where
-/// they are computed and never written (nor read back by the pooling).
-pub(crate) fn batch_norm_train_mean(
-    x: &[f32],
-    (gamma, beta): (&[f32], &[f32]),
-    moving: (&mut [f32], &mut [f32]),
-    (pooled, pixels): (&mut [f32], usize),
-    stats: &mut [f32],
-    p: &BatchNormParams,
-    relu: bool,
-) {
-    batch_stats(x, moving, stats, p);
-    image_means(x, (gamma, beta), stats, relu, (pooled, pixels));
-}
-
-/// [`batch_norm_infer`] followed by the mean over each image's `pixels` rows, into `pooled`,
-/// as [`batch_norm_train_mean`].
-pub(crate) fn batch_norm_infer_mean(
-    x: &[f32],
-    (gamma, beta): (&[f32], &[f32]),
-    moving: (&[f32], &[f32]),
-    (pooled, pixels): (&mut [f32], usize),
-    p: &BatchNormParams,
-    relu: bool,
-) {
-    let stats = moving_stats(moving, p);
-    image_means(x, (gamma, beta), &stats, relu, (pooled, pixels));
-}
-
-/// `[mean; inv]` of the moving statistics.
-fn moving_stats((moving_mean, moving_var): (&[f32], &[f32]), p: &BatchNormParams) -> Vec<f32> {
-    let c = p.channels;
-    let mut stats = vec![0.0f32; 2 * c];
-    for j in 0..c {
-        stats[j] = moving_mean[j];
-        stats[c + j] = 1.0 / (moving_var[j] + p.epsilon).sqrt();
-    }
-    stats
+    normalize(x, (gamma, beta), stats, relu, out);
 }
 
 /// `pooled[i, :]`, the mean of the normalized values (through a ReLU with `relu`) over image
 /// `i`'s `pixels` rows of `x`: each image's rows added in order, then multiplied by `1 /
-/// pixels`, so the same bits as [`normalize`] followed by the global average pooling.
+/// pixels`, so the same bits as the values normalized whole and pooled by the global average
+/// pooling.
 fn image_means(
     x: &[f32],
     (gamma, beta): (&[f32], &[f32]),
@@ -315,17 +290,23 @@ multiversion! {
     }
 }
 
-/// The inference pass: `y` from the moving statistics (through a ReLU with `relu`).
+/// The inference pass: the normalized values from the moving statistics into `out` (through a
+/// ReLU with `relu`).
 pub(crate) fn batch_norm_infer(
     x: &[f32],
     (gamma, beta): (&[f32], &[f32]),
     (moving_mean, moving_var): (&[f32], &[f32]),
-    y: &mut [f32],
+    out: Normalized<'_>,
     p: &BatchNormParams,
     relu: bool,
 ) {
-    let stats = moving_stats((moving_mean, moving_var), p);
-    normalize(x, (gamma, beta), &stats, relu, y);
+    let c = p.channels;
+    let mut stats = vec![0.0f32; 2 * c];
+    for j in 0..c {
+        stats[j] = moving_mean[j];
+        stats[c + j] = 1.0 / (moving_var[j] + p.epsilon).sqrt();
+    }
+    normalize(x, (gamma, beta), &stats, relu, out);
 }
 
 /// The gradients of the training pass: `dx`, `dgamma = Σ g x̂`, `dbeta = Σ g`, from the
@@ -670,7 +651,15 @@ mod tests {
             let (mut mm, mut mv) = (vec![0.0f32; c], vec![1.0f32; c]);
             let (mut y, mut stats) = (vec![0.0f32; rows * c], vec![0.0f32; 2 * c]);
             let vars = (&mut mm[..], &mut mv[..]);
-            batch_norm_train(&x, (&gamma, &beta), vars, &mut y, &mut stats, &p, relu);
+            batch_norm_train(
+                &x,
+                (&gamma, &beta),
+                vars,
+                Normalized::Values(&mut y),
+                &mut stats,
+                &p,
+                relu,
+            );
             (y, stats, mm, mv)
         };
         let (y, stats, mm, mv) = train(false);
@@ -738,21 +727,37 @@ mod tests {
         for relu in [false, true] {
             let (mut mm, mut mv) = (moving_mean.clone(), moving_var.clone());
             let (mut y, mut stats) = (vec![0.0f32; rows * c], vec![0.0f32; 2 * c]);
-            batch_norm_train(&x, gb, (&mut mm, &mut mv), &mut y, &mut stats, &p, relu);
+            batch_norm_train(
+                &x,
+                gb,
+                (&mut mm, &mut mv),
+                Normalized::Values(&mut y),
+                &mut stats,
+                &p,
+                relu,
+            );
             let mut pooled = vec![0.0f32; images * c];
             crate::ops::cpu::pooling::global_avg_pool(&y, &mut pooled, &pool);
 
             let (mut fmm, mut fmv) = (moving_mean.clone(), moving_var.clone());
             let (mut means, mut fstats) = (vec![f32::NAN; images * c], vec![0.0f32; 2 * c]);
             let moving = (&mut fmm[..], &mut fmv[..]);
-            batch_norm_train_mean(&x, gb, moving, (&mut means, pixels), &mut fstats, &p, relu);
+            let out = Normalized::ImageMeans {
+                pooled: &mut means,
+                pixels,
+            };
+            batch_norm_train(&x, gb, moving, out, &mut fstats, &p, relu);
             assert_eq!(means, pooled, "training, relu {relu}");
             assert_eq!((fstats, fmm, fmv), (stats.clone(), mm, mv), "statistics");
 
             let moving = (&moving_mean[..], &moving_var[..]);
-            batch_norm_infer(&x, gb, moving, &mut y, &p, relu);
+            batch_norm_infer(&x, gb, moving, Normalized::Values(&mut y), &p, relu);
             crate::ops::cpu::pooling::global_avg_pool(&y, &mut pooled, &pool);
-            batch_norm_infer_mean(&x, gb, moving, (&mut means, pixels), &p, relu);
+            let out = Normalized::ImageMeans {
+                pooled: &mut means,
+                pixels,
+            };
+            batch_norm_infer(&x, gb, moving, out, &p, relu);
             assert_eq!(means, pooled, "inference, relu {relu}");
 
             let dpooled = random_vec(images * c, 10);

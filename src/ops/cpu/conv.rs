@@ -895,7 +895,7 @@ fn small_k_rows(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::ops::cpu::batchnorm::{batch_norm_backward, batch_norm_train};
+    use crate::ops::cpu::batchnorm::{batch_norm_backward, batch_norm_train, Normalized};
     use crate::ops::reference::{self as r, assert_close, random_vec, to_f64};
     use crate::ops::spec::Padding;
 
@@ -1035,7 +1035,8 @@ pub(super) mod tests {
             let (mut y, mut stats) = (vec![0.0; z.len()], vec![0.0; 2 * c]);
             let (mut mm, mut mv) = (vec![0.0; c], vec![1.0; c]);
             let vars = (&mut mm[..], &mut mv[..]);
-            batch_norm_train(&z, (&gamma, &beta), vars, &mut y, &mut stats, &p, true);
+            let out = Normalized::Values(&mut y);
+            batch_norm_train(&z, (&gamma, &beta), vars, out, &mut stats, &p, true);
             let bn = BatchNormGradInputs {
                 z: &z,
                 dy: &dy,

@@ -549,9 +549,8 @@ mod ordered_tests {
                         let (mut y, mut stats) = (vec![0.0; 1000 * c], vec![0.0; 2 * c]);
                         let vars = (&mut mm[..], &mut mv[..]);
                         let gb = (&gamma[..], &beta[..]);
-                        super::batchnorm::batch_norm_train(
-                            &x, gb, vars, &mut y, &mut stats, &p, relu,
-                        );
+                        let out = super::batchnorm::Normalized::Values(&mut y);
+                        super::batchnorm::batch_norm_train(&x, gb, vars, out, &mut stats, &p, relu);
                         let (mut dx, mut dg, mut db) =
                             (vec![0.0; 1000 * c], vec![0.0; c], vec![0.0; c]);
                         let relu_beta = relu.then_some(&beta[..]);
