@@ -803,6 +803,28 @@ fn a_relu_after_batch_norm_trains_as_its_own_layer_does() {
     }
 }
 
+/// The ops a runtime places, by the placement log's names, from [`OpLog::on`] on.
+struct OpLog(Arc<Mutex<Vec<&'static str>>>);
+
+impl OpLog {
+    /// Logs every op `rt` places (until its callback is replaced).
+    fn on(rt: &Runtime) -> OpLog {
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&ops);
+        rt.set_placement_callback(Some(move |r: &PlacementRecord| {
+            sink.lock().expect("the log").push(r.op)
+        }));
+        rt.set_log_device_placement(true);
+        OpLog(ops)
+    }
+
+    /// How many times each of `names` was placed since the last call; the log starts afresh.
+    fn take<const N: usize>(&self, names: &[&str; N]) -> [usize; N] {
+        let ops = std::mem::take(&mut *self.0.lock().expect("the log"));
+        names.map(|name| ops.iter().filter(|&&op| op == name).count())
+    }
+}
+
 /// On CPU:0, a first Conv2D under a BatchNormalization and its ReLU takes its kernel (and
 /// bias) gradient in one op with the normalization's (`dz` formed where the kernel gradient
 /// reads it, never written whole); with the ReLU as its own layer the three run as their own
@@ -813,12 +835,7 @@ fn a_first_conv_takes_its_kernel_gradient_through_the_batch_norm_after_it() {
     let rt = runtime();
     let cpu = rt.cpu().expect("CPU:0");
     let (x, y) = batches(16, 16, &cpu).remove(0);
-    let ops = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&ops);
-    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
-        sink.lock().expect("the log").push(r.op)
-    }));
-    rt.set_log_device_placement(true);
+    let ops = OpLog::on(&rt);
     let bns = || {
         [
             BatchNormalization::new(),
@@ -833,15 +850,12 @@ fn a_first_conv_takes_its_kernel_gradient_through_the_batch_norm_after_it() {
             let mut a = conv_bias_bn_act(&cpu, f32_, use_bias, bn, fused);
             let mut b = conv_bias_bn_act(&cpu, f32_, use_bias, twin, separate);
             let ran = |m: &mut Sequential| {
-                ops.lock().expect("the log").clear();
+                ops.take(&[]);
                 let out = m.loss_and_gradients(&x, &y).expect("gradients");
-                let fused_ops = ops
-                    .lock()
-                    .expect("the log")
-                    .iter()
-                    .filter(|&&op| op == "FusedBatchNormGradConv2DBackpropFilter")
-                    .count();
-                (out, fused_ops)
+                (
+                    out,
+                    ops.take(&["FusedBatchNormGradConv2DBackpropFilter"])[0],
+                )
             };
             let what = format!("bias {use_bias}, case {i}");
             let ((loss_a, grads_a), fused_a) = ran(&mut a);
@@ -871,12 +885,7 @@ fn a_batch_norm_relu_and_global_average_pooling_train_as_one_op() {
     let rt = runtime();
     let cpu = rt.cpu().expect("CPU:0");
     let data = batches(16 * 3, 16, &cpu);
-    let ops = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&ops);
-    rt.set_placement_callback(Some(move |r: &PlacementRecord| {
-        sink.lock().expect("the log").push(r.op)
-    }));
-    rt.set_log_device_placement(true);
+    let ops = OpLog::on(&rt);
     let model = |bn: BatchNormalization, act: Box<dyn Layer>| {
         let mut m = Sequential::with_seed(4);
         let conv = Conv2D::new(6, 3)
@@ -901,31 +910,110 @@ fn a_batch_norm_relu_and_global_average_pooling_train_as_one_op() {
             BatchNormalization::new().center(false).scale(false),
         ]
     };
-    let fused_ops = || {
-        let ops = ops.lock().expect("the log");
-        let count = |name: &str| ops.iter().filter(|&&op| op == name).count();
-        (
-            count("FusedBatchNormReluMean"),
-            count("FusedBatchNormReluMeanGrad"),
-        )
-    };
+    let fused_ops = || ops.take(&["FusedBatchNormReluMean", "FusedBatchNormReluMeanGrad"]);
     for (i, (bn, twin)) in bns().into_iter().zip(bns()).enumerate() {
         let mut a = model(bn, Box::new(ReLU::new()));
         let mut b = model(twin, Box::new(ReLU::new().max_value(f32::MAX)));
         for (step, (x, y)) in data.iter().enumerate() {
             let what = format!("case {i} step {step}");
-            ops.lock().expect("the log").clear();
+            fused_ops();
             let la = a.train_on_batch(x, y).expect("fused");
-            assert_eq!(fused_ops(), (1, 1), "{what}: one op each way");
-            ops.lock().expect("the log").clear();
+            assert_eq!(fused_ops(), [1, 1], "{what}: one op each way");
             let lb = b.train_on_batch(x, y).expect("twin");
-            assert_eq!(fused_ops(), (0, 0), "{what}: the layers' own ops");
+            assert_eq!(fused_ops(), [0, 0], "{what}: the layers' own ops");
             common::assert_close(&what, &[la], &[lb], 1e-6);
             common::assert_close(&what, &all_weights(&a), &all_weights(&b), 1e-6);
         }
         let (x, _) = &data[0];
         let (pa, pb) = (a.predict(x).expect("fused"), b.predict(x).expect("twin"));
         common::assert_close(&format!("case {i}: predict"), &read(&pa), &read(&pb), 1e-6);
+    }
+    rt.set_log_device_placement(false);
+}
+
+/// Whether CPU:0 runs its AVX-512 kernels (those of the strided convolutions that read a
+/// normalized input in place).
+fn avx512_kernels() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let asked = std::env::var("ANYGPU_CPU_SIMD").unwrap_or_default();
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && !["avx2", "portable"].contains(&asked.as_str())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// On CPU:0, a BatchNormalization and a ReLU before a strided Conv2D: the normalization takes
+/// its statistics only and the convolution normalizes its input as it copies it, in its
+/// forward pass and its kernel gradient (under AVX-512, where those kernels run); with the
+/// ReLU as a layer of its own the layers run their own ops. Both give the same losses,
+/// weights, moving statistics and predictions, for a convolution with a bias and an
+/// activation and for one with a BatchNormalization after it.
+#[test]
+fn a_strided_conv_normalizes_the_batch_norm_before_it_as_it_reads_it() {
+    let rt = runtime();
+    let cpu = rt.cpu().expect("CPU:0");
+    let data = batches(16 * 3, 16, &cpu);
+    let ops = OpLog::on(&rt);
+    let model = |head: usize, act: Box<dyn Layer>| {
+        let mut m = Sequential::with_seed(5);
+        let stem = Conv2D::new(8, 3)
+            .padding(Padding::Same)
+            .use_bias(false)
+            .input_shape(&[8, 8, 1]);
+        let strided = Conv2D::new(16, 3).strides(2).padding(Padding::Same);
+        let mut layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(stem),
+            Box::new(BatchNormalization::new().momentum(0.9)),
+            act,
+        ];
+        if head == 0 {
+            layers.push(Box::new(strided.activation(Activation::Relu)));
+            layers.push(Box::new(Flatten::new()));
+        } else {
+            layers.push(Box::new(strided.use_bias(false)));
+            layers.push(Box::new(BatchNormalization::new()));
+            layers.push(Box::new(ReLU::new()));
+            layers.push(Box::new(GlobalAveragePooling2D::new()));
+        }
+        layers.push(Box::new(Dense::new(3).activation(Activation::Softmax)));
+        for layer in layers {
+            m.add_boxed(&cpu, layer).expect("add");
+        }
+        compiled(m, Sgd::new(0.1).into()).expect("compile")
+    };
+    let fused_ops = || {
+        ops.take(&[
+            "FusedBatchNormStatistics",
+            "FusedBatchNormReluConv2D",
+            "FusedBatchNormReluConv2DBackpropFilter",
+        ])
+    };
+    let fused = usize::from(avx512_kernels());
+    for head in 0..2 {
+        let mut a = model(head, Box::new(ReLU::new()));
+        let mut b = model(head, Box::new(ReLU::new().max_value(f32::MAX)));
+        for (step, (x, y)) in data.iter().enumerate() {
+            let what = format!("head {head} step {step}");
+            fused_ops();
+            let la = a.train_on_batch(x, y).expect("fused");
+            assert_eq!(
+                fused_ops(),
+                [fused; 3],
+                "{what}: the convolution normalizes"
+            );
+            let lb = b.train_on_batch(x, y).expect("twin");
+            assert_eq!(fused_ops(), [0; 3], "{what}: the layers' own ops");
+            assert_eq!(la, lb, "{what}: the same loss");
+            assert_eq!(all_weights(&a), all_weights(&b), "{what}: the same weights");
+        }
+        let (x, _) = &data[0];
+        let (pa, pb) = (a.predict(x).expect("fused"), b.predict(x).expect("twin"));
+        assert_eq!(read(&pa), read(&pb), "head {head}: predict");
     }
     rt.set_log_device_placement(false);
 }

@@ -80,7 +80,8 @@ pub use checkpoint::BackupAndRestore;
 pub use depthwise::DepthwiseConv2D;
 pub use history::{Evaluation, History};
 pub use layers::{
-    BackwardPlan, Conv2D, Dense, Flatten, FusedGrads, Layer, MaxPool2D, SeparableConv2D, StemConv,
+    BackwardPlan, Conv2D, DeferredNormalization, Dense, Flatten, FusedGrads, Layer, MaxPool2D,
+    SeparableConv2D, StemConv,
 };
 pub use loss::Loss;
 pub use metrics::Metric;

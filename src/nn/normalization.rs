@@ -10,7 +10,8 @@ use crate::mixed_precision::Policy;
 use crate::nn::init::zeros;
 use crate::nn::layer_config;
 use crate::nn::layers::{
-    bad_input, not_built, on_gpu, replace, saved, weights_of, Layer, StemConv,
+    bad_input, not_built, on_gpu, replace, saved, weights_of, DeferredNormalization, Layer,
+    StemConv,
 };
 use crate::nn::replica_group::{self, ReplicaGroup};
 use crate::ops::spec::{Activation as OpActivation, ActivationFn, DropoutMask};
@@ -576,6 +577,33 @@ impl Layer for BatchNormalization {
     ) -> Result<Option<(Option<Tensor>, Vec<Tensor>)>> {
         let op = ops::batch_normalization_relu_backward;
         self.relu_backward(saved_tensors, (dy, act), need_dx, op)
+    }
+
+    /// On the CPU, in float32, with a ReLU: the statistics, and the moving statistics'
+    /// update, of [`call_with_activation`](Layer::call_with_activation)'s training pass; the
+    /// layer after the ReLU normalizes as it reads `x`. Keeps what that pass keeps.
+    fn call_with_activation_deferred(
+        &self,
+        x: &Tensor,
+        act: ActivationFn,
+    ) -> Result<Option<(DeferredNormalization, Vec<Tensor>)>> {
+        let fits = act == ActivationFn::RELU
+            && !self.synchronized
+            && x.dtype() == DType::F32
+            && !on_gpu(x);
+        if !fits {
+            return Ok(None);
+        }
+        let v = self.variables()?;
+        let stats =
+            ops::batch_normalization_statistics_training(x, v, self.momentum, self.epsilon)?;
+        let deferred = DeferredNormalization {
+            z: x.clone(),
+            gamma: v.gamma.clone(),
+            beta: v.beta.clone(),
+            stats: stats.clone(),
+        };
+        Ok(Some((deferred, vec![x.clone(), stats])))
     }
 
     /// On the CPU, in float32, with a ReLU.

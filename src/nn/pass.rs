@@ -70,6 +70,16 @@ pub(crate) fn forward(
                 continue;
             }
         }
+        if let Some((out, kept)) = into_reader(stages, i, &input, training)? {
+            // The activation keeps nothing; the layer after it kept what its backward pass
+            // needs of the normalization, which goes backward as after `call_with_activation`.
+            if keep {
+                saved.extend(kept);
+            }
+            h = out;
+            i += 3;
+            continue;
+        }
         if let Some(act) = activation_follows(stages, i) {
             if mean_follows(stages, i + 1) {
                 let fused = s
@@ -105,6 +115,39 @@ pub(crate) fn forward(
         i += 1;
     }
     Ok((h, saved))
+}
+
+/// Stages `i` to `i + 2` in a training pass, when stage `i`'s output through stage `i + 1`'s
+/// activation need not be written ([`Layer::call_with_activation_deferred`]) because stage `i +
+/// 2` forms it where it reads it ([`Layer::reads_normalized_input`], all three in one place,
+/// no 2×2 max-pool after it to take over): stage `i + 2`'s output and the three stages' saved
+/// tensors. `None` otherwise, nothing run.
+fn into_reader(
+    stages: &[Stage<'_>],
+    i: usize,
+    input: &Tensor,
+    training: bool,
+) -> Result<Option<(Tensor, [Vec<Tensor>; 3])>> {
+    let Some(act) = activation_follows(stages, i) else {
+        return Ok(None);
+    };
+    let Some(reader) = stages.get(i + 2) else {
+        return Ok(None);
+    };
+    let fits = training
+        && same_place(&stages[i], reader)
+        && !pool_follows(stages, i + 2)
+        && reader
+            .layer
+            .reads_normalized_input(input.shape(), reader.dtype);
+    if !fits {
+        return Ok(None);
+    }
+    let Some((deferred, kept)) = stages[i].layer.call_with_activation_deferred(input, act)? else {
+        return Ok(None);
+    };
+    let (out, reader_kept) = reader.layer.call_normalized(&deferred)?;
+    Ok(Some((out, [kept, Vec::new(), reader_kept])))
 }
 
 /// The convolution the first stage offers the second to run inside its pass through the 2×2

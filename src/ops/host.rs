@@ -15,8 +15,8 @@ use crate::ops::spec::{
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
-    ConvNormGrads, ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules,
-    SeparableBackward, SeparableForward,
+    ConvNormGrads, ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, NormWrites,
+    NormalizedInput, ScaleRules, SeparableBackward, SeparableForward,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -267,6 +267,48 @@ impl NnKernels for HostKernels {
             (dk.f32(), db.as_mut().map(|db| db.f32())),
             (dgamma.f32(), dbeta.f32()),
             &g.s,
+        );
+        Ok(())
+    }
+
+    fn conv2d_normalized_input(
+        &self,
+        x: &NormalizedInput<'_>,
+        (kernel, bias): (&Tensor, Option<&Tensor>),
+        y: &Tensor,
+        s: &Conv2dShape,
+        act: Activation,
+    ) -> Result<()> {
+        let r = Inputs::lock(&with_optional(
+            &[x.z, x.gamma, x.beta, x.stats, kernel],
+            bias,
+        ));
+        let norm = cpu::batchnorm::Normalizer::new((r.f32(1), r.f32(2)), r.f32(3));
+        cpu::normalized_input::conv2d_forward_normalized(
+            (r.f32(0), &norm),
+            r.f32(4),
+            bias.map(|_| r.f32(5)),
+            write(y).f32(),
+            s,
+            act,
+        );
+        Ok(())
+    }
+
+    fn conv2d_backward_kernel_normalized_input(
+        &self,
+        x: &NormalizedInput<'_>,
+        dz: &Tensor,
+        dk: &Tensor,
+        s: &Conv2dShape,
+    ) -> Result<()> {
+        let r = Inputs::lock(&[x.z, x.gamma, x.beta, x.stats, dz]);
+        let norm = cpu::batchnorm::Normalizer::new((r.f32(1), r.f32(2)), r.f32(3));
+        cpu::normalized_input::conv2d_backward_kernel_normalized(
+            (r.f32(0), &norm),
+            r.f32(4),
+            write(dk).f32(),
+            s,
         );
         Ok(())
     }
@@ -582,12 +624,13 @@ impl NnKernels for HostKernels {
         let mut y = write(a.y);
         let (x, gamma, beta) = (r.f32(0), r.f32(1), r.f32(2));
         let n = a.p.rows * a.p.channels;
-        let out = match a.image_means {
-            Some(pixels) => cpu::batchnorm::Normalized::ImageMeans {
+        let out = match a.writes {
+            NormWrites::ImageMeans(pixels) => cpu::batchnorm::Normalized::ImageMeans {
                 pooled: y.f32(),
                 pixels,
             },
-            None => cpu::batchnorm::Normalized::Values(&mut y.f32()[..n]),
+            NormWrites::Values => cpu::batchnorm::Normalized::Values(&mut y.f32()[..n]),
+            NormWrites::Nothing => cpu::batchnorm::Normalized::Deferred,
         };
         match a.stats {
             Some(stats) => {

@@ -31,6 +31,7 @@ pub(crate) use norm::{
     batch_normalization_relu_backward, batch_normalization_relu_inference,
     batch_normalization_relu_mean_backward, batch_normalization_relu_mean_inference,
     batch_normalization_relu_mean_training, batch_normalization_relu_training,
+    batch_normalization_statistics_training,
 };
 
 use crate::device::logical::Backend;
@@ -189,7 +190,7 @@ pub(crate) fn run<R>(
 
 pub(crate) use basic::unscale_checked;
 pub(crate) use nn_kernels::{
-    ConvNormGrads, ConvWeightGrads, DenseGrads, NnKernels, SeparableBackward, SeparableForward,
-    StemConv,
+    ConvNormGrads, ConvWeightGrads, DenseGrads, NnKernels, NormWrites, NormalizedInput,
+    SeparableBackward, SeparableForward, StemConv,
 };
 pub(crate) use spec::ScaleRules;

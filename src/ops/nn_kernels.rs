@@ -46,6 +46,25 @@ pub(crate) trait NnKernels {
     /// takes, and that normalization's own gradients (see
     /// [`conv2d_backward_weights_normalized`](crate::ops::nn::conv2d_backward_weights_normalized)).
     fn conv2d_backward_weights_normalized(&self, g: &ConvNormGrads<'_>) -> Result<()>;
+    /// A convolution of a batch normalization's output through a ReLU, from the
+    /// normalization's input (see
+    /// [`conv2d_normalized_input`](crate::ops::nn::conv2d_normalized_input)).
+    fn conv2d_normalized_input(
+        &self,
+        x: &NormalizedInput<'_>,
+        weights: (&Tensor, Option<&Tensor>),
+        y: &Tensor,
+        s: &Conv2dShape,
+        act: Activation,
+    ) -> Result<()>;
+    /// Its gradient w.r.t. the kernel.
+    fn conv2d_backward_kernel_normalized_input(
+        &self,
+        x: &NormalizedInput<'_>,
+        dz: &Tensor,
+        dk: &Tensor,
+        s: &Conv2dShape,
+    ) -> Result<()>;
     /// Depthwise 'same' convolution.
     fn depthwise(&self, x: &Tensor, kernel: &Tensor, y: &Tensor, s: &DepthwiseShape) -> Result<()>;
     /// Its gradient w.r.t. the input.
@@ -463,6 +482,20 @@ pub(crate) struct ConvNormGrads<'a> {
     pub(crate) s: Conv2dShape,
 }
 
+/// A convolution's input as a batch normalization in training left it, followed by a ReLU:
+/// `max((z - mean) · inv · gamma + beta, 0)`, never written whole.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NormalizedInput<'a> {
+    /// The normalization's input.
+    pub z: &'a Tensor,
+    /// Its scale.
+    pub gamma: &'a Tensor,
+    /// Its offset.
+    pub beta: &'a Tensor,
+    /// The training pass's batch statistics (`[2, c]`: mean, inverse deviation).
+    pub stats: &'a Tensor,
+}
+
 /// The tensors of [`NnKernels::dense_backward`]: inputs `x` `[m, k]`, `w` `[k, n]`, the
 /// activated output `y` and its gradient `dy` `[m, n]`; outputs `dx` (optional), `dw`, `db`.
 pub(crate) struct DenseGrads<'a> {
@@ -506,10 +539,31 @@ pub(crate) struct BatchNormArgs<'a> {
     pub(crate) stats: Option<&'a Tensor>,
     pub(crate) p: BatchNormParams,
     pub(crate) relu: bool,
-    /// `Some(pixels)`: `y` is the mean of the normalized values over each image's `pixels`
-    /// rows (`[rows / pixels, c]`, a global average pooling after the layer), not the values
-    /// (the CPU only).
-    pub(crate) image_means: Option<usize>,
+    /// What goes into `y`.
+    pub(crate) writes: NormWrites,
+}
+
+/// What a batch normalization's forward kernel writes into its `y`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NormWrites {
+    /// The normalized values, `x`'s shape.
+    Values,
+    /// Their mean over each image's `pixels` rows (`[rows / pixels, c]`, a global average
+    /// pooling after the layer; the CPU only).
+    ImageMeans(usize),
+    /// Nothing (`y` is empty): the statistics only, for a reader that normalizes `x` as it
+    /// reads it (a convolution after the layer; the CPU only).
+    Nothing,
+}
+
+impl NormWrites {
+    /// The pixels of each image a mean goes over, for [`NormWrites::ImageMeans`].
+    pub(crate) fn image_means(self) -> Option<usize> {
+        match self {
+            NormWrites::ImageMeans(pixels) => Some(pixels),
+            _ => None,
+        }
+    }
 }
 
 /// What a device's batch normalization gradient kernel gets; `relu_beta` (`beta`) when the
@@ -525,7 +579,7 @@ pub(crate) struct BatchNormGradArgs<'a> {
     pub(crate) dbeta: &'a Tensor,
     pub(crate) p: BatchNormParams,
     /// `Some(pixels)`: `dy` is the gradient w.r.t. the per-image means of
-    /// [`BatchNormArgs::image_means`] (the CPU only).
+    /// [`NormWrites::ImageMeans`] (the CPU only).
     pub(crate) image_means: Option<usize>,
 }
 

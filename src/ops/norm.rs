@@ -36,6 +36,12 @@ const BATCH_NORM_RELU_MEAN_GRAD: OpInfo = OpInfo {
     name: "FusedBatchNormReluMeanGrad",
     gpu: None,
 };
+/// The statistics of a training pass whose normalized values a convolution after it forms
+/// as it reads them ([`batch_normalization_statistics_training`]).
+const BATCH_NORM_STATISTICS: OpInfo = OpInfo {
+    name: "FusedBatchNormStatistics",
+    gpu: None,
+};
 const DROPOUT: OpInfo = OpInfo {
     name: "Dropout",
     gpu: Some(gn::DROPOUT),
@@ -46,7 +52,7 @@ const DROPOUT_GRAD: OpInfo = OpInfo {
 };
 
 pub use crate::ops::nn_kernels::BatchNormVariables;
-pub(crate) use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs};
+pub(crate) use crate::ops::nn_kernels::{BatchNormArgs, BatchNormGradArgs, NormWrites};
 
 /// What follows the normalization inside its op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +63,8 @@ enum Form {
     Relu,
     /// A ReLU, then the mean over each image's pixels (`[n, h, w, c]` → `[n, c]`).
     ReluMean,
+    /// Nothing written: the statistics only (training).
+    Statistics,
 }
 
 impl Form {
@@ -65,6 +73,7 @@ impl Form {
             Form::Plain => &BATCH_NORM,
             Form::Relu => &BATCH_NORM_RELU,
             Form::ReluMean => &BATCH_NORM_RELU_MEAN,
+            Form::Statistics => &BATCH_NORM_STATISTICS,
         }
     }
 
@@ -73,19 +82,24 @@ impl Form {
             Form::Plain => &BATCH_NORM_GRAD,
             Form::Relu => &BATCH_NORM_RELU_GRAD,
             Form::ReluMean => &BATCH_NORM_RELU_MEAN_GRAD,
+            // The convolution that read the values gives their gradient: the ReLU form's.
+            Form::Statistics => &BATCH_NORM_RELU_GRAD,
         }
     }
 
-    /// The output's shape for an input `x` (checked), and the pixels of each image a mean
-    /// goes over.
-    fn output(self, x: &Tensor) -> Result<(Vec<usize>, Option<usize>)> {
-        if self != Form::ReluMean {
-            return Ok((x.shape().to_vec(), None));
-        }
+    /// The output's shape for an input `x` (checked), and what goes into it.
+    fn output(self, x: &Tensor) -> Result<(Vec<usize>, NormWrites)> {
         let name = self.op().name;
-        x.expect_dtype(name, DType::F32)?;
+        match self {
+            Form::Plain | Form::Relu => return Ok((x.shape().to_vec(), NormWrites::Values)),
+            Form::Statistics => {
+                x.expect_dtype(name, DType::F32)?;
+                return Ok((vec![0], NormWrites::Nothing));
+            }
+            Form::ReluMean => x.expect_dtype(name, DType::F32)?,
+        }
         match *x.shape() {
-            [n, h, w, c] if h * w > 0 => Ok((vec![n, c], Some(h * w))),
+            [n, h, w, c] if h * w > 0 => Ok((vec![n, c], NormWrites::ImageMeans(h * w))),
             _ => Err(Error::InvalidArgument(format!(
                 "{name}: the input must be [batch, height, width, channels] with pixels, got \
                  shape {:?}",
@@ -190,6 +204,19 @@ pub(crate) fn batch_normalization_relu_mean_training(
     training_pass(x, v, (momentum, epsilon), Form::ReluMean)
 }
 
+/// [`batch_normalization_training`]'s statistics (returned) and moving statistics' update,
+/// without the normalized values: for a convolution that forms them, through a ReLU, as it
+/// reads `x` ([`conv2d_normalized_input`](crate::ops::nn::conv2d_normalized_input)). The CPU
+/// only, float32.
+pub(crate) fn batch_normalization_statistics_training(
+    x: &Tensor,
+    v: BatchNormVariables<'_>,
+    momentum: f32,
+    epsilon: f32,
+) -> Result<Tensor> {
+    training_pass(x, v, (momentum, epsilon), Form::Statistics).map(|(_, stats)| stats)
+}
+
 /// The training pass, in `form`.
 fn training_pass(
     x: &Tensor,
@@ -200,7 +227,7 @@ fn training_pass(
     let op = form.op();
     let name = op.name;
     let dtype = activation_dtype(name, x)?;
-    let (out_shape, image_means) = form.output(x)?;
+    let (out_shape, writes) = form.output(x)?;
     let (rows, c) = rows_channels(name, x)?;
     check_variables(name, c, &variables(&v))?;
     if rows == 0 {
@@ -239,7 +266,7 @@ fn training_pass(
             stats: Some(&stats),
             p,
             relu: form != Form::Plain,
-            image_means,
+            writes,
         };
         with_kernels(device, |_, nk| nk.batch_norm(&args))?;
         Ok((y, stats))
@@ -289,7 +316,7 @@ fn inference_pass(
     let op = form.op();
     let name = op.name;
     let dtype = activation_dtype(name, x)?;
-    let (out_shape, image_means) = form.output(x)?;
+    let (out_shape, writes) = form.output(x)?;
     let (rows, c) = rows_channels(name, x)?;
     check_variables(name, c, &variables(&v))?;
     let p = BatchNormParams {
@@ -309,7 +336,7 @@ fn inference_pass(
                 stats: None,
                 p,
                 relu: form != Form::Plain,
-                image_means,
+                writes,
             };
             with_kernels(device, |_, nk| nk.batch_norm(&args))?;
         }
@@ -388,7 +415,8 @@ fn backward_in(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let op = form.grad_op();
     let name = op.name;
-    let (out_shape, image_means) = form.output(x)?;
+    let (out_shape, writes) = form.output(x)?;
+    let image_means = writes.image_means();
     // `dy` has the forward output's shape; the checks below compare it with `x`'s.
     let dy_as_x = match image_means {
         Some(_) if dy.shape() == out_shape => x,
@@ -453,8 +481,20 @@ pub(crate) fn check_grad_inputs(
             hint: ": the gradient must have the input's shape".into(),
         });
     }
+    check_normalization(name, c, (gamma, relu_beta), stats)?;
+    Ok((dtype, rows, c))
+}
+
+/// The checks of what a training pass over `c` channels left for the op `name`: `gamma` (and
+/// `beta`) float32 `[c]`, its batch statistics float32 `[2, c]`.
+pub(crate) fn check_normalization(
+    name: &'static str,
+    c: usize,
+    (gamma, beta): (&Tensor, Option<&Tensor>),
+    stats: &Tensor,
+) -> Result<()> {
     check_variables(name, c, &[("gamma", gamma)])?;
-    if let Some(beta) = relu_beta {
+    if let Some(beta) = beta {
         check_variables(name, c, &[("beta", beta)])?;
     }
     stats.expect_dtype(name, DType::F32)?;
@@ -466,7 +506,7 @@ pub(crate) fn check_grad_inputs(
             hint: ": the batch statistics of the forward pass".into(),
         });
     }
-    Ok((dtype, rows, c))
+    Ok(())
 }
 
 fn variables<'a>(v: &BatchNormVariables<'a>) -> [(&'static str, &'a Tensor); 4] {

@@ -14,7 +14,7 @@ use crate::tensor::{DType, Tensor};
 use super::{
     activate_separately, activation_and_bias_grad, backward_weights, cpu_preactivation_grad,
     image_shape, in_dtype, not_built, on_gpu, replace, saved, through_separate, weights_of,
-    BackwardPlan, FusedGrads, Layer, StemConv,
+    BackwardPlan, DeferredNormalization, FusedGrads, Layer, StemConv,
 };
 
 /// 2-D convolution (`keras.layers.Conv2D(filters, kernel_size, strides, padding,
@@ -244,9 +244,48 @@ impl Layer for Conv2D {
         }))
     }
 
-    /// The forward pass keeps `[x, kept]`.
+    /// The forward pass keeps `[x, kept]` (not after [`call_normalized`](Layer::call_normalized)).
     fn kept_input<'a>(&self, saved: &'a [Tensor]) -> Option<&'a Tensor> {
-        saved.first()
+        match saved {
+            [x, _] => Some(x),
+            _ => None,
+        }
+    }
+
+    /// On the CPU, in float32, a strided convolution: it normalizes its input as it copies
+    /// each image into the zero-padded one its patches are read from.
+    fn reads_normalized_input(&self, input_shape: &[usize], dtype: DType) -> bool {
+        let Some(kernel) = self.weights.first() else {
+            return false;
+        };
+        let Some(&c_in) = input_shape.last() else {
+            return false;
+        };
+        let kshape = self.kernel_shape(c_in);
+        let opts = self.window.options;
+        dtype == DType::F32
+            && !on_gpu(kernel)
+            && kernel.shape() == kshape
+            && ops::conv2d_reads_normalized_input(input_shape, &kshape, opts)
+    }
+
+    /// Keeps `[z, kept, gamma, beta, statistics]`, which [`Layer::backward`] tells from the
+    /// plain pass's `[x, kept]`.
+    fn call_normalized(&self, x: &DeferredNormalization) -> Result<(Tensor, Vec<Tensor>)> {
+        let w = in_dtype("Conv2D", &self.weights, DType::F32)?;
+        let (kernel, bias) = match &w[..] {
+            [kernel, bias] => (kernel, Some(bias)),
+            [kernel] => (kernel, None),
+            _ => return Err(not_built("Conv2D")),
+        };
+        let opts = self.window.options;
+        let act = self.activation.fused();
+        let z = ops::conv2d_normalized_input(x.op(), kernel, bias, opts, act)?;
+        let (y, kept) = activate_separately(z, self.activation)?;
+        let normalization = [&x.z, &x.gamma, &x.beta, &x.stats];
+        let mut saved = vec![normalization[0].clone(), kept];
+        saved.extend(normalization[1..].iter().map(|&t| t.clone()));
+        Ok((y, saved))
     }
 
     /// From a pre-activated `dy` (the layer after applied this one's activation gradient);
@@ -286,7 +325,22 @@ impl Conv2D {
         let [kernel] = &w[..] else {
             return Err(not_built("Conv2D"));
         };
-        let [x, kept] = saved::<2>("Conv2D", saved_tensors)?;
+        // After `call_normalized`, `x` is the normalization's input.
+        let (x, kept, normalized) = match saved_tensors {
+            [z, kept, gamma, beta, stats] => {
+                let normalized = DeferredNormalization {
+                    z: z.clone(),
+                    gamma: gamma.clone(),
+                    beta: beta.clone(),
+                    stats: stats.clone(),
+                };
+                (z.clone(), kept.clone(), Some(normalized))
+            }
+            _ => {
+                let [x, kept] = saved::<2>("Conv2D", saved_tensors)?;
+                (x, kept, None)
+            }
+        };
         let (dy, y, activation) = if dy_preactivated {
             (dy.clone(), kept, Activation::Linear)
         } else {
@@ -301,31 +355,39 @@ impl Conv2D {
                 vec![dk]
             }
         };
-        if !need_dx && !self.use_bias && activation == Activation::Linear {
+        let plain = normalized.is_none();
+        if plain && !need_dx && !self.use_bias && activation == Activation::Linear {
             // A first layer before a BatchNormalization: `dz` is `dy`, and no bias wants its
             // sum (a pass over the whole output gradient).
             let dk = ops::conv2d_backward_kernel_as(&x, &dy, kernel.shape(), opts, grads)?;
             return Ok((None, vec![dk]));
         }
-        if !need_dx {
+        if plain && !need_dx {
             // A first layer: one op, which on the CPU never writes `dz` to memory.
             let act = activation.fused();
             let (dk, db) =
                 ops::conv2d_backward_weights_as(&x, &y, &dy, kernel.shape(), opts, act, grads)?;
             return Ok((None, with_bias(dk, db)));
         }
-        let dk_dx = |dz: &Tensor| -> Result<(Tensor, Tensor)> {
-            let dk = ops::conv2d_backward_kernel_as(&x, dz, kernel.shape(), opts, grads)?;
-            Ok((dk, ops::conv2d_backward_input(dz, kernel, x.shape(), opts)?))
+        let dk_dx = |dz: &Tensor| -> Result<(Tensor, Option<Tensor>)> {
+            let k = kernel.shape();
+            let dk = match &normalized {
+                Some(n) => ops::conv2d_backward_kernel_normalized_input(n.op(), dz, k, opts)?,
+                None => ops::conv2d_backward_kernel_as(&x, dz, k, opts, grads)?,
+            };
+            let dx = need_dx
+                .then(|| ops::conv2d_backward_input(dz, kernel, x.shape(), opts))
+                .transpose()?;
+            Ok((dk, dx))
         };
         if !self.use_bias && activation == Activation::Linear {
             // `dz` is `dy`, and no bias wants its sum (a convolution before a
             // BatchNormalization).
             let (dk, dx) = dk_dx(&dy)?;
-            return Ok((Some(dx), vec![dk]));
+            return Ok((dx, vec![dk]));
         }
         let (dz, db) = activation_and_bias_grad(&dy, &y, activation)?;
         let (dk, dx) = dk_dx(&dz)?;
-        Ok((Some(dx), with_bias(dk, db)))
+        Ok((dx, with_bias(dk, db)))
     }
 }

@@ -418,6 +418,52 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// This layer's training pass with the activation `act` after it (as
+    /// [`call_with_activation`](Layer::call_with_activation)) whose output is not written:
+    /// `(output, saved)`, the output as the layer after the activation reads it in its
+    /// place ([`call_normalized`](Layer::call_normalized)), and what
+    /// [`backward_with_activation`](Layer::backward_with_activation) needs. `Ok(None)` when
+    /// the layer has no such pass for `act` where it runs; the model then runs the layers as
+    /// it would without it. Provided: `Ok(None)`; `BatchNormalization` answers on the CPU in
+    /// float32, with a ReLU.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward).
+    fn call_with_activation_deferred(
+        &self,
+        x: &Tensor,
+        act: ActivationFn,
+    ) -> Result<Option<(DeferredNormalization, Vec<Tensor>)>> {
+        let _ = (x, act);
+        Ok(None)
+    }
+
+    /// Whether this layer's training pass, computing in `dtype`, reads an `input_shape` input
+    /// that [`call_with_activation_deferred`](Layer::call_with_activation_deferred) left
+    /// unwritten in its place, at no more cost than a written one
+    /// ([`call_normalized`](Layer::call_normalized)). Provided: `false`; `Conv2D` answers
+    /// for a strided convolution on the CPU.
+    fn reads_normalized_input(&self, input_shape: &[usize], dtype: DType) -> bool {
+        let _ = (input_shape, dtype);
+        false
+    }
+
+    /// This layer's training pass ([`forward`](Layer::forward)) from an input `x` that the
+    /// layer before left unwritten: `(output, saved)`, what it saved for its
+    /// [`backward`](Layer::backward). Asked only where
+    /// [`reads_normalized_input`](Layer::reads_normalized_input) said yes. Provided: an
+    /// error.
+    ///
+    /// # Errors
+    /// As [`forward`](Layer::forward); a layer that does not read such inputs.
+    fn call_normalized(&self, x: &DeferredNormalization) -> Result<(Tensor, Vec<Tensor>)> {
+        let _ = x;
+        Err(Error::Model(format!(
+            "{}: reads no normalized input (reads_normalized_input says no)",
+            self.class_name()
+        )))
+    }
+
     /// A copy of the layer: its configuration, and its weights as handles to the same
     /// storage (`Box::new(self.clone())`). [`crate::distribute::MirroredStrategy`] makes its
     /// replicas this way, then gives each copy its own weights on its replica's device through
@@ -466,6 +512,33 @@ pub struct BackwardPlan {
     /// from its [`preactivation_grad`](Layer::preactivation_grad)); `dx` should come
     /// multiplied by its gradient at the input, and [`FusedGrads::dx_preactivated`] say so.
     pub input_activation: OpActivation,
+}
+
+/// A batch normalization's output through a ReLU that its training pass did not write
+/// ([`Layer::call_with_activation_deferred`]): the layer after the ReLU forms
+/// `max((z - mean) · inv · gamma + beta, 0)` where it reads it ([`Layer::call_normalized`]).
+#[derive(Clone, Debug)]
+pub struct DeferredNormalization {
+    /// The normalization's input, `[..., c]`.
+    pub z: Tensor,
+    /// Its scale, `[c]`.
+    pub gamma: Tensor,
+    /// Its offset, `[c]`.
+    pub beta: Tensor,
+    /// The batch statistics, `[2, c]`: mean, then `1 / sqrt(var + epsilon)`.
+    pub stats: Tensor,
+}
+
+impl DeferredNormalization {
+    /// The tensors as the ops take them.
+    pub(crate) fn op(&self) -> ops::NormalizedInput<'_> {
+        ops::NormalizedInput {
+            z: &self.z,
+            gamma: &self.gamma,
+            beta: &self.beta,
+            stats: &self.stats,
+        }
+    }
 }
 
 /// A layer seen as a stride-1 convolution that the layer after it runs inside its own passes

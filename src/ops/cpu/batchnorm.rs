@@ -192,6 +192,53 @@ pub(crate) enum Normalized<'a> {
         pooled: &'a mut [f32],
         pixels: usize,
     },
+    /// Nowhere: the statistics only, for a reader that normalizes `x` as it copies it (a
+    /// [`Normalizer`]).
+    Deferred,
+}
+
+/// A batch normalization's output `max(x · a + b, 0)` per channel, formed where a reader
+/// copies `x` (a strided convolution's zero-padded images) instead of written whole and read
+/// back: the same bits as the forward pass's [`Normalized::Values`] with a ReLU.
+#[derive(Debug)]
+pub(crate) struct Normalizer {
+    /// `a` and `b` a stretch long (see [`stretch_rows`]).
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl Normalizer {
+    /// The normalization `(gamma, beta)` with the training pass's `stats` (`[mean; inv]`).
+    pub(crate) fn new((gamma, beta): (&[f32], &[f32]), stats: &[f32]) -> Normalizer {
+        assert!(
+            beta.len() == gamma.len() && stats.len() == 2 * gamma.len(),
+            "Normalizer: {} gammas, {} betas, {} statistics",
+            gamma.len(),
+            beta.len(),
+            stats.len()
+        );
+        let (a, b) = affine(gamma, beta, stats);
+        Normalizer {
+            a: stretched(&a),
+            b: stretched(&b),
+        }
+    }
+
+    /// `y = max(x · a + b, 0)`: `x` whole pixels (it starts on channel 0), `y` as long.
+    pub(crate) fn apply(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "Normalizer: x and y lengths differ");
+        scale_shift(x, &self.a, &self.b, true, y);
+    }
+
+    /// Every value of `x` (whole pixels) normalized into `y`, in parallel blocks: for a reader
+    /// that cannot normalize as it reads.
+    pub(crate) fn apply_all(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "Normalizer: x and y lengths differ");
+        let block = ROWS_PER_TASK * self.a.len();
+        y.par_chunks_mut(block)
+            .zip(x.par_chunks(block))
+            .for_each(|(y, x)| self.apply(x, y));
+    }
 }
 
 /// The normalized values `x * (gamma * inv) + (beta - mean * gamma * inv)` per channel,
@@ -208,6 +255,7 @@ fn normalize(
         Normalized::ImageMeans { pooled, pixels } => {
             return image_means(x, (gamma, beta), stats, relu, (pooled, pixels));
         }
+        Normalized::Deferred => return,
     };
     let c = gamma.len();
     let (a, b) = affine(gamma, beta, stats);

@@ -402,7 +402,7 @@ fn correlate_rows(
 
 /// Panics unless the slices match the shape, each length computed without wrapping (a shape
 /// whose product wraps matches no slice).
-fn check(s: &Conv2dShape, x: usize, k: usize, y: usize, what: &str) {
+pub(super) fn check(s: &Conv2dShape, x: usize, k: usize, y: usize, what: &str) {
     assert!(s.kh > 0 && s.kw > 0, "{what}: kernel must be at least 1x1");
     let (oh, ow) = s.out_hw();
     assert_eq!(

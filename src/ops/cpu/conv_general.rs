@@ -142,7 +142,7 @@ pub(crate) fn forward(
         return;
     }
     if strided::fits(g) {
-        return strided::forward(x, kernel, bias, y, g, act);
+        return strided::forward((x, None), kernel, bias, y, g, act);
     }
     // A few images a task, their patches stacked into one matrix: one product for all.
     let images = images_per_task(g);
@@ -263,7 +263,7 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         return;
     }
     if strided::fits(g) {
-        return strided::backward_kernel(x, dz, dk, g);
+        return strided::backward_kernel((x, None), dz, dk, g);
     }
     let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());
     // Tasks of a few images (one product over their stacked patches) for one group, of one

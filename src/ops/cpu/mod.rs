@@ -107,6 +107,7 @@ pub(crate) mod elementwise;
 pub(crate) mod gemm;
 mod implicit;
 pub(crate) mod loss;
+pub(crate) mod normalized_input;
 pub(crate) mod optim;
 mod ordered;
 pub(crate) mod pool;
@@ -612,6 +613,7 @@ mod tests {
         super::routed::tests::products_match_the_dense_ones();
         super::softmax::tests::matches_reference();
         super::strided::tests::strided_passes_match_the_oracle();
+        super::normalized_input::tests::normalized_inputs_give_the_bits_of_normalized_values();
         super::optim::tests::steps_match_reference();
         super::reduce::tests::sums_match_reference();
         super::separable::tests::matches_reference();

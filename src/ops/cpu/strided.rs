@@ -16,6 +16,7 @@
 
 use rayon::prelude::*;
 
+use super::batchnorm::Normalizer;
 use super::elementwise::bias_act_rows;
 use super::implicit::{self, Patches};
 use super::{ordered_sums, padded_row, wide_registers, with_scratch};
@@ -69,24 +70,42 @@ fn padded_hw(g: &ConvGeometry) -> (usize, usize) {
 
 /// Copies the `[h, w, c]` images of `src` into `dst`, each as a `[hp, wp, c]` image with `top`
 /// zero rows above it and `left` zero columns to its left, zeros wherever it ends (and cut
-/// where it does not fit).
+/// where it does not fit); with `norm`, each pixel copied is normalized (the padding stays
+/// zero, as the normalized input's padding is).
 fn pad_images(
     src: &[f32],
     (h, w, c): (usize, usize, usize),
     (hp, wp, top, left): (usize, usize, usize, usize),
+    norm: Option<&Normalizer>,
     dst: &mut [f32],
 ) {
     for (src, dst) in src.chunks(h * w * c).zip(dst.chunks_mut(hp * wp * c)) {
         for (pr, dst) in dst.chunks_mut(wp * c).enumerate() {
             let row = pr.checked_sub(top).filter(|&r| r < h);
-            padded_row(row.map(|r| &src[r * w * c..][..w * c]), left * c, dst);
+            let row = row.map(|r| &src[r * w * c..][..w * c]);
+            match (row, norm) {
+                (Some(row), Some(norm)) => {
+                    // Whole pixels that fit after the left padding, the rest zeros.
+                    let left = (left * c).min(dst.len());
+                    let len = row.len().min(dst.len() - left) / c * c;
+                    dst[..left].fill(0.0);
+                    norm.apply(&row[..len], &mut dst[left..left + len]);
+                    dst[left + len..].fill(0.0);
+                }
+                _ => padded_row(row, left * c, dst),
+            }
         }
     }
 }
 
 /// Runs `f` on the patches of the images of `x` (a task's), read in place from padded copies
-/// in scratch memory.
-fn with_patches<R>(x: &[f32], g: &ConvGeometry, f: impl FnOnce(&Patches<'_>) -> R) -> R {
+/// in scratch memory (normalized as they are copied, with `norm`).
+fn with_patches<R>(
+    x: &[f32],
+    g: &ConvGeometry,
+    norm: Option<&Normalizer>,
+    f: impl FnOnce(&Patches<'_>) -> R,
+) -> R {
     let (hp, wp) = padded_hw(g);
     let count = x.len() / g.image_lens().0;
     let mut bases = Vec::with_capacity(count * g.oh * g.ow);
@@ -99,7 +118,7 @@ fn with_patches<R>(x: &[f32], g: &ConvGeometry, f: impl FnOnce(&Patches<'_>) -> 
     }
     let runs: Vec<usize> = (0..g.kh).map(|a| a * wp * g.ci).collect();
     with_scratch(count * hp * wp * g.ci, |img| {
-        pad_images(x, (g.h, g.w, g.ci), (hp, wp, g.pt, g.pl), img);
+        pad_images(x, (g.h, g.w, g.ci), (hp, wp, g.pt, g.pl), norm, img);
         f(&Patches {
             img,
             bases: &bases,
@@ -109,9 +128,10 @@ fn with_patches<R>(x: &[f32], g: &ConvGeometry, f: impl FnOnce(&Patches<'_>) -> 
     })
 }
 
-/// `y = act(conv(x, kernel) + bias)`, for a `g` that [`fits`] (at least its shape).
+/// `y = act(conv(x, kernel) + bias)`, for a `g` that [`fits`] (at least its shape); with
+/// `norm`, of the normalized `x` (see [`Normalizer`]).
 pub(crate) fn forward(
-    x: &[f32],
+    (x, norm): (&[f32], Option<&Normalizer>),
     kernel: &[f32],
     bias: Option<&[f32]>,
     y: &mut [f32],
@@ -124,14 +144,19 @@ pub(crate) fn forward(
     y.par_chunks_mut(image_out * images)
         .zip(x.par_chunks(image_in * images))
         .for_each(|(y, x)| {
-            with_patches(x, g, |p| implicit::forward(p, kernel, g.co, y, None));
+            with_patches(x, g, norm, |p| implicit::forward(p, kernel, g.co, y, None));
             bias_act_rows(y, bias, g.co, act);
         });
 }
 
 /// The kernel gradient `dk` `[kh, kw, c_in, c_out]` from `x` and `dz`, summed over the images,
-/// for a `g` that [`fits`] (at least its shape).
-pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {
+/// for a `g` that [`fits`] (at least its shape); with `norm`, from the normalized `x`.
+pub(crate) fn backward_kernel(
+    (x, norm): (&[f32], Option<&Normalizer>),
+    dz: &[f32],
+    dk: &mut [f32],
+    g: &ConvGeometry,
+) {
     assert!(
         shape_fits(g),
         "strided::backward_kernel: {g:?} does not fit"
@@ -143,7 +168,7 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         let count = images.min(g.n - first);
         let x = &x[first * image_in..][..count * image_in];
         let dz = &dz[first * image_out..][..count * image_out];
-        with_patches(x, g, |p| implicit::kernel_grad(p, dz, g.co, acc));
+        with_patches(x, g, norm, |p| implicit::kernel_grad(p, dz, g.co, acc));
     });
     dk.copy_from_slice(&total);
 }
@@ -228,7 +253,7 @@ pub(crate) fn backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &Con
         .for_each(|(dx, dz)| {
             let count = dz.len() / image_out;
             with_scratch(count * hd * wd * g.co, |img| {
-                pad_images(dz, (g.oh, g.ow, g.co), (hd, wd, top, left), img);
+                pad_images(dz, (g.oh, g.ow, g.co), (hd, wd, top, left), None, img);
                 for phase in &phases {
                     let (rows_q, cols_q) = (
                         Phase::span(phase.pr, g.sh, g.pt, g.h),
@@ -321,9 +346,9 @@ pub(in crate::ops::cpu) mod tests {
         for (t, s) in cases().into_iter().enumerate() {
             assert!(shape_fits(&ConvGeometry::conv(&s)), "{s:?}");
             let passes = Passes {
-                forward,
+                forward: |x, k, b, y, g, act| forward((x, None), k, b, y, g, act),
                 backward_input: implicit::fits(s.c_in).then_some(backward_input as _),
-                backward_kernel,
+                backward_kernel: |x, dz, dk, g| backward_kernel((x, None), dz, dk, g),
             };
             check_passes(&s, 900 + 10 * t as u64, Activation::Relu, passes);
         }

@@ -38,8 +38,8 @@ use crate::ops::spec::{Activation, AdamParams, Conv2dShape, DepthwiseShape, Pool
 use crate::ops::spec::{ActivationFn, Pool2dShape};
 use crate::ops::spec::{ClipMode, RmspropParams};
 use crate::ops::{
-    ConvNormGrads, ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, ScaleRules,
-    SeparableBackward, SeparableForward,
+    ConvNormGrads, ConvWeightGrads, DenseGrads, Kernels, MatmulDims, NnKernels, NormWrites,
+    NormalizedInput, ScaleRules, SeparableBackward, SeparableForward,
 };
 use crate::tensor::Tensor;
 
@@ -254,8 +254,10 @@ impl NnKernels for GpuKernels<'_> {
 
     // ---- batch normalization and dropout (`ops::gpu::norm`) ----
     fn batch_norm(&self, a: &crate::ops::nn_kernels::BatchNormArgs<'_>) -> Result<()> {
-        if a.image_means.is_some() {
-            return Err(cpu_only("FusedBatchNormReluMean"));
+        match a.writes {
+            NormWrites::Values => {}
+            NormWrites::ImageMeans(_) => return Err(cpu_only("FusedBatchNormReluMean")),
+            NormWrites::Nothing => return Err(cpu_only("FusedBatchNormStatistics")),
         }
         self.batch_norm_impl(a)
     }
@@ -299,6 +301,27 @@ impl NnKernels for GpuKernels<'_> {
 
     fn conv2d_backward_weights_normalized(&self, _: &ConvNormGrads<'_>) -> Result<()> {
         Err(cpu_only("FusedBatchNormGradConv2DBackpropFilter"))
+    }
+
+    fn conv2d_normalized_input(
+        &self,
+        _: &NormalizedInput<'_>,
+        _: (&Tensor, Option<&Tensor>),
+        _: &Tensor,
+        _: &Conv2dShape,
+        _: Activation,
+    ) -> Result<()> {
+        Err(cpu_only("FusedBatchNormReluConv2D"))
+    }
+
+    fn conv2d_backward_kernel_normalized_input(
+        &self,
+        _: &NormalizedInput<'_>,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Conv2dShape,
+    ) -> Result<()> {
+        Err(cpu_only("FusedBatchNormReluConv2DBackpropFilter"))
     }
 
     fn dense_backward(&self, g: &DenseGrads<'_>) -> Result<()> {
