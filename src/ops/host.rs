@@ -491,7 +491,7 @@ impl NnKernels for HostKernels {
             cpu::elementwise::bias_act_rows(out.f32(), b, s.c, act);
         } else {
             let g = crate::ops::spec::ConvGeometry::depthwise(s);
-            cpu::conv_general::forward(r.f32(0), r.f32(1), b, out.f32(), &g, act);
+            cpu::conv_general::forward((r.f32(0), None), r.f32(1), b, out.f32(), &g, act);
         }
         Ok(())
     }

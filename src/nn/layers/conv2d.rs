@@ -252,8 +252,9 @@ impl Layer for Conv2D {
         }
     }
 
-    /// On the CPU, in float32, a strided convolution: it normalizes its input as it copies
-    /// each image into the zero-padded one its patches are read from.
+    /// On the CPU, in float32, a strided convolution: it normalizes its input where it copies
+    /// each image anyway (into the zero-padded image its patches are read from, or before its
+    /// patch matrix).
     fn reads_normalized_input(&self, input_shape: &[usize], dtype: DType) -> bool {
         let Some(kernel) = self.weights.first() else {
             return false;

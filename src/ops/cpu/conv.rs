@@ -441,7 +441,7 @@ pub(crate) fn conv2d_forward(
         );
     }
     if !s.is_unit_stride() {
-        return conv_general::forward(x, kernel, bias, y, &ConvGeometry::conv(s), act);
+        return conv_general::forward((x, None), kernel, bias, y, &ConvGeometry::conv(s), act);
     }
     correlate(x, kernel, bias, y, &Geometry::forward(s), act);
 }
@@ -537,7 +537,7 @@ fn col2im_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], s: &Conv2dS
 pub(crate) fn conv2d_backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], s: &Conv2dShape) {
     check(s, x.len(), dk.len(), dz.len(), "conv2d_backward_kernel");
     if !s.is_unit_stride() {
-        return conv_general::backward_kernel(x, dz, dk, &ConvGeometry::conv(s));
+        return conv_general::backward_kernel((x, None), dz, dk, &ConvGeometry::conv(s));
     }
     weight_grads(x, OutputGrad::Dz(dz), dk, None, s);
 }
@@ -565,7 +565,7 @@ pub(crate) fn conv2d_backward_weights(
         let mut dz = vec![0.0f32; dy.len()];
         super::activation_backward(dy, y, &mut dz, act);
         super::sum_rows(&dz, dz.len() / s.c_out.max(1), s.c_out, db);
-        return conv_general::backward_kernel(x, &dz, dk, &ConvGeometry::conv(s));
+        return conv_general::backward_kernel((x, None), &dz, dk, &ConvGeometry::conv(s));
     }
     let grad = match act {
         // `dy` is `dz` (a pre-activated gradient, or no activation): read it in place.
@@ -607,7 +607,7 @@ pub(crate) fn conv2d_backward_weights_normalized(
         if let Some(db) = db {
             super::sum_rows(&dz, rows, s.c_out, db);
         }
-        return conv_general::backward_kernel(x, &dz, dk, &ConvGeometry::conv(s));
+        return conv_general::backward_kernel((x, None), &dz, dk, &ConvGeometry::conv(s));
     }
     weight_grads(x, OutputGrad::Normalized(&grad), dk, db, s);
 }

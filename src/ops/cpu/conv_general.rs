@@ -15,6 +15,7 @@
 
 use rayon::prelude::*;
 
+use super::batchnorm::Normalizer;
 use super::elementwise::bias_act_rows;
 use super::gemm::{gemm_strided, Strided};
 use super::strided;
@@ -112,9 +113,29 @@ fn images_per_task(g: &ConvGeometry) -> usize {
     by_rows.min(by_bytes).min(balanced).max(1)
 }
 
-/// `y = act(conv(x, kernel) + bias)` for the general geometry `g`.
+/// Runs `f` on a task's images `x` (normalized into scratch memory first, with `norm`) and a
+/// scratch patch matrix of `len` floats: one scratch allocation for both, so that the
+/// normalized images stay in cache for the patch matrix's copies.
+fn with_patch_matrix<R>(
+    (x, norm): (&[f32], Option<&Normalizer>),
+    len: usize,
+    f: impl FnOnce(&[f32], &mut [f32]) -> R,
+) -> R {
+    let Some(norm) = norm else {
+        return with_scratch(len, |col| f(x, col));
+    };
+    with_scratch(x.len() + len, |scratch| {
+        let (normalized, col) = scratch.split_at_mut(x.len());
+        norm.apply(x, normalized);
+        f(normalized, col)
+    })
+}
+
+/// `y = act(conv(x, kernel) + bias)` for the general geometry `g`; with `norm` (one group
+/// only), of the normalized `x`, formed where a task copies its images (into the strided
+/// kernels' padded images, or into scratch memory before the patch matrix).
 pub(crate) fn forward(
-    x: &[f32],
+    (x, norm): (&[f32], Option<&Normalizer>),
     kernel: &[f32],
     bias: Option<&[f32]>,
     y: &mut [f32],
@@ -133,6 +154,10 @@ pub(crate) fn forward(
     }
     let (pixels, taps) = (g.oh * g.ow, g.taps());
     if g.cig != g.ci {
+        assert!(
+            norm.is_none(),
+            "conv_general: a grouped convolution of a normalized input"
+        );
         y.par_chunks_mut(image_out)
             .zip(x.par_chunks(image_in))
             .for_each(|(y, x)| {
@@ -142,7 +167,7 @@ pub(crate) fn forward(
         return;
     }
     if strided::fits(g) {
-        return strided::forward((x, None), kernel, bias, y, g, act);
+        return strided::forward((x, norm), kernel, bias, y, g, act);
     }
     // A few images a task, their patches stacked into one matrix: one product for all.
     let images = images_per_task(g);
@@ -150,7 +175,7 @@ pub(crate) fn forward(
         .zip(x.par_chunks(image_in * images))
         .for_each(|(y, x)| {
             let rows = y.len() / g.co;
-            with_scratch(rows * taps, |col| {
+            with_patch_matrix((x, norm), rows * taps, |x, col| {
                 for (x, col) in x.chunks(image_in).zip(col.chunks_mut(pixels * taps)) {
                     im2col(x, g, col);
                 }
@@ -252,8 +277,14 @@ fn grouped_image_backward_input(dz: &[f32], kernel: &[f32], dx: &mut [f32], g: &
     }
 }
 
-/// The kernel gradient `dk` `[kh, kw, cig, co]` from `x` and `dz`, summed over the images.
-pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeometry) {
+/// The kernel gradient `dk` `[kh, kw, cig, co]` from `x` and `dz`, summed over the images;
+/// with `norm` (one group only), from the normalized `x`, as [`forward`] forms it.
+pub(crate) fn backward_kernel(
+    (x, norm): (&[f32], Option<&Normalizer>),
+    dz: &[f32],
+    dk: &mut [f32],
+    g: &ConvGeometry,
+) {
     let (image_in, image_out) = g.image_lens();
     if dk.is_empty() {
         return;
@@ -262,8 +293,12 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         dk.fill(0.0);
         return;
     }
+    assert!(
+        norm.is_none() || g.cig == g.ci,
+        "conv_general: a grouped convolution of a normalized input"
+    );
     if strided::fits(g) {
-        return strided::backward_kernel((x, None), dz, dk, g);
+        return strided::backward_kernel((x, norm), dz, dk, g);
     }
     let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());
     // Tasks of a few images (one product over their stacked patches) for one group, of one
@@ -276,7 +311,7 @@ pub(crate) fn backward_kernel(x: &[f32], dz: &[f32], dk: &mut [f32], g: &ConvGeo
         let dz = &dz[first * image_out..][..count * image_out];
         if g.cig == g.ci {
             let rows = count * pixels;
-            with_scratch(rows * taps, |col| {
+            with_patch_matrix((x, norm), rows * taps, |x, col| {
                 for (x, col) in x.chunks(image_in).zip(col.chunks_mut(pixels * taps)) {
                     im2col(x, g, col);
                 }
@@ -351,9 +386,9 @@ pub(in crate::ops::cpu) mod tests {
             .flat_map(|s| [s, Conv2dShape { n: 130, ..s }]);
         for (t, s) in batches.enumerate() {
             let passes = Passes {
-                forward,
+                forward: |x, k, b, y, g, act| forward((x, None), k, b, y, g, act),
                 backward_input: Some(backward_input),
-                backward_kernel,
+                backward_kernel: |x, dz, dk, g| backward_kernel((x, None), dz, dk, g),
             };
             check_passes(&s, 40 + 10 * t as u64, Activation::Selu, passes);
         }
@@ -425,7 +460,7 @@ pub(in crate::ops::cpu) mod tests {
                 let k = random_vec(d.kernel_len(), seed + 1);
                 let dy = random_vec(d.output_len(), seed + 2);
                 let mut y = vec![f32::NAN; d.output_len()];
-                forward(&x, &k, None, &mut y, &g, Activation::Linear);
+                forward((&x, None), &k, None, &mut y, &g, Activation::Linear);
                 let want = r::depthwise_forward(&to_f64(&x), &to_f64(&k), &d);
                 assert_close(&y, &want, 1e-5, &format!("forward {d:?}"));
                 let mut dx = vec![f32::NAN; d.input_len()];
@@ -433,7 +468,7 @@ pub(in crate::ops::cpu) mod tests {
                 let want = r::depthwise_backward_input(&to_f64(&dy), &to_f64(&k), &d);
                 assert_close(&dx, &want, 1e-5, &format!("dx {d:?}"));
                 let mut dk = vec![f32::NAN; d.kernel_len()];
-                backward_kernel(&x, &dy, &mut dk, &g);
+                backward_kernel((&x, None), &dy, &mut dk, &g);
                 let want = r::depthwise_backward_kernel(&to_f64(&x), &to_f64(&dy), &d);
                 assert_close(&dk, &want, 1e-5, &format!("dk {d:?}"));
             }

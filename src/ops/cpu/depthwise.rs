@@ -487,7 +487,7 @@ pub(crate) fn depthwise_forward(x: &[f32], kernel: &[f32], y: &mut [f32], s: &De
     if !s.is_same_unit() {
         check_general(s, x.len(), kernel.len(), y.len(), "depthwise_forward");
         let g = ConvGeometry::depthwise(s);
-        return conv_general::forward(x, kernel, None, y, &g, Activation::Linear);
+        return conv_general::forward((x, None), kernel, None, y, &g, Activation::Linear);
     }
     let g = geometry(s, x.len(), kernel.len(), y.len(), "depthwise_forward");
     correlate(x, kernel, y, g);
@@ -526,7 +526,7 @@ pub(crate) fn depthwise_backward_input(
 pub(crate) fn depthwise_backward_kernel(x: &[f32], dy: &[f32], dk: &mut [f32], s: &DepthwiseShape) {
     if !s.is_same_unit() {
         check_general(s, x.len(), dk.len(), dy.len(), "depthwise_backward_kernel");
-        return conv_general::backward_kernel(x, dy, dk, &ConvGeometry::depthwise(s));
+        return conv_general::backward_kernel((x, None), dy, dk, &ConvGeometry::depthwise(s));
     }
     let g = geometry(s, x.len(), dk.len(), dy.len(), "depthwise_backward_kernel");
     let row = s.w * s.c;

@@ -1,19 +1,20 @@
 //! A convolution of a batch normalization's output `max(z · a + b, 0)` (a `BatchNormalization`
-//! and a `ReLU` before it), computed from `z`: the strided convolutions normalize each image as
-//! they copy it into the zero-padded image their patches are read from, in the forward pass and
-//! again in the kernel gradient, so the normalized activation is never written whole nor read
-//! back (12.8 MB each way for the modern CNN's first block at batch 128). Other shapes
-//! normalize into memory first, as the normalization itself would have.
+//! and a `ReLU` before it), computed from `z`: the strided convolutions normalize each image
+//! where a task copies it anyway (the implicit-GEMM kernels' zero-padded images, or the
+//! patch matrix's source in scratch memory), in the forward pass and again in the kernel
+//! gradient, so the normalized activation is never written whole nor read back (12.8 MB each
+//! way for the modern CNN's first block at batch 128). Stride-1 shapes, whose kernels read
+//! their input in place, normalize into memory first, as the normalization itself would have.
 
 use super::batchnorm::Normalizer;
 use super::conv::{check, conv2d_backward_kernel, conv2d_forward};
-use super::strided;
+use super::conv_general;
 use crate::ops::spec::{Activation, Conv2dShape, ConvGeometry};
 
-/// Whether a convolution of shape `s` reads its normalized input in place (where it copies
-/// it anyway): a strided one on the implicit-GEMM kernels.
+/// Whether a convolution of shape `s` normalizes its input where it copies it anyway: a
+/// strided (or dilated) one, on the general convolutions' paths.
 pub(crate) fn reads_in_place(s: &Conv2dShape) -> bool {
-    !s.is_unit_stride() && strided::fits(&ConvGeometry::conv(s))
+    !s.is_unit_stride()
 }
 
 /// `y = act(conv2d(norm(z), kernel) + bias)`, as [`conv2d_forward`] of the normalized `z`.
@@ -44,14 +45,8 @@ pub(crate) fn conv2d_forward_normalized(
             "conv2d_forward_normalized: bias length"
         );
     }
-    strided::forward(
-        (z, Some(norm)),
-        kernel,
-        bias,
-        y,
-        &ConvGeometry::conv(s),
-        act,
-    );
+    let g = ConvGeometry::conv(s);
+    conv_general::forward((z, Some(norm)), kernel, bias, y, &g, act);
 }
 
 /// The kernel gradient of [`conv2d_forward_normalized`], as [`conv2d_backward_kernel`] of the
@@ -74,19 +69,19 @@ pub(crate) fn conv2d_backward_kernel_normalized(
         dz.len(),
         "conv2d_backward_kernel_normalized",
     );
-    strided::backward_kernel((z, Some(norm)), dz, dk, &ConvGeometry::conv(s));
+    conv_general::backward_kernel((z, Some(norm)), dz, dk, &ConvGeometry::conv(s));
 }
 
 #[cfg(test)]
 pub(in crate::ops::cpu) mod tests {
     use super::*;
-    use crate::ops::cpu::wide_registers;
     use crate::ops::reference::random_vec;
     use crate::ops::spec::Padding;
 
     /// Random `z`, statistics, gamma and beta (the ReLU zeroing some of the normalized values),
     /// against the same convolutions of the normalized values written whole: the same bits, in
-    /// place (strided shapes under AVX-512) or not.
+    /// place (strided shapes, in the implicit-GEMM kernels' padded images under AVX-512, else
+    /// before the patch matrix) or not.
     #[test]
     pub(in crate::ops::cpu) fn normalized_inputs_give_the_bits_of_normalized_values() {
         let shapes = [
@@ -94,6 +89,7 @@ pub(in crate::ops::cpu) mod tests {
             (3, 7, 7, 16, 64, [2, 2], Padding::Same),
             (2, 6, 6, 8, 16, [1, 1], Padding::Same),
             (3, 8, 7, 5, 8, [2, 1], Padding::Valid),
+            (2, 7, 7, 8, 12, [2, 2], Padding::Same),
         ];
         for (t, (n, h, w, c_in, c_out, strides, padding)) in shapes.into_iter().enumerate() {
             let s = Conv2dShape {
@@ -108,8 +104,7 @@ pub(in crate::ops::cpu) mod tests {
                 strides,
                 dilation: [1, 1],
             };
-            let in_place = strides != [1, 1] && wide_registers();
-            assert_eq!(reads_in_place(&s), in_place, "{s:?}");
+            assert_eq!(reads_in_place(&s), strides != [1, 1], "{s:?}");
             let seed = 40 + 10 * t as u64;
             let z = random_vec(n * h * w * c_in, seed);
             let (gamma, beta) = (random_vec(c_in, seed + 1), random_vec(c_in, seed + 2));

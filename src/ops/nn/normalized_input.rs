@@ -1,7 +1,7 @@
 //! A convolution of a batch normalization's output through a ReLU, read from the
-//! normalization's input: the normalized values are formed where the convolution copies its
-//! input (a strided convolution's zero-padded images), in the forward pass and again in the
-//! kernel gradient, instead of written whole by the normalization and read back (12.8 MB
+//! normalization's input: the normalized values are formed where a strided convolution copies
+//! its input anyway (its zero-padded images, or its patch matrix's source in scratch memory),
+//! in the forward pass and again in the kernel gradient, instead of written whole by the normalization and read back (12.8 MB
 //! each way for the modern CNN's first block at batch 128). The normalization's own passes
 //! take the statistics only
 //! ([`batch_normalization_statistics_training`](crate::ops::norm::batch_normalization_statistics_training))
@@ -29,9 +29,9 @@ const CONV_NORMALIZED_KERNEL_GRAD: OpInfo = OpInfo {
 };
 
 /// Whether a convolution with `kernel_shape` and `options` of an `[n, h, w, c]` input forms
-/// the normalized values where it copies its input anyway (a strided convolution on the CPU's
-/// implicit-GEMM kernels). Other shapes run [`conv2d_normalized_input`] too, normalizing into
-/// memory first, which saves nothing.
+/// the normalized values where it copies its input anyway (a strided or dilated one). Other
+/// shapes run [`conv2d_normalized_input`] too, normalizing into memory first, which saves
+/// nothing.
 pub(crate) fn conv2d_reads_normalized_input(
     input_shape: &[usize],
     kernel_shape: &[usize],
