@@ -550,8 +550,9 @@ fn channel_lanes(channels: usize) -> (bool, usize) {
 }
 
 /// The error for a fused form of an op that only the CPU runs (the separable ops' argmax
-/// forms, a batch normalization with the pooling after it or under the first convolution's
-/// kernel gradient): their ops have no GPU kernels, so placement never sends them here.
+/// forms, a batch normalization with the pooling after it, under the first convolution's
+/// kernel gradient, or read unwritten by the convolution after it): their ops have no GPU
+/// kernels, so placement never sends them here.
 fn cpu_only(op: &'static str) -> crate::Error {
     crate::Error::Unsupported {
         op,
