@@ -374,6 +374,13 @@ impl BatchNormalization {
         )))
     }
 
+    /// Whether a CPU-only fused form of the layer with the activation `act` after it runs on
+    /// `t` (its input, or its output's gradient): a ReLU, not synchronized, `t` float32 on
+    /// the CPU.
+    fn fused_on_cpu(&self, act: ActivationFn, t: &Tensor) -> bool {
+        act == ActivationFn::RELU && !self.synchronized && t.dtype() == DType::F32 && !on_gpu(t)
+    }
+
     /// The gradients of the trained weights, in [`Layer::weights`] order: `dgamma` with
     /// `scale`, `dbeta` with `center`.
     fn trained_grads(&self, dgamma: Tensor, dbeta: Tensor) -> Vec<Tensor> {
@@ -587,11 +594,7 @@ impl Layer for BatchNormalization {
         x: &Tensor,
         act: ActivationFn,
     ) -> Result<Option<(DeferredNormalization, Vec<Tensor>)>> {
-        let fits = act == ActivationFn::RELU
-            && !self.synchronized
-            && x.dtype() == DType::F32
-            && !on_gpu(x);
-        if !fits {
+        if !self.fused_on_cpu(act, x) {
             return Ok(None);
         }
         let v = self.variables()?;
@@ -613,12 +616,7 @@ impl Layer for BatchNormalization {
         act: ActivationFn,
         training: bool,
     ) -> Result<Option<(Tensor, Vec<Tensor>)>> {
-        let fits = act == ActivationFn::RELU
-            && !self.synchronized
-            && x.dtype() == DType::F32
-            && x.rank() == 4
-            && !on_gpu(x);
-        if !fits {
+        if !self.fused_on_cpu(act, x) || x.rank() != 4 {
             return Ok(None);
         }
         let v = self.variables()?;
@@ -653,12 +651,7 @@ impl Layer for BatchNormalization {
         dy: &Tensor,
         act: ActivationFn,
     ) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
-        let fits = act == ActivationFn::RELU
-            && !self.synchronized
-            && stem.activation == OpActivation::Linear
-            && dy.dtype() == DType::F32
-            && !on_gpu(dy);
-        if !fits {
+        if !self.fused_on_cpu(act, dy) || stem.activation != OpActivation::Linear {
             return Ok(None);
         }
         let [z, stats] = saved::<2>("BatchNormalization", saved_tensors)?;

@@ -195,11 +195,7 @@ impl Layer for Conv2D {
 
     fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         let w = in_dtype("Conv2D", &self.weights, x.dtype())?;
-        let (kernel, bias) = match &w[..] {
-            [kernel, bias] => (kernel, Some(bias)),
-            [kernel] => (kernel, None),
-            _ => return Err(not_built("Conv2D")),
-        };
+        let (kernel, bias) = kernel_and_bias(&w)?;
         let opts = self.window.options;
         let z = ops::conv2d(x, kernel, bias, opts, self.activation.fused())?;
         let (y, kept) = activate_separately(z, self.activation)?;
@@ -231,14 +227,10 @@ impl Layer for Conv2D {
             return Ok(None);
         }
         let w = in_dtype("Conv2D", &self.weights, dtype)?;
-        let (kernel, bias) = match &w[..] {
-            [kernel, bias] => (kernel.clone(), Some(bias.clone())),
-            [kernel] => (kernel.clone(), None),
-            _ => return Err(not_built("Conv2D")),
-        };
+        let (kernel, bias) = kernel_and_bias(&w)?;
         Ok(Some(StemConv {
-            kernel,
-            bias,
+            kernel: kernel.clone(),
+            bias: bias.cloned(),
             options: self.window.options,
             activation: self.activation.fused(),
         }))
@@ -274,19 +266,16 @@ impl Layer for Conv2D {
     /// plain pass's `[x, kept]`.
     fn call_normalized(&self, x: &DeferredNormalization) -> Result<(Tensor, Vec<Tensor>)> {
         let w = in_dtype("Conv2D", &self.weights, DType::F32)?;
-        let (kernel, bias) = match &w[..] {
-            [kernel, bias] => (kernel, Some(bias)),
-            [kernel] => (kernel, None),
-            _ => return Err(not_built("Conv2D")),
-        };
+        let (kernel, bias) = kernel_and_bias(&w)?;
         let opts = self.window.options;
         let act = self.activation.fused();
         let z = ops::conv2d_normalized_input(x.op(), kernel, bias, opts, act)?;
         let (y, kept) = activate_separately(z, self.activation)?;
-        let normalization = [&x.z, &x.gamma, &x.beta, &x.stats];
-        let mut saved = vec![normalization[0].clone(), kept];
-        saved.extend(normalization[1..].iter().map(|&t| t.clone()));
-        Ok((y, saved))
+        let (z, gamma, beta, stats) = (&x.z, &x.gamma, &x.beta, &x.stats);
+        Ok((
+            y,
+            vec![z.clone(), kept, gamma.clone(), beta.clone(), stats.clone()],
+        ))
     }
 
     /// From a pre-activated `dy` (the layer after applied this one's activation gradient);
@@ -306,6 +295,15 @@ impl Layer for Conv2D {
             weights,
             dx_preactivated: false,
         }))
+    }
+}
+
+/// `(kernel, bias)` of a built layer's weights `[kernel, bias]` (`[kernel]` without a bias).
+fn kernel_and_bias(w: &[Tensor]) -> Result<(&Tensor, Option<&Tensor>)> {
+    match w {
+        [kernel, bias] => Ok((kernel, Some(bias))),
+        [kernel] => Ok((kernel, None)),
+        _ => Err(not_built("Conv2D")),
     }
 }
 

@@ -17,6 +17,14 @@ pub(crate) fn reads_in_place(s: &Conv2dShape) -> bool {
     !s.is_unit_stride()
 }
 
+/// The normalized values of `z`, written whole (for the shapes that do not read them in
+/// place).
+fn written(z: &[f32], norm: &Normalizer) -> Vec<f32> {
+    let mut x = vec![0.0; z.len()];
+    norm.apply_all(z, &mut x);
+    x
+}
+
 /// `y = act(conv2d(norm(z), kernel) + bias)`, as [`conv2d_forward`] of the normalized `z`.
 pub(crate) fn conv2d_forward_normalized(
     (z, norm): (&[f32], &Normalizer),
@@ -27,9 +35,7 @@ pub(crate) fn conv2d_forward_normalized(
     act: Activation,
 ) {
     if !reads_in_place(s) {
-        let mut x = vec![0.0; z.len()];
-        norm.apply_all(z, &mut x);
-        return conv2d_forward(&x, kernel, bias, y, s, act);
+        return conv2d_forward(&written(z, norm), kernel, bias, y, s, act);
     }
     check(
         s,
@@ -58,9 +64,7 @@ pub(crate) fn conv2d_backward_kernel_normalized(
     s: &Conv2dShape,
 ) {
     if !reads_in_place(s) {
-        let mut x = vec![0.0; z.len()];
-        norm.apply_all(z, &mut x);
-        return conv2d_backward_kernel(&x, dz, dk, s);
+        return conv2d_backward_kernel(&written(z, norm), dz, dk, s);
     }
     check(
         s,
