@@ -218,7 +218,7 @@ pub(crate) trait Vector: Copy {
 macro_rules! vector_type {
     ($(#[$attr:meta])* $name:ident, $n:literal: $($lane:literal)*) => {
         $(#[$attr])*
-        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq)]
         pub(crate) struct $name(pub [f32; $n]);
 
         impl Vector for $name {
@@ -253,6 +253,42 @@ macro_rules! vector_type {
             #[inline(always)]
             fn add(self, o: Self) -> Self {
                 Self(lanes!(i => self.0[i] + o.0[i]; $($lane)*))
+            }
+        }
+
+        impl std::ops::Add for $name {
+            type Output = Self;
+
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                Self(lanes!(i => self.0[i] + o.0[i]; $($lane)*))
+            }
+        }
+
+        impl std::ops::Sub for $name {
+            type Output = Self;
+
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                Self(lanes!(i => self.0[i] - o.0[i]; $($lane)*))
+            }
+        }
+
+        impl std::ops::Mul<f32> for $name {
+            type Output = Self;
+
+            #[inline(always)]
+            fn mul(self, a: f32) -> Self {
+                Self(lanes!(i => self.0[i] * a; $($lane)*))
+            }
+        }
+
+        impl std::ops::Neg for $name {
+            type Output = Self;
+
+            #[inline(always)]
+            fn neg(self) -> Self {
+                Self(lanes!(i => -self.0[i]; $($lane)*))
             }
         }
     };

@@ -8,16 +8,35 @@
 //! for F(2×2, 3×3), where the usual points 0, ±1, ±2 give 4·10⁻⁶. Each map is written out
 //! term by term: a product by a zero entry of the matrix would not fold away.
 
+use std::ops::{Add, Mul, Neg, Sub};
+
 /// A one-dimensional map from `I` values to `O`. A trait, not a function passed by value: a
 /// function item is called through a shim that the compiler may leave out of line, compiled
 /// without the caller's vector instructions.
 pub(super) trait Map<const I: usize, const O: usize> {
-    /// The map of one column or row of a tile.
-    fn map(x: [f32; I]) -> [f32; O];
+    /// The map of one column or row of a tile: of one channel's values, or of a vector of
+    /// channels' (the same arithmetic lane by lane).
+    fn map<T: Value>(x: [T; I]) -> [T; O];
 }
 
-/// Defines [`Map`]s: `Name(pattern): I -> O { body }`, the body an `[f32; O]` from the
-/// pattern's `[f32; I]`.
+/// What a [`Map`] computes on: `f32`, or a vector of them.
+pub(super) trait Value:
+    Copy
+    + Default
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<f32, Output = Self>
+    + Neg<Output = Self>
+{
+}
+
+impl<T> Value for T where
+    T: Copy + Default + Add<Output = T> + Sub<Output = T> + Mul<f32, Output = T> + Neg<Output = T>
+{
+}
+
+/// Defines [`Map`]s: `Name(pattern): I -> O { body }`, the body a `[T; O]` from the
+/// pattern's `[T; I]`.
 macro_rules! maps {
     ($($(#[$attr:meta])* $name:ident($x:pat) : $i:literal -> $o:literal $body:block)*) => {
         $(
@@ -26,7 +45,7 @@ macro_rules! maps {
 
             impl Map<$i, $o> for $name {
                 #[inline(always)]
-                fn map($x: [f32; $i]) -> [f32; $o] $body
+                fn map<T: super::Value>($x: [T; $i]) -> [T; $o] $body
             }
         )*
     };
@@ -64,57 +83,52 @@ pub(super) mod f2 {
     }
 }
 
-/// F(2×2, 3×3)'s input and output transforms over a whole 4×4 tile (flattened row by row) in
-/// one map: the arithmetic of the two passes of its 1-D maps, in their order, so the same
-/// bits. A 4×4 tile's values fit in registers, and one pass skips the intermediate rows that
-/// two passes write and read: 35-45% faster a transform (14×14, 32 → 64 channels, one
-/// core). The output gradient's `A z Aᵀ` ran no faster so and keeps two passes, as do
-/// F(4×4, 3×3)'s 6×6 tiles, which ran scalar in one.
-pub(super) mod f2_tile {
-    use super::{f2, Map};
-
-    /// `L x Lᵀ` of an `I × I` tile into `O × O`: `L` on each column, then on each row.
-    #[inline(always)]
-    fn square<const I: usize, const O: usize, const II: usize, const OO: usize, L: Map<I, O>>(
-        x: [f32; II],
-    ) -> [f32; OO] {
-        let mut cols = [[0.0; O]; I];
-        for (s, col) in cols.iter_mut().enumerate() {
-            let mut column = [0.0; I];
-            for (r, value) in column.iter_mut().enumerate() {
-                *value = x[r * I + s];
-            }
-            *col = L::map(column);
+/// `L x Lᵀ` of an `I × I` tile into `O × O` rows: `L` on each column, then on each row.
+/// `x(r, s)` is the value at row `r`, column `s`.
+#[inline(always)]
+pub(super) fn square<T: Value, const I: usize, const O: usize, L: Map<I, O>>(
+    x: impl Fn(usize, usize) -> T,
+) -> [[T; O]; O] {
+    let mut cols = [[T::default(); O]; I];
+    for (s, col) in cols.iter_mut().enumerate() {
+        let mut column = [T::default(); I];
+        for (r, value) in column.iter_mut().enumerate() {
+            *value = x(r, s);
         }
-        let mut out = [0.0; OO];
-        for r in 0..O {
-            let mut row = [0.0; I];
-            for (s, value) in row.iter_mut().enumerate() {
-                *value = cols[s][r];
-            }
-            out[r * O..(r + 1) * O].copy_from_slice(&L::map(row));
-        }
-        out
+        *col = L::map(column);
     }
+    let mut rows = [[T::default(); O]; O];
+    for (r, out) in rows.iter_mut().enumerate() {
+        let mut row = [T::default(); I];
+        for (s, value) in row.iter_mut().enumerate() {
+            *value = cols[s][r];
+        }
+        *out = L::map(row);
+    }
+    rows
+}
+
+/// F(2×2, 3×3)'s input transform over a whole 4×4 tile (flattened row by row) in one map:
+/// the arithmetic of the two passes of its 1-D maps, in their order, so the same bits. A 4×4
+/// tile's values fit in registers, and one pass skips the intermediate rows that two passes
+/// write and read: 35-45% faster (14×14, 32 → 64 channels, one core).
+pub(super) mod f2_tile {
+    use super::{f2, square, Map, Value};
 
     /// `Bᵀ d B`.
     pub struct Bt;
 
     impl Map<16, 16> for Bt {
         #[inline(always)]
-        fn map(x: [f32; 16]) -> [f32; 16] {
-            square::<4, 4, 16, 16, f2::Bt>(x)
+        fn map<T: Value>(x: [T; 16]) -> [T; 16] {
+            flat(square::<T, 4, 4, f2::Bt>(|r, s| x[4 * r + s]))
         }
     }
 
-    /// `Aᵀ m A`.
-    pub struct At;
-
-    impl Map<16, 4> for At {
-        #[inline(always)]
-        fn map(x: [f32; 16]) -> [f32; 4] {
-            square::<4, 2, 16, 4, f2::At>(x)
-        }
+    /// An `O × O` tile's rows, one after another.
+    #[inline(always)]
+    fn flat<T: Value, const O: usize, const OO: usize>(rows: [[T; O]; O]) -> [T; OO] {
+        std::array::from_fn(|q| rows[q / O][q % O])
     }
 }
 
@@ -221,31 +235,20 @@ mod tests {
     }
 
     #[test]
-    fn whole_tile_maps_are_the_two_passes() {
+    fn the_whole_tile_map_is_the_two_passes() {
         let d: [f32; 16] = std::array::from_fn(|i| (i as f32 * 0.61).cos() * 3.0);
         let mut cols = [[0.0f32; 4]; 4];
         for s in 0..4 {
             cols[s] = f2::Bt::map([d[s], d[4 + s], d[8 + s], d[12 + s]]);
         }
         let mut input = [0.0f32; 16];
-        let mut output = [0.0f32; 4];
         for r in 0..4 {
             input[4 * r..4 * r + 4]
                 .copy_from_slice(&f2::Bt::map(std::array::from_fn(|s| cols[s][r])));
         }
-        let halves: [[f32; 2]; 4] =
-            std::array::from_fn(|s| f2::At::map([d[s], d[4 + s], d[8 + s], d[12 + s]]));
-        for r in 0..2 {
-            output[2 * r..2 * r + 2]
-                .copy_from_slice(&f2::At::map(std::array::from_fn(|s| halves[s][r])));
-        }
         assert_eq!(
             f2_tile::Bt::map(d).map(f32::to_bits),
             input.map(f32::to_bits)
-        );
-        assert_eq!(
-            f2_tile::At::map(d).map(f32::to_bits),
-            output.map(f32::to_bits)
         );
     }
 
