@@ -83,24 +83,90 @@ const F32_RUN: usize = 16;
 multiversion! {
     /// `acc += [Σ (x - shift); Σ (x - shift)²]` over the stretches of `x` (see
     /// [`stretch_rows`]; a last one may be short), in f32 over runs of [`F32_RUN`] stretches
-    /// and in f64 across them; `shift` and both halves of `acc` a stretch long.
+    /// and in f64 across them ([`run_sums`]); `shift` and both halves of `acc` a stretch long.
     fn shifted_sums(x: &[f32], shift: &[f32], acc: &mut [f64]) {
-        let len = shift.len();
-        let (s1, s2) = acc.split_at_mut(len);
-        let mut p1 = vec![0.0f32; len];
-        let mut p2 = vec![0.0f32; len];
-        for run in x.chunks(len * F32_RUN) {
-            p1.fill(0.0);
-            p2.fill(0.0);
-            for part in run.chunks(len) {
-                let terms = p1.iter_mut().zip(p2.iter_mut()).zip(part.iter().zip(shift));
-                for ((p1, p2), (&x, &shift)) in terms {
-                    let d = x - shift;
-                    *p1 += d;
-                    *p2 += d * d;
+        let terms = |x: f32, shift: f32| {
+            let d = x - shift;
+            (d, d * d)
+        };
+        run_sums(
+            (x.len(), shift.len()),
+            acc,
+            |at, j0, (p1, p2)| {
+                let (x, shift) = (block(x, at + j0), block(shift, j0));
+                for l in 0..BLOCK {
+                    let (t1, t2) = terms(x[l], shift[l]);
+                    p1[l] += t1;
+                    p2[l] += t2;
                 }
+            },
+            |at, j| terms(x[at + j], shift[j]),
+        );
+    }
+}
+
+/// Values of a stretch whose f32 sums [`run_sums`] keeps in registers across a run: two
+/// AVX-512 vectors.
+const BLOCK: usize = 32;
+
+/// `s[at..at + BLOCK]`.
+#[inline(always)]
+fn block(s: &[f32], at: usize) -> &[f32; BLOCK] {
+    s[at..at + BLOCK]
+        .try_into()
+        .expect("a slice of BLOCK values is a block")
+}
+
+/// The f32 sums of a block of [`BLOCK`] positions.
+type BlockSums = ([f32; BLOCK], [f32; BLOCK]);
+
+/// `acc += [Σ t₁; Σ t₂]` over the stretches of `len` values in `values` values (a last one
+/// may be short), `(t₁, t₂)` the terms of a position: in f32 over runs of [`F32_RUN`]
+/// stretches, each run's sums added to `acc`'s f64 ones (both halves of `acc` `len` long).
+/// `add_block(at, j0, sums)` adds positions `j0..j0 + BLOCK` of the stretch at `at`, `term(at,
+/// j)` is one position's. A run goes a block of positions at a time through all its
+/// stretches, the block's sums in registers; position by position over each stretch, the
+/// loops had paid their overhead and the sums' loads and stores every 64 values: the modern
+/// CNN's first-block statistics (3.2 M values, two threads, in one process, alternating) took
+/// 0.43-0.54 ms against 0.34-0.46 now, its gradient's sums 0.72-0.76 against 0.66-0.68. Each
+/// position's terms are added in stretch order either way, so the same bits.
+#[inline(always)]
+fn run_sums(
+    (values, len): (usize, usize),
+    acc: &mut [f64],
+    add_block: impl Fn(usize, usize, (&mut [f32; BLOCK], &mut [f32; BLOCK])),
+    term: impl Fn(usize, usize) -> (f32, f32),
+) {
+    let (s1, s2) = acc.split_at_mut(len);
+    let blocked = len - len % BLOCK;
+    for base in (0..values).step_by((len * F32_RUN).max(1)) {
+        let run = (values - base).min(len * F32_RUN);
+        let (full, short) = (run / len, run % len);
+        let stretch = |i: usize| base + i * len;
+        for j0 in (0..blocked).step_by(BLOCK) {
+            let (mut p1, mut p2): BlockSums = ([0.0; BLOCK], [0.0; BLOCK]);
+            for i in 0..full {
+                add_block(stretch(i), j0, (&mut p1, &mut p2));
             }
-            add_run((&p1, &p2), (&mut *s1, &mut *s2));
+            for l in 0..short.saturating_sub(j0).min(BLOCK) {
+                let (t1, t2) = term(stretch(full), j0 + l);
+                p1[l] += t1;
+                p2[l] += t2;
+            }
+            add_run(
+                (&p1, &p2),
+                (&mut s1[j0..j0 + BLOCK], &mut s2[j0..j0 + BLOCK]),
+            );
+        }
+        for j in blocked..len {
+            let (mut p1, mut p2) = (0.0f32, 0.0f32);
+            for i in 0..full + usize::from(short > j) {
+                let (t1, t2) = term(stretch(i), j);
+                p1 += t1;
+                p2 += t2;
+            }
+            s1[j] += f64::from(p1);
+            s2[j] += f64::from(p2);
         }
     }
 }
@@ -521,7 +587,7 @@ multiversion! {
     /// `acc = [Σ g; Σ g (x - mean)]` over the stretches of `x` and `dy` (see
     /// [`stretch_rows`]; `mean`, `a`, `b` and both halves of `acc` a stretch long): `g = dy`,
     /// or with `relu = Some((a, b))`, ReLU's gradient at `x * a + b`. Added as
-    /// [`shifted_sums`] adds its terms.
+    /// [`shifted_sums`] adds its terms ([`run_sums`]).
     fn grad_sums(
         x: &[f32],
         dy: &[f32],
@@ -529,31 +595,38 @@ multiversion! {
         relu: Option<(&[f32], &[f32])>,
         acc: &mut [f64],
     ) {
-        let len = mean.len();
-        let (s1, s2) = acc.split_at_mut(len);
-        let mut p1 = vec![0.0f32; len];
-        let mut p2 = vec![0.0f32; len];
-        for (xs, gs) in x.chunks(len * F32_RUN).zip(dy.chunks(len * F32_RUN)) {
-            p1.fill(0.0);
-            p2.fill(0.0);
-            for (xr, gr) in xs.chunks(len).zip(gs.chunks(len)) {
-                let sums = p1.iter_mut().zip(p2.iter_mut());
-                let values = xr.iter().zip(gr).zip(mean);
-                if let Some((a, b)) = relu {
-                    let affine = a.iter().zip(b);
-                    for (((p1, p2), ((&x, &dy), &mean)), (&a, &b)) in sums.zip(values).zip(affine) {
-                        let g = relu_grad(dy, preactivation(x, a, b));
-                        *p1 += g;
-                        *p2 += g * (x - mean);
+        let terms = |g: f32, x: f32, mean: f32| (g, g * (x - mean));
+        let sizes = (x.len().min(dy.len()), mean.len());
+        if let Some((a, b)) = relu {
+            let g = |dy: f32, x: f32, a: f32, b: f32| relu_grad(dy, preactivation(x, a, b));
+            run_sums(
+                sizes,
+                acc,
+                |at, j0, (p1, p2)| {
+                    let (x, dy) = (block(x, at + j0), block(dy, at + j0));
+                    let (mean, a, b) = (block(mean, j0), block(a, j0), block(b, j0));
+                    for l in 0..BLOCK {
+                        let (t1, t2) = terms(g(dy[l], x[l], a[l], b[l]), x[l], mean[l]);
+                        p1[l] += t1;
+                        p2[l] += t2;
                     }
-                } else {
-                    for ((p1, p2), ((&x, &g), &mean)) in sums.zip(values) {
-                        *p1 += g;
-                        *p2 += g * (x - mean);
+                },
+                |at, j| terms(g(dy[at + j], x[at + j], a[j], b[j]), x[at + j], mean[j]),
+            );
+        } else {
+            run_sums(
+                sizes,
+                acc,
+                |at, j0, (p1, p2)| {
+                    let (x, dy, mean) = (block(x, at + j0), block(dy, at + j0), block(mean, j0));
+                    for l in 0..BLOCK {
+                        let (t1, t2) = terms(dy[l], x[l], mean[l]);
+                        p1[l] += t1;
+                        p2[l] += t2;
                     }
-                }
-            }
-            add_run((&p1, &p2), (&mut *s1, &mut *s2));
+                },
+                |at, j| terms(dy[at + j], x[at + j], mean[j]),
+            );
         }
     }
 }
@@ -622,11 +695,12 @@ mod tests {
     }
 
     /// The moments and the gradient's sums against two passes in f64, on data whose mean is
-    /// about its spread, over many blocks of rows and several runs of f32 sums a block: within
-    /// 1e-6 of the sums' magnitudes.
+    /// about its spread, over many blocks of rows and several runs of f32 sums a block, blocks
+    /// that end inside a stretch, and a stretch that blocks of 32 do not divide (100
+    /// channels): within 1e-6 of the sums' magnitudes.
     #[test]
     fn sums_stay_within_a_millionth_of_f64() {
-        for (rows, c) in [(5000, 32), (3001, 48), (999, 5)] {
+        for (rows, c) in [(5000, 32), (3001, 48), (999, 5), (700, 100)] {
             let x: Vec<f32> = random_vec(rows * c, 7)
                 .iter()
                 .map(|v| 2.0 * v + 1.5)
