@@ -1,9 +1,9 @@
 //! A convolution of a batch normalization's output through a ReLU, read from the
 //! normalization's input: the normalized values are formed where a strided convolution copies
 //! its input anyway (its zero-padded images, or its patch matrix's source in scratch memory),
-//! in the forward pass and again in the kernel gradient, instead of written whole by the normalization and read back (12.8 MB
-//! each way for the modern CNN's first block at batch 128). The normalization's own passes
-//! take the statistics only
+//! in the forward pass and again in the kernel gradient, instead of written whole by the
+//! normalization and read back (12.8 MB each way for the modern CNN's first block at batch
+//! 128). The normalization's own passes take the statistics only
 //! ([`batch_normalization_statistics_training`](crate::ops::norm::batch_normalization_statistics_training))
 //! and its usual ReLU gradient. The CPU only, float32.
 
