@@ -587,20 +587,49 @@ fn rows_of<const E: usize>(out: &mut [f32], width: usize) -> [&mut [f32]; E] {
 }
 
 /// A tile's transform over channel rows: its `A` input rows (row-major over the tile) into
-/// its output rows.
-trait TileMap<const A: usize> {
+/// its `B` output rows, `len` channels each. The rows come as plain pointers: from slices,
+/// every vector's load and store read a fat pointer from an array on the stack and checked
+/// its bounds, and F(4×4, 3×3)'s transforms ran 10-40% slower.
+trait TileMap<const A: usize, const B: usize> {
     /// Transforms one tile, channel by channel.
-    fn apply(ins: [&[f32]; A], outs: &mut [&mut [f32]]);
+    ///
+    /// # Safety
+    /// Each of `ins` is readable and each of `outs` writable for `len` floats, and no output
+    /// row overlaps another row, in or out.
+    unsafe fn apply(ins: &[*const f32; A], outs: &[*mut f32; B], len: usize);
+}
+
+/// The vector at `p + k`.
+///
+/// # Safety
+/// `p + k` is readable for `V::LANES` floats.
+#[inline(always)]
+unsafe fn load<V: Vector>(p: *const f32, k: usize) -> V {
+    V::load(unsafe { std::slice::from_raw_parts(p.add(k), V::LANES) }, 0)
+}
+
+/// Writes `v` to `p + k`.
+///
+/// # Safety
+/// `p + k` is writable for `V::LANES` floats, and no reference covers them.
+#[inline(always)]
+unsafe fn store<V: Vector>(v: V, p: *mut f32, k: usize) {
+    v.store(
+        unsafe { std::slice::from_raw_parts_mut(p.add(k), V::LANES) },
+        0,
+    )
 }
 
 /// A whole-tile map `T` into `B` rows in one pass ([`per_channel`]): F(2×2, 3×3)'s input
 /// transform ([`f2_tile`]), which ran 10-15% slower on vectors ([`by_vectors!`]).
-struct OnePass<const B: usize, T>(std::marker::PhantomData<T>);
+struct OnePass<T>(std::marker::PhantomData<T>);
 
-impl<const A: usize, const B: usize, T: Map<A, B>> TileMap<A> for OnePass<B, T> {
+impl<const A: usize, const B: usize, T: Map<A, B>> TileMap<A, B> for OnePass<T> {
     #[inline(always)]
-    fn apply(ins: [&[f32]; A], outs: &mut [&mut [f32]]) {
-        per_channel::<A, B, T>(ins, outs);
+    unsafe fn apply(ins: &[*const f32; A], outs: &[*mut f32; B], len: usize) {
+        let ins = ins.map(|p| unsafe { std::slice::from_raw_parts(p, len) });
+        let mut outs = outs.map(|p| unsafe { std::slice::from_raw_parts_mut(p, len) });
+        per_channel::<A, B, T>(ins, &mut outs);
     }
 }
 
@@ -611,7 +640,8 @@ impl<const A: usize, const B: usize, T: Map<A, B>> TileMap<A> for OnePass<B, T> 
 /// scratch tile, F(4×4, 3×3)'s output transform ran 20-40% faster, its input transform
 /// 0-20%; the same arithmetic in the same order, so the same bits. Written out: a column
 /// array built by `from_fn`, or a row consumed by `into_iter`, left the vectors to be copied
-/// through memory, and ran as slow as the passes.
+/// through memory, and ran as slow as the passes; the rows written out one by one, rather
+/// than a loop, ran 10-25% slower.
 macro_rules! by_vectors {
     ($(#[$attr:meta])* $name:ident: $map:ty, $a:literal -> $b:literal, $i:literal x $o:literal,
      columns [$($col:ident: $($at:literal)*),*]) => {
@@ -621,26 +651,27 @@ macro_rules! by_vectors {
         // The tile's sides are those of its rows.
         const _: () = assert!($i * $i == $a && $o * $o == $b);
 
-        impl<V: Vector + Value> TileMap<$a> for $name<V> {
+        impl<V: Vector + Value> TileMap<$a, $b> for $name<V> {
             #[inline(always)]
-            fn apply(ins: [&[f32]; $a], outs: &mut [&mut [f32]]) {
-                let len = outs[0].len();
+            unsafe fn apply(ins: &[*const f32; $a], outs: &[*mut f32; $b], len: usize) {
                 let mut k = 0;
                 while k + V::LANES <= len {
-                    $(let $col = <$map>::map([$(V::load(ins[$at], k)),*]);)*
+                    $(let $col = <$map>::map([$(unsafe { load::<V>(ins[$at], k) }),*]);)*
                     for r in 0..$o {
                         let row = <$map>::map([$($col[r]),*]);
                         for j in 0..$o {
-                            row[j].store(outs[r * $o + j], k);
+                            unsafe { store(row[j], outs[r * $o + j], k) };
                         }
                     }
                     k += V::LANES;
                 }
                 for k in k..len {
-                    let rows = square::<f32, $i, $o, $map>(|r, s| ins[r * $i + s][k]);
+                    let rows = square::<f32, $i, $o, $map>(|r, s| unsafe {
+                        *ins[r * $i + s].add(k)
+                    });
                     for (r, row) in rows.iter().enumerate() {
                         for (j, &value) in row.iter().enumerate() {
-                            outs[r * $o + j][k] = value;
+                            unsafe { *outs[r * $o + j].add(k) = value };
                         }
                     }
                 }
@@ -684,6 +715,23 @@ by_vectors!(
     F2OutGrad: f2::A, 4 -> 16, 2 x 4, columns [c0: 0 2, c1: 1 3]
 );
 
+/// `E` rows of `width` floats from `out`'s start, as pointers (all from one, so that writing
+/// through one leaves the others valid).
+#[inline(always)]
+fn row_pointers<const E: usize>(out: &mut [f32], width: usize) -> [*mut f32; E] {
+    assert!(
+        out.len() >= E * width,
+        "{E} rows of {width} in {}",
+        out.len()
+    );
+    let first = out.as_mut_ptr();
+    let mut rows = [first; E];
+    for (q, row) in rows.iter_mut().enumerate() {
+        *row = first.wrapping_add(q * width);
+    }
+    rows
+}
+
 multiversion! {
     /// `V_ξ[t, :] = (Bᵀ d_t B)_ξ` for the tiles of tile rows `[t0, t1)`: `v` is `[tiles, ξ,
     /// c_in]` (each tile's rows together, so that its transform writes one run of memory),
@@ -692,7 +740,7 @@ multiversion! {
         // Vectors of 16 channels (two AVX2 registers each, where AVX-512 is absent): with 8
         // the transforms ran 5-20% slower on both.
         match c.tile {
-            Tile::F2 => input_tiles::<4, 16, OnePass<16, f2_tile::Bt>>(x, c, rows, v),
+            Tile::F2 => input_tiles::<4, 16, OnePass<f2_tile::Bt>>(x, c, rows, v),
             Tile::F4 => input_tiles::<6, 36, F4In<V16>>(x, c, rows, v),
         }
     }
@@ -700,7 +748,7 @@ multiversion! {
 
 /// [`transform_input`] for input tiles of `N × N = E` pixels.
 #[inline(always)]
-fn input_tiles<const N: usize, const E: usize, T: TileMap<E>>(
+fn input_tiles<const N: usize, const E: usize, T: TileMap<E, E>>(
     x: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
@@ -714,18 +762,19 @@ fn input_tiles<const N: usize, const E: usize, T: TileMap<E>>(
             let t = (tr - t0) * tw + tj;
             // The tile's pixels, zeros outside the image (`wrapping_sub`: a row or column
             // before it wraps past the end).
-            let mut d: [&[f32]; E] = [&zeros; E];
+            let mut d = [zeros.as_ptr(); E];
             for r in 0..N {
                 let i = (side * ti + r).wrapping_sub(c.pt);
                 for s in 0..N {
                     let j = (side * tj + s).wrapping_sub(c.pl);
                     if i < c.h && j < c.w {
-                        d[r * N + s] = &x[((img * c.h + i) * c.w + j) * ci..][..ci];
+                        d[r * N + s] = x[((img * c.h + i) * c.w + j) * ci..][..ci].as_ptr();
                     }
                 }
             }
-            let out = &mut v[t * E * ci..(t + 1) * E * ci];
-            T::apply(d, &mut rows_of::<E>(out, ci));
+            let out = row_pointers::<E>(&mut v[t * E * ci..], ci);
+            // SAFETY: rows of `ci` floats of `x` or `zeros`, and `E` disjoint ones of `v`.
+            unsafe { T::apply(&d, &out, ci) };
         }
     }
 }
@@ -745,7 +794,7 @@ multiversion! {
 
 /// [`transform_output_grad`] for tiles of `M × M = Q` outputs and `E` elements.
 #[inline(always)]
-fn output_grad_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<Q>>(
+fn output_grad_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<Q, E>>(
     dz: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
@@ -758,17 +807,18 @@ fn output_grad_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<
         let (img, ti) = (tr / th, tr % th);
         for tj in 0..tw {
             let t = (tr - t0) * tw + tj;
-            let mut d: [&[f32]; Q] = [&zeros; Q];
+            let mut d = [zeros.as_ptr(); Q];
             for (d, at) in d
                 .iter_mut()
                 .zip(c.tile_outputs::<M, Q>(img, ti, tj, first_row))
             {
                 if let Some(at) = at {
-                    *d = &dz[at..][..co];
+                    *d = dz[at..][..co].as_ptr();
                 }
             }
-            let out = &mut z[t * E * co..(t + 1) * E * co];
-            T::apply(d, &mut rows_of::<E>(out, co));
+            let out = row_pointers::<E>(&mut z[t * E * co..], co);
+            // SAFETY: rows of `co` floats of `dz` or `zeros`, and `E` disjoint ones of `z`.
+            unsafe { T::apply(&d, &out, co) };
         }
     }
 }
@@ -787,7 +837,7 @@ multiversion! {
 
 /// [`transform_output`] for tiles of `M × M = Q` outputs and `E` elements.
 #[inline(always)]
-fn output_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<E>>(
+fn output_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<E, Q>>(
     m: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
@@ -798,34 +848,30 @@ fn output_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<E>>(
     let first_row = c.out_row(t0);
     // Where the outputs past the image go.
     let mut dropped = vec![0.0f32; Q * co];
+    let spare = row_pointers::<Q>(&mut dropped, co);
+    let (y, y_len) = (out.as_mut_ptr(), out.len());
     for tr in t0..t1 {
         let (img, ti) = (tr / th, tr % th);
         for tj in 0..tw {
             let t = (tr - t0) * tw + tj;
-            let e: [&[f32]; E] = std::array::from_fn(|xi| &m[(xi * tiles + t) * co..][..co]);
+            // A loop, not `from_fn`: that was called out of line, and reading its array back
+            // stalled.
+            let mut e = [std::ptr::null(); E];
+            for (xi, e) in e.iter_mut().enumerate() {
+                *e = m[(xi * tiles + t) * co..][..co].as_ptr();
+            }
             // The tile's outputs in `out`, or in `dropped`.
             let at_pixel = c.tile_outputs::<M, Q>(img, ti, tj, first_row);
-            let (mut y, mut spare) = (&mut *out, dropped.as_mut_slice());
-            let mut dst: [&mut [f32]; Q] = std::array::from_fn(|_| Default::default());
-            // Pixels in increasing order, so each is split off the rest of `out`.
-            let mut consumed = 0;
-            for (q, dst) in dst.iter_mut().enumerate() {
-                match at_pixel[q] {
-                    Some(pos) => {
-                        let (_, tail) = std::mem::take(&mut y).split_at_mut(pos - consumed);
-                        let (mine, tail) = tail.split_at_mut(co);
-                        *dst = mine;
-                        y = tail;
-                        consumed = pos + co;
-                    }
-                    None => {
-                        let (mine, tail) = std::mem::take(&mut spare).split_at_mut(co);
-                        *dst = mine;
-                        spare = tail;
-                    }
+            let mut dst = spare;
+            for (dst, at) in dst.iter_mut().zip(at_pixel) {
+                if let Some(at) = at {
+                    assert!(at + co <= y_len, "output pixel at {at} past {y_len}");
+                    *dst = y.wrapping_add(at);
                 }
             }
-            T::apply(e, &mut dst);
+            // SAFETY: rows of `co` floats of `m`, and `Q` of `out` or `dropped`, distinct
+            // pixels.
+            unsafe { T::apply(&e, &dst, co) };
         }
     }
 }
@@ -875,10 +921,17 @@ mod tests {
     }
 
     /// `T` on `A = I × I` rows of `c` channels, against two passes of `L` ([`separable`]).
-    fn tile_map_is_two_passes<const I: usize, const O: usize, const A: usize, L, T>()
+    fn tile_map_is_two_passes<
+        const I: usize,
+        const O: usize,
+        const A: usize,
+        const B: usize,
+        L,
+        T,
+    >()
     where
         L: Map<I, O>,
-        T: TileMap<A>,
+        T: TileMap<A, B>,
     {
         // Whole vectors of 16 and of 8 channels, and channels left over after them.
         for c in [5, 8, 16, 37] {
@@ -890,7 +943,9 @@ mod tests {
                 .collect();
             let rows: [&[f32]; A] = std::array::from_fn(|q| &ins[q][..]);
             let (mut ours, mut theirs) = (vec![0.0f32; O * O * c], vec![0.0f32; O * O * c]);
-            T::apply(rows, &mut ours.chunks_exact_mut(c).collect::<Vec<_>>());
+            let ins = rows.map(<[f32]>::as_ptr);
+            // SAFETY: `A` rows of `c` floats, and `B` disjoint ones of `ours`.
+            unsafe { T::apply(&ins, &row_pointers::<B>(&mut ours, c), c) };
             let mut tmp = vec![0.0f32; I * O * c];
             let mut outs: Vec<&mut [f32]> = theirs.chunks_exact_mut(c).collect();
             separable::<I, O, L>(&rows, &mut outs, &mut tmp);
@@ -901,15 +956,15 @@ mod tests {
 
     #[test]
     fn tile_maps_give_the_bits_of_two_passes() {
-        tile_map_is_two_passes::<6, 6, 36, f4::Bt, F4In<V16>>();
-        tile_map_is_two_passes::<6, 4, 36, f4::At, F4Out<V16>>();
-        tile_map_is_two_passes::<4, 6, 16, f4::A, F4OutGrad<V8>>();
-        tile_map_is_two_passes::<4, 4, 16, f2::Bt, OnePass<16, f2_tile::Bt>>();
-        tile_map_is_two_passes::<4, 2, 16, f2::At, F2Out<V16>>();
-        tile_map_is_two_passes::<2, 4, 4, f2::A, F2OutGrad<V8>>();
+        tile_map_is_two_passes::<6, 6, 36, 36, f4::Bt, F4In<V16>>();
+        tile_map_is_two_passes::<6, 4, 36, 16, f4::At, F4Out<V16>>();
+        tile_map_is_two_passes::<4, 6, 16, 36, f4::A, F4OutGrad<V8>>();
+        tile_map_is_two_passes::<4, 4, 16, 16, f2::Bt, OnePass<f2_tile::Bt>>();
+        tile_map_is_two_passes::<4, 2, 16, 4, f2::At, F2Out<V16>>();
+        tile_map_is_two_passes::<2, 4, 4, 16, f2::A, F2OutGrad<V8>>();
         // The vector widths the dispatch does not pick run the same arithmetic.
-        tile_map_is_two_passes::<6, 4, 36, f4::At, F4Out<V8>>();
-        tile_map_is_two_passes::<4, 6, 16, f4::A, F4OutGrad<V16>>();
+        tile_map_is_two_passes::<6, 4, 36, 16, f4::At, F4Out<V8>>();
+        tile_map_is_two_passes::<4, 6, 16, 36, f4::A, F4OutGrad<V16>>();
     }
 
     #[test]
