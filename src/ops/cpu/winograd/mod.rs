@@ -1,4 +1,4 @@
-//! Winograd's minimal filtering for the stride-1 3×3 correlations of `conv.rs`: a `Conv2D`'s
+//! Winograd's minimal filtering for the stride-1 3×3 correlations of `conv/`: a `Conv2D`'s
 //! forward pass and its input gradient, and the kernel gradient's sums (Lavin and Gray, "Fast
 //! Algorithms for Convolutional Neural Networks", CVPR 2016). F(4×4, 3×3) computes each 4×4
 //! block of outputs from a 6×6 block of input in 36 multiplications per channel pair instead
