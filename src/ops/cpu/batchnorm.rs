@@ -163,10 +163,11 @@ trait Terms {
 #[inline(always)]
 fn run_sums<T: Terms>((values, len): (usize, usize), acc: &mut [f64], terms: &T) {
     let (s1, s2) = acc.split_at_mut(len);
+    let wide = wide_registers();
     for base in (0..values).step_by((len * F32_RUN).max(1)) {
         let run = (base, (values - base).min(len * F32_RUN), len);
         let mut j0 = 0;
-        if wide_registers() {
+        if wide {
             while j0 + WIDE_BLOCK <= len {
                 block_run::<WIDE_BLOCK, T>(terms, run, j0, (&mut *s1, &mut *s2));
                 j0 += WIDE_BLOCK;

@@ -332,7 +332,12 @@ fn input_tiles<const N: usize, const E: usize, T: TileMap<E, E>>(
 multiversion! {
     /// `Z_t = A dz_t Aᵀ` for the tiles of tile rows `[t0, t1)` into `z` (`[tiles, ξ,
     /// c_out]`), `dz` the output rows those tiles cover (zero past the output).
-    pub(super) fn transform_output_grad(dz: &[f32], c: &Correlation, rows: (usize, usize), z: &mut [f32]) {
+    pub(super) fn transform_output_grad(
+        dz: &[f32],
+        c: &Correlation,
+        rows: (usize, usize),
+        z: &mut [f32],
+    ) {
         // Vectors of 8 channels: with 16 (36 outputs from 16 inputs) the output gradient ran
         // 10-20% slower under AVX-512, and up to 45% under AVX2.
         match c.tile {
@@ -377,7 +382,12 @@ multiversion! {
     /// The outputs `Aᵀ m_t A` of the tiles of tile rows `[t0, t1)` from `m` (`[ξ, tiles,
     /// c_out]`) into `out`, the output rows those tiles cover (a last tile's rows or columns
     /// past the output are dropped).
-    pub(super) fn transform_output(m: &[f32], c: &Correlation, rows: (usize, usize), out: &mut [f32]) {
+    pub(super) fn transform_output(
+        m: &[f32],
+        c: &Correlation,
+        rows: (usize, usize),
+        out: &mut [f32],
+    ) {
         match c.tile {
             Tile::F2 => output_tiles::<2, 4, 16, F2Out<V16>>(m, c, rows, out),
             Tile::F4 => output_tiles::<4, 16, 36, F4Out<V16>>(m, c, rows, out),
