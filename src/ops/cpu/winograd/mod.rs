@@ -10,8 +10,8 @@
 //! of channels). Summed over the input channels, the element-wise product is one matrix
 //! product per tile element ξ: `M_ξ[tiles, c_out] = V_ξ[tiles, c_in] · U_ξ[c_in, c_out]`,
 //! which the gemm crate runs. A task takes a few rows of tiles: it transforms their input into
-//! `V`, multiplies, and transforms `M` into its output rows, in per-thread scratch memory
-//! small enough to stay in L2.
+//! `V` (element by element, [`transforms::Transformed`]), multiplies, and transforms `M` into
+//! its output rows, in per-thread scratch memory small enough to stay in L2.
 //!
 //! The kernel gradient is the same bilinear form read the other way: `dU_ξ = Σ_t V_ξ[t]ᵀ
 //! Z_ξ[t]` with `Z = A dz Aᵀ` each tile's output gradient, then `dk = Gᵀ dU G`. Tasks of a
@@ -34,7 +34,9 @@ use crate::ops::spec::Activation;
 use super::elementwise::bias_act_rows;
 use super::gemm::{gemm_strided, gemm_strided_uninit, Strided};
 use super::with_scratch;
-use transforms::{transform_input, transform_output, transform_output_grad, transform_pairs};
+use transforms::{
+    transform_input, transform_output, transform_output_grad, transform_pairs, Transformed,
+};
 
 /// Scratch floats a task aims for (the transformed input and output, or output gradient, of
 /// its tiles), about 512 KiB.
@@ -204,7 +206,7 @@ impl Correlation {
     /// decides how its partial sums round, and a task's tile count is the products' row
     /// count, which decides how the gemm crate splits their sums over channels.
     pub(super) fn rows_per_task(&self, tasks: usize) -> usize {
-        let per_row = self.scratch_len((0, 1));
+        let per_row = self.row_floats();
         let balanced = self.tile_rows().div_ceil(tasks.max(1)).max(1);
         (TASK_FLOATS / per_row.max(1)).clamp(1, balanced)
     }
@@ -221,10 +223,16 @@ impl Correlation {
         rows.max(min_rows.min(max_rows))
     }
 
-    /// Scratch floats a task over tile rows `[t0, t1)` needs: each tile's transformed input
-    /// and output (or output gradient), an element ξ per row.
+    /// Floats of a tile row's transformed input and output (or output gradient).
+    fn row_floats(&self) -> usize {
+        self.tile.elements() * self.tiles_w() * (self.c_in + self.c_out)
+    }
+
+    /// Scratch floats a task over tile rows `[t0, t1)` needs: its tiles' transformed input and
+    /// output (or output gradient), [`Transformed`] each.
     pub(super) fn scratch_len(&self, (t0, t1): (usize, usize)) -> usize {
-        self.tile.elements() * (t1 - t0) * self.tiles_w() * (self.c_in + self.c_out)
+        let (e, tiles) = (self.tile.elements(), (t1 - t0) * self.tiles_w());
+        Transformed::len(e, tiles, self.c_in) + Transformed::len(e, tiles, self.c_out)
     }
 
     /// Whether the kernel gradient goes by groups of tile rows ([`kernel_grad_by_groups`]):
@@ -237,7 +245,7 @@ impl Correlation {
 
     /// Tile rows per group of [`kernel_grad_by_groups`]: what fills [`GROUP_FLOATS`].
     pub(super) fn group_rows(&self) -> usize {
-        (GROUP_FLOATS / self.scratch_len((0, 1)).max(1)).max(1)
+        (GROUP_FLOATS / self.row_floats().max(1)).max(1)
     }
 
     /// Floats of a transformed kernel, `[ξ, c_in, c_out]` (or of its gradient's partial sums).
@@ -302,15 +310,12 @@ pub(super) fn correlate(
     tasks.into_par_iter().for_each(|(t0, t1, out)| {
         let tiles = (t1 - t0) * c.tiles_w();
         with_scratch(c.scratch_len((t0, t1)), |scratch| {
-            let (v, m) = scratch.split_at_mut(elements * tiles * c.c_in);
-            transform_input(x, c, (t0, t1), v);
+            let (v, m) = scratch.split_at_mut(Transformed::len(elements, tiles, c.c_in));
+            transform_input(x, c, (t0, t1), Transformed::new(v, elements, tiles, c.c_in));
+            let stride = Transformed::stride(tiles, c.c_in);
+            let m = &mut m[..elements * tiles * c.c_out];
             for (xi, m) in m.chunks_exact_mut(tiles * c.c_out).enumerate() {
-                // V_ξ: row t at (t * elements + ξ) * c_in.
-                let v = Strided {
-                    data: &v[xi * c.c_in..],
-                    rs: elements * c.c_in,
-                    cs: 1,
-                };
+                let v = Strided::row_major(&v[xi * stride..][..tiles * c.c_in], c.c_in);
                 let u =
                     Strided::row_major(&u[xi * c.c_in * c.c_out..][..c.c_in * c.c_out], c.c_out);
                 gemm_strided(m, tiles, c.c_out, c.c_in, v, u, false, false);
@@ -345,10 +350,10 @@ pub(super) fn add_kernel_grad(
 ) {
     let elements = c.tile.elements();
     let tiles = (rows.1 - rows.0) * c.tiles_w();
-    let (v, z) = scratch.split_at_mut(elements * tiles * c.c_in);
-    let z = &mut z[..elements * tiles * c.c_out];
-    transform_input(x, c, rows, v);
-    transform_output_grad(dz, c, rows, z);
+    let (v, z) = scratch.split_at_mut(Transformed::len(elements, tiles, c.c_in));
+    let z = &mut z[..Transformed::len(elements, tiles, c.c_out)];
+    transform_input(x, c, rows, Transformed::new(v, elements, tiles, c.c_in));
+    transform_output_grad(dz, c, rows, Transformed::new(z, elements, tiles, c.c_out));
     let len = c.transformed_kernel_len();
     let fresh = du.is_empty();
     if fresh {
@@ -358,7 +363,7 @@ pub(super) fn add_kernel_grad(
     }
     let pairs = c.c_in * c.c_out;
     for xi in 0..elements {
-        let (vt, z) = element_operands((v, z), c, xi);
+        let (vt, z) = element_operands((v, z), c, tiles, xi);
         let at = xi * pairs..(xi + 1) * pairs;
         if fresh {
             let dst = &mut du.spare_capacity_mut()[at];
@@ -374,31 +379,28 @@ pub(super) fn add_kernel_grad(
     }
 }
 
-/// `V_ξᵀ` and `Z_ξ` of the tiles transformed into `v` and `z` (`[tiles, ξ, c]`): element `(i,
-/// t)` of `V_ξᵀ` at `(t * elements + ξ) * c_in + i`, `(t, o)` of `Z_ξ` likewise (both empty
-/// for no tiles, whose products are zeros).
+/// `V_ξᵀ` and `Z_ξ` of the `tiles` tiles transformed into `v` and `z` ([`Transformed`]):
+/// element `(i, t)` of `V_ξᵀ` at `ξ * stride + t * c_in + i`, `(t, o)` of `Z_ξ` likewise (both
+/// empty for no tiles, whose products are zeros).
 fn element_operands<'a>(
     (v, z): (&'a [f32], &'a [f32]),
     c: &Correlation,
+    tiles: usize,
     xi: usize,
 ) -> (Strided<'a>, Strided<'a>) {
-    let elements = c.tile.elements();
+    let at = |width| xi * Transformed::stride(tiles, width);
     let vt = Strided {
-        data: &v[(xi * c.c_in).min(v.len())..],
+        data: &v[at(c.c_in).min(v.len())..],
         rs: 1,
-        cs: elements * c.c_in,
+        cs: c.c_in,
     };
-    let z = Strided {
-        data: &z[(xi * c.c_out).min(z.len())..],
-        rs: elements * c.c_out,
-        cs: 1,
-    };
+    let z = Strided::row_major(&z[at(c.c_out).min(z.len())..], c.c_out);
     (vt, z)
 }
 
 /// The gradient w.r.t. `U` over every tile (`[ξ, c_in, c_out]`), `group` tile rows at a time
 /// (at least one; [`Correlation::group_rows`]) in order: a group's tiles are transformed in
-/// parallel into one scratch buffer (`[tiles, ξ, c]`, as [`add_kernel_grad`]'s), then
+/// parallel into one scratch buffer ([`Transformed`], as [`add_kernel_grad`]'s), then
 /// `dU_ξ += V_ξᵀ Z_ξ` runs for every element ξ in parallel, one product over the group's
 /// tiles each. There are no per-task partial sums to write and add: at 7×7 64 → 128 under
 /// F(4×4, 3×3) sixteen of them, 1.2 MB each, had cost more than the products. `dz` is the
@@ -420,17 +422,26 @@ pub(super) fn kernel_grad_by_groups(
         for g0 in (0..c.tile_rows()).step_by(group) {
             let g1 = (g0 + group).min(c.tile_rows());
             let tiles = (g1 - g0) * tw;
-            let (v, z) = scratch.split_at_mut(e * tiles * c.c_in);
-            let z = &mut z[..e * tiles * c.c_out];
-            v.par_chunks_mut(part * tw * e * c.c_in)
-                .zip(z.par_chunks_mut(part * tw * e * c.c_out))
-                .enumerate()
-                .for_each(|(k, (v, z))| {
-                    let (t0, t1) = (g0 + k * part, (g0 + (k + 1) * part).min(g1));
-                    transform_input(x, c, (t0, t1), v);
-                    transform_output_grad(&dz[out_at(t0)..out_at(t1)], c, (t0, t1), z);
-                });
-            let operands = |xi| element_operands((v, z), c, xi);
+            let (v, z) = scratch.split_at_mut(Transformed::len(e, tiles, c.c_in));
+            let z = &mut z[..Transformed::len(e, tiles, c.c_out)];
+            // Each task transforms `part` tile rows into its own tiles of `v` and `z`.
+            let mut parts = Vec::with_capacity((g1 - g0).div_ceil(part));
+            let mut rest = (
+                Transformed::new(v, e, tiles, c.c_in),
+                Transformed::new(z, e, tiles, c.c_out),
+            );
+            for t0 in (g0..g1).step_by(part) {
+                let t1 = (t0 + part).min(g1);
+                let (v, v_rest) = rest.0.split_at((t1 - t0) * tw);
+                let (z, z_rest) = rest.1.split_at((t1 - t0) * tw);
+                parts.push(((t0, t1), v, z));
+                rest = (v_rest, z_rest);
+            }
+            parts.into_par_iter().for_each(|(rows, v, z)| {
+                transform_input(x, c, rows, v);
+                transform_output_grad(&dz[out_at(rows.0)..out_at(rows.1)], c, rows, z);
+            });
+            let operands = |xi| element_operands((v, z), c, tiles, xi);
             if g0 == 0 {
                 let fresh = &mut du.spare_capacity_mut()[..len];
                 fresh

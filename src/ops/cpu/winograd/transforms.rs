@@ -282,11 +282,113 @@ fn row_pointers<const E: usize>(out: &mut [f32], width: usize) -> [*mut f32; E] 
     rows
 }
 
+/// Transformed tiles, element ξ of every tile together (`[ξ, tiles, width]`): a kernel
+/// gradient's product `V_ξᵀ Z_ξ` over the tiles then reads each operand as one run of memory.
+/// With each tile's elements together instead (`[tiles, ξ, width]`), its operands were rows
+/// 2-9 KiB apart, which the gemm crate reads in place: at 14×14 32 → 64 the products took
+/// 17% longer under F(2×2, 3×3), 7% under F(4×4, 3×3) (AMD Zen 3, one core), and the whole
+/// kernel gradient in a training step 1.4 times as long (two threads).
+///
+/// Element ξ's rows start [`stride`](Self::stride) floats after element ξ - 1's: an odd number
+/// of cache lines, so that a tile's rows fall into different cache sets. With `tiles * width`
+/// floats instead, a task's 128 tiles of 64 channels (14×14 under F(4×4, 3×3)) put its 36
+/// rows 32 KiB apart, all in one set of the L1 cache, and that kernel gradient took 17-38%
+/// longer (12-20% under F(2×2, 3×3), 133 tiles).
+///
+/// A value covers tiles `[first, first + count)` of its buffer and is their only writer:
+/// [`new`](Self::new) borrows the whole buffer, [`split_at`](Self::split_at) cuts tile
+/// ranges off it, so that tasks transform tiles of one buffer in parallel.
+pub(super) struct Transformed<'a> {
+    /// The buffer's start.
+    base: *mut f32,
+    /// Elements ξ of a tile.
+    elements: usize,
+    /// Floats from one element's rows to the next's.
+    stride: usize,
+    /// Floats of one element of one tile (its channels).
+    width: usize,
+    /// This value's first tile in the buffer.
+    first: usize,
+    /// This value's tiles.
+    count: usize,
+    _buffer: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a `Transformed` writes only its own tiles' rows, which no other value covers (`new`
+// borrows the buffer mutably, `split_at` hands out disjoint ranges).
+unsafe impl Send for Transformed<'_> {}
+
+impl<'a> Transformed<'a> {
+    /// Floats from one element's rows to the next's, for `tiles` tiles of `width` floats an
+    /// element: at least their `tiles * width`, rounded up to an odd number of 64-byte lines.
+    pub(super) fn stride(tiles: usize, width: usize) -> usize {
+        const LINE: usize = 16;
+        ((tiles * width).div_ceil(LINE) | 1) * LINE
+    }
+
+    /// Floats of a buffer for `tiles` tiles of `elements` rows of `width` floats.
+    pub(super) fn len(elements: usize, tiles: usize, width: usize) -> usize {
+        elements * Self::stride(tiles, width)
+    }
+
+    /// `tiles` tiles of `elements` rows of `width` floats in `buffer`'s first
+    /// [`len`](Self::len) floats.
+    pub(super) fn new(buffer: &'a mut [f32], elements: usize, tiles: usize, width: usize) -> Self {
+        assert!(
+            buffer.len() >= Self::len(elements, tiles, width),
+            "{tiles} tiles of {elements} rows of {width} in {}",
+            buffer.len()
+        );
+        Transformed {
+            base: buffer.as_mut_ptr(),
+            elements,
+            stride: Self::stride(tiles, width),
+            width,
+            first: 0,
+            count: tiles,
+            _buffer: std::marker::PhantomData,
+        }
+    }
+
+    /// This value's first `count` tiles (at most all of them), and the rest.
+    pub(super) fn split_at(self, count: usize) -> (Self, Self) {
+        let count = count.min(self.count);
+        let rest = Transformed {
+            first: self.first + count,
+            count: self.count - count,
+            ..self
+        };
+        (Transformed { count, ..self }, rest)
+    }
+
+    /// The `E` rows of this value's tile `t`, element ξ's at index ξ, each writable for
+    /// `width` floats.
+    #[inline(always)]
+    fn rows<const E: usize>(&mut self, t: usize) -> [*mut f32; E] {
+        assert!(
+            t < self.count && E == self.elements,
+            "tile {t} of {}, {E} rows of {}",
+            self.count,
+            self.elements
+        );
+        let first = self.base.wrapping_add((self.first + t) * self.width);
+        let mut rows = [first; E];
+        for (xi, row) in rows.iter_mut().enumerate() {
+            *row = first.wrapping_add(xi * self.stride);
+        }
+        rows
+    }
+}
+
 multiversion! {
-    /// `V_ξ[t, :] = (Bᵀ d_t B)_ξ` for the tiles of tile rows `[t0, t1)`: `v` is `[tiles, ξ,
-    /// c_in]` (each tile's rows together, so that its transform writes one run of memory),
-    /// `d_t` the tile's input pixels (zero outside the image).
-    pub(super) fn transform_input(x: &[f32], c: &Correlation, rows: (usize, usize), v: &mut [f32]) {
+    /// `V_ξ[t, :] = (Bᵀ d_t B)_ξ` for the tiles of tile rows `[t0, t1)` into `v` (its tiles,
+    /// `c_in` floats an element), `d_t` the tile's input pixels (zero outside the image).
+    pub(super) fn transform_input(
+        x: &[f32],
+        c: &Correlation,
+        rows: (usize, usize),
+        v: Transformed<'_>,
+    ) {
         // Vectors of 16 channels (two AVX2 registers each, where AVX-512 is absent): with 8
         // the transforms ran 5-20% slower on both.
         match c.tile {
@@ -302,9 +404,14 @@ fn input_tiles<const N: usize, const E: usize, T: TileMap<E, E>>(
     x: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
-    v: &mut [f32],
+    mut v: Transformed<'_>,
 ) {
     let (th, tw, ci, side) = (c.tiles_h(), c.tiles_w(), c.c_in, c.tile.side());
+    assert_eq!(
+        (v.count, v.width),
+        ((t1 - t0) * tw, ci),
+        "winograd: input tiles"
+    );
     let zeros = vec![0.0f32; ci];
     for tr in t0..t1 {
         let (img, ti) = (tr / th, tr % th);
@@ -322,21 +429,21 @@ fn input_tiles<const N: usize, const E: usize, T: TileMap<E, E>>(
                     }
                 }
             }
-            let out = row_pointers::<E>(&mut v[t * E * ci..], ci);
-            // SAFETY: rows of `ci` floats of `x` or `zeros`, and `E` disjoint ones of `v`.
+            let out = v.rows::<E>(t);
+            // SAFETY: rows of `ci` floats of `x` or `zeros`, and `E` disjoint ones of `v`'s.
             unsafe { T::apply(&d, &out, ci) };
         }
     }
 }
 
 multiversion! {
-    /// `Z_t = A dz_t Aᵀ` for the tiles of tile rows `[t0, t1)` into `z` (`[tiles, ξ,
-    /// c_out]`), `dz` the output rows those tiles cover (zero past the output).
+    /// `Z_t = A dz_t Aᵀ` for the tiles of tile rows `[t0, t1)` into `z` (its tiles, `c_out`
+    /// floats an element), `dz` the output rows those tiles cover (zero past the output).
     pub(super) fn transform_output_grad(
         dz: &[f32],
         c: &Correlation,
         rows: (usize, usize),
-        z: &mut [f32],
+        z: Transformed<'_>,
     ) {
         // Vectors of 8 channels: with 16 (36 outputs from 16 inputs) the output gradient ran
         // 10-20% slower under AVX-512, and up to 45% under AVX2.
@@ -353,9 +460,14 @@ fn output_grad_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<
     dz: &[f32],
     c: &Correlation,
     (t0, t1): (usize, usize),
-    z: &mut [f32],
+    mut z: Transformed<'_>,
 ) {
     let (th, tw, co) = (c.tiles_h(), c.tiles_w(), c.c_out);
+    assert_eq!(
+        (z.count, z.width),
+        ((t1 - t0) * tw, co),
+        "winograd: output-gradient tiles"
+    );
     let first_row = c.out_row(t0);
     let zeros = vec![0.0f32; co];
     for tr in t0..t1 {
@@ -371,8 +483,8 @@ fn output_grad_tiles<const M: usize, const Q: usize, const E: usize, T: TileMap<
                     *d = dz[at..][..co].as_ptr();
                 }
             }
-            let out = row_pointers::<E>(&mut z[t * E * co..], co);
-            // SAFETY: rows of `co` floats of `dz` or `zeros`, and `E` disjoint ones of `z`.
+            let out = z.rows::<E>(t);
+            // SAFETY: rows of `co` floats of `dz` or `zeros`, and `E` disjoint ones of `z`'s.
             unsafe { T::apply(&d, &out, co) };
         }
     }
@@ -471,6 +583,41 @@ mod tests {
             separable::<I, O, L>(&rows, &mut outs, &mut tmp);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&ours), bits(&theirs), "{c} channels");
+        }
+    }
+
+    /// How many times [`Transformed`]'s rows cover each float of their buffer, for `tiles`
+    /// tiles of `E` elements of `width`, split into three parts.
+    fn coverage<const E: usize>(tiles: usize, width: usize) -> Vec<u8> {
+        let mut floats = vec![0.0f32; Transformed::len(E, tiles, width)];
+        let mut times = vec![0u8; floats.len()];
+        let base = floats.as_mut_ptr();
+        let (first, rest) = Transformed::new(&mut floats, E, tiles, width).split_at(tiles / 3);
+        let (second, third) = rest.split_at(tiles / 3);
+        assert_eq!(first.count + second.count + third.count, tiles);
+        for mut part in [first, second, third] {
+            for t in 0..part.count {
+                for row in part.rows::<E>(t) {
+                    // SAFETY: both pointers are into `floats`.
+                    let at = usize::try_from(unsafe { row.offset_from(base) }).unwrap();
+                    times[at..at + width].iter_mut().for_each(|n| *n += 1);
+                }
+            }
+        }
+        times
+    }
+
+    #[test]
+    fn transformed_tiles_cover_their_buffer_once_in_odd_lines() {
+        for (tiles, width) in [(133, 64), (128, 64), (5, 3), (1, 16), (0, 8)] {
+            let stride = Transformed::stride(tiles, width);
+            assert!(stride >= tiles * width && stride % 16 == 0 && (stride / 16) % 2 == 1);
+            for times in [coverage::<16>(tiles, width), coverage::<36>(tiles, width)] {
+                assert!(times.iter().all(|&n| n <= 1), "rows overlap");
+                let elements = times.len() / stride;
+                let written = times.iter().filter(|&&n| n == 1).count();
+                assert_eq!(written, elements * tiles * width);
+            }
         }
     }
 
