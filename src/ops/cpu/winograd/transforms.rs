@@ -611,7 +611,7 @@ mod tests {
     fn transformed_tiles_cover_their_buffer_once_in_odd_lines() {
         for (tiles, width) in [(133, 64), (128, 64), (5, 3), (1, 16), (0, 8)] {
             let stride = Transformed::stride(tiles, width);
-            assert!(stride >= tiles * width && stride % 16 == 0 && (stride / 16) % 2 == 1);
+            assert!(stride >= tiles * width && stride.is_multiple_of(16) && (stride / 16) % 2 == 1);
             for times in [coverage::<16>(tiles, width), coverage::<36>(tiles, width)] {
                 assert!(times.iter().all(|&n| n <= 1), "rows overlap");
                 let elements = times.len() / stride;
