@@ -4,7 +4,8 @@
 //! with one input channel per group).
 //!
 //! A full convolution (one group) without dilation runs on the implicit-GEMM kernels of
-//! [`strided`] where they fit (AVX-512, channels in whole 8-lane vectors). Otherwise it goes
+//! [`strided`] where they fit (channels in whole 8-lane vectors; AVX2 for the forward pass,
+//! AVX-512 for the gradients). Otherwise it goes
 //! through an im2col per image into the gemm crate: the patches `[oh*ow, kh*kw*c_in]` times
 //! the kernel `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ` scattered back (col2im) for the
 //! input gradient, `patchesᵀ · dz` summed over the images for the kernel's. Grouped
@@ -166,7 +167,7 @@ pub(crate) fn forward(
             });
         return;
     }
-    if strided::fits(g) {
+    if strided::fits_forward(g) {
         return strided::forward((x, norm), kernel, bias, y, g, act);
     }
     // A few images a task, their patches stacked into one matrix: one product for all.
@@ -297,7 +298,7 @@ pub(crate) fn backward_kernel(
         norm.is_none() || g.cig == g.ci,
         "conv_general: a grouped convolution of a normalized input"
     );
-    if strided::fits(g) {
+    if strided::fits_kernel_grad(g) {
         return strided::backward_kernel((x, norm), dz, dk, g);
     }
     let (pixels, taps, len) = (g.oh * g.ow, g.taps(), dk.len());

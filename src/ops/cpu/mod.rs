@@ -395,6 +395,20 @@ pub(crate) fn prefetch(s: &[f32], at: usize) {
     let _ = (s, at);
 }
 
+/// Whether the `multiversion!` loops run a version with vector multiply-adds (AVX2 and FMA, or
+/// AVX-512), not the portable one.
+#[inline]
+pub(crate) fn fma_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_level() != SimdLevel::Portable
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether the widest version of the `multiversion!` loops runs AVX-512: 32 registers of 16
 /// lanes, so a loop may hold about 28 [`V16`]s at once without spilling (otherwise plan for 16
 /// `V8`s). A loop that keeps its operands in registers runs twice the work per instruction on

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::batchnorm::Normalizer;
 use super::elementwise::bias_act_rows;
 use super::implicit::{self, Patches};
-use super::{ordered_sums, padded_row, wide_registers, with_scratch};
+use super::{fma_vectors, ordered_sums, padded_row, wide_registers, with_scratch};
 use crate::ops::spec::{Activation, ConvGeometry};
 
 /// Output pixels a task aims for (rows of its products).
@@ -30,22 +30,31 @@ const TASK_PIXELS: usize = 256;
 /// every machine.
 const MIN_TASKS: usize = 32;
 
-/// Whether the forward pass and the kernel gradient of `g` run here: one group, no dilation,
-/// whole 8-lane vectors of output channels, and AVX-512's 32 registers for the tiles. (Under
-/// AVX2, 8-lane tiles in 16 registers did not beat the im2col path's gemm crate: on a 2-core
-/// Zen 4 with `ANYGPU_CPU_SIMD=avx2`, 2026-12-06, min of 3 `--profile` runs of the modern CNN,
-/// its strided forward passes were 5-18% faster, their gradients up to 24% slower.)
-pub(crate) fn fits(g: &ConvGeometry) -> bool {
+/// Whether the forward pass of `g` runs here: one group, no dilation, whole 8-lane vectors of
+/// output channels, and AVX2 at least. Under AVX2 its tiles are 6 pixels × 16 channels in 16
+/// registers; they beat the im2col path's gemm crate there too: on a 2-core AMD Zen 3,
+/// 2026-12-07, min of six `--profile` runs of the modern CNN each, alternating, the two strided
+/// forward passes 3.39 → 2.92 and 3.00 → 2.89 ms (on a Zen 4 as AVX2, 5-18% faster).
+pub(crate) fn fits_forward(g: &ConvGeometry) -> bool {
+    shape_fits(g) && fma_vectors()
+}
+
+/// Whether the kernel gradient of `g` runs here: as [`fits_forward`], with AVX-512's 32
+/// registers for the tiles. Under AVX2, tiles of 6 taps × 16 channels lost to the im2col path's
+/// gemm crate: 4.21 against 3.64 ms and 3.94 against 3.90 on that Zen 3 (up to 24% slower on
+/// the Zen 4 as AVX2); with the pixels taken 128 at a time, so that a tile's operands stay in
+/// L1, 3.87 and 3.63: no better.
+pub(crate) fn fits_kernel_grad(g: &ConvGeometry) -> bool {
     shape_fits(g) && wide_registers()
 }
 
-/// Whether the input gradient of `g` runs here: as [`fits`], with whole vectors of input
-/// channels (its products' columns).
+/// Whether the input gradient of `g` runs here: as [`fits_kernel_grad`], with whole vectors of
+/// input channels (its products' columns). Under AVX2 it ran within 4% of the im2col path.
 pub(crate) fn fits_input_grad(g: &ConvGeometry) -> bool {
-    fits(g) && implicit::fits(g.ci)
+    fits_kernel_grad(g) && implicit::fits(g.ci)
 }
 
-/// [`fits`] without the CPU: what the kernels can compute at all (at any speed).
+/// [`fits_forward`] without the CPU: what the kernels can compute at all (at any speed).
 fn shape_fits(g: &ConvGeometry) -> bool {
     g.cig == g.ci
         && g.kh * g.kw > 0
@@ -128,7 +137,7 @@ fn with_patches<R>(
     })
 }
 
-/// `y = act(conv(x, kernel) + bias)`, for a `g` that [`fits`] (at least its shape); with
+/// `y = act(conv(x, kernel) + bias)`, for a `g` that [`fits_forward`] (at least its shape); with
 /// `norm`, of the normalized `x` (see [`Normalizer`]).
 pub(crate) fn forward(
     (x, norm): (&[f32], Option<&Normalizer>),
@@ -150,7 +159,8 @@ pub(crate) fn forward(
 }
 
 /// The kernel gradient `dk` `[kh, kw, c_in, c_out]` from `x` and `dz`, summed over the images,
-/// for a `g` that [`fits`] (at least its shape); with `norm`, from the normalized `x`.
+/// for a `g` that [`fits_kernel_grad`] (at least its shape); with `norm`, from the normalized
+/// `x`.
 pub(crate) fn backward_kernel(
     (x, norm): (&[f32], Option<&Normalizer>),
     dz: &[f32],
