@@ -284,16 +284,16 @@ fn row_pointers<const E: usize>(out: &mut [f32], width: usize) -> [*mut f32; E] 
 
 /// Transformed tiles, element ξ of every tile together (`[ξ, tiles, width]`): a kernel
 /// gradient's product `V_ξᵀ Z_ξ` over the tiles then reads each operand as one run of memory.
-/// With each tile's elements together instead (`[tiles, ξ, width]`), its operands were rows
-/// 2-9 KiB apart, which the gemm crate reads in place: at 14×14 32 → 64 the products took
+/// With each tile's elements together instead (`[tiles, ξ, width]`), `V_ξᵀ`'s columns were
+/// rows 2-9 KiB apart, which the gemm crate reads in place: at 14×14 32 → 64 the products took
 /// 17% longer under F(2×2, 3×3), 7% under F(4×4, 3×3) (AMD Zen 3, one core), and the whole
 /// kernel gradient in a training step 1.4 times as long (two threads).
 ///
 /// Element ξ's rows start [`stride`](Self::stride) floats after element ξ - 1's: an odd number
 /// of cache lines, so that a tile's rows fall into different cache sets. With `tiles * width`
 /// floats instead, a task's 128 tiles of 64 channels (14×14 under F(4×4, 3×3)) put its 36
-/// rows 32 KiB apart, all in one set of the L1 cache, and that kernel gradient took 17-38%
-/// longer (12-20% under F(2×2, 3×3), 133 tiles).
+/// rows 32 KiB apart, all in one set of the L1 cache, and that kernel gradient took 20-38%
+/// longer (14-20% under F(2×2, 3×3), 133 tiles; two threads, best of 40).
 ///
 /// A value covers tiles `[first, first + count)` of its buffer and is their only writer:
 /// [`new`](Self::new) borrows the whole buffer, [`split_at`](Self::split_at) cuts tile
