@@ -170,6 +170,43 @@ fn without_growth_one_region_equal_to_the_limit_is_reserved_at_initialization() 
 }
 
 #[test]
+fn without_growth_tensors_fill_every_region_of_the_reservation() {
+    // 512 MiB in regions of at most one storage binding (llvmpipe's GL: 128 MiB, created when
+    // their first tensor arrives; lavapipe: one of 512 MiB, created now). The figures are the
+    // whole reservation at once either way, and a tensor of just over half a region lands in
+    // each region in turn and keeps its values.
+    for rt in per_gpu("no_growth_regions", |b| {
+        b.env("ANYGPU_GPU_MEMORY_LIMIT_MB", Some("512"))
+    }) {
+        let regions = rt.memory_regions("GPU:0").unwrap();
+        assert_eq!(regions.iter().sum::<u64>(), 512 * MIB, "{regions:?}");
+        let stats = rt.get_memory_stats("GPU:0").unwrap();
+        assert_eq!((stats.bytes_reserved, stats.bytes_in_use), (512 * MIB, 0));
+        let region = regions[0];
+        let elements = (region / 2 / 4 + 1024) as usize;
+        let dev = rt.device("GPU:0").unwrap();
+        let tensors: Vec<Tensor> = (0..regions.len())
+            .map(|k| Tensor::from_slice_on(&vec![k as f32 + 1.0; elements], &[elements], &dev))
+            .collect::<anygpu::Result<_>>()
+            .unwrap();
+        for (k, t) in tensors.iter().enumerate() {
+            let v = t.to_vec::<f32>().unwrap();
+            assert!(
+                v.iter().all(|&x| x == k as f32 + 1.0),
+                "tensor {k} of {regions:?}"
+            );
+        }
+        let used = rt.get_memory_info("GPU:0").unwrap().current;
+        assert_eq!(
+            used,
+            regions.len() as u64 * (elements as u64 * 4),
+            "{regions:?}"
+        );
+        assert_eq!(rt.memory_regions("GPU:0").unwrap(), regions);
+    }
+}
+
+#[test]
 fn peak_survives_a_free_and_reset_lowers_it_to_current() {
     for rt in per_gpu("peak_reset", |b| b.memory_growth(true)) {
         let keep = f32s(&rt, "GPU:0", 1000).unwrap();

@@ -8,9 +8,13 @@
 //! retried (TF's `DeallocateFreeRegions`); if it still fails, they stay released. Growth off
 //! (TensorFlow's default): the whole limit is reserved when the device is created.
 //!
-//! On a software adapter (lavapipe, llvmpipe) a region is host memory; the driver maps it but the
+//! On a software adapter (lavapipe, llvmpipe) a region is host memory. Lavapipe maps it and the
 //! kernel commits pages only when they are first written, so a large reservation costs address
-//! space rather than RAM until tensors fill it.
+//! space rather than RAM until tensors fill it. Llvmpipe's GL driver zero-fills a buffer when it
+//! is created (1 GiB: ~0.8 s and 1 GiB of RAM at every start), and a GL driver aborts rather than
+//! report a refusal, so reserving there up front guarantees nothing: with
+//! [`ArenaConfig::lazy_regions`] the regions are reserved in the bookkeeping at once (the figures
+//! are TensorFlow's) and each region's buffer is created when its first block is allocated.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +41,9 @@ pub(crate) struct ArenaConfig {
     pub(crate) max_region: u64,
     /// The adapter's min_storage_buffer_offset_alignment.
     pub(crate) alignment: u64,
+    /// Create a region's buffer when its first block is allocated rather than when the region
+    /// is reserved (see the module's docs).
+    pub(crate) lazy_regions: bool,
     /// `ANYGPU_MEMORY_LOG=1`: log each region grown or released at info level.
     pub(crate) log_regions: bool,
     /// Counts the regions released, shared with the adapter's context: its cache of bind groups
@@ -53,6 +60,7 @@ pub(crate) struct Arena {
 
 struct ArenaState {
     bfc: Bfc,
+    /// Each region's buffer; a lazy region has none until its first block is allocated.
     buffers: HashMap<RegionId, wgpu::Buffer>,
     /// Size of the next region to add under growth.
     next_region: u64,
@@ -131,34 +139,24 @@ impl Arena {
         let mut left = self.config.limit / align * align;
         while left > 0 {
             let size = left.min(self.config.max_region);
-            self.add_region(&mut state, size)?;
+            self.add_region(&mut state, size, !self.config.lazy_regions)?;
             left -= size;
         }
         Ok(())
     }
 
-    fn add_region(&self, state: &mut ArenaState, size: u64) -> Result<RegionId> {
+    /// Adds a region of `size` bytes to the bookkeeping, and with `create` its buffer.
+    fn add_region(&self, state: &mut ArenaState, size: u64, create: bool) -> Result<RegionId> {
         let id = state
             .bfc
             .add_region(size)
             .map_err(|_| self.exhausted(&state.bfc, size, None))?;
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(&self.config.allocator),
-            size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        if let Some(err) = pollster::block_on(scope.pop()) {
-            // The new region is empty, so this removes it (and any other empty one) again.
-            self.release_empty(state);
-            return Err(Error::ResourceExhausted(format!(
-                "the driver refused a region of {} for {}: {err}",
-                format_bytes(size),
-                self.config.device
-            )));
+        if create {
+            if let Err(err) = self.create_buffer(state, id, size) {
+                // The new region is empty, so this removes it (and any other empty one) again.
+                self.release_empty(state);
+                return Err(err);
+            }
         }
         if self.config.log_regions {
             log::info!(
@@ -176,8 +174,34 @@ impl Arena {
                 format_bytes(size)
             );
         }
-        state.buffers.insert(id, buffer);
         Ok(id)
+    }
+
+    /// Creates region `id`'s buffer of `size` bytes, or says that the driver refused it.
+    fn create_buffer(
+        &self,
+        state: &mut ArenaState,
+        id: RegionId,
+        size: u64,
+    ) -> Result<wgpu::Buffer> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(&self.config.allocator),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(Error::ResourceExhausted(format!(
+                "the driver refused a region of {} for {}: {err}",
+                format_bytes(size),
+                self.config.device
+            )));
+        }
+        state.buffers.insert(id, buffer.clone());
+        Ok(buffer)
     }
 
     /// Allocates `bytes`; `what` describes the tensor for the error message
@@ -185,8 +209,9 @@ impl Arena {
     ///
     /// # Errors
     /// `ResourceExhausted` (TensorFlow's OOM message plus the arena's figures) when the request
-    /// does not fit under the limit now; `TooLarge` when it exceeds what one storage binding of
-    /// the adapter can cover, so no arena could ever hold it. Either way no live allocation
+    /// does not fit under the limit now, or when the driver refuses a lazy region's buffer;
+    /// `TooLarge` when it exceeds what one storage binding of the adapter can cover, so no arena
+    /// could ever hold it. Either way no live allocation
     /// moves and the statistics are unchanged; under growth, regions that were empty may have
     /// been released while making room (TF's `DeallocateFreeRegions` does the same).
     pub(crate) fn allocate(self: &Arc<Self>, bytes: u64, what: Option<&str>) -> Result<Allocation> {
@@ -221,13 +246,27 @@ impl Arena {
         let buffer = if block.size == 0 {
             None
         } else {
-            state.buffers.get(&block.region).cloned()
+            Some(self.region_buffer(&mut state, block)?)
         };
         Ok(Allocation {
             arena: Arc::clone(self),
             block,
             buffer,
         })
+    }
+
+    /// The buffer of `block`'s region, created now if the region is lazy and has none yet; if
+    /// the driver refuses it, `block` is freed again and the error says so.
+    fn region_buffer(&self, state: &mut ArenaState, block: Block) -> Result<wgpu::Buffer> {
+        if let Some(buffer) = state.buffers.get(&block.region) {
+            return Ok(buffer.clone());
+        }
+        let size = state
+            .bfc
+            .region_size(block.region)
+            .expect("a block's region is in the bookkeeping");
+        self.create_buffer(state, block.region, size)
+            .inspect_err(|_| state.bfc.free(block))
     }
 
     fn grow_and_allocate(
@@ -258,7 +297,7 @@ impl Arena {
             let size =
                 size.min(self.config.max_region) / self.config.alignment * self.config.alignment;
             if size >= rounded {
-                self.add_region(state, size)?;
+                self.add_region(state, size, true)?;
                 // TF's Extend: a region enlarged to fit a request is followed by one of the same
                 // size; otherwise the next one doubles.
                 let following = if enlarged {

@@ -596,6 +596,11 @@ impl Bfc {
         c.peak_bytes_reserved = c.bytes_reserved;
     }
 
+    /// The size of region `id`, if it is one.
+    pub(crate) fn region_size(&self, id: RegionId) -> Option<u64> {
+        self.regions.get(&id).map(|r| r.size)
+    }
+
     /// Region ids and sizes in creation order.
     pub(crate) fn regions(&self) -> Vec<(RegionId, u64)> {
         self.regions.iter().map(|(&id, r)| (id, r.size)).collect()

@@ -14,8 +14,9 @@ use super::{KindFilter, PlacementCallback, PlacementRecord, Runtime};
 
 /// Memory budget of a GPU whose backend reports no memory size (Metal, DX12, GL), unless
 /// `ANYGPU_GPU_MEMORY_LIMIT_MB` says otherwise. Modest on purpose: without memory growth the
-/// whole budget is reserved at initialization, and GL drivers commit what they reserve
-/// (llvmpipe: 1 GiB of host memory, about 2.5 s).
+/// whole budget is reserved at initialization, and a GL driver commits what it reserves
+/// (llvmpipe's regions are created as tensors arrive instead: 1 GiB would take ~0.8 s and
+/// 1 GiB of host memory at every start).
 pub const DEFAULT_GPU_MEMORY_LIMIT_MB: u64 = 1024;
 
 /// One virtual device cut from a physical one (`tf.config.LogicalDeviceConfiguration`).

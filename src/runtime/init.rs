@@ -231,6 +231,9 @@ impl Runtime {
                         },
                         max_region: l.max_storage_buffer_binding_size.min(l.max_buffer_size),
                         alignment: u64::from(l.min_storage_buffer_offset_alignment),
+                        // llvmpipe's GL regions: see the arena's docs.
+                        lazy_regions: ctx.adapter.info.device_type == wgpu::DeviceType::Cpu
+                            && ctx.adapter.info.backend == wgpu::Backend::Gl,
                         log_regions,
                         released: ctx.regions_released(),
                     },
