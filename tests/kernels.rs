@@ -1528,15 +1528,20 @@ fn products_with_more_row_tiles_than_a_grid_dimension_are_whole() {
     // 65,535 workgroups per grid dimension: 64-row tiles stop at 4,194,240 rows (a 1×1
     // convolution of a batch of 128 at 184×184), 128-row tiles at twice that. A 64-row and a
     // 128-row vec4 kernel and a scalar one (all tiled kernels fold rows alike, `row_tile`),
-    // forced in turn, over one row more than 128-row tiles can cover (k = n = 4 for the vec4
-    // kernels: just under lavapipe's 128 MiB binding; k = n = 3 for the scalar one); every
-    // 1,021st row against the f64 reference.
+    // forced in turn, each over one row more than its tiles can cover in one dimension (k = n =
+    // 4 for the vec4 kernels: just under lavapipe's 128 MiB binding; k = n = 3 for the scalar
+    // one); every 1,021st row against the f64 reference.
     let _g = serial();
-    let m = 128 * 65_535 + 1;
-    let x = random_vec(m * 4, 7400);
+    let most = 128 * 65_535 + 1;
+    let x = random_vec(most * 4, 7400);
     let w = random_vec(16, 7401);
-    for (candidate, kn) in [("tile64_v4", 4), ("tall_16x8", 4), ("tall", 3)] {
+    for (candidate, tile_rows, kn) in [
+        ("tile64_v4", 64, 4),
+        ("tall_16x8", 128, 4),
+        ("tall", 128, 3),
+    ] {
         let (_rt, gpus) = forced(candidate);
+        let m = tile_rows * 65_535 + 1;
         let (x, w) = (&x[..m * kn], &w[..kn * kn]);
         for dev in &gpus {
             let y = put(dev, x, &[m, kn]).matmul(&put(dev, w, &[kn, kn]));
