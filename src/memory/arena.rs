@@ -211,9 +211,9 @@ impl Arena {
     /// `ResourceExhausted` (TensorFlow's OOM message plus the arena's figures) when the request
     /// does not fit under the limit now, or when the driver refuses a lazy region's buffer;
     /// `TooLarge` when it exceeds what one storage binding of the adapter can cover, so no arena
-    /// could ever hold it. Either way no live allocation
-    /// moves and the statistics are unchanged; under growth, regions that were empty may have
-    /// been released while making room (TF's `DeallocateFreeRegions` does the same).
+    /// could ever hold it. Either way no live allocation moves and the statistics are unchanged;
+    /// under growth, regions that were empty may have been released while making room (TF's
+    /// `DeallocateFreeRegions` does the same).
     pub(crate) fn allocate(self: &Arc<Self>, bytes: u64, what: Option<&str>) -> Result<Allocation> {
         let mut state = self.lock();
         let rounded = state.bfc.rounded(bytes);

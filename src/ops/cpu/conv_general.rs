@@ -3,16 +3,15 @@
 //! multiplier or 'valid' padding (see [`ConvGeometry`]: a depthwise convolution is a grouped one
 //! with one input channel per group).
 //!
-//! A full convolution (one group) without dilation runs on the implicit-GEMM kernels of
-//! [`strided`] where they fit (channels in whole 8-lane vectors; AVX2 for the forward pass,
-//! AVX-512 for the gradients). Otherwise it goes
-//! through an im2col per image into the gemm crate: the patches `[oh*ow, kh*kw*c_in]` times
-//! the kernel `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ` scattered back (col2im) for the
-//! input gradient, `patchesᵀ · dz` summed over the images for the kernel's. Grouped
-//! convolutions (depthwise) have a few taps per output: direct loops. Images run in parallel,
-//! a few to a task where one image alone makes a short product (their patches stacked into one
-//! matrix); the kernel gradients are summed per task in a fixed order ([`ordered_sums`]), so a
-//! run gives the same bits every time.
+//! A full convolution (one group) without dilation runs on the implicit-GEMM kernels of [`strided`]
+//! where they fit (channels in whole 8-lane vectors; AVX2 for the forward pass, AVX-512 for the
+//! gradients). Otherwise it goes through an im2col per image into the gemm crate: the patches
+//! `[oh*ow, kh*kw*c_in]` times the kernel `[kh*kw*c_in, c_out]` forward, `dz · kernelᵀ` scattered
+//! back (col2im) for the input gradient, `patchesᵀ · dz` summed over the images for the kernel's.
+//! Grouped convolutions (depthwise) have a few taps per output: direct loops. Images run in
+//! parallel, a few to a task where one image alone makes a short product (their patches stacked
+//! into one matrix); the kernel gradients are summed per task in a fixed order ([`ordered_sums`]),
+//! so a run gives the same bits every time.
 
 use rayon::prelude::*;
 

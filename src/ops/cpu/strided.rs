@@ -1,5 +1,6 @@
 //! Strided convolutions (one group, no dilation) on the implicit-GEMM kernels of
-//! [`implicit`](super::implicit), under AVX-512: no patch matrix is written.
+//! [`implicit`](super::implicit), the forward pass under AVX2 or AVX-512, the gradients under
+//! AVX-512 (see [`fits_forward`] and [`fits_kernel_grad`]): no patch matrix is written.
 //!
 //! * The forward pass and the kernel gradient read each output pixel's patch in place from a
 //!   zero-padded copy of its image: `kh` runs of `kw * c_in` values, one per kernel row.
