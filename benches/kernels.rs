@@ -19,65 +19,19 @@
 //! WGPU_BACKEND=vulkan cargo bench --bench kernels -- --quick
 //! ```
 
+#[path = "common/devices.rs"]
+mod devices;
+
 use std::time::{Duration, Instant};
 
 use anygpu::ops::reference::random_vec;
 use anygpu::ops::spec::{Activation, AdamParams, ConvOptions, Padding};
 use anygpu::ops::{self};
-use anygpu::{DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
+use anygpu::{DeviceKind, LogicalDevice, Runtime, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 const BATCH: usize = 128;
 const ACT: Activation = Activation::Relu;
-
-/// `cpu0`, `gpu0-lavapipe`, `gpu1-llvmpipe`, ...
-fn tag(dev: &LogicalDevice) -> String {
-    match dev.device_type() {
-        DeviceKind::Cpu => format!("cpu{}", dev.index()),
-        DeviceKind::Gpu => {
-            let first = dev
-                .adapter_name()
-                .split(|c: char| !c.is_alphanumeric())
-                .next()
-                .unwrap_or("gpu")
-                .to_lowercase();
-            // Mesa's Vulkan software driver reports itself as llvmpipe; it is lavapipe.
-            let name = if first == "llvmpipe" && dev.backend() == Some(wgpu::Backend::Vulkan) {
-                "lavapipe".to_string()
-            } else {
-                first
-            };
-            format!("gpu{}-{name}", dev.index())
-        }
-    }
-}
-
-/// The devices to run on: all, or those `ANYGPU_BENCH_DEVICES` (`cpu,gpu0`) names.
-fn devices(rt: &Runtime) -> Vec<LogicalDevice> {
-    let all = rt
-        .list_logical_devices(KindFilter::All)
-        .expect("devices are listed");
-    let Ok(filter) = std::env::var("ANYGPU_BENCH_DEVICES") else {
-        return all;
-    };
-    let wanted: Vec<String> = filter
-        .split(',')
-        .map(|s| s.trim().to_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
-    all.into_iter()
-        .filter(|d| {
-            let kind = match d.device_type() {
-                DeviceKind::Cpu => "cpu",
-                DeviceKind::Gpu => "gpu",
-            };
-            let short = format!("{kind}{}", d.index());
-            wanted
-                .iter()
-                .any(|w| *w == kind || *w == short || tag(d) == *w)
-        })
-        .collect()
-}
 
 fn put(dev: &LogicalDevice, shape: &[usize], seed: u64, scale: f32) -> Tensor {
     let len: usize = shape.iter().product();
@@ -118,7 +72,7 @@ fn bench(
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .throughput(throughput);
-    group.bench_function(BenchmarkId::new(mode, tag(dev)), |b| {
+    group.bench_function(BenchmarkId::new(mode, devices::tag(dev)), |b| {
         b.iter_custom(|iters| {
             let _s = dev.scope();
             timed(dev, iters, &mut f)
@@ -398,11 +352,11 @@ fn kernels(c: &mut Criterion) {
         .soft_device_placement(false)
         .build()
         .expect("runtime");
-    for dev in devices(&rt) {
+    for dev in devices::selected(&rt) {
         eprintln!(
             "benchmarking {} as {} ({})",
             dev.name(),
-            tag(&dev),
+            devices::tag(&dev),
             dev.adapter_name()
         );
         conv2d_first_layer(c, &dev);

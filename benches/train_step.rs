@@ -10,63 +10,22 @@
 //!
 //! ```text
 //! cargo bench --bench train_step
-//! ANYGPU_BENCH_DEVICES=cpu0 cargo bench --bench train_step
+//! ANYGPU_BENCH_DEVICES=cpu cargo bench --bench train_step        # only CPU:0
 //! WGPU_BACKEND=vulkan cargo bench --bench train_step -- gpu0
 //! ```
 
 mod common;
+#[path = "common/devices.rs"]
+mod devices;
 
 use std::time::Duration;
 
 use anygpu::nn::{self, Loss, Metric, Sgd, Verbosity};
 use anygpu::ops::reference::random_vec;
-use anygpu::{DeviceKind, KindFilter, LogicalDevice, Runtime, Tensor};
+use anygpu::{DeviceKind, Runtime, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 const BATCH: usize = 128;
-
-/// `cpu0`, `gpu0-lavapipe`, `gpu1-llvmpipe`, ...: the device and the first word of its adapter.
-fn tag(dev: &LogicalDevice) -> String {
-    match dev.device_type() {
-        DeviceKind::Cpu => format!("cpu{}", dev.index()),
-        DeviceKind::Gpu => {
-            let word = dev
-                .adapter_name()
-                .split(|c: char| !c.is_alphanumeric())
-                .next()
-                .unwrap_or("gpu")
-                .to_lowercase();
-            // Mesa's Vulkan software driver calls itself llvmpipe; it is lavapipe.
-            let word = if word == "llvmpipe" && dev.backend() == Some(wgpu::Backend::Vulkan) {
-                "lavapipe".to_string()
-            } else {
-                word
-            };
-            format!("gpu{}-{word}", dev.index())
-        }
-    }
-}
-
-/// Every logical device, or those `ANYGPU_BENCH_DEVICES` (`cpu0,gpu0`) names.
-fn devices(rt: &Runtime) -> Vec<LogicalDevice> {
-    let all = rt
-        .list_logical_devices(KindFilter::All)
-        .expect("the runtime lists its devices");
-    match std::env::var("ANYGPU_BENCH_DEVICES") {
-        Err(_) => all,
-        Ok(filter) => {
-            let wanted: Vec<String> = filter.split(',').map(|s| s.trim().to_lowercase()).collect();
-            all.into_iter()
-                .filter(|d| {
-                    let t = tag(d);
-                    wanted
-                        .iter()
-                        .any(|w| t == *w || t.starts_with(&format!("{w}-")))
-                })
-                .collect()
-        }
-    }
-}
 
 fn train_step(c: &mut Criterion) {
     // Soft placement off: a layer op the device cannot run fails the benchmark instead of
@@ -76,7 +35,7 @@ fn train_step(c: &mut Criterion) {
         .soft_device_placement(false)
         .build()
         .expect("a runtime with memory growth builds");
-    for device in devices(&rt) {
+    for device in devices::selected(&rt) {
         let mut model =
             nn::tutorial_cnn(42, std::slice::from_ref(&device)).expect("the model builds");
         model
@@ -99,7 +58,7 @@ fn train_step(c: &mut Criterion) {
             && device.adapter_name().to_lowercase().contains("llvmpipe");
         common::time_train_steps(
             c,
-            &format!("train_step/{}", tag(&device)),
+            &format!("train_step/{}", devices::tag(&device)),
             "tutorial_cnn_batch128_sgd",
             Duration::from_secs(if slow { 40 } else { 5 }),
             &mut model,
