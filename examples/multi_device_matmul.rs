@@ -13,7 +13,7 @@
 //! [[66, 84], [147, 192]]
 //! ```
 
-use anygpu::{config, DeviceKind, LogicalDeviceConfiguration, Tensor};
+use anygpu::{config, DeviceKind, Error, LogicalDeviceConfiguration, Tensor};
 use clap::Parser;
 
 /// Matmul on every logical GPU, add_n on the CPU.
@@ -38,10 +38,17 @@ fn main() -> anygpu::Result<()> {
     let args = Args::parse();
     let gpus = config::list_physical_devices(DeviceKind::Gpu);
     if let Some(indices) = &args.visible {
-        let picked: Vec<_> = indices
+        let picked = indices
             .iter()
-            .filter_map(|&i| gpus.get(i).cloned())
-            .collect();
+            .map(|&i| {
+                gpus.get(i).cloned().ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "--visible {i}: there are {} physical GPUs",
+                        gpus.len()
+                    ))
+                })
+            })
+            .collect::<anygpu::Result<Vec<_>>>()?;
         config::set_visible_devices(&picked, DeviceKind::Gpu)?;
     }
     let visible = config::get_visible_devices(DeviceKind::Gpu);
