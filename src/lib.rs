@@ -67,7 +67,9 @@
 //! (lavapipe, llvmpipe, WARP: wgpu's `DeviceType::Cpu`) are listed and run anything you place
 //! on them, but never become the default: on the same cores `CPU:0`'s native kernels are
 //! faster. Name them (a device scope, [`LogicalDevice::scope`], `Tensor::from_slice_on`) to
-//! use them. See [`Runtime::default_device`]. `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS=1` (or
+//! use them; [`distribute::MirroredStrategy::new`] takes every logical GPU, software ones
+//! included, as TF's `MirroredStrategy()` takes every GPU it lists. See
+//! [`Runtime::default_device`]. `ANYGPU_SOFTWARE_ADAPTERS_AS_GPUS=1` (or
 //! [`RuntimeBuilder::software_adapters_as_gpus`]) counts them as GPUs, as TensorFlow counts
 //! its GPUs: then TF's own default and soft-placement rules run on software adapters (CI).
 //!

@@ -50,7 +50,8 @@ pub struct Args {
     /// Log where ops run while the model is created and for one forward/backward pass.
     #[arg(long)]
     pub log_placement: bool,
-    /// `cpu` or `gpu:N`; default GPU:0 when a GPU is visible, else CPU:0.
+    /// `cpu` or `gpu:N`; default GPU:0 when a hardware GPU is visible, else CPU:0 (also when
+    /// every GPU is a software adapter, whose kernels run slower than CPU:0's).
     #[arg(long)]
     pub device: Option<String>,
     /// Training epochs; default 10 (the tutorial's), 12 for --model modern (fewer when

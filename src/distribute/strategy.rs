@@ -100,7 +100,10 @@ impl MirroredStrategy {
     /// Every visible logical GPU of the process-wide runtime ([`crate::config`]) as a replica
     /// — virtual GPUs count — or every logical CPU when there is none
     /// (`tf.distribute.MirroredStrategy()`, TF's `all_local_devices`). A GPU marked
-    /// unavailable at initialization is left out.
+    /// unavailable at initialization is left out. Software adapters count as the GPUs they are
+    /// listed as, unlike for default placement: on a machine whose only GPUs are lavapipe and
+    /// llvmpipe, pass `&[cpu]` to [`with_devices`](MirroredStrategy::with_devices) to train on
+    /// `CPU:0`, whose kernels are faster on the same cores.
     ///
     /// # Errors
     /// The runtime's initialization errors.

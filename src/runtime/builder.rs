@@ -33,7 +33,9 @@ pub struct RuntimeBuilder {
 
 impl RuntimeBuilder {
     /// Overrides an environment variable for this runtime only (`None` = unset), so tests can
-    /// exercise `ANYGPU_*` and `WGPU_BACKEND` without touching the process environment.
+    /// exercise `ANYGPU_*` and `WGPU_BACKEND` without touching the process environment. The
+    /// CPU kernels' `ANYGPU_NAN_TRAP`, `ANYGPU_CPU_SIMD` and `ANYGPU_WINOGRAD` are the
+    /// process's, read from its environment alone (docs/environment.md).
     pub fn env(mut self, key: &str, value: Option<&str>) -> Self {
         self.env.insert(key.to_string(), value.map(str::to_string));
         self

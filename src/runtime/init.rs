@@ -27,7 +27,8 @@ pub(super) struct Growth {
 }
 
 /// Budget of a whole physical GPU without `ANYGPU_GPU_MEMORY_LIMIT_MB`: the reported device
-/// memory less TensorFlow's system reserve, else [`DEFAULT_GPU_MEMORY_LIMIT_MB`].
+/// memory less a system reserve after TensorFlow's ([`system_reserve`]), else
+/// [`DEFAULT_GPU_MEMORY_LIMIT_MB`].
 fn physical_budget(adapter: &AdapterEntry) -> u64 {
     match adapter.memory_bytes {
         Some(total) => total.saturating_sub(system_reserve(total)).max(1 << 20),
@@ -35,8 +36,11 @@ fn physical_budget(adapter: &AdapterEntry) -> u64 {
     }
 }
 
-/// TensorFlow's reserve for the system on a device of `total` bytes: 225 MiB below 2 GiB, 500 MiB
-/// below 4 GiB, 1 GiB below 16 GiB, 1.8 GiB above.
+/// The memory left to the system on a device of `total` bytes. TensorFlow's `MinSystemMemory`
+/// leaves 225 MiB below 2 GiB, and otherwise 500, 1050, 1536 or 1800 MiB by CUDA compute
+/// capability (up to 6.x, 7.x, 8.x, 9.0 on), which no wgpu adapter reports: here the device's
+/// size stands in for its generation, with TF's amounts: 225 MiB below 2 GiB, 500 MiB below
+/// 4 GiB, 1050 MiB below 16 GiB, 1800 MiB from there.
 fn system_reserve(total: u64) -> u64 {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
@@ -44,7 +48,7 @@ fn system_reserve(total: u64) -> u64 {
         t if t < 2 * GIB => 225 * MIB,
         t if t < 4 * GIB => 500 * MIB,
         t if t < 16 * GIB => 1050 * MIB,
-        _ => 1843 * MIB,
+        _ => 1800 * MIB,
     }
 }
 
@@ -159,7 +163,8 @@ impl Runtime {
                         let mib = c.memory_limit.unwrap_or(0);
                         mib_to_bytes(mib).map(|bytes| (bytes, true)).ok_or_else(|| {
                             Error::InvalidArgument(format!(
-                                "memory_limit of {mib} MiB is 2^64 bytes or more"
+                                "memory_limit of {mib} MiB for a virtual device of physical \
+                                 GPU {physical_index} is 2^64 bytes or more"
                             ))
                         })
                     })
