@@ -17,8 +17,8 @@ use std::sync::Arc;
 use anygpu::data::Dataset;
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
-    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Optimizer,
-    Sequential, Sgd, Verbosity,
+    Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Metric,
+    Optimizer, Sequential, Sgd, Verbosity,
 };
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
@@ -53,7 +53,9 @@ fn model(
     .unwrap();
     m.add_on(upper, Dense::new(3).activation(Activation::Softmax))
         .unwrap();
-    m.compile(Loss::sparse_categorical_crossentropy(), optimizer, &[])
+    // A metric besides accuracy, so that a resume has its series to restore too.
+    let top2 = Metric::SparseTopKCategoricalAccuracy { k: 2 };
+    m.compile(Loss::sparse_categorical_crossentropy(), optimizer, &[top2])
         .unwrap();
     (m, fail)
 }
@@ -262,6 +264,17 @@ fn resume_matches_uninterrupted(steps_per_epoch: Option<usize>, prefetch: bool, 
     assert_eq!(history.val_loss, expected.val_loss, "{name}");
     assert_eq!(history.steps, expected.steps, "{name}");
     assert!(
+        expected
+            .metrics
+            .contains_key("val_sparse_top_k_categorical_accuracy"),
+        "{name}: {:?}",
+        expected.metrics.keys()
+    );
+    assert_eq!(
+        history.metrics, expected.metrics,
+        "{name}: every other metric, each epoch in its place"
+    );
+    assert!(
         !backup.has_checkpoint(),
         "the checkpoint is deleted once every epoch ran"
     );
@@ -401,7 +414,9 @@ fn a_fit_that_fails_in_an_epoch_keeps_the_history_of_the_epochs_before() {
         4,
         "a header and one row per finished epoch:\n{rows}"
     );
-    assert!(rows.starts_with("epoch,loss,val_loss\n0,"), "{rows}");
+    let header = "epoch,loss,sparse_top_k_categorical_accuracy,val_loss,\
+                  val_sparse_top_k_categorical_accuracy\n0,";
+    assert!(rows.starts_with(header), "{rows}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -173,9 +173,12 @@ impl Callback for BackupAndRestore {
     }
 }
 
-/// The history's series, by tensor name.
-fn history_series(h: &History) -> [(&'static str, Vec<f64>); 8] {
-    [
+/// Where the history's other metrics go: `history/metrics/<Keras key>`.
+const METRICS_PREFIX: &str = "history/metrics/";
+
+/// The history's series, by tensor name: the fixed ones, then every other metric's.
+fn history_series(h: &History) -> Vec<(String, Vec<f64>)> {
+    let fixed = [
         ("history/loss", h.loss.clone()),
         ("history/accuracy", h.accuracy.clone()),
         ("history/val_loss", h.val_loss.clone()),
@@ -184,7 +187,16 @@ fn history_series(h: &History) -> [(&'static str, Vec<f64>); 8] {
         ("history/images_per_second", h.images_per_second.clone()),
         ("history/steps", h.steps.iter().map(|&s| s as f64).collect()),
         ("history/learning_rate", h.learning_rate.clone()),
-    ]
+    ];
+    let metrics = h
+        .metrics
+        .iter()
+        .map(|(key, series)| (format!("{METRICS_PREFIX}{key}"), series.clone()));
+    fixed
+        .into_iter()
+        .map(|(name, series)| (name.to_string(), series))
+        .chain(metrics)
+        .collect()
 }
 
 fn optimizer_description(model: &Sequential) -> String {
@@ -208,7 +220,7 @@ fn save(
         blobs.push(Blob::from_tensor(format!("optimizer/{name}"), t)?);
     }
     for (name, series) in history_series(model.history()) {
-        blobs.push(Blob::f64s(name, &series));
+        blobs.push(Blob::f64s(&name, &series));
     }
     let opt = |v: Option<u64>| v.map(|p| p.to_string()).unwrap_or_default();
     let metadata = HashMap::from([
@@ -425,6 +437,21 @@ pub(crate) fn restore(
             .collect();
         // Written only by versions that log the learning rate.
         history.learning_rate = series("history/learning_rate").unwrap_or_default();
+        // The other metrics' series (none in files written before they were kept), each at
+        // most one value an epoch: a longer one would put values against the wrong epochs.
+        for name in file.names() {
+            let Some(key) = name.strip_prefix(METRICS_PREFIX) else {
+                continue;
+            };
+            let values = series(name)?;
+            if values.len() > epochs_done {
+                return Err(err(format!(
+                    "'{name}' has {} values for {epochs_done} epochs",
+                    values.len()
+                )));
+            }
+            history.metrics.insert(key.to_string(), values);
+        }
     }
     if history.epochs() != epochs_done {
         return Err(err(format!(
