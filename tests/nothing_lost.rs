@@ -18,7 +18,7 @@ use anygpu::data::Dataset;
 use anygpu::distribute::MirroredStrategy;
 use anygpu::nn::{
     Activation, Adam, BackupAndRestore, Callback, CsvLogger, Dense, FitContext, Loss, Metric,
-    Optimizer, Sequential, Sgd, Verbosity,
+    ModelCheckpoint, Optimizer, Sequential, Sgd, Verbosity,
 };
 use anygpu::{Error, LogicalDevice, Runtime, Tensor};
 
@@ -547,6 +547,51 @@ fn a_checkpoint_holding_nan_or_an_impossible_position_is_refused() {
     };
     assert!(
         err.contains("batches were taken") && err.contains("corrupt"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn model_checkpoint_names_each_epochs_file_from_its_logs() {
+    let rt = cpu_runtime(1);
+    let cpu = rt.cpu().unwrap();
+    let (mut m, _) = model(&cpu, &cpu, Adam::new(0.02).into());
+    m.set_verbose(Verbosity::Silent);
+    let dir = scratch("model-checkpoint");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = dir.join("w-{epoch:02d}-{val_loss:.3f}.safetensors");
+    let mut checkpoint = ModelCheckpoint::new(&pattern);
+    let history = m
+        .fit_with_callbacks(
+            &dataset(false),
+            2,
+            None,
+            Some(&validation()),
+            &mut [&mut checkpoint],
+        )
+        .unwrap();
+    for (epoch, val_loss) in history.val_loss.iter().enumerate() {
+        let name = format!("w-{:02}-{val_loss:.3}.safetensors", epoch + 1);
+        assert!(
+            dir.join(&name).is_file(),
+            "{name} in {:?}",
+            std::fs::read_dir(&dir)
+        );
+    }
+    // The last file holds the trained weights.
+    let last = format!("w-02-{:.3}.safetensors", history.val_loss[1]);
+    let (mut fresh, _) = model(&cpu, &cpu, Adam::new(0.02).into());
+    fresh.load_weights(dir.join(last)).unwrap();
+    assert_eq!(fresh.get_weights().unwrap(), m.get_weights().unwrap());
+
+    // A key the logs lack fails the fit with the key named, Keras' KeyError.
+    let mut wrong = ModelCheckpoint::new(dir.join("w-{val_auc}.safetensors"));
+    let err = m
+        .fit_with_callbacks(&dataset(false), 1, None, None, &mut [&mut wrong])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no 'val_auc' in the logs"),
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);

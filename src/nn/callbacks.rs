@@ -259,13 +259,24 @@ impl FitContext<'_> {
 /// `ModelCheckpoint(filepath, save_weights_only=True)`), atomically, with
 /// [`Sequential::save_weights`].
 ///
-/// `{epoch}` in the file name becomes the epoch's number (1-based, as Keras formats it), so
-/// every epoch keeps its own file; without it, each save replaces the last.
+/// The file name is formatted as Keras' `filepath.format(epoch=epoch + 1, **logs)` is: `{epoch}`
+/// becomes the epoch's number (1-based), `{val_loss}` or any other key of the epoch's logs its
+/// value, with Python's format specs for widths and precisions (`{epoch:02d}`,
+/// `{val_loss:.2f}`, `{loss:.3e}`), so every epoch keeps its own file; without a
+/// placeholder, each save replaces the last. A key the logs do not have fails the save with
+/// an error naming it and the keys there are (Keras' `KeyError`).
+///
+/// Differences from Keras: the weights are saved after every epoch (no `monitor`,
+/// `save_best_only`, `mode` or `save_freq` in steps); `EarlyStopping(restore_best_weights)`
+/// keeps the best epoch's weights instead.
 ///
 /// ```
 /// use anygpu::nn::ModelCheckpoint;
-/// let every = ModelCheckpoint::new("runs/weights-{epoch}.safetensors");
-/// assert_eq!(every.path_for(3), std::path::Path::new("runs/weights-3.safetensors"));
+/// let every = ModelCheckpoint::new("runs/weights-{epoch:02d}-{val_loss:.2f}.safetensors");
+/// let logs = |key: &str| (key == "val_loss").then_some(0.2951);
+/// let path = every.path_for(3, logs)?;
+/// assert_eq!(path, std::path::Path::new("runs/weights-03-0.30.safetensors"));
+/// # Ok::<(), anygpu::Error>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ModelCheckpoint {
@@ -280,9 +291,121 @@ impl ModelCheckpoint {
         }
     }
 
-    /// The file written after epoch `epoch` (1-based).
-    pub fn path_for(&self, epoch: usize) -> PathBuf {
-        PathBuf::from(self.filepath.replace("{epoch}", &epoch.to_string()))
+    /// The file written after epoch `epoch` (1-based), the other placeholders read from
+    /// `logs` (a key's value after that epoch, as [`History::last`] gives it).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a placeholder that is not closed, names a key `logs` has no
+    /// value for, or has a format spec this formatter does not know.
+    pub fn path_for(&self, epoch: usize, logs: impl Fn(&str) -> Option<f64>) -> Result<PathBuf> {
+        let invalid = |what: String| {
+            Error::InvalidArgument(format!(
+                "ModelCheckpoint filepath '{}': {what}",
+                self.filepath
+            ))
+        };
+        let mut out = String::with_capacity(self.filepath.len());
+        let mut rest = self.filepath.as_str();
+        while let Some(open) = rest.find(['{', '}']) {
+            out.push_str(&rest[..open]);
+            let (brace, after) = (&rest[open..=open], &rest[open + 1..]);
+            // `{{` and `}}` are literal braces, as in Python.
+            if after.starts_with(brace) {
+                out.push_str(brace);
+                rest = &after[1..];
+                continue;
+            }
+            if brace == "}" {
+                return Err(invalid(
+                    "a '}' without its '{' (write '}}' for a brace)".into(),
+                ));
+            }
+            let close = after
+                .find('}')
+                .ok_or_else(|| invalid("a '{' without its '}' (write '{{' for a brace)".into()))?;
+            let (key, spec) = after[..close]
+                .split_once(':')
+                .unwrap_or((&after[..close], ""));
+            let value =
+                match key {
+                    "epoch" => Value::Int(epoch as i64),
+                    key => Value::Float(logs(key).ok_or_else(|| {
+                        invalid(format!("no '{key}' in the logs of epoch {epoch}"))
+                    })?),
+                };
+            out.push_str(
+                &value
+                    .format(spec)
+                    .map_err(|e| invalid(format!("{{{key}:{spec}}}: {e}")))?,
+            );
+            rest = &after[close + 1..];
+        }
+        out.push_str(rest);
+        Ok(PathBuf::from(out))
+    }
+}
+
+/// A value a file name's placeholder formats.
+enum Value {
+    Int(i64),
+    Float(f64),
+}
+
+impl Value {
+    /// The value under a Python format spec `[0][width][.precision][d|f|e]`: `d` for the
+    /// epoch, `f` or `e` for a log's value; no type gives the epoch's digits and the value's
+    /// shortest round-trip digits (Python's `str` of a float, but for its exponent form).
+    fn format(&self, spec: &str) -> std::result::Result<String, String> {
+        let (zero, spec) = match spec.strip_prefix('0') {
+            Some(rest) => (true, rest),
+            None => (false, spec),
+        };
+        let (kind, spec) = match spec.char_indices().last() {
+            Some((at, c @ ('d' | 'f' | 'e'))) => (Some(c), &spec[..at]),
+            _ => (None, spec),
+        };
+        let (width, precision) = spec.split_once('.').unwrap_or((spec, ""));
+        let number = |s: &str| -> std::result::Result<Option<usize>, String> {
+            match s {
+                "" => Ok(None),
+                s => s
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("'{s}' is not a number")),
+            }
+        };
+        let (width, precision) = (number(width)?.unwrap_or(0), number(precision)?);
+        let body = match (self, kind) {
+            (Value::Int(i), None | Some('d')) if precision.is_none() => i.to_string(),
+            (Value::Int(_), _) => return Err("the epoch takes 'd' and a width only".into()),
+            (Value::Float(_), Some('d')) => return Err("'d' is for the epoch".into()),
+            (Value::Float(v), Some('f')) => format!("{v:.*}", precision.unwrap_or(6)),
+            (Value::Float(v), Some('e')) => {
+                python_exponent(&format!("{v:.*e}", precision.unwrap_or(6)))
+            }
+            (Value::Float(v), None) if precision.is_none() => v.to_string(),
+            (Value::Float(_), _) => return Err("a value takes 'f' or 'e' with a precision".into()),
+        };
+        let pad = width.saturating_sub(body.len());
+        Ok(match (zero, body.strip_prefix('-')) {
+            (true, Some(digits)) => format!("-{}{digits}", "0".repeat(pad)),
+            (true, None) => format!("{}{body}", "0".repeat(pad)),
+            (false, _) => format!("{}{body}", " ".repeat(pad)),
+        })
+    }
+}
+
+/// Rust's `1.5e-3` as Python writes it: `1.5e-03` (a sign and at least two exponent digits).
+fn python_exponent(rust: &str) -> String {
+    match rust.split_once('e') {
+        Some((mantissa, exp)) => {
+            let (sign, digits) = match exp.strip_prefix('-') {
+                Some(d) => ('-', d),
+                None => ('+', exp),
+            };
+            format!("{mantissa}e{sign}{digits:0>2}")
+        }
+        None => rust.to_string(),
     }
 }
 
@@ -292,7 +415,11 @@ impl Callback for ModelCheckpoint {
         if !fit.model.is_chief() {
             return Ok(());
         }
-        fit.model.save_weights(self.path_for(fit.epochs_done))
+        let path = {
+            let history = fit.history();
+            self.path_for(fit.epochs_done, |key| history.last(key))?
+        };
+        fit.model.save_weights(path)
     }
 }
 
@@ -362,5 +489,62 @@ impl Callback for CsvLogger {
             return Ok(());
         }
         write_atomically(&self.path, Self::format(fit.history()).as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(filepath: &str, epoch: usize) -> Result<String> {
+        let logs = |key: &str| match key {
+            "loss" => Some(0.123456789),
+            "val_loss" => Some(1.0 / 3.0),
+            "val_accuracy" => Some(0.91875),
+            "learning_rate" => Some(0.00015),
+            _ => None,
+        };
+        let path = ModelCheckpoint::new(filepath).path_for(epoch, logs)?;
+        Ok(path.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn file_names_format_as_pythons_str_format() {
+        // Each expectation is Python's `filepath.format(epoch=..., loss=..., ...)`.
+        let cases = [
+            ("w-{epoch}.st", 7, "w-7.st"),
+            ("w-{epoch:02d}.st", 7, "w-07.st"),
+            ("w-{epoch:03}.st", 12, "w-012.st"),
+            ("w-{epoch:4d}.st", 12, "w-  12.st"),
+            ("w-{val_loss:.2f}.st", 1, "w-0.33.st"),
+            ("{epoch:02d}-{val_accuracy:.3f}", 3, "03-0.919"),
+            ("{loss:.0f}/{loss:08.3f}", 1, "0/0000.123"),
+            ("lr-{learning_rate:.2e}", 1, "lr-1.50e-04"),
+            ("lr-{learning_rate:e}", 1, "lr-1.500000e-04"),
+            ("{val_loss:f}", 1, "0.333333"),
+            ("{{epoch}}-{epoch}", 5, "{epoch}-5"),
+            ("plain.safetensors", 9, "plain.safetensors"),
+        ];
+        for (filepath, epoch, expected) in cases {
+            assert_eq!(path(filepath, epoch).unwrap(), expected, "{filepath}");
+        }
+        // Without a spec a value has its shortest round-trip digits, as Python's str.
+        assert_eq!(path("{val_accuracy}", 1).unwrap(), "0.91875");
+    }
+
+    #[test]
+    fn a_placeholder_the_logs_lack_or_a_malformed_one_is_an_error_naming_it() {
+        let message = |filepath: &str| path(filepath, 2).unwrap_err().to_string();
+        let missing = message("w-{val_auc:.2f}");
+        assert!(
+            missing.contains("no 'val_auc' in the logs of epoch 2"),
+            "{missing}"
+        );
+        assert!(missing.contains("'w-{val_auc:.2f}'"), "{missing}");
+        assert!(message("w-{epoch").contains("a '{' without its '}'"));
+        assert!(message("w-}").contains("a '}' without its '{'"));
+        assert!(message("{epoch:.2f}").contains("the epoch takes 'd'"));
+        assert!(message("{loss:d}").contains("'d' is for the epoch"));
+        assert!(message("{loss:x}").contains("'x' is not a number"));
     }
 }
