@@ -596,3 +596,36 @@ fn model_checkpoint_names_each_epochs_file_from_its_logs() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reads `key` from every epoch's logs, as EarlyStopping and ReduceLROnPlateau read it.
+struct ReadLog(&'static str, Vec<Option<f64>>);
+
+impl Callback for ReadLog {
+    fn on_epoch_end(&mut self, fit: &mut FitContext<'_>) -> anygpu::Result<()> {
+        let (value, keys) = fit.epoch_log(self.0);
+        assert!(keys.iter().any(|k| k == "val_loss"), "{keys:?}");
+        self.1.push(value);
+        Ok(())
+    }
+}
+
+#[test]
+fn monitors_read_every_compiled_metric_from_the_epoch_logs() {
+    let rt = cpu_runtime(1);
+    let cpu = rt.cpu().unwrap();
+    let (mut m, _) = model(&cpu, &cpu, Adam::new(0.02).into());
+    m.set_verbose(Verbosity::Silent);
+    let key = "val_sparse_top_k_categorical_accuracy";
+    let mut read = ReadLog(key, Vec::new());
+    let history = m
+        .fit_with_callbacks(
+            &dataset(false),
+            2,
+            None,
+            Some(&validation()),
+            &mut [&mut read],
+        )
+        .unwrap();
+    let expected: Vec<Option<f64>> = history.metrics[key].iter().copied().map(Some).collect();
+    assert_eq!(read.1, expected);
+}

@@ -215,6 +215,9 @@ impl FitContext<'_> {
     }
 
     /// Asks `fit` to stop once this epoch is done (Keras' `self.model.stop_training = True`).
+    /// Asked from `on_train_batch_end`, Keras stops at once, mid-epoch; here the epoch's
+    /// remaining steps still run (under `MultiWorkerMirroredStrategy` every worker would
+    /// have to agree on a stop at every step).
     pub fn stop_training(&mut self) {
         self.model.set_stop_training(true);
     }
@@ -232,25 +235,33 @@ impl FitContext<'_> {
     }
 
     /// The value of `key` in the last epoch's logs (`loss`, `accuracy`, `val_loss`,
-    /// `val_accuracy`, `learning_rate`), and the keys those logs have.
-    pub fn epoch_log(&self, key: &str) -> (Option<f64>, Vec<&'static str>) {
+    /// `val_accuracy`, `learning_rate`, and every other compiled metric's key, such as
+    /// `val_sparse_top_k_categorical_accuracy`), and the keys those logs have.
+    pub fn epoch_log(&self, key: &str) -> (Option<f64>, Vec<String>) {
         let history = self.model.history();
         let epochs = history.epochs();
-        let keys: Vec<&'static str> = [
+        let fixed = [
             "loss",
             "accuracy",
             "val_loss",
             "val_accuracy",
             "learning_rate",
-        ]
-        .into_iter()
-        .filter(|k| {
-            history
-                .get(k)
-                .is_some_and(|s| epochs > 0 && s.len() == epochs)
-        })
-        .collect();
-        let value = keys.contains(&key).then(|| history.last(key)).flatten();
+        ];
+        let keys: Vec<String> = fixed
+            .into_iter()
+            .map(str::to_string)
+            .chain(history.metrics.keys().cloned())
+            .filter(|k| {
+                history
+                    .get(k)
+                    .is_some_and(|s| epochs > 0 && s.len() == epochs)
+            })
+            .collect();
+        let value = keys
+            .iter()
+            .any(|k| k == key)
+            .then(|| history.last(key))
+            .flatten();
         (value, keys)
     }
 }

@@ -51,9 +51,10 @@ impl Monitor {
         let greater = match self.mode {
             MonitorMode::Min => false,
             MonitorMode::Max => true,
+            // The direction of the compiled metric, as Keras 3 takes it from the metric.
             MonitorMode::Auto => match self.monitor.strip_prefix("val_").unwrap_or(&self.monitor) {
-                "loss" => false,
-                "accuracy" => true,
+                "loss" | "mean_squared_error" | "mean_absolute_error" => false,
+                key if key.ends_with("accuracy") => true,
                 _ => {
                     return Err(Error::InvalidArgument(format!(
                         "{callback} callback received monitor={}, but Keras isn't able to \
@@ -547,6 +548,22 @@ mod tests {
         let mut e = EarlyStopping::new("val_f1");
         let mut w = || Ok(vec![]);
         assert!(e.epoch_end(0, Some(1.0), &mut w).is_err());
+        // The compiled metrics' own directions under mode auto: accuracies up, errors down.
+        let rising = s(&[0.5, 0.6, 0.7, 0.8]);
+        let mut e = EarlyStopping::new("val_sparse_top_k_categorical_accuracy").patience(1);
+        assert_eq!(
+            early(&mut e, &rising),
+            (None, 3),
+            "an accuracy improves upwards"
+        );
+        let mut e = EarlyStopping::new("mean_absolute_error").patience(1);
+        assert_eq!(
+            early(&mut e, &rising),
+            (Some(1), 0),
+            "an error improves downwards"
+        );
+        let mut e = EarlyStopping::new("val_mean_squared_error").patience(1);
+        assert_eq!(early(&mut e, &rising), (Some(1), 0));
     }
 
     /// The rate after each epoch of ReduceLROnPlateau on `series`, from `lr`.
