@@ -911,6 +911,14 @@ fn misuse_is_an_error_not_a_panic() {
             &[]
         )
         .is_err());
+    // Keras' SGD takes momentum in [0, 1], 1 included.
+    assert!(m
+        .compile(
+            Loss::SparseCategoricalCrossentropy { from_logits: true },
+            Sgd::default().momentum(1.0),
+            &[]
+        )
+        .is_ok());
     assert!("mish".parse::<Activation>().is_err());
 }
 

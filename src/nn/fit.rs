@@ -24,7 +24,8 @@ impl Sequential {
     /// Each epoch runs `steps_per_epoch` batches, or one pass over a finite dataset when it is
     /// `None`. With `steps_per_epoch`, batches continue across epochs from one iterator over
     /// the dataset, as Keras does with a repeated `tf.data` pipeline; if the dataset runs out,
-    /// a new pass starts. After each epoch the model is evaluated on `validation`.
+    /// a new pass starts within the epoch (Keras ends the epoch short there, warning that the
+    /// input ran out of data). After each epoch the model is evaluated on `validation`.
     ///
     /// The per-step loss and correct count are accumulated on the device with
     /// [`Tensor::add`](crate::Tensor::add) and read every [`set_log_every`](Sequential::set_log_every) steps and at

@@ -148,10 +148,13 @@ impl Optimizer {
             }
         };
         match self {
-            Optimizer::Sgd(s) if !unit(s.momentum) => Err(Error::InvalidArgument(format!(
-                "SGD: `momentum` must be a float between [0, 1]. Received: momentum={}",
-                s.momentum
-            ))),
+            // Keras' own range, 1 included (a momentum that never decays).
+            Optimizer::Sgd(s) if !(0.0..=1.0).contains(&s.momentum) => {
+                Err(Error::InvalidArgument(format!(
+                    "SGD: `momentum` must be a float between [0, 1]. Received: momentum={}",
+                    s.momentum
+                )))
+            }
             Optimizer::Adam(a) if !unit(a.beta_1) => bad("beta_1", a.beta_1),
             Optimizer::Adam(a) if !unit(a.beta_2) => bad("beta_2", a.beta_2),
             Optimizer::Adam(a) => epsilon(a.epsilon),
