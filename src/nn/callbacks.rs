@@ -102,8 +102,8 @@ pub trait Callback {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchLogs {
     /// Training steps run so far in this run, the one just finished included (1 after the
-    /// first step; counted across epochs, restored ones included, as Keras' TensorBoard counts
-    /// its batch steps).
+    /// first step; counted across epochs, restored ones included, so that a resumed run's
+    /// TensorBoard curve continues where it stopped: Keras' TensorBoard counts from 0 again).
     pub step: u64,
     /// The step's 0-based index in its epoch (Keras' `batch`).
     pub batch: usize,
