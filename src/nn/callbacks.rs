@@ -275,7 +275,7 @@ impl FitContext<'_> {
 /// value, with Python's format specs for widths and precisions (`{epoch:02d}`,
 /// `{val_loss:.2f}`, `{loss:.3e}`), so every epoch keeps its own file; without a
 /// placeholder, each save replaces the last. A key the logs do not have fails the save with
-/// an error naming it and the keys there are (Keras' `KeyError`).
+/// an error naming it (Keras' `KeyError`).
 ///
 /// Differences from Keras: the weights are saved after every epoch (no `monitor`,
 /// `save_best_only`, `mode` or `save_freq` in steps); `EarlyStopping(restore_best_weights)`
